@@ -1,0 +1,1 @@
+"""sas: the Scheduler Agent Supervisor pattern as an Azure Functions app."""

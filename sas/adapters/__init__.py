@@ -1,0 +1,1 @@
+"""Adapters: Azure SDK and HTTP implementations of the service ports."""

@@ -1,0 +1,83 @@
+"""HTTP client for remote services (payments, shipping, inventory) over httpx.
+
+Classifies failures: timeouts, connection errors, 408, 429 and 5xx are transient; any other
+4xx is a business refusal (non-transient). The Idempotency-Key header makes retries and
+duplicate deliveries safe at the provider.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from sas.domain.errors import PermanentRemoteError, TransientRemoteError
+
+_TRANSIENT_STATUS = frozenset({408, 425, 429})
+
+
+class HttpRemoteService:
+    def __init__(self, base_urls: Mapping[str, str], client: httpx.Client | None = None) -> None:
+        self._base_urls = dict(base_urls)
+        self._client = client or httpx.Client(
+            limits=httpx.Limits(max_connections=64, max_keepalive_connections=32)
+        )
+
+    def perform(
+        self,
+        agent: str,
+        action: str,
+        *,
+        idempotency_key: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        url = f"{self._base_urls[agent]}/{action}"
+        try:
+            response = self._client.post(
+                url,
+                json=payload,
+                headers={"Idempotency-Key": idempotency_key},
+                timeout=httpx.Timeout(timeout),
+            )
+        except httpx.TimeoutException:
+            raise TransientRemoteError(f"{agent}.{action}: timed out") from None
+        except httpx.TransportError as exc:
+            raise TransientRemoteError(f"{agent}.{action}: {type(exc).__name__}") from None
+        status = response.status_code
+        if status >= 500 or status in _TRANSIENT_STATUS:
+            raise TransientRemoteError(
+                f"{agent}.{action}: HTTP {status}", retry_after=_retry_after(response)
+            )
+        if status >= 400:
+            raise PermanentRemoteError(f"{agent}.{action}: HTTP {status} {_detail(response)}")
+        try:
+            body = response.json()
+        except ValueError:
+            raise TransientRemoteError(f"{agent}.{action}: reply is not JSON") from None
+        if not isinstance(body, dict):
+            raise TransientRemoteError(f"{agent}.{action}: reply is not a JSON object")
+        return body
+
+    def close(self) -> None:
+        self._client.close()
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        return None
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    detail = body.get("detail") if isinstance(body, dict) else None
+    return str(detail)[:200] if detail else ""

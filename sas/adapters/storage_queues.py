@@ -1,0 +1,68 @@
+"""Transport over Azure Storage Queues (Azurite locally; also a cheap Azure option).
+
+Bodies are Base64-encoded JSON: what the Functions queue trigger expects by default
+(host.json leaves ``extensions.queues.messageEncoding`` at base64).
+Storage Queues carry no message id or correlation id of ours; both are inside the body
+(order id, step, attempt), and logged here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64EncodePolicy
+
+from sas.domain.errors import NotFound
+from sas.domain.messages import Message, encode
+
+log = logging.getLogger(__name__)
+
+MAX_DELAY_SECONDS = 7 * 24 * 3600
+
+
+class StorageQueueTransport:
+    def __init__(self, service: QueueServiceClient) -> None:
+        self._service = service
+        self._clients: dict[str, QueueClient] = {}
+        self._lock = threading.Lock()
+
+    def send(
+        self,
+        queue: str,
+        message: Message,
+        *,
+        message_id: str,
+        correlation_id: str,
+        delay_seconds: float = 0,
+    ) -> None:
+        delay = min(max(int(delay_seconds + 0.999), 0), MAX_DELAY_SECONDS)
+        try:
+            self._client(queue).send_message(
+                encode(message).decode(), visibility_timeout=delay or None
+            )
+        except ResourceNotFoundError:
+            raise NotFound(f"queue {queue} does not exist") from None
+        log.debug(
+            "sas.message_sent",
+            extra={"queue": queue, "message_id": message_id, "order_id": correlation_id},
+        )
+
+    def _client(self, queue: str) -> QueueClient:
+        client = self._clients.get(queue)
+        if client is None:
+            with self._lock:
+                client = self._clients.get(queue)
+                if client is None:
+                    client = self._service.get_queue_client(
+                        queue, message_encode_policy=TextBase64EncodePolicy()
+                    )
+                    self._clients[queue] = client
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client.close()
+            self._clients.clear()

@@ -1,0 +1,262 @@
+"""The state store on Azure Table Storage (azure-data-tables).
+
+One table; PartitionKey = OrderID so the order and its state are inserted in one entity-group
+transaction. Every update is a single-entity write conditional on the ETag
+(``MatchConditions.IfNotModified``): the SDK's default is last-writer-wins, and Azurite may
+ignore If-Match inside a batch, so batches are used only for inserts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.data.tables import TableClient, TableTransactionError, UpdateMode
+
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
+from sas.domain.model import OrderRecord, OrderState, ProcessState, StepRecord, Versioned
+
+log = logging.getLogger(__name__)
+
+ORDER_ROW = "order"
+STATE_ROW = "state"
+STEP_PREFIX = "step:"
+REJECTED_PARTITION = "~rejected"
+_BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
+_MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
+
+
+class TableStateStore:
+    def __init__(self, table: TableClient) -> None:
+        self._table = table
+
+    # --- orders and state -------------------------------------------------------------
+
+    def create_order(self, order: OrderRecord, state: OrderState) -> None:
+        operations: list[tuple[str, dict[str, Any]]] = [
+            ("create", _order_entity(order)),
+            ("create", _state_entity(state)),
+        ]
+        try:
+            self._table.submit_transaction(operations)  # type: ignore[arg-type]
+        except TableTransactionError as exc:
+            if exc.status_code == 409:
+                raise AlreadyExists(f"order {order.order_id} exists") from None
+            raise
+
+    def get_order(self, order_id: str) -> OrderRecord | None:
+        entity = self._get(order_id, ORDER_ROW)
+        return None if entity is None else _order_from(entity)
+
+    def get_state(self, order_id: str) -> Versioned[OrderState] | None:
+        entity = self._get(order_id, STATE_ROW)
+        if entity is None:
+            return None
+        return Versioned(_state_from(entity), entity.metadata["etag"])
+
+    def update_state(self, state: OrderState, etag: str) -> str:
+        try:
+            metadata = self._table.update_entity(
+                _state_entity(state),
+                mode=UpdateMode.REPLACE,
+                etag=etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except ResourceModifiedError:
+            raise ConcurrencyConflict(f"state of {state.order_id} changed since read") from None
+        except ResourceNotFoundError:
+            raise NotFound(f"order {state.order_id} has no state") from None
+        new_etag: str = metadata["etag"]
+        return new_etag
+
+    # --- steps ------------------------------------------------------------------------
+
+    def record_step(self, step: StepRecord) -> None:
+        entity = _step_entity(step)
+        try:
+            self._table.create_entity(entity)
+            return
+        except ResourceExistsError:
+            pass
+        existing = self._get(step.order_id, step.row_key)
+        if existing is None or existing.get("Attempt") == step.attempt:
+            return  # a redelivery of the same completion: nothing to change
+        try:
+            self._table.update_entity(
+                entity,
+                mode=UpdateMode.REPLACE,
+                etag=existing.metadata["etag"],
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            raise ConcurrencyConflict(f"step {step.row_key} of {step.order_id} changed") from None
+
+    def get_steps(self, order_id: str) -> list[StepRecord]:
+        query = "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi"
+        params = {"pk": order_id, "lo": STEP_PREFIX, "hi": "step;"}  # ';' follows ':'
+        entities = self._table.query_entities(query, parameters=params)
+        return [_step_from(entity) for entity in entities]
+
+    # --- rejected messages ------------------------------------------------------------
+
+    def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
+        parked_id = f"{at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}-{uuid.uuid4().hex[:12]}"
+        kept = body[: _BODY_CHUNK * _MAX_BODY_CHUNKS]
+        entity: dict[str, Any] = {
+            "PartitionKey": REJECTED_PARTITION,
+            "RowKey": parked_id,
+            "Queue": queue,
+            "Reason": reason[:1000],
+            "At": at,
+            "BodyLength": len(body),
+            "BodyTruncated": len(kept) < len(body),
+        }
+        for index in range(0, len(kept), _BODY_CHUNK):
+            entity[f"Body{index // _BODY_CHUNK:02d}"] = kept[index : index + _BODY_CHUNK]
+        self._table.create_entity(entity)
+        return parked_id
+
+    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
+        entities = self._table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": REJECTED_PARTITION}, results_per_page=limit
+        )
+        parked: list[dict[str, Any]] = []
+        for entity in entities:
+            chunks = sorted(key for key in entity if key.startswith("Body") and key[4:].isdigit())
+            parked.append(
+                {
+                    "id": entity["RowKey"],
+                    "queue": entity["Queue"],
+                    "reason": entity["Reason"],
+                    "at": _utc(entity["At"]),
+                    "body": b"".join(bytes(entity[key]) for key in chunks),
+                    "body_truncated": entity["BodyTruncated"],
+                }
+            )
+            if len(parked) >= limit:
+                break
+        return parked
+
+    def _get(self, partition: str, row: str) -> Any:
+        try:
+            return self._table.get_entity(partition, row)
+        except ResourceNotFoundError:
+            return None
+
+
+# --- mapping between records and entities -----------------------------------------------
+
+
+def _without_none(entity: dict[str, Any]) -> dict[str, Any]:
+    # REPLACE drops properties that are absent, which is how a field is cleared.
+    return {key: value for key, value in entity.items() if value is not None}
+
+
+def _utc(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected a datetime, got {type(value).__name__}")
+    if value.tzinfo is None:
+        raise ValueError("naive datetime read from the store")
+    v = value.astimezone(UTC)  # a plain datetime, not the SDK's TablesEntityDatetime subclass
+    return datetime(v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond, tzinfo=UTC)
+
+
+def _optional_utc(value: Any) -> datetime | None:
+    return None if value is None else _utc(value)
+
+
+def _order_entity(order: OrderRecord) -> dict[str, Any]:
+    return _without_none(
+        {
+            "PartitionKey": order.order_id,
+            "RowKey": ORDER_ROW,
+            "Workflow": order.workflow,
+            "Details": json.dumps(order.details, separators=(",", ":")),
+            "Fingerprint": order.fingerprint,
+            "SubmittedAt": order.submitted_at,
+            "ReplyTo": order.reply_to,
+        }
+    )
+
+
+def _order_from(entity: Mapping[str, Any]) -> OrderRecord:
+    return OrderRecord(
+        order_id=entity["PartitionKey"],
+        workflow=entity["Workflow"],
+        details=json.loads(entity["Details"]),
+        fingerprint=entity["Fingerprint"],
+        submitted_at=_utc(entity["SubmittedAt"]),
+        reply_to=entity.get("ReplyTo"),
+    )
+
+
+def _state_entity(state: OrderState) -> dict[str, Any]:
+    return _without_none(
+        {
+            "PartitionKey": state.order_id,
+            "RowKey": STATE_ROW,
+            "Workflow": state.workflow,
+            "ProcessState": state.process_state.value,
+            "LockedBy": state.locked_by,
+            "CompleteBy": state.complete_by,
+            "FailureCount": state.failure_count,
+            "Attempt": state.attempt,
+            "StepIndex": state.step_index,
+            "ReplyTo": state.reply_to,
+            "SubmittedAt": state.submitted_at,
+            "UpdatedAt": state.updated_at,
+            "FinishedAt": state.finished_at,
+            "LastError": state.last_error,
+        }
+    )
+
+
+def _state_from(entity: Mapping[str, Any]) -> OrderState:
+    return OrderState(
+        order_id=entity["PartitionKey"],
+        workflow=entity["Workflow"],
+        process_state=ProcessState(entity["ProcessState"]),
+        locked_by=entity.get("LockedBy"),
+        complete_by=_optional_utc(entity.get("CompleteBy")),
+        failure_count=int(entity["FailureCount"]),
+        attempt=int(entity["Attempt"]),
+        step_index=int(entity["StepIndex"]),
+        reply_to=entity.get("ReplyTo"),
+        submitted_at=_utc(entity["SubmittedAt"]),
+        updated_at=_utc(entity["UpdatedAt"]),
+        finished_at=_optional_utc(entity.get("FinishedAt")),
+        last_error=entity.get("LastError"),
+    )
+
+
+def _step_entity(step: StepRecord) -> dict[str, Any]:
+    return {
+        "PartitionKey": step.order_id,
+        "RowKey": step.row_key,
+        "Index": step.index,
+        "Name": step.name,
+        "Attempt": step.attempt,
+        "CompletedAt": step.completed_at,
+        "Result": json.dumps(step.result, separators=(",", ":")),
+    }
+
+
+def _step_from(entity: Mapping[str, Any]) -> StepRecord:
+    return StepRecord(
+        order_id=entity["PartitionKey"],
+        index=int(entity["Index"]),
+        name=entity["Name"],
+        attempt=int(entity["Attempt"]),
+        completed_at=_utc(entity["CompletedAt"]),
+        result=json.loads(entity["Result"]),
+    )

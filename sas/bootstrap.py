@@ -1,0 +1,122 @@
+"""Wires settings, adapters and services together, lazily and once per worker process.
+
+Nothing here runs at import time: the Functions host imports function_app.py to index it,
+and that must not open connections or read settings that are not there yet.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar
+
+from sas import settings as settings_module
+from sas.domain.clock import Clock, SystemClock
+from sas.services.agent import AgentRunner
+from sas.services.ports import StateStore, Transport
+from sas.services.routes import Routes
+from sas.services.scheduler import Scheduler
+from sas.services.submission import Submission
+
+_lock = threading.RLock()
+_cached: list[Callable[..., Any]] = []
+T = TypeVar("T")
+
+
+def _once(factory: Callable[[], T]) -> Callable[[], T]:
+    value: list[T] = []
+
+    @wraps(factory)
+    def get() -> T:
+        if not value:
+            with _lock:
+                if not value:
+                    value.append(factory())
+        return value[0]
+
+    get.cache_clear = value.clear  # type: ignore[attr-defined]
+    _cached.append(get)
+    return get
+
+
+def reset() -> None:
+    """Forget every wired object (tests, or after settings change)."""
+    with _lock:
+        for get in _cached:
+            get.cache_clear()  # type: ignore[attr-defined]
+        _agents.clear()
+
+
+@_once
+def settings() -> settings_module.Settings:
+    return settings_module.load()
+
+
+@_once
+def clock() -> Clock:
+    return SystemClock()
+
+
+@_once
+def routes() -> Routes:
+    s = settings()
+    return Routes(
+        orders=s.queue(settings_module.QUEUE_ORDERS),
+        scheduler=s.queue(settings_module.QUEUE_SCHEDULER),
+        replies=s.queue(settings_module.QUEUE_REPLIES),
+        alerts=s.queue(settings_module.QUEUE_ALERTS),
+        agents={agent: s.agent_queue(agent) for agent in s.remote_urls},
+    )
+
+
+@_once
+def store() -> StateStore:
+    from sas.adapters.clients import table_client
+    from sas.adapters.tables import TableStateStore
+
+    s = settings()
+    return TableStateStore(table_client(s.storage, s.table_name))
+
+
+@_once
+def transport() -> Transport:
+    s = settings()
+    if s.transport == "servicebus" and s.servicebus is not None:
+        from sas.adapters.servicebus import ServiceBusTransport
+
+        return ServiceBusTransport.from_connection(s.servicebus, clock())
+    from sas.adapters.clients import queue_service_client
+    from sas.adapters.storage_queues import StorageQueueTransport
+
+    return StorageQueueTransport(queue_service_client(s.storage))
+
+
+@_once
+def submission() -> Submission:
+    return Submission(store(), transport(), routes(), clock())
+
+
+@_once
+def scheduler() -> Scheduler:
+    return Scheduler(store(), transport(), routes(), clock(), settings().instance_id)
+
+
+@_once
+def _remote() -> Any:
+    from sas.adapters.remote_http import HttpRemoteService
+
+    return HttpRemoteService(settings().remote_urls)
+
+
+_agents: dict[str, AgentRunner] = {}
+
+
+def agent(name: str) -> AgentRunner:
+    with _lock:
+        runner = _agents.get(name)
+        if runner is None:
+            runner = AgentRunner(name, _remote(), transport(), routes(), clock())
+            _agents[name] = runner
+        return runner
+

@@ -1,0 +1,1 @@
+"""Local tooling: Azurite launcher, process helpers. Not used by the deployed app."""

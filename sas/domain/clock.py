@@ -1,0 +1,24 @@
+"""Time as an injected dependency: services never call datetime.now() themselves."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Protocol
+
+
+class Clock(Protocol):
+    def now(self) -> datetime:
+        """Current time, timezone-aware UTC."""
+        ...
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+def require_utc(value: datetime, name: str) -> datetime:
+    """Reject naive datetimes: Table Storage would silently store them as UTC."""
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"{name} must be timezone-aware")
+    return value.astimezone(UTC)

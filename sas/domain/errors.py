@@ -1,0 +1,56 @@
+"""Domain errors. Adapters translate SDK exceptions into these."""
+
+from __future__ import annotations
+
+
+class SasError(Exception):
+    """Base of every error raised on purpose by sas."""
+
+
+class ConcurrencyConflict(SasError):
+    """A conditional write lost to a concurrent writer (stale ETag)."""
+
+
+class AlreadyExists(SasError):
+    """An insert found the entity already there."""
+
+
+class NotFound(SasError):
+    """The entity or queue does not exist."""
+
+
+class IllegalTransition(SasError):
+    """The requested state change is not allowed from the current state."""
+
+
+class StaleReply(IllegalTransition):
+    """A reply answers an attempt or step that is no longer current (fencing)."""
+
+
+class InvalidMessage(SasError):
+    """A message failed validation; ``reason`` is safe to log and to show an operator."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ConfigurationError(SasError):
+    """A setting is missing or malformed; the message names the key."""
+
+
+class TransientRemoteError(SasError):
+    """The remote service failed in a way that may clear on retry."""
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+class PermanentRemoteError(SasError):
+    """The remote service refused the work; retrying will not help."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

@@ -1,0 +1,167 @@
+"""Versioned, strictly validated message schemas (design.md section 3).
+
+Every message carries ``type`` and ``v``; unknown fields, wrong types and oversize bodies are
+rejected with a reason that is safe to record (it never echoes the input back).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import datetime
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+)
+
+from sas.domain.errors import InvalidMessage
+
+MAX_MESSAGE_BYTES = 48 * 1024
+"""Storage Queues cap a message at 64 KiB after Base64 (4/3 growth); stay under it."""
+
+OrderId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+"""Safe as a Table PartitionKey and in message ids: no '/', '\\', '#', '?', control chars."""
+
+QueueName = Annotated[str, StringConstraints(pattern=r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")]
+"""Valid for both Storage Queues and Service Bus."""
+
+StepName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9]{1,30}$")]
+ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
+
+    v: Literal[1] = 1
+
+
+class OrderLine(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
+
+    sku: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")]
+    quantity: int = Field(ge=1, le=10_000)
+    unit_price_cents: int = Field(ge=0, le=100_000_000)
+
+
+class OrderDetails(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
+
+    customer_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+    lines: list[OrderLine] = Field(min_length=1, max_length=100)
+    address: ShortText
+
+    @property
+    def total_cents(self) -> int:
+        return sum(line.quantity * line.unit_price_cents for line in self.lines)
+
+
+class OrderSubmitted(Message):
+    """The application's order, posted to the orders queue (pattern.md point 13)."""
+
+    type: Literal["OrderSubmitted"] = "OrderSubmitted"
+    order_id: OrderId
+    workflow: StepName = "order"
+    details: OrderDetails
+    reply_to: QueueName | None = None
+    """The submitter's private status queue (pattern.md point 21)."""
+
+    def fingerprint(self) -> str:
+        """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+class ScheduleRequest(Message):
+    """Asks any Scheduler to claim a Pending order."""
+
+    type: Literal["ScheduleRequest"] = "ScheduleRequest"
+    order_id: OrderId
+
+
+class StepRequest(Message):
+    """Scheduler -> Agent: do one step of one attempt before ``complete_by``."""
+
+    type: Literal["StepRequest"] = "StepRequest"
+    order_id: OrderId
+    step: StepName
+    step_index: int = Field(ge=0, le=99)
+    attempt: int = Field(ge=1)
+    action: StepName
+    complete_by: AwareDatetime
+    idempotency_key: Annotated[str, StringConstraints(min_length=3, max_length=200)]
+    payload: dict[str, Any]
+
+
+class StepReply(Message):
+    """Agent -> Scheduler: the outcome of the attempt it answers."""
+
+    type: Literal["StepReply"] = "StepReply"
+    order_id: OrderId
+    step: StepName
+    step_index: int = Field(ge=0, le=99)
+    attempt: int = Field(ge=1)
+    outcome: Literal["ok", "error"]
+    result: dict[str, Any] = Field(default_factory=dict)
+    error: Annotated[str, StringConstraints(max_length=1000)] | None = None
+
+
+StatusKind = Literal[
+    "received", "rejected", "step_started", "step_completed", "completed", "failed"
+]
+
+
+class StatusEvent(Message):
+    """Scheduler -> submitter's reply-to queue; correlated by ``order_id``."""
+
+    type: Literal["StatusEvent"] = "StatusEvent"
+    order_id: OrderId
+    status: StatusKind
+    at: AwareDatetime
+    step: StepName | None = None
+    detail: Annotated[str, StringConstraints(max_length=1000)] | None = None
+
+
+class OperatorAlert(Message):
+    """Something needs a human: sent to the alerts queue and logged at ERROR."""
+
+    type: Literal["OperatorAlert"] = "OperatorAlert"
+    order_id: OrderId
+    reason: Annotated[str, StringConstraints(max_length=1000)]
+    at: AwareDatetime
+
+
+def encode(message: Message) -> bytes:
+    return message.model_dump_json(exclude_none=True).encode()
+
+
+M = TypeVar("M", bound=Message)
+
+
+def decode(model: type[M], body: bytes | str) -> M:
+    """Parse and validate one message; raise InvalidMessage with a reason fit for an operator."""
+    raw = body.encode() if isinstance(body, str) else body
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise InvalidMessage(f"oversize: {len(raw)} bytes > {MAX_MESSAGE_BYTES}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidMessage("body is not UTF-8") from None
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<body>'}: {err['msg']}"
+            for err in exc.errors(include_input=False, include_url=False)[:5]
+        )
+        raise InvalidMessage(f"invalid {model.__name__}: {problems}"[:1000]) from None
+
+
+def utc_iso(value: datetime) -> str:
+    return value.isoformat()

@@ -1,0 +1,78 @@
+"""Workflows are data: an ordered list of steps, each naming its agent and its budget.
+
+The Scheduler drives a workflow definition; it knows nothing of the business operations.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+_NAME = re.compile(r"^[a-z][a-z0-9]{1,30}$")
+
+
+@dataclass(frozen=True)
+class StepDefinition:
+    name: str
+    agent: str
+    action: str
+    budget: timedelta
+    """Complete-by budget: how long one attempt of this step may take, end to end."""
+
+    def __post_init__(self) -> None:
+        for label, value in (("step name", self.name), ("agent", self.agent)):
+            if not _NAME.match(value):
+                raise ValueError(f"{label} {value!r} must match {_NAME.pattern}")
+        if self.budget <= timedelta(0):
+            raise ValueError(f"step {self.name!r}: budget must be positive")
+
+
+@dataclass(frozen=True)
+class Workflow:
+    name: str
+    steps: tuple[StepDefinition, ...]
+    pickup_budget: timedelta = timedelta(minutes=2)
+    """How long a Pending record may wait for a Scheduler before the Supervisor acts."""
+
+    def __post_init__(self) -> None:
+        if not self.steps:
+            raise ValueError(f"workflow {self.name!r} has no steps")
+        names = [step.name for step in self.steps]
+        if len(set(names)) != len(names):
+            raise ValueError(f"workflow {self.name!r} repeats a step name")
+
+    def step(self, index: int) -> StepDefinition:
+        if not 0 <= index < len(self.steps):
+            raise IndexError(f"workflow {self.name!r} has no step {index}")
+        return self.steps[index]
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(step.agent for step in self.steps))
+
+    @property
+    def longest_budget(self) -> timedelta:
+        return max(step.budget for step in self.steps)
+
+
+ORDER_WORKFLOW = Workflow(
+    name="order",
+    steps=(
+        StepDefinition("reserve", agent="inventory", action="reserve", budget=timedelta(seconds=30)),
+        StepDefinition("charge", agent="payment", action="charge", budget=timedelta(seconds=30)),
+        StepDefinition("ship", agent="shipping", action="ship", budget=timedelta(seconds=30)),
+    ),
+)
+
+WORKFLOWS: dict[str, Workflow] = {ORDER_WORKFLOW.name: ORDER_WORKFLOW}
+AGENTS: tuple[str, ...] = tuple(
+    dict.fromkeys(agent for workflow in WORKFLOWS.values() for agent in workflow.agents)
+)
+
+
+def workflow_named(name: str) -> Workflow:
+    try:
+        return WORKFLOWS[name]
+    except KeyError:
+        raise ValueError(f"unknown workflow {name!r}") from None

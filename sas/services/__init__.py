@@ -1,0 +1,1 @@
+"""Services: scheduler, agent runner, submission. They depend only on the ports."""

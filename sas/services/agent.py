@@ -1,0 +1,157 @@
+"""The Agent: one remote service call per step request, bounded by the complete-by time.
+
+Retries transient faults with exponential backoff and jitter (honouring Retry-After), only
+while the deadline allows. Past complete-by it stops and sends nothing (pattern.md point 7):
+another attempt may already be scheduled, and the Scheduler would drop the reply anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
+
+from sas.domain.clock import Clock
+from sas.domain.errors import PermanentRemoteError, TransientRemoteError
+from sas.domain.messages import StepReply, StepRequest
+from sas.services.ports import RemoteService, Transport
+from sas.services.routes import Routes
+
+log = logging.getLogger(__name__)
+
+
+class AgentOutcome(StrEnum):
+    REPLIED = "replied"
+    REFUSED = "refused"
+    """The remote refused for good: an error reply was sent."""
+    EXPIRED = "expired"
+    """The request arrived past complete-by: dropped unread."""
+    GAVE_UP = "gave_up"
+    """Transient faults outlasted the deadline: nothing sent, the Supervisor will recover."""
+    LATE = "late"
+    """The call finished past complete-by: the reply was suppressed."""
+
+
+class _DeadlineReached(Exception):
+    pass
+
+
+class AgentRunner:
+    def __init__(
+        self,
+        agent: str,
+        remote: RemoteService,
+        transport: Transport,
+        routes: Routes,
+        clock: Clock,
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+        max_call_seconds: float = 10.0,
+        safety_margin: timedelta = timedelta(milliseconds=250),
+    ) -> None:
+        self._agent = agent
+        self._remote = remote
+        self._transport = transport
+        self._routes = routes
+        self._clock = clock
+        self._sleep = sleep
+        self._max_call_seconds = max_call_seconds
+        self._margin = safety_margin
+        self._backoff = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
+
+    def handle(self, request: StepRequest) -> AgentOutcome:
+        extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
+        if self._clock.now() >= request.complete_by:
+            log.info("sas.step_request_expired", extra=extra)
+            return AgentOutcome.EXPIRED
+        try:
+            result = self._call_with_retries(request)
+        except PermanentRemoteError as exc:
+            return self._reply(request, extra, error=exc.reason)
+        except (TransientRemoteError, _DeadlineReached):
+            log.warning("sas.agent_gave_up", extra=extra)
+            return AgentOutcome.GAVE_UP
+        return self._reply(request, extra, result=result)
+
+    def _reply(
+        self,
+        request: StepRequest,
+        extra: dict[str, object],
+        *,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> AgentOutcome:
+        if self._clock.now() >= request.complete_by:
+            log.warning("sas.step_reply_suppressed_late", extra=extra)
+            return AgentOutcome.LATE
+        reply = StepReply(
+            order_id=request.order_id,
+            step=request.step,
+            step_index=request.step_index,
+            attempt=request.attempt,
+            outcome="ok" if error is None else "error",
+            result=result or {},
+            error=None if error is None else error[:1000],
+        )
+        self._transport.send(
+            self._routes.replies,
+            reply,
+            message_id=f"{request.order_id}:{request.step}:{request.attempt}:reply",
+            correlation_id=request.order_id,
+        )
+        if error is None:
+            log.info("sas.step_replied", extra=extra)
+            return AgentOutcome.REPLIED
+        log.warning("sas.step_refused", extra={**extra, "reason": error[:200]})
+        return AgentOutcome.REFUSED
+
+    def _call_with_retries(self, request: StepRequest) -> dict[str, Any]:
+        deadline = request.complete_by - self._margin
+        extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
+
+        def call() -> dict[str, Any]:
+            remaining = (deadline - self._clock.now()).total_seconds()
+            if remaining <= 0:
+                raise _DeadlineReached
+            return self._remote.perform(
+                self._agent,
+                request.action,
+                idempotency_key=request.idempotency_key,
+                payload=request.payload,
+                timeout=min(remaining, self._max_call_seconds),
+            )
+
+        def wait(state: RetryCallState) -> float:
+            backoff = self._backoff(state)
+            exc = state.outcome.exception() if state.outcome else None
+            hinted = exc.retry_after if isinstance(exc, TransientRemoteError) else None
+            return max(backoff, hinted or 0.0)
+
+        def stop(state: RetryCallState) -> bool:
+            return _would_pass(self._clock.now(), state.upcoming_sleep, deadline)
+
+        def before_sleep(state: RetryCallState) -> None:
+            log.info(
+                "sas.remote_retry",
+                extra={**extra, "try": state.attempt_number, "sleep": state.upcoming_sleep},
+            )
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(TransientRemoteError),
+            wait=wait,
+            stop=stop,
+            sleep=self._sleep,
+            before_sleep=before_sleep,
+            reraise=True,
+        )
+        result: dict[str, Any] = retrying(call)
+        return result
+
+
+def _would_pass(now: datetime, sleep_seconds: float, deadline: datetime) -> bool:
+    return now + timedelta(seconds=sleep_seconds) >= deadline

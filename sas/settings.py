@@ -1,0 +1,167 @@
+"""Every setting sas reads, validated at first use with an error that names the key.
+
+Connections follow the Azure Functions convention: ``<Conn>`` holds a connection string
+(Azurite, or keys where allowed), or ``<Conn>__tableServiceUri`` / ``__queueServiceUri`` /
+``__fullyQualifiedNamespace`` with ``__credential=managedidentity`` and ``__clientId`` for an
+identity-based connection resolved with azure-identity.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+from urllib.parse import urlparse
+
+from sas.domain.errors import ConfigurationError
+from sas.domain.workflow import AGENTS
+
+Transport = Literal["servicebus", "storage"]
+
+TRANSPORT = "SAS_TRANSPORT"
+TABLE_NAME = "SAS_TABLE_NAME"
+INSTANCE_ID = "SAS_INSTANCE_ID"
+STORAGE_CONNECTION = "SasStorage"
+SERVICEBUS_CONNECTION = "SasServiceBus"
+QUEUE_ORDERS = "SAS_QUEUE_ORDERS"
+QUEUE_SCHEDULER = "SAS_QUEUE_SCHEDULER"
+QUEUE_REPLIES = "SAS_QUEUE_REPLIES"
+QUEUE_ALERTS = "SAS_QUEUE_ALERTS"
+
+
+def agent_queue_setting(agent: str) -> str:
+    return f"SAS_QUEUE_AGENT_{agent.upper()}"
+
+
+def remote_url_setting(agent: str) -> str:
+    return f"SAS_REMOTE_{agent.upper()}_URL"
+
+
+DEFAULT_QUEUES: dict[str, str] = {
+    QUEUE_ORDERS: "sas-orders",
+    QUEUE_SCHEDULER: "sas-scheduler",
+    QUEUE_REPLIES: "sas-replies",
+    QUEUE_ALERTS: "sas-alerts",
+    **{agent_queue_setting(agent): f"sas-agent-{agent}" for agent in AGENTS},
+}
+DEFAULT_TABLE = "sasorders"
+
+_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+_TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
+
+
+@dataclass(frozen=True)
+class Connection:
+    """One resolved connection: a connection string, or endpoints plus an identity."""
+
+    setting: str
+    connection_string: str | None = None
+    table_uri: str | None = None
+    queue_uri: str | None = None
+    namespace: str | None = None
+    client_id: str | None = None
+
+    @property
+    def uses_identity(self) -> bool:
+        return self.connection_string is None
+
+
+@dataclass(frozen=True)
+class Settings:
+    transport: Transport
+    table_name: str
+    queues: Mapping[str, str]
+    """Queue name by setting key (QUEUE_* and agent queue settings)."""
+    remote_urls: Mapping[str, str]
+    """Remote service base URL by agent name."""
+    instance_id: str
+    storage: Connection
+    servicebus: Connection | None
+
+    def queue(self, key: str) -> str:
+        return self.queues[key]
+
+    def agent_queue(self, agent: str) -> str:
+        return self.queues[agent_queue_setting(agent)]
+
+
+def transport_from(env: Mapping[str, str]) -> Transport:
+    value = env.get(TRANSPORT, "servicebus").strip().lower()
+    if value not in ("servicebus", "storage"):
+        raise ConfigurationError(f"{TRANSPORT} must be 'servicebus' or 'storage', got {value!r}")
+    return "servicebus" if value == "servicebus" else "storage"
+
+
+def load(env: Mapping[str, str] | None = None) -> Settings:
+    env = os.environ if env is None else env
+    transport = transport_from(env)
+    table_name = env.get(TABLE_NAME, DEFAULT_TABLE)
+    if not _TABLE_NAME.match(table_name):
+        raise ConfigurationError(f"{TABLE_NAME}={table_name!r} is not a valid table name")
+    queues: dict[str, str] = {}
+    for key, default in DEFAULT_QUEUES.items():
+        name = env.get(key, default)
+        if not _QUEUE_NAME.match(name):
+            raise ConfigurationError(f"{key}={name!r} is not a valid queue name")
+        queues[key] = name
+    remote_urls = {agent: _url(env, remote_url_setting(agent)) for agent in AGENTS}
+    storage = _storage_connection(env, STORAGE_CONNECTION)
+    servicebus = (
+        _servicebus_connection(env, SERVICEBUS_CONNECTION) if transport == "servicebus" else None
+    )
+    instance_id = env.get(INSTANCE_ID) or f"{socket.gethostname()}-{os.getpid()}"
+    return Settings(transport, table_name, queues, remote_urls, instance_id, storage, servicebus)
+
+
+def _url(env: Mapping[str, str], key: str) -> str:
+    value = env.get(key)
+    if not value:
+        raise ConfigurationError(f"missing setting {key}")
+    parsed = urlparse(value)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        raise ConfigurationError(f"{key} must be an http(s) URL")
+    return value.rstrip("/")
+
+
+def _identity(env: Mapping[str, str], name: str) -> str | None:
+    credential = env.get(f"{name}__credential")
+    if credential is not None and credential.lower() != "managedidentity":
+        raise ConfigurationError(f"{name}__credential must be 'managedidentity' when set")
+    return env.get(f"{name}__clientId") or None
+
+
+def _storage_connection(env: Mapping[str, str], name: str) -> Connection:
+    if value := env.get(name):
+        if "AccountName=" not in value and "UseDevelopmentStorage=true" not in value:
+            raise ConfigurationError(f"{name} is not a storage connection string")
+        return Connection(setting=name, connection_string=value)
+    table_uri, queue_uri = env.get(f"{name}__tableServiceUri"), env.get(f"{name}__queueServiceUri")
+    if not table_uri or not queue_uri:
+        raise ConfigurationError(
+            f"missing setting {name} (a connection string) or both "
+            f"{name}__tableServiceUri and {name}__queueServiceUri"
+        )
+    for key, uri in ((f"{name}__tableServiceUri", table_uri), (f"{name}__queueServiceUri", queue_uri)):
+        if urlparse(uri).scheme != "https":
+            raise ConfigurationError(f"{key} must be an https URL")
+    return Connection(
+        setting=name, table_uri=table_uri, queue_uri=queue_uri, client_id=_identity(env, name)
+    )
+
+
+def _servicebus_connection(env: Mapping[str, str], name: str) -> Connection:
+    if value := env.get(name):
+        if "Endpoint=sb://" not in value:
+            raise ConfigurationError(f"{name} is not a Service Bus connection string")
+        return Connection(setting=name, connection_string=value)
+    namespace = env.get(f"{name}__fullyQualifiedNamespace")
+    if not namespace:
+        raise ConfigurationError(
+            f"missing setting {name} (a connection string) or {name}__fullyQualifiedNamespace"
+        )
+    if not re.match(r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$", namespace):
+        raise ConfigurationError(f"{name}__fullyQualifiedNamespace must be a host name")
+    return Connection(setting=name, namespace=namespace, client_id=_identity(env, name))

@@ -1,0 +1,132 @@
+"""Fakes that record, for pure unit tests of service logic (never a stand-in for Azurite)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
+from sas.domain.messages import Message
+from sas.domain.model import OrderRecord, OrderState, StepRecord, Versioned
+
+
+class FakeClock:
+    def __init__(self, start: datetime | None = None) -> None:
+        self.current = start or datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+    def now(self) -> datetime:
+        return self.current
+
+    def advance(self, seconds: float) -> None:
+        self.current += timedelta(seconds=seconds)
+
+    def sleep(self, seconds: float) -> None:
+        """Use as the agent's sleep: time passes only when asked to."""
+        self.advance(seconds)
+
+
+@dataclass
+class Sent:
+    queue: str
+    message: Message
+    message_id: str
+    correlation_id: str
+    delay_seconds: float
+
+
+@dataclass
+class RecordingTransport:
+    sent: list[Sent] = field(default_factory=list)
+    missing_queues: set[str] = field(default_factory=set)
+
+    def send(
+        self,
+        queue: str,
+        message: Message,
+        *,
+        message_id: str,
+        correlation_id: str,
+        delay_seconds: float = 0,
+    ) -> None:
+        if queue in self.missing_queues:
+            raise NotFound(queue)
+        self.sent.append(Sent(queue, message, message_id, correlation_id, delay_seconds))
+
+    def to(self, queue: str) -> list[Message]:
+        return [s.message for s in self.sent if s.queue == queue]
+
+
+class InMemoryStore:
+    """ETag semantics like Table Storage: every write gets a new ETag; stale ones fail."""
+
+    def __init__(self) -> None:
+        self._etags = (f"W/{n}" for n in itertools.count(1))
+        self.orders: dict[str, OrderRecord] = {}
+        self.states: dict[str, tuple[OrderState, str]] = {}
+        self.steps: dict[tuple[str, int], StepRecord] = {}
+        self.parked: list[tuple[str, str, bytes]] = []
+
+    def create_order(self, order: OrderRecord, state: OrderState) -> None:
+        if order.order_id in self.orders or state.order_id in self.states:
+            raise AlreadyExists(order.order_id)
+        self.orders[order.order_id] = order
+        self.states[state.order_id] = (state, next(self._etags))
+
+    def get_order(self, order_id: str) -> OrderRecord | None:
+        return self.orders.get(order_id)
+
+    def get_state(self, order_id: str) -> Versioned[OrderState] | None:
+        found = self.states.get(order_id)
+        return None if found is None else Versioned(*found)
+
+    def update_state(self, state: OrderState, etag: str) -> str:
+        found = self.states.get(state.order_id)
+        if found is None:
+            raise NotFound(state.order_id)
+        if found[1] != etag:
+            raise ConcurrencyConflict(state.order_id)
+        new = next(self._etags)
+        self.states[state.order_id] = (state, new)
+        return new
+
+    def record_step(self, step: StepRecord) -> None:
+        self.steps[(step.order_id, step.index)] = step
+
+    def get_steps(self, order_id: str) -> list[StepRecord]:
+        return [s for (oid, _), s in sorted(self.steps.items()) if oid == order_id]
+
+    def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
+        self.parked.append((queue, reason, body))
+        return str(len(self.parked))
+
+
+@dataclass
+class ScriptedRemote:
+    """Answers from a script: each entry is a result dict or an exception to raise."""
+
+    script: list[Any] = field(default_factory=list)
+    calls: list[dict[str, Any]] = field(default_factory=list)
+    clock: FakeClock | None = None
+    call_seconds: float = 0.0
+
+    def perform(
+        self,
+        agent: str,
+        action: str,
+        *,
+        idempotency_key: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        self.calls.append(
+            {"agent": agent, "action": action, "key": idempotency_key, "timeout": timeout}
+        )
+        if self.clock is not None:
+            self.clock.advance(self.call_seconds)
+        outcome = self.script.pop(0) if self.script else {"ok": True}
+        if isinstance(outcome, BaseException):
+            raise outcome
+        result: dict[str, Any] = outcome
+        return result

@@ -1,0 +1,44 @@
+"""The Storage Queue transport against real Azurite, read back the way the trigger reads."""
+
+from __future__ import annotations
+
+import pytest
+from azure.storage.queue import TextBase64DecodePolicy
+
+from sas.adapters.storage_queues import StorageQueueTransport
+from sas.domain.errors import NotFound
+from sas.domain.messages import ScheduleRequest, decode
+from tests.conftest import unique_queue
+
+pytestmark = pytest.mark.integration
+
+
+def test_messages_are_base64_json_as_the_functions_trigger_expects(queue_service):
+    name = unique_queue()
+    queue_service.create_queue(name)
+    StorageQueueTransport(queue_service).send(
+        name, ScheduleRequest(order_id="o1"), message_id="o1:schedule", correlation_id="o1"
+    )
+    reader = queue_service.get_queue_client(name, message_decode_policy=TextBase64DecodePolicy())
+    (received,) = list(reader.receive_messages())
+    assert decode(ScheduleRequest, received.content) == ScheduleRequest(order_id="o1")
+    raw = queue_service.get_queue_client(name).peek_messages()
+    assert raw == [] or not raw[0].content.startswith("{")  # not plain JSON on the wire
+
+
+def test_a_delayed_send_is_invisible_until_due(queue_service):
+    name = unique_queue()
+    queue_service.create_queue(name)
+    StorageQueueTransport(queue_service).send(
+        name, ScheduleRequest(order_id="o1"), message_id="m", correlation_id="o1", delay_seconds=30
+    )
+    client = queue_service.get_queue_client(name)
+    assert client.get_queue_properties().approximate_message_count == 1
+    assert list(client.receive_messages()) == []
+
+
+def test_a_missing_queue_is_a_domain_error(queue_service):
+    with pytest.raises(NotFound):
+        StorageQueueTransport(queue_service).send(
+            unique_queue(), ScheduleRequest(order_id="o1"), message_id="m", correlation_id="o1"
+        )

@@ -1,0 +1,121 @@
+"""The state store against real Azurite: atomicity, ETag fencing of writes, time round-trips."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta, timezone
+
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+
+from sas.adapters.tables import TableStateStore
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
+from sas.domain.model import OrderRecord, ProcessState, StepRecord
+from sas.domain.transitions import claim, initial_state
+from sas.domain.workflow import ORDER_WORKFLOW
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=UTC)
+
+
+def order(order_id: str = "o1", fingerprint: str = "f1") -> OrderRecord:
+    return OrderRecord(order_id, "order", {"customer_id": "c1", "lines": []}, fingerprint, NOW, "status-q")
+
+
+def new_state(order_id: str = "o1"):
+    return initial_state(order_id, ORDER_WORKFLOW, reply_to="status-q", now=NOW)
+
+
+def test_order_and_state_are_inserted_together(table):
+    store = TableStateStore(table)
+    store.create_order(order(), new_state())
+    assert store.get_order("o1") == order()
+    versioned = store.get_state("o1")
+    assert versioned.value == new_state()
+    assert versioned.etag
+
+
+def test_a_failed_transaction_leaves_nothing_behind(table):
+    # The state row exists alone (as if written by something else): inserting order+state
+    # must fail as a whole, so the order row must not appear.
+    table.create_entity({"PartitionKey": "o1", "RowKey": "state", "Marker": "pre-existing"})
+    with pytest.raises(AlreadyExists):
+        TableStateStore(table).create_order(order(), new_state())
+    with pytest.raises(ResourceNotFoundError):
+        table.get_entity("o1", "order")
+    assert table.get_entity("o1", "state")["Marker"] == "pre-existing"
+
+
+def test_a_second_insert_of_the_same_order_is_refused_and_keeps_the_original(table):
+    store = TableStateStore(table)
+    store.create_order(order(), new_state())
+    with pytest.raises(AlreadyExists):
+        store.create_order(order(fingerprint="other"), new_state())
+    assert store.get_order("o1").fingerprint == "f1"
+
+
+def test_a_stale_etag_is_rejected(table):
+    store = TableStateStore(table)
+    store.create_order(order(), new_state())
+    first = store.get_state("o1")
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    new_etag = store.update_state(claimed, first.etag)
+    assert new_etag != first.etag
+    with pytest.raises(ConcurrencyConflict):
+        store.update_state(replace(claimed, locked_by="s2"), first.etag)
+    assert store.get_state("o1").value.locked_by == "s1"
+
+
+def test_update_of_a_missing_state_is_not_found(table):
+    store = TableStateStore(table)
+    with pytest.raises(NotFound):
+        store.update_state(new_state("ghost"), 'W/"datetime\'2026-01-01T00%3A00%3A00Z\'"')
+
+
+def test_cleared_fields_are_removed_not_left_behind(table):
+    store = TableStateStore(table)
+    store.create_order(order(), new_state())
+    first = store.get_state("o1")
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    etag = store.update_state(claimed, first.etag)
+    released = replace(claimed, locked_by=None, complete_by=None, process_state=ProcessState.PROCESSED)
+    store.update_state(released, etag)
+    assert store.get_state("o1").value == released
+    assert "LockedBy" not in table.get_entity("o1", "state")
+
+
+def test_times_round_trip_as_aware_utc_to_the_microsecond(table):
+    store = TableStateStore(table)
+    plus_two = timezone(timedelta(hours=2))
+    local = datetime(2026, 11, 22, 14, 0, 0, 654321, tzinfo=plus_two)
+    state = replace(new_state(), complete_by=local)
+    store.create_order(order(), state)
+    read = store.get_state("o1").value
+    assert read.complete_by == local
+    assert read.complete_by.tzinfo == UTC
+    assert read.submitted_at == NOW and read.submitted_at.utcoffset() == timedelta(0)
+    assert type(read.submitted_at) is datetime
+
+
+def test_steps_are_recorded_idempotently_and_listed_in_order(table):
+    store = TableStateStore(table)
+    store.create_order(order(), new_state())
+    second = StepRecord("o1", 1, "charge", 2, NOW, {"effect_id": "e2"})
+    first = StepRecord("o1", 0, "reserve", 1, NOW, {"effect_id": "e1"})
+    store.record_step(second)
+    store.record_step(first)
+    store.record_step(first)  # redelivery
+    redo = replace(second, attempt=5, result={"effect_id": "e2b"})
+    store.record_step(redo)  # a later attempt of the same step replaces the record
+    assert store.get_steps("o1") == [first, redo]
+
+
+def test_parked_messages_keep_reason_and_the_whole_body(table):
+    store = TableStateStore(table)
+    body = bytes(range(256)) * 400  # 100 KiB, binary: spans several properties
+    parked_id = store.park_message("sas-orders", "invalid OrderSubmitted: x", body, NOW)
+    (parked,) = store.list_parked()
+    assert parked["id"] == parked_id
+    assert parked["reason"] == "invalid OrderSubmitted: x"
+    assert parked["body"] == body and parked["body_truncated"] is False

@@ -1,0 +1,139 @@
+"""Service logic against recording fakes; the same flows run against Azurite in integration."""
+
+import pytest
+
+from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, ScheduleRequest, StepReply, StepRequest
+from sas.domain.model import ProcessState
+from sas.domain.workflow import ORDER_WORKFLOW
+from sas.services.routes import Routes
+from sas.services.scheduler import ReplyOutcome, Scheduler, ScheduleOutcome
+from sas.services.submission import Submission, SubmissionOutcome
+from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
+
+pytestmark = pytest.mark.unit
+
+ROUTES = Routes(
+    "orders", "scheduler", "replies", "alerts",
+    {"inventory": "agent-inventory", "payment": "agent-payment", "shipping": "agent-shipping"},
+)
+
+
+def submitted(order_id="o1", reply_to="status-q", address="1 Main St") -> OrderSubmitted:
+    return OrderSubmitted(
+        order_id=order_id,
+        details=OrderDetails(
+            customer_id="c1", currency="EUR", address=address,
+            lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
+        ),
+        reply_to=reply_to,
+    )
+
+
+@pytest.fixture
+def parts():
+    return InMemoryStore(), RecordingTransport(), FakeClock()
+
+
+def test_submission_inserts_pending_state_schedules_and_reports_received(parts):
+    store, transport, clock = parts
+    assert Submission(store, transport, ROUTES, clock).submit(submitted()) is SubmissionOutcome.ACCEPTED
+    assert store.get_state("o1").value.process_state is ProcessState.PENDING
+    assert transport.to("scheduler") == [ScheduleRequest(order_id="o1")]
+    assert [m.status for m in transport.to("status-q")] == ["received"]
+
+
+def test_a_missing_reply_to_queue_does_not_fail_the_order(parts):
+    store, transport, clock = parts
+    transport.missing_queues.add("status-q")
+    assert Submission(store, transport, ROUTES, clock).submit(submitted()) is SubmissionOutcome.ACCEPTED
+    assert transport.to("scheduler")
+
+
+def test_conflicting_resubmission_is_refused_and_reported(parts):
+    store, transport, clock = parts
+    submission = Submission(store, transport, ROUTES, clock)
+    submission.submit(submitted())
+    assert submission.submit(submitted(address="elsewhere")) is SubmissionOutcome.CONFLICT
+    assert store.get_order("o1").details["address"] == "1 Main St"
+    assert [m.status for m in transport.to("status-q")] == ["received", "rejected"]
+
+
+def run_to_completion(store, transport, clock, scheduler):
+    """Play the agents: answer every StepRequest with success, in order."""
+    handled = 0
+    while True:
+        requests = [s.message for s in transport.sent if isinstance(s.message, StepRequest)]
+        if handled == len(requests):
+            return
+        req = requests[handled]
+        handled += 1
+        clock.advance(1)
+        scheduler.on_reply(
+            StepReply(order_id=req.order_id, step=req.step, step_index=req.step_index,
+                      attempt=req.attempt, outcome="ok", result={"ref": req.step})
+        )
+
+
+def test_the_scheduler_drives_every_step_to_processed(parts):
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    assert scheduler.schedule(ScheduleRequest(order_id="o1")) is ScheduleOutcome.CLAIMED
+    run_to_completion(store, transport, clock, scheduler)
+    state = store.get_state("o1").value
+    assert state.process_state is ProcessState.PROCESSED
+    requests = [s for s in transport.sent if isinstance(s.message, StepRequest)]
+    assert [(s.queue, s.message.attempt) for s in requests] == [
+        ("agent-inventory", 1), ("agent-payment", 2), ("agent-shipping", 3),
+    ]
+    assert [s.message_id for s in requests] == ["o1:reserve:1", "o1:charge:2", "o1:ship:3"]
+    assert {s.message.idempotency_key for s in requests} == {"o1:reserve", "o1:charge", "o1:ship"}
+    assert [s.name for s in store.get_steps("o1")] == [s.name for s in ORDER_WORKFLOW.steps]
+    statuses = [m.status for m in transport.to("status-q")]
+    assert statuses[0] == "received" and statuses[-1] == "completed"
+
+
+def test_schedule_of_an_order_that_is_not_pending_does_nothing(parts):
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    scheduler.schedule(ScheduleRequest(order_id="o1"))
+    before = len(transport.sent)
+    assert scheduler.schedule(ScheduleRequest(order_id="o1")) is ScheduleOutcome.NOT_PENDING
+    assert scheduler.schedule(ScheduleRequest(order_id="nope")) is ScheduleOutcome.UNKNOWN_ORDER
+    assert len(transport.sent) == before
+
+
+def test_a_reply_for_an_old_attempt_is_dropped(parts):
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    scheduler.schedule(ScheduleRequest(order_id="o1"))
+    before = store.get_state("o1")
+    late = StepReply(order_id="o1", step="reserve", step_index=0, attempt=7, outcome="ok")
+    assert scheduler.on_reply(late) is ReplyOutcome.STALE
+    assert store.get_state("o1") == before
+    assert store.get_steps("o1") == []
+
+
+def test_a_reply_naming_the_wrong_step_is_dropped(parts):
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    scheduler.schedule(ScheduleRequest(order_id="o1"))
+    wrong = StepReply(order_id="o1", step="charge", step_index=0, attempt=1, outcome="ok")
+    assert scheduler.on_reply(wrong) is ReplyOutcome.STALE
+
+
+def test_an_error_reply_sets_error_alerts_once_and_reports_failed(parts):
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    scheduler.schedule(ScheduleRequest(order_id="o1"))
+    refusal = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="out of stock")
+    assert scheduler.on_reply(refusal) is ReplyOutcome.FAILED
+    assert scheduler.on_reply(refusal) is ReplyOutcome.STALE  # a duplicate changes nothing
+    state = store.get_state("o1").value
+    assert state.process_state is ProcessState.ERROR and "out of stock" in state.last_error
+    assert len(transport.to("alerts")) == 1
+    assert transport.to("status-q")[-1].status == "failed"

@@ -1,0 +1,93 @@
+"""Every function of function_app.py: name, trigger type, queue setting and connection.
+
+Trigger registration is decided at import time from SAS_TRANSPORT, and get_functions() may
+be called once per import, so each transport is indexed in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+
+INDEX = """
+import json, function_app
+out = []
+for f in function_app.app.get_functions():
+    t = f.get_trigger()
+    out.append({
+        "name": f.get_function_name(),
+        "type": t.get_binding_name(),
+        "queue": getattr(t, "queue_name", None),
+        "connection": getattr(t, "connection", None),
+        "route": getattr(t, "route", None),
+        "params": list(__import__("inspect").signature(f.get_user_function()).parameters),
+        "annotation": getattr(
+            next(iter(__import__("inspect").signature(f.get_user_function()).parameters.values())).annotation,
+            "__name__", None),
+    })
+print(json.dumps(out))
+"""
+
+QUEUE_FUNCTIONS = {
+    "submit": "%SAS_QUEUE_ORDERS%",
+    "schedule": "%SAS_QUEUE_SCHEDULER%",
+    "on_reply": "%SAS_QUEUE_REPLIES%",
+    "agent_inventory": "%SAS_QUEUE_AGENT_INVENTORY%",
+    "agent_payment": "%SAS_QUEUE_AGENT_PAYMENT%",
+    "agent_shipping": "%SAS_QUEUE_AGENT_SHIPPING%",
+}
+
+
+def index(transport: str | None) -> dict[str, dict[str, object]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAS_", "Sas"))}
+    if transport is not None:
+        env["SAS_TRANSPORT"] = transport
+    done = subprocess.run(
+        [sys.executable, "-c", INDEX], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+    )
+    return {f["name"]: f for f in json.loads(done.stdout)}
+
+
+@pytest.mark.parametrize(
+    ("transport", "trigger", "connection", "message_class"),
+    [
+        ("storage", "queueTrigger", "SasStorage", "QueueMessage"),
+        ("servicebus", "serviceBusTrigger", "SasServiceBus", "ServiceBusMessage"),
+        (None, "serviceBusTrigger", "SasServiceBus", "ServiceBusMessage"),  # the Azure default
+    ],
+)
+def test_every_queue_function_is_wired_to_its_queue_setting(transport, trigger, connection, message_class):
+    functions = index(transport)
+    assert set(functions) == {*QUEUE_FUNCTIONS, "http_app_func"}
+    for name, queue in QUEUE_FUNCTIONS.items():
+        wired = functions[name]
+        assert (wired["type"], wired["queue"], wired["connection"]) == (trigger, queue, connection), name
+        assert wired["params"] == ["msg"]
+        assert wired["annotation"] == message_class
+    http = functions["http_app_func"]
+    assert http["type"] == "httpTrigger"
+    assert http["params"] == ["req", "context"]
+
+
+def test_importing_the_app_needs_no_settings_and_does_no_io():
+    # No connection settings at all: indexing must still succeed (settings are read lazily).
+    functions = index("storage")
+    assert "submit" in functions
+
+
+def test_an_invalid_transport_fails_indexing_with_the_key_named():
+    env = {**os.environ, "SAS_TRANSPORT": "carrier-pigeon"}
+    done = subprocess.run(
+        [sys.executable, "-c", "import function_app"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "SAS_TRANSPORT" in done.stderr
