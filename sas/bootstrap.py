@@ -119,4 +119,3 @@ def agent(name: str) -> AgentRunner:
             runner = AgentRunner(name, _remote(), transport(), routes(), clock())
             _agents[name] = runner
         return runner
-

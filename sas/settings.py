@@ -144,7 +144,10 @@ def _storage_connection(env: Mapping[str, str], name: str) -> Connection:
             f"missing setting {name} (a connection string) or both "
             f"{name}__tableServiceUri and {name}__queueServiceUri"
         )
-    for key, uri in ((f"{name}__tableServiceUri", table_uri), (f"{name}__queueServiceUri", queue_uri)):
+    for key, uri in (
+        (f"{name}__tableServiceUri", table_uri),
+        (f"{name}__queueServiceUri", queue_uri),
+    ):
         if urlparse(uri).scheme != "https":
             raise ConfigurationError(f"{key} must be an https URL")
     return Connection(

@@ -6,6 +6,7 @@ from azure.core.credentials import TokenCredential
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import QueueServiceClient
 
+from sas.domain.errors import ConfigurationError
 from sas.settings import Connection
 
 
@@ -20,7 +21,8 @@ def credential(connection: Connection) -> TokenCredential:
 def table_service_client(connection: Connection) -> TableServiceClient:
     if connection.connection_string:
         return TableServiceClient.from_connection_string(connection.connection_string)
-    assert connection.table_uri is not None  # guaranteed by settings.load
+    if connection.table_uri is None:
+        raise ConfigurationError(f"{connection.setting}: no table endpoint")
     return TableServiceClient(endpoint=connection.table_uri, credential=credential(connection))
 
 
@@ -31,5 +33,6 @@ def table_client(connection: Connection, table_name: str) -> TableClient:
 def queue_service_client(connection: Connection) -> QueueServiceClient:
     if connection.connection_string:
         return QueueServiceClient.from_connection_string(connection.connection_string)
-    assert connection.queue_uri is not None  # guaranteed by settings.load
+    if connection.queue_uri is None:
+        raise ConfigurationError(f"{connection.setting}: no queue endpoint")
     return QueueServiceClient(account_url=connection.queue_uri, credential=credential(connection))

@@ -48,7 +48,7 @@ class TableStateStore:
             ("create", _state_entity(state)),
         ]
         try:
-            self._table.submit_transaction(operations)  # type: ignore[arg-type]
+            self._table.submit_transaction(operations)
         except TableTransactionError as exc:
             if exc.status_code == 409:
                 raise AlreadyExists(f"order {order.order_id} exists") from None

@@ -73,8 +73,10 @@ class Azurite:
     def start(cls, location: Path | None = None, timeout: float = 30.0) -> Azurite:
         owns = location is None
         if location is None:
-            shm = Path("/dev/shm")
-            location = Path(tempfile.mkdtemp(prefix="sas-azurite-", dir=shm if shm.is_dir() else None))
+            shm = Path("/dev/shm")  # noqa: S108 - RAM-backed and private to this run (mkdtemp)
+            location = Path(
+                tempfile.mkdtemp(prefix="sas-azurite-", dir=shm if shm.is_dir() else None)
+            )
         location.mkdir(parents=True, exist_ok=True)
         ports = free_port(), free_port(), free_port()
         args = [
@@ -88,7 +90,7 @@ class Azurite:
             "--tableHost", "127.0.0.1", "--tablePort", str(ports[2]),
         ]  # fmt: skip
         logfile = (location / "azurite.out").open("wb")
-        process = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+        process = subprocess.Popen(
             args, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
         )
         azurite = cls(*ports, location=location, process=process, _owns_location=owns)
@@ -131,13 +133,16 @@ class Azurite:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
 
 def main() -> None:
-    """`python -m sas.devtools.azurite`: run Azurite in the foreground, print its connection string."""
+    """`python -m sas.devtools.azurite`: run Azurite, print its connection string."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--location", type=Path, default=None)
     args = parser.parse_args()

@@ -5,6 +5,8 @@ Run: `python -m sas.devtools.provision` with the same settings as the app.
 
 from __future__ import annotations
 
+from contextlib import suppress
+
 from azure.core.exceptions import ResourceExistsError
 
 from sas import settings as settings_module
@@ -15,10 +17,8 @@ def provision(settings: settings_module.Settings, extra_queues: tuple[str, ...] 
     table_service_client(settings.storage).create_table_if_not_exists(settings.table_name)
     queues = queue_service_client(settings.storage)
     for name in (*settings.queues.values(), *extra_queues):
-        try:
+        with suppress(ResourceExistsError):
             queues.create_queue(name)
-        except ResourceExistsError:
-            pass
 
 
 def main() -> None:

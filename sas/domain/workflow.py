@@ -59,7 +59,9 @@ class Workflow:
 ORDER_WORKFLOW = Workflow(
     name="order",
     steps=(
-        StepDefinition("reserve", agent="inventory", action="reserve", budget=timedelta(seconds=30)),
+        StepDefinition(
+            "reserve", agent="inventory", action="reserve", budget=timedelta(seconds=30)
+        ),
         StepDefinition("charge", agent="payment", action="charge", budget=timedelta(seconds=30)),
         StepDefinition("ship", agent="shipping", action="ship", budget=timedelta(seconds=30)),
     ),

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 else:
     QueueMessage = func.ServiceBusMessage if TRANSPORT == "servicebus" else func.QueueMessage
 
-blueprint = func.Blueprint()
+blueprint = func.Blueprint()  # type: ignore[no-untyped-call]
 
 
 @blueprint.function_name("submit")

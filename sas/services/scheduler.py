@@ -63,7 +63,10 @@ class Scheduler:
         workflow = workflow_named(current.value.workflow)
         try:
             claimed = claim(
-                current.value, instance_id=self._instance_id, now=self._clock.now(), workflow=workflow
+                current.value,
+                instance_id=self._instance_id,
+                now=self._clock.now(),
+                workflow=workflow,
             )
         except IllegalTransition:
             log.info("sas.schedule_not_pending", extra=extra)

@@ -1,0 +1,108 @@
+"""The whole local system in one object: Azurite, the remote simulator and the dev host.
+
+Used by the demo (`make run`) and the end-to-end tests, so both run exactly the same stack.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from sas import settings as settings_module
+from sas.devtools.azurite import REPO_ROOT, Azurite, free_port
+from sas.devtools.processes import DevHost, ManagedProcess, start_devhost, start_process
+from sas.devtools.provision import provision
+from sas.domain.workflow import AGENTS
+
+
+def app_env(connection_string: str, simulator_url: str) -> dict[str, str]:
+    """App settings for a local run: Storage Queues on Azurite, remotes on the simulator."""
+    return {
+        "SAS_TRANSPORT": "storage",
+        settings_module.STORAGE_CONNECTION: connection_string,
+        "AzureWebJobsStorage": connection_string,
+        settings_module.TABLE_NAME: settings_module.DEFAULT_TABLE,
+        **settings_module.DEFAULT_QUEUES,
+        **{settings_module.remote_url_setting(a): f"{simulator_url}/{a}" for a in AGENTS},
+    }
+
+
+@dataclass
+class LocalStack:
+    azurite: Azurite
+    simulator: ManagedProcess
+    devhost: DevHost
+    env: dict[str, str]
+    settings: settings_module.Settings
+    simulator_url: str
+    api_url: str
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        workers: int = 2,
+        log_dir: Path | None = None,
+        extra_queues: tuple[str, ...] = (),
+        env_overrides: Mapping[str, str] | None = None,
+    ) -> LocalStack:
+        logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
+        logs.mkdir(parents=True, exist_ok=True)
+        # The env below is the whole config: an empty settings file keeps a developer's
+        # local.settings.json (pointing at some other Azurite) out of it.
+        no_local_settings = logs / "local.settings.json"
+        no_local_settings.write_text('{"IsEncrypted": false, "Values": {}}')
+        azurite = Azurite.start()
+        simulator: ManagedProcess | None = None
+        try:
+            port = free_port()
+            simulator = start_process(
+                [sys.executable, "-m", "sas.simulator", "--port", str(port)],
+                log_dir=logs / "simulator",
+            )
+            simulator_url = f"http://127.0.0.1:{port}"
+            simulator.wait_for_http(f"{simulator_url}/health")
+            env = {**app_env(azurite.connection_string, simulator_url), **(env_overrides or {})}
+            settings = settings_module.load(env)
+            provision(settings, extra_queues)
+            devhost = start_devhost(
+                REPO_ROOT / "function_app.py",
+                env=env,
+                workers=workers,
+                http_port=free_port(),
+                settings=no_local_settings,
+                log_dir=logs / "devhost",
+                cwd=REPO_ROOT,
+                timeout=60,
+            )
+        except BaseException:
+            if simulator is not None:
+                simulator.stop()
+            azurite.stop()
+            raise
+        api_url = devhost.http_url or ""
+        return cls(azurite, simulator, devhost, env, settings, simulator_url, api_url)
+
+    def stop(self) -> None:
+        try:
+            self.devhost.stop()
+        finally:
+            try:
+                self.simulator.stop()
+            finally:
+                self.azurite.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
