@@ -1,0 +1,117 @@
+"""Calling user functions the way the Python worker does: trigger argument plus ``context``."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import azure.functions as func
+from azure.functions import _abc as func_abc
+
+
+class _TraceContext(func_abc.TraceContext):
+    @property
+    def trace_state(self) -> str:
+        return ""
+
+    @property
+    def trace_parent(self) -> str:
+        return ""
+
+    @property
+    def attributes(self) -> dict[str, str]:
+        return {}
+
+
+class _RpcException(func_abc.RpcException):
+    @property
+    def source(self) -> str:
+        return ""
+
+    @property
+    def stack_trace(self) -> str:
+        return ""
+
+    @property
+    def message(self) -> str:
+        return ""
+
+
+class _RetryContext(func_abc.RetryContext):
+    @property
+    def retry_count(self) -> int:
+        return 0
+
+    @property
+    def max_retry_count(self) -> int:
+        return 0
+
+    @property
+    def exception(self) -> func_abc.RpcException:
+        return _RpcException()
+
+
+class InvocationContext(func.Context):
+    """A concrete ``func.Context`` (the abstract one cannot be instantiated)."""
+
+    def __init__(self, function_name: str, function_directory: Path) -> None:
+        self._invocation_id = str(uuid.uuid4())
+        self._function_name = function_name
+        self._function_directory = str(function_directory)
+        self._thread_local = threading.local()
+        self._thread_local.invocation_id = self._invocation_id
+
+    @property
+    def invocation_id(self) -> str:
+        return self._invocation_id
+
+    @property
+    def thread_local_storage(self) -> type[threading.local]:
+        # The worker hands out a threading.local instance; the ABC annotates it as a type.
+        return cast(type[threading.local], self._thread_local)
+
+    @property
+    def function_name(self) -> str:
+        return self._function_name
+
+    @property
+    def function_directory(self) -> str:
+        return self._function_directory
+
+    @property
+    def trace_context(self) -> func_abc.TraceContext:
+        return _TraceContext()
+
+    @property
+    def retry_context(self) -> func_abc.RetryContext:
+        return _RetryContext()
+
+
+def wants_context(fn: Callable[..., Any], arg_name: str) -> bool:
+    return arg_name != "context" and "context" in inspect.signature(fn).parameters
+
+
+def arguments(
+    fn: Callable[..., Any], arg_name: str, value: object, context: InvocationContext
+) -> dict[str, object]:
+    kwargs: dict[str, object] = {arg_name: value}
+    if wants_context(fn, arg_name):
+        kwargs["context"] = context
+    return kwargs
+
+
+def call_sync(fn: Callable[..., Any], kwargs: dict[str, object]) -> object:
+    """Call from a worker thread; an ``async def`` function gets its own event loop."""
+    result = fn(**kwargs)
+    if inspect.isawaitable(result):
+        return asyncio.run(_await(result))
+    return result
+
+
+async def _await(awaitable: Any) -> object:
+    return await awaitable

@@ -1,0 +1,167 @@
+"""The whole pipeline: function_app.py on the dev host (2 workers), Azurite, the simulator."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.queue import TextBase64DecodePolicy
+
+from sas.adapters.clients import queue_service_client, table_client
+from sas.adapters.storage_queues import StorageQueueTransport
+from sas.adapters.tables import TableStateStore
+from sas.demo import demo_order
+from sas.devtools.ledger import check_effects, fetch_ledger
+from sas.devtools.processes import wait_until
+from sas.devtools.stack import LocalStack
+from sas.domain.messages import StatusEvent, StepReply, decode
+from sas.domain.model import ProcessState
+from sas.domain.workflow import ORDER_WORKFLOW
+from sas.settings import QUEUE_ORDERS, QUEUE_REPLIES
+
+pytestmark = pytest.mark.e2e
+
+STATUS_QUEUE = "e2e-status"
+ORDERS = 50
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> Iterator[LocalStack]:
+    logs = tmp_path_factory.mktemp("stack")
+    with LocalStack.start(workers=2, log_dir=logs, extra_queues=(STATUS_QUEUE,)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def store(stack) -> TableStateStore:
+    return TableStateStore(table_client(stack.settings.storage, stack.settings.table_name))
+
+
+@pytest.fixture(scope="module")
+def transport(stack) -> StorageQueueTransport:
+    return StorageQueueTransport(queue_service_client(stack.settings.storage))
+
+
+@pytest.fixture(scope="module")
+def processed_batch(stack, store, transport) -> list[str]:
+    orders = [demo_order(i, "e2e", reply_to=STATUS_QUEUE) for i in range(ORDERS)]
+    for order in orders:
+        transport.send(
+            stack.settings.queue(QUEUE_ORDERS),
+            order,
+            message_id=order.order_id,
+            correlation_id=order.order_id,
+        )
+    ids = [order.order_id for order in orders]
+
+    def all_processed() -> bool:
+        return all(
+            (found := store.get_state(order_id)) is not None
+            and found.value.process_state is ProcessState.PROCESSED
+            for order_id in ids
+        )
+
+    wait_until(all_processed, timeout=180, interval=0.5, what=f"{ORDERS} orders Processed")
+    return ids
+
+
+def queue_empty(stack, name: str) -> bool:
+    client = queue_service_client(stack.settings.storage).get_queue_client(name)
+    return client.get_queue_properties().approximate_message_count == 0
+
+
+def test_fifty_orders_reach_processed_and_each_effect_is_applied_once(
+    stack, store, processed_batch
+):
+    outcomes = {
+        order_id: store.get_state(order_id).value.process_state for order_id in processed_batch
+    }
+    assert set(outcomes.values()) == {ProcessState.PROCESSED}
+    ledger = fetch_ledger(stack.simulator_url)
+    report = check_effects(ledger, outcomes, ORDER_WORKFLOW)
+    assert report.problems == []
+    assert report.effects == ORDERS * len(ORDER_WORKFLOW.steps)
+    keys = [effect["idempotency_key"] for effect in ledger["effects"]]
+    assert len(keys) == len(set(keys))
+    for order_id in processed_batch:
+        state = store.get_state(order_id).value
+        assert state.attempt == len(ORDER_WORKFLOW.steps)  # one claim per step, no retries
+        assert state.locked_by is None and state.complete_by is None
+        assert [step.name for step in store.get_steps(order_id)] == ["reserve", "charge", "ship"]
+
+
+def test_the_submitter_gets_status_events_for_every_order(stack, processed_batch):
+    queue = queue_service_client(stack.settings.storage).get_queue_client(
+        STATUS_QUEUE, message_decode_policy=TextBase64DecodePolicy()
+    )
+    seen: dict[str, list[str]] = {}
+
+    def drained() -> bool:
+        batch = list(queue.receive_messages(messages_per_page=32, max_messages=32))
+        for message in batch:
+            event = decode(StatusEvent, message.content)
+            seen.setdefault(event.order_id, []).append(event.status)
+            queue.delete_message(message)
+        return not batch and len(seen) == ORDERS
+
+    wait_until(drained, timeout=60, interval=0.1, what="status events")
+    for order_id in processed_batch:
+        statuses = seen[order_id]
+        assert statuses.count("received") == 1 and statuses.count("completed") == 1
+        assert statuses.count("step_completed") == len(ORDER_WORKFLOW.steps)
+
+
+def test_a_reply_for_an_old_attempt_delivered_by_hand_is_ignored(
+    stack, store, transport, processed_batch
+):
+    order_id = processed_batch[0]
+    before = store.get_state(order_id)
+    effects_before = len(fetch_ledger(stack.simulator_url)["effects"])
+    stale = StepReply(
+        order_id=order_id, step="reserve", step_index=0, attempt=1, outcome="ok", result={"x": 1}
+    )
+    replies = stack.settings.queue(QUEUE_REPLIES)
+    transport.send(replies, stale, message_id="stale", correlation_id=order_id)
+    wait_until(lambda: queue_empty(stack, replies), timeout=30, what="stale reply consumed")
+    wait_until(
+        lambda: "sas.reply_stale" in stack.devhost.stderr(),
+        timeout=10,
+        what="sas.reply_stale logged",
+    )
+    assert store.get_state(order_id) == before  # same ETag: nothing written
+    assert store.get_steps(order_id)[0].result != {"x": 1}
+    assert len(fetch_ledger(stack.simulator_url)["effects"]) == effects_before
+
+
+def test_the_http_api_returns_an_orders_state(stack, processed_batch):
+    order_id = processed_batch[1]
+    response = httpx.get(f"{stack.api_url}/api/orders/{order_id}", timeout=10)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["order_id"] == order_id
+    assert body["process_state"] == "Processed"
+    assert [step["name"] for step in body["steps"]] == ["reserve", "charge", "ship"]
+    assert httpx.get(f"{stack.api_url}/api/orders/nope", timeout=10).status_code == 404
+    assert httpx.get(f"{stack.api_url}/api/orders/bad%2Fid", timeout=10).status_code in (404, 422)
+
+
+def test_a_malformed_order_is_parked_with_its_body_and_settled(stack, store):
+    orders = stack.settings.queue(QUEUE_ORDERS)
+    body = b'{"type": "OrderSubmitted", "order_id": "../../etc", "hostile": true}'
+    raw = queue_service_client(stack.settings.storage).get_queue_client(orders)
+    raw.send_message(base64.b64encode(body).decode())
+
+    def parked() -> dict[str, object] | None:
+        return next((p for p in store.list_parked() if p["body"] == body), None)
+
+    found = wait_until(parked, timeout=30, what="bad message parked")
+    assert found["queue"] == orders
+    assert "order_id" in found["reason"]
+    wait_until(lambda: queue_empty(stack, orders), timeout=30, what="bad message settled")
+    poison = queue_service_client(stack.settings.storage).get_queue_client(f"{orders}-poison")
+    with contextlib.suppress(ResourceNotFoundError):  # never created: nothing was poisoned
+        assert poison.get_queue_properties().approximate_message_count == 0
