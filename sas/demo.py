@@ -46,16 +46,18 @@ class Tracker:
     events: Counter[str] = field(default_factory=Counter)
 
 
-def demo_order(index: int, run_id: str) -> OrderSubmitted:
+def demo_order(index: int, run_id: str, reply_to: str = STATUS_QUEUE) -> OrderSubmitted:
     return OrderSubmitted(
         order_id=f"demo-{run_id}-{index:05d}",
         details=OrderDetails(
             customer_id=f"customer-{index % 17}",
             currency="EUR",
             address=f"{index} Demo Street",
-            lines=[OrderLine(sku=f"sku-{index % 5}", quantity=1 + index % 3, unit_price_cents=1999)],
+            lines=[
+                OrderLine(sku=f"sku-{index % 5}", quantity=1 + index % 3, unit_price_cents=1999)
+            ],
         ),
-        reply_to=STATUS_QUEUE,
+        reply_to=reply_to,
     )
 
 
@@ -98,14 +100,22 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float) -> int:
     tracker = Tracker()
     batch = [demo_order(i, run_id) for i in range(orders)]
     started = time.monotonic()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         submitted = progress.add_task("submitted", total=orders)
         finished = progress.add_task("finished ", total=orders)
         for order in batch:
             tracker.sent_at[order.order_id] = time.monotonic()
             transport.send(
-                settings.queue(QUEUE_ORDERS), order, message_id=order.order_id, correlation_id=order.order_id
+                settings.queue(QUEUE_ORDERS),
+                order,
+                message_id=order.order_id,
+                correlation_id=order.order_id,
             )
             progress.advance(submitted)
         deadline = time.monotonic() + timeout
@@ -124,7 +134,10 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float) -> int:
     _summary(orders, outcomes, tracker, report, elapsed)
     not_processed = sum(state is not ProcessState.PROCESSED for state in outcomes.values())
     if not_processed or not report.ok:
-        console.print(f"[red]FAILED[/]: {not_processed} order(s) not Processed; ledger problems: {len(report.problems)}")
+        console.print(
+            f"[red]FAILED[/]: {not_processed} order(s) not Processed; "
+            f"ledger problems: {len(report.problems)}"
+        )
         for problem in report.problems[:20]:
             console.print(f"  - {problem}")
         return 1
@@ -138,8 +151,16 @@ def _percentile(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
-def _summary(orders: int, outcomes: dict[str, ProcessState], tracker: Tracker, report: LedgerReport, elapsed: float) -> None:
-    table = Table(title=f"sas demo: {orders} orders in {timedelta(seconds=round(elapsed))}", show_header=False)
+def _summary(
+    orders: int,
+    outcomes: dict[str, ProcessState],
+    tracker: Tracker,
+    report: LedgerReport,
+    elapsed: float,
+) -> None:
+    table = Table(
+        title=f"sas demo: {orders} orders in {timedelta(seconds=round(elapsed))}", show_header=False
+    )
     table.add_column(style="bold")
     table.add_column()
     counts = Counter(state.value for state in outcomes.values())
@@ -149,7 +170,10 @@ def _summary(orders: int, outcomes: dict[str, ProcessState], tracker: Tracker, r
     table.add_row("end-to-end latency p50", f"{_percentile(latencies, 50):.2f} s")
     table.add_row("end-to-end latency p95", f"{_percentile(latencies, 95):.2f} s")
     table.add_row("throughput", f"{orders / elapsed:.1f} orders/s" if elapsed else "-")
-    table.add_row("remote effects applied", f"{report.effects} " + str(dict(sorted(report.by_service.items()))))
+    table.add_row(
+        "remote effects applied",
+        f"{report.effects} " + str(dict(sorted(report.by_service.items()))),
+    )
     table.add_row("idempotent replays at the remote", str(report.replays))
     table.add_row("status events received", str(sum(tracker.events.values())))
     table.add_row("ledger check", "ok" if report.ok else f"{len(report.problems)} problem(s)")
@@ -159,8 +183,12 @@ def _summary(orders: int, outcomes: dict[str, ProcessState], tracker: Tracker, r
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Run the sas demo locally on Azurite.")
     parser.add_argument("--orders", type=int, default=100, help="orders to submit (default 100)")
-    parser.add_argument("--workers", type=int, default=2, help="dev host worker processes (default 2)")
-    parser.add_argument("--timeout", type=float, default=None, help="seconds to wait for all orders")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="dev host worker processes (default 2)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds to wait for all orders"
+    )
     parser.add_argument("--logs", type=Path, default=Path(".sas-run"), help="where process logs go")
     args = parser.parse_args(argv)
     if args.orders < 1 or args.workers < 1:

@@ -24,6 +24,8 @@ Transport = Literal["servicebus", "storage"]
 TRANSPORT = "SAS_TRANSPORT"
 TABLE_NAME = "SAS_TABLE_NAME"
 INSTANCE_ID = "SAS_INSTANCE_ID"
+SUPERVISOR_SCHEDULE = "SAS_SUPERVISOR_SCHEDULE"
+MAX_FAILURES = "SAS_MAX_FAILURES"
 STORAGE_CONNECTION = "SasStorage"
 SERVICEBUS_CONNECTION = "SasServiceBus"
 QUEUE_ORDERS = "SAS_QUEUE_ORDERS"
@@ -49,7 +51,8 @@ DEFAULT_QUEUES: dict[str, str] = {
 }
 DEFAULT_TABLE = "sasorders"
 
-_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
+_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,54}[a-z0-9]$")
+"""Valid for Storage Queues and Service Bus, leaving room for the host's `-poison` suffix."""
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
 
 
@@ -107,6 +110,11 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         if not _QUEUE_NAME.match(name):
             raise ConfigurationError(f"{key}={name!r} is not a valid queue name")
         queues[key] = name
+    by_name: dict[str, str] = {}
+    for key, name in queues.items():
+        if name in by_name:
+            raise ConfigurationError(f"{by_name[name]} and {key} name the same queue {name!r}")
+        by_name[name] = key
     remote_urls = {agent: _url(env, remote_url_setting(agent)) for agent in AGENTS}
     storage = _storage_connection(env, STORAGE_CONNECTION)
     servicebus = (
@@ -148,8 +156,9 @@ def _storage_connection(env: Mapping[str, str], name: str) -> Connection:
         (f"{name}__tableServiceUri", table_uri),
         (f"{name}__queueServiceUri", queue_uri),
     ):
-        if urlparse(uri).scheme != "https":
-            raise ConfigurationError(f"{key} must be an https URL")
+        parsed = urlparse(uri)
+        if parsed.scheme != "https" or not parsed.netloc:
+            raise ConfigurationError(f"{key} must be an https URL with a host")
     return Connection(
         setting=name, table_uri=table_uri, queue_uri=queue_uri, client_id=_identity(env, name)
     )

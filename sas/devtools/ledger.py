@@ -38,7 +38,9 @@ def check_effects(
 ) -> LedgerReport:
     """Every Processed order has exactly one effect per step; no effect belongs to no order."""
     raw_effects = ledger.get("effects", [])
-    effects: list[Mapping[str, object]] = list(raw_effects) if isinstance(raw_effects, Iterable) else []
+    effects: list[Mapping[str, object]] = (
+        list(raw_effects) if isinstance(raw_effects, Iterable) else []
+    )
     per_order_step = Counter(
         (str(e.get("order_id")), str(e.get("service")), str(e.get("action"))) for e in effects
     )

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import replace
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import pytest
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest
 from sas.domain.model import ProcessState
-from sas.services.scheduler import ReplyOutcome, Scheduler, ScheduleOutcome
+from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
 from sas.services.submission import Submission, SubmissionOutcome
 from tests.fakes import FakeClock, RecordingTransport
 from tests.unit.test_services import ROUTES, submitted
@@ -45,7 +45,11 @@ def test_two_schedulers_racing_for_one_order_exactly_one_wins(table):
     assert sorted(outcomes) == sorted([ScheduleOutcome.CLAIMED, ScheduleOutcome.LOST_RACE])
     winner = f"s{outcomes.index(ScheduleOutcome.CLAIMED) + 1}"
     state = TableStateStore(table).get_state("o1").value
-    assert (state.locked_by, state.attempt, state.process_state) == (winner, 1, ProcessState.PROCESSING)
+    assert (state.locked_by, state.attempt, state.process_state) == (
+        winner,
+        1,
+        ProcessState.PROCESSING,
+    )
     assert len([m for m in transport.to("agent-inventory") if isinstance(m, StepRequest)]) == 1
 
 
@@ -67,7 +71,10 @@ def test_a_redelivery_after_a_crash_before_scheduling_schedules_again(table):
     store = TableStateStore(table)
     Submission(store, RecordingTransport(), ROUTES, clock).submit(submitted())  # its sends "lost"
     before = store.get_state("o1")
-    assert Submission(store, transport, ROUTES, clock).submit(submitted()) is SubmissionOutcome.DUPLICATE
+    assert (
+        Submission(store, transport, ROUTES, clock).submit(submitted())
+        is SubmissionOutcome.DUPLICATE
+    )
     assert store.get_state("o1") == before
     assert transport.to("scheduler") == [ScheduleRequest(order_id="o1")]
 
@@ -92,7 +99,9 @@ def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     # What the Supervisor does to an expired attempt (issue 4): back to Pending, unlocked.
     current = store.get_state("o1")
-    store.update_state(replace(current.value, process_state=ProcessState.PENDING, locked_by=None), current.etag)
+    store.update_state(
+        replace(current.value, process_state=ProcessState.PENDING, locked_by=None), current.etag
+    )
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     newer = store.get_state("o1")
     assert newer.value.attempt == 2
@@ -108,7 +117,9 @@ def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
 def test_duplicate_replies_racing_apply_once(table):
     clock, transport = FakeClock(), RecordingTransport()
     Submission(TableStateStore(table), transport, ROUTES, clock).submit(submitted())
-    Scheduler(TableStateStore(table), transport, ROUTES, clock, "s0").schedule(ScheduleRequest(order_id="o1"))
+    Scheduler(TableStateStore(table), transport, ROUTES, clock, "s0").schedule(
+        ScheduleRequest(order_id="o1")
+    )
     store = BarrierStore(table, racers=2)
     schedulers = [Scheduler(store, transport, ROUTES, clock, f"s{n}") for n in (1, 2)]
     reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")

@@ -20,7 +20,9 @@ NOW = datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=UTC)
 
 
 def order(order_id: str = "o1", fingerprint: str = "f1") -> OrderRecord:
-    return OrderRecord(order_id, "order", {"customer_id": "c1", "lines": []}, fingerprint, NOW, "status-q")
+    return OrderRecord(
+        order_id, "order", {"customer_id": "c1", "lines": []}, fingerprint, NOW, "status-q"
+    )
 
 
 def new_state(order_id: str = "o1"):
@@ -70,7 +72,7 @@ def test_a_stale_etag_is_rejected(table):
 def test_update_of_a_missing_state_is_not_found(table):
     store = TableStateStore(table)
     with pytest.raises(NotFound):
-        store.update_state(new_state("ghost"), 'W/"datetime\'2026-01-01T00%3A00%3A00Z\'"')
+        store.update_state(new_state("ghost"), "W/\"datetime'2026-01-01T00%3A00%3A00Z'\"")
 
 
 def test_cleared_fields_are_removed_not_left_behind(table):
@@ -79,7 +81,9 @@ def test_cleared_fields_are_removed_not_left_behind(table):
     first = store.get_state("o1")
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
     etag = store.update_state(claimed, first.etag)
-    released = replace(claimed, locked_by=None, complete_by=None, process_state=ProcessState.PROCESSED)
+    released = replace(
+        claimed, locked_by=None, complete_by=None, process_state=ProcessState.PROCESSED
+    )
     store.update_state(released, etag)
     assert store.get_state("o1").value == released
     assert "LockedBy" not in table.get_entity("o1", "state")

@@ -45,7 +45,9 @@ def test_success_replies_for_the_same_attempt_with_the_result():
 
 def test_transient_faults_are_retried_with_the_same_idempotency_key():
     clock, transport = FakeClock(), RecordingTransport()
-    remote = ScriptedRemote([TransientRemoteError("503"), TransientRemoteError("timeout"), {"effect_id": "e"}])
+    remote = ScriptedRemote(
+        [TransientRemoteError("503"), TransientRemoteError("timeout"), {"effect_id": "e"}]
+    )
     assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.REPLIED
     assert len(remote.calls) == 3
     assert {call["key"] for call in remote.calls} == {"o1:charge"}

@@ -61,7 +61,10 @@ def test_fingerprint_is_stable_and_changes_with_content():
         (order(order_id=""), "order_id"),
         (order(reply_to="Not_A_Queue"), "reply_to"),
         (order(reply_to="a--b"), "reply_to"),
-        (order(details={"customer_id": "c", "currency": "EUR", "address": "a", "lines": []}), "lines"),
+        (
+            order(details={"customer_id": "c", "currency": "EUR", "address": "a", "lines": []}),
+            "lines",
+        ),
         (b" " * (MAX_MESSAGE_BYTES + 1), "oversize"),
     ],
 )
@@ -106,7 +109,14 @@ def test_step_messages_require_aware_datetimes_and_positive_attempts():
 
 
 def test_reply_outcome_is_closed_and_types_do_not_cross_queues():
-    reply = {"type": "StepReply", "order_id": "o1", "step": "charge", "step_index": 0, "attempt": 1, "outcome": "ok"}
+    reply = {
+        "type": "StepReply",
+        "order_id": "o1",
+        "step": "charge",
+        "step_index": 0,
+        "attempt": 1,
+        "outcome": "ok",
+    }
     assert decode(StepReply, json.dumps(reply)).outcome == "ok"
     with pytest.raises(InvalidMessage, match="outcome"):
         decode(StepReply, json.dumps({**reply, "outcome": "maybe"}))

@@ -2,18 +2,28 @@
 
 import pytest
 
-from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, ScheduleRequest, StepReply, StepRequest
+from sas.domain.messages import (
+    OrderDetails,
+    OrderLine,
+    OrderSubmitted,
+    ScheduleRequest,
+    StepReply,
+    StepRequest,
+)
 from sas.domain.model import ProcessState
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.routes import Routes
-from sas.services.scheduler import ReplyOutcome, Scheduler, ScheduleOutcome
+from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
 from sas.services.submission import Submission, SubmissionOutcome
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
 
 pytestmark = pytest.mark.unit
 
 ROUTES = Routes(
-    "orders", "scheduler", "replies", "alerts",
+    "orders",
+    "scheduler",
+    "replies",
+    "alerts",
     {"inventory": "agent-inventory", "payment": "agent-payment", "shipping": "agent-shipping"},
 )
 
@@ -22,7 +32,9 @@ def submitted(order_id="o1", reply_to="status-q", address="1 Main St") -> OrderS
     return OrderSubmitted(
         order_id=order_id,
         details=OrderDetails(
-            customer_id="c1", currency="EUR", address=address,
+            customer_id="c1",
+            currency="EUR",
+            address=address,
             lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
         ),
         reply_to=reply_to,
@@ -36,7 +48,10 @@ def parts():
 
 def test_submission_inserts_pending_state_schedules_and_reports_received(parts):
     store, transport, clock = parts
-    assert Submission(store, transport, ROUTES, clock).submit(submitted()) is SubmissionOutcome.ACCEPTED
+    assert (
+        Submission(store, transport, ROUTES, clock).submit(submitted())
+        is SubmissionOutcome.ACCEPTED
+    )
     assert store.get_state("o1").value.process_state is ProcessState.PENDING
     assert transport.to("scheduler") == [ScheduleRequest(order_id="o1")]
     assert [m.status for m in transport.to("status-q")] == ["received"]
@@ -45,7 +60,10 @@ def test_submission_inserts_pending_state_schedules_and_reports_received(parts):
 def test_a_missing_reply_to_queue_does_not_fail_the_order(parts):
     store, transport, clock = parts
     transport.missing_queues.add("status-q")
-    assert Submission(store, transport, ROUTES, clock).submit(submitted()) is SubmissionOutcome.ACCEPTED
+    assert (
+        Submission(store, transport, ROUTES, clock).submit(submitted())
+        is SubmissionOutcome.ACCEPTED
+    )
     assert transport.to("scheduler")
 
 
@@ -69,8 +87,14 @@ def run_to_completion(store, transport, clock, scheduler):
         handled += 1
         clock.advance(1)
         scheduler.on_reply(
-            StepReply(order_id=req.order_id, step=req.step, step_index=req.step_index,
-                      attempt=req.attempt, outcome="ok", result={"ref": req.step})
+            StepReply(
+                order_id=req.order_id,
+                step=req.step,
+                step_index=req.step_index,
+                attempt=req.attempt,
+                outcome="ok",
+                result={"ref": req.step},
+            )
         )
 
 
@@ -84,7 +108,9 @@ def test_the_scheduler_drives_every_step_to_processed(parts):
     assert state.process_state is ProcessState.PROCESSED
     requests = [s for s in transport.sent if isinstance(s.message, StepRequest)]
     assert [(s.queue, s.message.attempt) for s in requests] == [
-        ("agent-inventory", 1), ("agent-payment", 2), ("agent-shipping", 3),
+        ("agent-inventory", 1),
+        ("agent-payment", 2),
+        ("agent-shipping", 3),
     ]
     assert [s.message_id for s in requests] == ["o1:reserve:1", "o1:charge:2", "o1:ship:3"]
     assert {s.message.idempotency_key for s in requests} == {"o1:reserve", "o1:charge", "o1:ship"}
@@ -130,7 +156,14 @@ def test_an_error_reply_sets_error_alerts_once_and_reports_failed(parts):
     Submission(store, transport, ROUTES, clock).submit(submitted())
     scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
-    refusal = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="out of stock")
+    refusal = StepReply(
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=1,
+        outcome="error",
+        error="out of stock",
+    )
     assert scheduler.on_reply(refusal) is ReplyOutcome.FAILED
     assert scheduler.on_reply(refusal) is ReplyOutcome.STALE  # a duplicate changes nothing
     state = store.get_state("o1").value

@@ -26,7 +26,9 @@ def test_initial_state_is_pending_unlocked_with_a_pickup_deadline():
 
 
 def test_claim_locks_increments_attempt_and_sets_deadline_of_the_step():
-    state = claim(initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF)
+    state = claim(
+        initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
+    )
     assert state.process_state is ProcessState.PROCESSING
     assert state.locked_by == "s1"
     assert state.attempt == 1
@@ -49,7 +51,9 @@ def test_claim_refuses_anything_but_pending_and_unlocked(change):
 
 
 def test_complete_step_claims_the_next_step_with_a_new_attempt():
-    running = claim(initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF)
+    running = claim(
+        initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
+    )
     later = NOW + timedelta(seconds=3)
     nxt = complete_step(running, attempt=1, step_index=0, instance_id="s2", now=later, workflow=WF)
     assert nxt.process_state is ProcessState.PROCESSING
@@ -59,7 +63,9 @@ def test_complete_step_claims_the_next_step_with_a_new_attempt():
 
 def test_completing_the_last_step_makes_the_order_processed_and_unlocked():
     wf = Workflow("one", (StepDefinition("only", "payment", "charge", timedelta(seconds=5)),))
-    running = claim(initial_state("o1", wf, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=wf)
+    running = claim(
+        initial_state("o1", wf, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=wf
+    )
     done = complete_step(running, attempt=1, step_index=0, instance_id="s1", now=NOW, workflow=wf)
     assert done.process_state is ProcessState.PROCESSED
     assert done.locked_by is None and done.complete_by is None
@@ -68,9 +74,13 @@ def test_completing_the_last_step_makes_the_order_processed_and_unlocked():
 
 @pytest.mark.parametrize(("attempt", "step_index"), [(0, 0), (2, 0), (1, 1)])
 def test_a_reply_for_another_attempt_or_step_is_stale(attempt, step_index):
-    running = claim(initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF)
+    running = claim(
+        initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
+    )
     with pytest.raises(StaleReply):
-        complete_step(running, attempt=attempt, step_index=step_index, instance_id="s", now=NOW, workflow=WF)
+        complete_step(
+            running, attempt=attempt, step_index=step_index, instance_id="s", now=NOW, workflow=WF
+        )
     with pytest.raises(StaleReply):
         fail_step(running, attempt=attempt, step_index=step_index, now=NOW, reason="x")
 
@@ -82,7 +92,9 @@ def test_a_reply_to_a_pending_order_is_stale_even_with_matching_numbers():
 
 
 def test_fail_step_sets_error_with_a_bounded_reason():
-    running = claim(initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF)
+    running = claim(
+        initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
+    )
     failed = fail_step(running, attempt=1, step_index=0, now=NOW, reason="x" * 5000)
     assert failed.process_state is ProcessState.ERROR
     assert failed.locked_by is None

@@ -65,12 +65,18 @@ def index(transport: str | None) -> dict[str, dict[str, object]]:
         (None, "serviceBusTrigger", "SasServiceBus", "ServiceBusMessage"),  # the Azure default
     ],
 )
-def test_every_queue_function_is_wired_to_its_queue_setting(transport, trigger, connection, message_class):
+def test_every_queue_function_is_wired_to_its_queue_setting(
+    transport, trigger, connection, message_class
+):
     functions = index(transport)
     assert set(functions) == {*QUEUE_FUNCTIONS, "http_app_func"}
     for name, queue in QUEUE_FUNCTIONS.items():
         wired = functions[name]
-        assert (wired["type"], wired["queue"], wired["connection"]) == (trigger, queue, connection), name
+        assert (wired["type"], wired["queue"], wired["connection"]) == (
+            trigger,
+            queue,
+            connection,
+        ), name
         assert wired["params"] == ["msg"]
         assert wired["annotation"] == message_class
     http = functions["http_app_func"]
@@ -87,7 +93,11 @@ def test_importing_the_app_needs_no_settings_and_does_no_io():
 def test_an_invalid_transport_fails_indexing_with_the_key_named():
     env = {**os.environ, "SAS_TRANSPORT": "carrier-pigeon"}
     done = subprocess.run(
-        [sys.executable, "-c", "import function_app"], cwd=ROOT, env=env, capture_output=True, text=True
+        [sys.executable, "-c", "import function_app"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode != 0
     assert "SAS_TRANSPORT" in done.stderr

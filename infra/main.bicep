@@ -1,0 +1,276 @@
+// sas: Scheduler Agent Supervisor on Azure Functions (Flex Consumption, Python 3.11).
+// Deployed by `azd up` (azure.yaml at the repo root). See infra/README.md.
+//
+// Security posture: one user-assigned identity holding data-plane roles only; no shared keys
+// (storage allowSharedKeyAccess: false), no SAS/local auth (Service Bus and Application
+// Insights disableLocalAuth: true); every app connection is identity-based.
+
+targetScope = 'subscription'
+
+@minLength(1)
+@maxLength(64)
+@description('azd environment name: names the resource group and seeds a unique token.')
+param environmentName string
+
+@minLength(1)
+@description('Region for every resource; it must offer the Flex Consumption plan.')
+@metadata({
+  azd: {
+    type: 'location'
+  }
+})
+param location string
+
+@description('Object id of the deploying principal (azd sets AZURE_PRINCIPAL_ID). When set, it gets the data roles needed to run the app and its tests against these resources. Empty: skipped.')
+param principalId string = ''
+
+@description('Kind of principal in principalId.')
+@allowed([
+  'User'
+  'ServicePrincipal'
+])
+param principalType string = 'User'
+
+@description('Message transport: Service Bus queues (default) or Storage Queues. Only the selected transport\'s queues are provisioned.')
+@allowed([
+  'servicebus'
+  'storage'
+])
+param transport string = 'servicebus'
+
+@description('Table holding orders, state and steps (SAS_TABLE_NAME).')
+@minLength(3)
+@maxLength(63)
+param tableName string = 'sasorders'
+
+@description('Base URL of the remote inventory service (SAS_REMOTE_INVENTORY_URL).')
+@minLength(8)
+param remoteInventoryUrl string
+
+@description('Base URL of the remote payment service (SAS_REMOTE_PAYMENT_URL).')
+@minLength(8)
+param remotePaymentUrl string
+
+@description('Base URL of the remote shipping service (SAS_REMOTE_SHIPPING_URL).')
+@minLength(8)
+param remoteShippingUrl string
+
+@description('NCRONTAB schedule of the supervisor timer (SAS_SUPERVISOR_SCHEDULE).')
+param supervisorSchedule string = '*/15 * * * * *'
+
+@description('Failed attempts of a step before the order goes to Error or compensation (SAS_MAX_FAILURES).')
+@minValue(1)
+@maxValue(100)
+param maxFailures int = 3
+
+// A Service Bus trigger holds a peek-lock while its function runs; the Functions host renews
+// it (host.json maxAutoLockRenewalDuration), but the lock itself should outlast the longest
+// step complete-by budget (30 s, sas/domain/workflow.py) so that a slow agent never races a
+// redelivery of its own request. Service Bus caps it at 5 minutes.
+@description('Service Bus peek-lock duration; must be >= the longest step complete-by budget (30 s).')
+@allowed([
+  'PT1M'
+  'PT2M'
+  'PT3M'
+  'PT5M'
+])
+param serviceBusLockDuration string = 'PT1M'
+
+// Message ids are '{order}:{step}:{attempt}' (attempt = fencing token), so a redelivered or
+// re-sent copy of the same attempt is dropped inside this window, while a retry (new attempt)
+// is a new id. The window must cover the longest time over which one id can be re-sent:
+// a step's complete-by budget (30 s) and the pickup budget of a Pending order (2 min).
+@description('Service Bus duplicate detection window (ISO 8601, 20 s to 7 days).')
+param serviceBusDuplicateDetectionWindow string = 'PT10M'
+
+@description('Deliveries of one Service Bus message before it is dead-lettered.')
+@minValue(1)
+@maxValue(100)
+param serviceBusMaxDeliveryCount int = 5
+
+@description('Time to live of a Service Bus message; expired messages are dead-lettered.')
+param serviceBusMessageTimeToLive string = 'P14D'
+
+@description('Flex Consumption: maximum instances of the app.')
+@minValue(40)
+@maxValue(1000)
+param maximumInstanceCount int = 100
+
+@description('Flex Consumption: memory of each instance (MB).')
+@allowed([
+  2048
+  4096
+])
+param instanceMemoryMB int = 2048
+
+// Queue names by app setting key. Keep in step with sas.settings.DEFAULT_QUEUES:
+// tests/unit/test_infra_consistency.py fails when they drift apart.
+var queueSettings = {
+  SAS_QUEUE_ORDERS: 'sas-orders'
+  SAS_QUEUE_SCHEDULER: 'sas-scheduler'
+  SAS_QUEUE_REPLIES: 'sas-replies'
+  SAS_QUEUE_ALERTS: 'sas-alerts'
+  SAS_QUEUE_AGENT_INVENTORY: 'sas-agent-inventory'
+  SAS_QUEUE_AGENT_PAYMENT: 'sas-agent-payment'
+  SAS_QUEUE_AGENT_SHIPPING: 'sas-agent-shipping'
+}
+var queueNames = map(items(queueSettings), queue => queue.value)
+var useServiceBus = transport == 'servicebus'
+
+var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
+var tags = {
+  'azd-env-name': environmentName
+}
+var functionAppName = 'func-sas-${resourceToken}'
+var deploymentContainerName = 'app-package-${take(functionAppName, 32)}-${take(resourceToken, 7)}'
+
+resource rg 'Microsoft.Resources/resourceGroups@2024-11-01' = {
+  name: 'rg-${environmentName}'
+  location: location
+  tags: tags
+}
+
+module identity 'modules/identity.bicep' = {
+  name: 'identity'
+  scope: rg
+  params: {
+    name: 'id-sas-${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module monitoring 'modules/monitoring.bicep' = {
+  name: 'monitoring'
+  scope: rg
+  params: {
+    logAnalyticsName: 'log-sas-${resourceToken}'
+    applicationInsightsName: 'appi-sas-${resourceToken}'
+    location: location
+    tags: tags
+  }
+}
+
+module storage 'modules/storage.bicep' = {
+  name: 'storage'
+  scope: rg
+  params: {
+    name: 'stsas${resourceToken}'
+    location: location
+    tags: tags
+    tableName: tableName
+    deploymentContainerName: deploymentContainerName
+    queueNames: useServiceBus ? [] : queueNames
+  }
+}
+
+module serviceBus 'modules/servicebus.bicep' = if (useServiceBus) {
+  name: 'servicebus'
+  scope: rg
+  params: {
+    name: 'sb-sas-${resourceToken}'
+    location: location
+    tags: tags
+    queueNames: queueNames
+    lockDuration: serviceBusLockDuration
+    duplicateDetectionHistoryTimeWindow: serviceBusDuplicateDetectionWindow
+    maxDeliveryCount: serviceBusMaxDeliveryCount
+    defaultMessageTimeToLive: serviceBusMessageTimeToLive
+  }
+}
+
+// The app's identity: every data role it needs, nothing else (see modules/roles.bicep).
+module appRoles 'modules/roles.bicep' = {
+  name: 'roles-app'
+  scope: rg
+  params: {
+    principalId: identity.outputs.principalId
+    principalType: 'ServicePrincipal'
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    hostRoles: true
+  }
+}
+
+// The deploying user (optional): the app's data roles, without the host-only ones, so that
+// the CLI, the demo and the live contract tests can run against these resources.
+module userRoles 'modules/roles.bicep' = if (!empty(principalId)) {
+  name: 'roles-user'
+  scope: rg
+  params: {
+    principalId: principalId
+    principalType: principalType
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    hostRoles: false
+  }
+}
+
+// Every setting sas reads (sas/settings.py); connections are identity-based
+// (<Conn>__tableServiceUri / __queueServiceUri / __fullyQualifiedNamespace + __credential +
+// __clientId), resolved with azure-identity by the app and by the Functions host's triggers.
+var sasSettings = {
+  SAS_TRANSPORT: transport
+  SAS_TABLE_NAME: tableName
+  SAS_SUPERVISOR_SCHEDULE: supervisorSchedule
+  SAS_MAX_FAILURES: string(maxFailures)
+  SAS_REMOTE_INVENTORY_URL: remoteInventoryUrl
+  SAS_REMOTE_PAYMENT_URL: remotePaymentUrl
+  SAS_REMOTE_SHIPPING_URL: remoteShippingUrl
+  SasStorage__tableServiceUri: storage.outputs.tableEndpoint
+  SasStorage__queueServiceUri: storage.outputs.queueEndpoint
+  SasStorage__credential: 'managedidentity'
+  SasStorage__clientId: identity.outputs.clientId
+}
+var serviceBusSettings = useServiceBus ? {
+  SasServiceBus__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
+  SasServiceBus__credential: 'managedidentity'
+  SasServiceBus__clientId: identity.outputs.clientId
+} : {}
+var appSettings = union(queueSettings, sasSettings, serviceBusSettings)
+
+module functionApp 'modules/functionapp.bicep' = {
+  name: 'functionapp'
+  scope: rg
+  params: {
+    name: functionAppName
+    planName: 'plan-sas-${resourceToken}'
+    location: location
+    tags: tags
+    serviceName: 'api'
+    identityId: identity.outputs.id
+    identityClientId: identity.outputs.clientId
+    storageAccountName: storage.outputs.name
+    deploymentContainerName: deploymentContainerName
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    appSettings: appSettings
+    maximumInstanceCount: maximumInstanceCount
+    instanceMemoryMB: instanceMemoryMB
+  }
+  // The host reaches its storage with the identity as soon as it starts: grant first.
+  dependsOn: [
+    appRoles
+  ]
+}
+
+// Outputs azd stores in .azure/<env>/.env
+output AZURE_LOCATION string = location
+output AZURE_TENANT_ID string = tenant().tenantId
+output AZURE_RESOURCE_GROUP string = rg.name
+output AZURE_FUNCTION_APP_NAME string = functionApp.outputs.name
+output AZURE_FUNCTION_NAME string = functionApp.outputs.name
+output SERVICE_API_NAME string = functionApp.outputs.name
+output SERVICE_API_ENDPOINTS array = [
+  functionApp.outputs.uri
+]
+output SAS_API_URL string = functionApp.outputs.uri
+output SAS_TRANSPORT string = transport
+output SAS_TABLE_NAME string = tableName
+output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name
+output AZURE_STORAGE_TABLE_ENDPOINT string = storage.outputs.tableEndpoint
+output AZURE_STORAGE_QUEUE_ENDPOINT string = storage.outputs.queueEndpoint
+output AZURE_SERVICEBUS_NAMESPACE string = useServiceBus ? serviceBus.outputs.fullyQualifiedNamespace : ''
+output AZURE_MANAGED_IDENTITY_CLIENT_ID string = identity.outputs.clientId
+output APPLICATIONINSIGHTS_NAME string = monitoring.outputs.applicationInsightsName

@@ -1,0 +1,115 @@
+// Data-plane role assignments for one principal: data roles only, each scoped to the one
+// resource that needs it. No Owner, Contributor, User Access Administrator or any other
+// control-plane role (tests/unit/test_infra_consistency.py checks the role ids).
+// Assignment names are deterministic guid(scope, principal, role): re-deploying is a no-op.
+
+param principalId string
+@allowed([
+  'ServicePrincipal'
+  'User'
+  'Group'
+])
+param principalType string = 'ServicePrincipal'
+param storageAccountName string
+@description('Service Bus namespace; empty for the storage transport (no Service Bus roles).')
+param serviceBusNamespaceName string = ''
+param applicationInsightsName string
+@description('Also grant the roles only the Functions host needs (blob data, telemetry).')
+param hostRoles bool = true
+
+// Built-in role definition ids (the same in every tenant).
+var storageBlobDataOwner = {
+  id: 'b7e6dc6d-f1e8-4753-8033-0f276bb0955b'
+  name: 'Storage Blob Data Owner'
+}
+var storageQueueDataContributor = {
+  id: '974c5e8b-45b9-4653-ba55-5f855dd0fb88'
+  name: 'Storage Queue Data Contributor'
+}
+var storageTableDataContributor = {
+  id: '0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3'
+  name: 'Storage Table Data Contributor'
+}
+var serviceBusDataSender = {
+  id: '69a216fc-b8fb-44d8-bc22-1f3c2cd27a39'
+  name: 'Azure Service Bus Data Sender'
+}
+var serviceBusDataReceiver = {
+  id: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
+  name: 'Azure Service Bus Data Receiver'
+}
+var monitoringMetricsPublisher = {
+  id: '3913510d-42f4-4e42-8a64-420c390055eb'
+  name: 'Monitoring Metrics Publisher'
+}
+
+// Storage Blob Data Owner: the Functions host's own storage (AzureWebJobsStorage) with an
+// identity needs it (host keys, timer and singleton blob leases, its containers) and the Flex
+// Consumption deployment package is read from a blob container with the same identity; the
+// Functions documentation lists Owner, not Contributor, for identity-based host storage.
+// Table: the orders table. Queue: the storage transport's queues and their -poison queues
+// (the host writes those), and reply-to queues of submitters.
+var hostStorageRoles = hostRoles ? [
+  storageBlobDataOwner
+] : []
+var storageRoles = concat(hostStorageRoles, [
+  storageTableDataContributor
+  storageQueueDataContributor
+])
+// Send (every role sends) and receive (the queue triggers). Not Data Owner: the app never
+// manages entities; infra creates them.
+var serviceBusRoles = empty(serviceBusNamespaceName) ? [] : [
+  serviceBusDataSender
+  serviceBusDataReceiver
+]
+// Entra-authenticated telemetry into Application Insights (local auth is disabled there).
+var monitoringRoles = hostRoles ? [
+  monitoringMetricsPublisher
+] : []
+
+resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
+  name: storageAccountName
+}
+
+resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
+  name: serviceBusNamespaceName
+}
+
+resource applicationInsights 'Microsoft.Insights/components@2020-02-02' existing = {
+  name: applicationInsightsName
+}
+
+resource storageAssignments 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for role in storageRoles: {
+  name: guid(storage.id, principalId, role.id)
+  scope: storage
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', role.id)
+    principalId: principalId
+    principalType: principalType
+    description: '${role.name} for sas'
+  }
+}]
+
+resource serviceBusAssignments 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for role in serviceBusRoles: {
+  name: guid(serviceBus.id, principalId, role.id)
+  scope: serviceBus
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', role.id)
+    principalId: principalId
+    principalType: principalType
+    description: '${role.name} for sas'
+  }
+}]
+
+resource monitoringAssignments 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for role in monitoringRoles: {
+  name: guid(applicationInsights.id, principalId, role.id)
+  scope: applicationInsights
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', role.id)
+    principalId: principalId
+    principalType: principalType
+    description: '${role.name} for sas'
+  }
+}]
+
+output roleNames array = map(concat(storageRoles, serviceBusRoles, monitoringRoles), role => role.name)

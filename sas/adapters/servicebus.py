@@ -1,0 +1,276 @@
+"""Transport over Azure Service Bus queues (the production default, design.md section 5).
+
+One ``ServiceBusClient`` per worker process, created on first send, and one sender per queue,
+created on first use and reused. Creation is guarded by a lock (the Functions worker runs
+synchronous functions on a thread pool) and each send holds its sender's lock: the SDK does
+not promise that a sender is thread-safe.
+
+What goes on the wire: body = ``encode(message)`` (JSON bytes), ``content_type``
+application/json, ``message_id`` (duplicate detection key), ``correlation_id`` (the OrderID),
+``subject`` (the message type) and, when an OpenTelemetry span is active, W3C
+``traceparent``/``tracestate`` application properties. A delay becomes
+``scheduled_enqueue_time_utc`` = injected clock now + delay.
+
+Errors: a missing queue (``MessagingEntityNotFoundError``) becomes ``NotFound``; every other
+``ServiceBusError`` propagates unchanged (the SDK already retried; the Functions host retries
+the invocation). Nothing here logs message bodies or connection strings.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Protocol
+from uuid import UUID
+
+from azure.core.credentials import TokenCredential
+from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus.exceptions import MessagingEntityNotFoundError
+
+from sas.domain.clock import Clock, require_utc
+from sas.domain.errors import ConfigurationError, NotFound
+from sas.domain.messages import Message, encode
+from sas.settings import Connection
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "application/json"
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+DEFAULT_SEND_TIMEOUT = 30.0
+"""Seconds for one send including the SDK's retries: well inside a step's complete-by budget."""
+
+
+class SenderLike(Protocol):
+    """The part of ``azure.servicebus.ServiceBusSender`` this adapter uses."""
+
+    def send_messages(
+        self, message: ServiceBusMessage, *, timeout: float | None = None
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ClientLike(Protocol):
+    """The part of ``azure.servicebus.ServiceBusClient`` this adapter uses."""
+
+    def get_queue_sender(self, queue_name: str) -> SenderLike: ...
+
+    def close(self) -> None: ...
+
+
+ClientFactory = Callable[[], ClientLike]
+PropertyValue = int | float | bytes | bool | str | UUID
+
+
+class ServiceBusTransport:
+    """Implements ``sas.services.ports.Transport`` over Service Bus queues."""
+
+    def __init__(
+        self,
+        client_factory: ClientFactory,
+        clock: Clock,
+        *,
+        endpoint: str = "servicebus",
+        send_timeout: float | None = DEFAULT_SEND_TIMEOUT,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        """``client_factory`` is called once, on the first send; ``endpoint`` only labels logs.
+
+        ``on_close`` runs after the client is closed (e.g. to close a credential)."""
+        self._client_factory = client_factory
+        self._clock = clock
+        self._endpoint = endpoint
+        self._send_timeout = send_timeout
+        self._on_close = on_close
+        self._lock = threading.Lock()
+        self._client: ClientLike | None = None
+        self._senders: dict[str, tuple[SenderLike, threading.Lock]] = {}
+
+    @classmethod
+    def from_connection(cls, conn: Connection, clock: Clock) -> ServiceBusTransport:
+        return from_connection(conn, clock)
+
+    def send(
+        self,
+        queue: str,
+        message: Message,
+        *,
+        message_id: str,
+        correlation_id: str,
+        delay_seconds: float = 0,
+    ) -> None:
+        """Send one message; ``NotFound`` if the queue does not exist."""
+        if not (delay_seconds >= 0 and math.isfinite(delay_seconds)):
+            raise ValueError(f"delay_seconds must be a finite number >= 0, got {delay_seconds!r}")
+        outgoing = self._build(message, message_id, correlation_id, delay_seconds)
+        while True:
+            sender, send_lock = self._sender(queue)
+            with send_lock:
+                if not self._is_current(queue, sender):
+                    continue  # closed or evicted while this thread waited for the lock
+                try:
+                    sender.send_messages(outgoing, timeout=self._send_timeout)
+                except MessagingEntityNotFoundError as exc:
+                    self._forget(queue, sender)
+                    _close_quietly(sender, "sender")
+                    log.warning(
+                        "servicebus.queue_not_found endpoint=%s queue=%s message_id=%s",
+                        self._endpoint,
+                        queue,
+                        message_id,
+                    )
+                    raise NotFound(f"Service Bus queue {queue!r} does not exist") from exc
+            break
+        log.debug(
+            "servicebus.sent queue=%s message_id=%s correlation_id=%s subject=%s delay_s=%s",
+            queue,
+            message_id,
+            correlation_id,
+            outgoing.subject,
+            delay_seconds,
+        )
+
+    def close(self) -> None:
+        """Close every sender, the client and (via ``on_close``) the credential. Idempotent.
+
+        A later send opens a new client."""
+        with self._lock:
+            entries = list(self._senders.values())
+            self._senders.clear()
+            client, self._client = self._client, None
+        for sender, send_lock in entries:
+            with send_lock:  # let an in-flight send finish first
+                _close_quietly(sender, "sender")
+        if client is not None:
+            _close_quietly(client, "client")
+            log.info("servicebus.closed endpoint=%s", self._endpoint)
+        if self._on_close is not None:
+            self._on_close()
+
+    def _build(
+        self, message: Message, message_id: str, correlation_id: str, delay_seconds: float
+    ) -> ServiceBusMessage:
+        scheduled = None
+        if delay_seconds > 0:
+            now = require_utc(self._clock.now(), "clock.now()")
+            scheduled = now + timedelta(seconds=delay_seconds)
+        properties: dict[str | bytes, PropertyValue] = dict(trace_context().items())
+        return ServiceBusMessage(
+            encode(message),
+            content_type=CONTENT_TYPE,
+            message_id=message_id,
+            correlation_id=correlation_id,
+            subject=message_type(message),
+            application_properties=properties or None,
+            scheduled_enqueue_time_utc=scheduled,
+        )
+
+    def _sender(self, queue: str) -> tuple[SenderLike, threading.Lock]:
+        entry = self._senders.get(queue)
+        if entry is not None:
+            return entry
+        with self._lock:
+            entry = self._senders.get(queue)
+            if entry is None:
+                if self._client is None:
+                    self._client = self._client_factory()
+                    log.info("servicebus.client_created endpoint=%s", self._endpoint)
+                entry = (self._client.get_queue_sender(queue_name=queue), threading.Lock())
+                self._senders[queue] = entry
+                log.info("servicebus.sender_created endpoint=%s queue=%s", self._endpoint, queue)
+            return entry
+
+    def _is_current(self, queue: str, sender: SenderLike) -> bool:
+        entry = self._senders.get(queue)
+        return entry is not None and entry[0] is sender
+
+    def _forget(self, queue: str, sender: SenderLike) -> None:
+        """Drop a sender that failed for good, so that a later send (say, once the queue
+        exists) attaches a fresh link instead of reusing a broken one."""
+        with self._lock:
+            if self._is_current(queue, sender):
+                del self._senders[queue]
+
+
+def from_connection(conn: Connection, clock: Clock) -> ServiceBusTransport:
+    """A transport for a resolved ``SasServiceBus`` connection (connection string or identity).
+
+    Nothing connects until the first send."""
+    if conn.connection_string:
+        connection_string = conn.connection_string
+
+        def from_string() -> ClientLike:
+            return ServiceBusClient.from_connection_string(connection_string)
+
+        return ServiceBusTransport(from_string, clock, endpoint=_endpoint_of(connection_string))
+    if conn.namespace:
+        namespace = conn.namespace
+        from sas.adapters.clients import credential as make_credential
+
+        credentials: list[TokenCredential] = []
+
+        def with_identity() -> ClientLike:
+            token_credential = make_credential(conn)
+            credentials.append(token_credential)
+            return ServiceBusClient(
+                fully_qualified_namespace=namespace, credential=token_credential
+            )
+
+        def close_credentials() -> None:
+            while credentials:
+                close = getattr(credentials.pop(), "close", None)
+                if callable(close):
+                    close()
+
+        return ServiceBusTransport(
+            with_identity, clock, endpoint=namespace, on_close=close_credentials
+        )
+    raise ConfigurationError(
+        f"{conn.setting}: need a connection string or {conn.setting}__fullyQualifiedNamespace"
+    )
+
+
+def message_type(message: Message) -> str:
+    """The ``type`` discriminator of a sas message (class name if it has none)."""
+    value = getattr(message, "type", None)
+    return value if isinstance(value, str) else type(message).__name__
+
+
+def trace_context() -> dict[str, str]:
+    """W3C trace context of the current OpenTelemetry span; empty without one (or without
+    opentelemetry installed)."""
+    try:
+        from opentelemetry import trace
+    except ImportError:  # pragma: no cover - opentelemetry-api is optional
+        return {}
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return {}
+    headers = {
+        TRACEPARENT: (
+            f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+        )
+    }
+    if context.trace_state:
+        headers[TRACESTATE] = context.trace_state.to_header()
+    return headers
+
+
+def _endpoint_of(connection_string: str) -> str:
+    """The namespace host of a connection string, for logs (never the key)."""
+    for part in connection_string.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "endpoint":
+            return value.strip().removeprefix("sb://").rstrip("/") or "servicebus"
+    return "servicebus"
+
+
+def _close_quietly(closeable: SenderLike | ClientLike, what: str) -> None:
+    try:
+        closeable.close()
+    except Exception as exc:  # closing is best effort; the link may already be broken
+        log.warning("servicebus.close_failed what=%s error=%s", what, type(exc).__name__)
