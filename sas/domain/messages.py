@@ -85,14 +85,19 @@ class ScheduleRequest(Message):
     order_id: OrderId
 
 
+StepMode = Literal["do", "undo"]
+"""``undo`` runs a completed step's compensating action (compensation walks steps backwards)."""
+
+
 class StepRequest(Message):
-    """Scheduler -> Agent: do one step of one attempt before ``complete_by``."""
+    """Scheduler -> Agent: do (or undo) one step of one attempt before ``complete_by``."""
 
     type: Literal["StepRequest"] = "StepRequest"
     order_id: OrderId
     step: StepName
     step_index: int = Field(ge=0, le=99)
     attempt: int = Field(ge=1)
+    mode: StepMode = "do"
     action: StepName
     complete_by: AwareDatetime
     idempotency_key: Annotated[str, StringConstraints(min_length=3, max_length=200)]
@@ -107,13 +112,24 @@ class StepReply(Message):
     step: StepName
     step_index: int = Field(ge=0, le=99)
     attempt: int = Field(ge=1)
+    mode: StepMode = "do"
     outcome: Literal["ok", "error"]
     result: dict[str, Any] = Field(default_factory=dict)
     error: Annotated[str, StringConstraints(max_length=1000)] | None = None
 
 
 StatusKind = Literal[
-    "received", "rejected", "step_started", "step_completed", "completed", "failed"
+    "received",
+    "rejected",
+    "step_started",
+    "step_completed",
+    "step_retry",
+    "completed",
+    "failed",
+    "compensating",
+    "step_undone",
+    "compensated",
+    "resubmitted",
 ]
 
 

@@ -19,9 +19,14 @@ class StepDefinition:
     action: str
     budget: timedelta
     """Complete-by budget: how long one attempt of this step may take, end to end."""
+    undo: str | None = None
+    """The compensating action (same agent), or None if the step needs no undoing."""
 
     def __post_init__(self) -> None:
-        for label, value in (("step name", self.name), ("agent", self.agent)):
+        labelled = [("step name", self.name), ("agent", self.agent), ("action", self.action)]
+        if self.undo is not None:
+            labelled.append(("undo action", self.undo))
+        for label, value in labelled:
             if not _NAME.match(value):
                 raise ValueError(f"{label} {value!r} must match {_NAME.pattern}")
         if self.budget <= timedelta(0):

@@ -94,6 +94,7 @@ class AgentRunner:
             step=request.step,
             step_index=request.step_index,
             attempt=request.attempt,
+            mode=request.mode,
             outcome="ok" if error is None else "error",
             result=result or {},
             error=None if error is None else error[:1000],
