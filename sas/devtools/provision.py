@@ -5,12 +5,16 @@ Run: `python -m sas.devtools.provision` with the same settings as the app.
 
 from __future__ import annotations
 
+import argparse
+import os
 from contextlib import suppress
+from pathlib import Path
 
 from azure.core.exceptions import ResourceExistsError
 
 from sas import settings as settings_module
 from sas.adapters.clients import queue_service_client, table_service_client
+from sas.devhost.config import load_settings
 
 
 def provision(settings: settings_module.Settings, extra_queues: tuple[str, ...] = ()) -> None:
@@ -22,8 +26,18 @@ def provision(settings: settings_module.Settings, extra_queues: tuple[str, ...] 
 
 
 def main() -> None:
-    provision(settings_module.load())
-    print("provisioned table and queues")
+    parser = argparse.ArgumentParser(description="Create the table and queues on Azurite.")
+    parser.add_argument(
+        "--settings",
+        type=Path,
+        default=None,
+        help="a local.settings.json whose Values are used (environment variables win)",
+    )
+    args = parser.parse_args()
+    values = load_settings(args.settings, os.environ, explicit=args.settings is not None)
+    settings = settings_module.load(values)
+    provision(settings)
+    print(f"provisioned table {settings.table_name} and {len(settings.queues)} queues")
 
 
 if __name__ == "__main__":
