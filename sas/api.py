@@ -1,22 +1,66 @@
 """HTTP API (FastAPI), served by Azure Functions through its ASGI integration.
 
 Routes are absolute (/api/...): host.json sets the Functions route prefix to "".
+In Azure every route needs a function key (the app is registered with AuthLevel.FUNCTION).
 """
 
 from __future__ import annotations
 
+import base64
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Path, status
-from pydantic import BaseModel
+from fastapi import FastAPI, HTTPException, Path, Query, status
+from pydantic import BaseModel, Field
 
 from sas import bootstrap
+from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.messages import OrderSubmitted
+from sas.domain.model import OrderState, ProcessState
+from sas.domain.workflow import workflow_named
 
 api = FastAPI(title="sas", version="0.1.0", docs_url="/api/docs", openapi_url="/api/openapi.json")
 
 OrderIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+class StateView(BaseModel):
+    order_id: str
+    workflow: str
+    process_state: str
+    step_index: int
+    step: str
+    mode: str
+    attempt: int
+    failure_count: int
+    locked_by: str | None
+    complete_by: datetime | None
+    not_before: datetime | None
+    submitted_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None
+    last_error: str | None
+
+    @classmethod
+    def of(cls, state: OrderState) -> StateView:
+        return cls(
+            order_id=state.order_id,
+            workflow=state.workflow,
+            process_state=state.process_state.value,
+            step_index=state.step_index,
+            step=workflow_named(state.workflow).step(state.step_index).name,
+            mode=state.mode,
+            attempt=state.attempt,
+            failure_count=state.failure_count,
+            locked_by=state.locked_by,
+            complete_by=state.complete_by,
+            not_before=state.not_before,
+            submitted_at=state.submitted_at,
+            updated_at=state.updated_at,
+            finished_at=state.finished_at,
+            last_error=state.last_error,
+        )
 
 
 class StepView(BaseModel):
@@ -27,22 +71,34 @@ class StepView(BaseModel):
     result: dict[str, Any]
 
 
-class OrderView(BaseModel):
-    order_id: str
-    workflow: str
-    process_state: str
-    step_index: int
-    step: str
+class HistoryView(BaseModel):
+    at: datetime
+    kind: str
     attempt: int
-    failure_count: int
-    locked_by: str | None
-    complete_by: datetime | None
-    submitted_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    last_error: str | None
+    step: str | None
+    mode: str
+    actor: str | None
+    detail: str | None
+
+
+class OrderView(StateView):
     details: dict[str, Any]
     steps: list[StepView]
+    history: list[HistoryView]
+
+
+class RejectedView(BaseModel):
+    id: str
+    queue: str
+    reason: str
+    at: datetime
+    body_base64: str
+    body_text: str | None = Field(description="the body as UTF-8, when it is valid UTF-8")
+    body_truncated: bool
+
+
+class ResubmitRequest(BaseModel):
+    actor: Annotated[str, Field(min_length=1, max_length=100)] = "operator"
 
 
 @api.get("/api/health")
@@ -50,33 +106,59 @@ def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@api.get("/api/orders", response_model=list[StateView])
+def list_orders(state: ProcessState, limit: Limit = 100) -> list[StateView]:
+    return [StateView.of(found) for found in bootstrap.operator().in_state(state, limit)]
+
+
 @api.get("/api/orders/{order_id}", response_model=OrderView)
 def get_order(order_id: OrderIdPath) -> OrderView:
-    from sas.domain.workflow import workflow_named
-
-    store = bootstrap.store()
-    current = store.get_state(order_id)
-    order = store.get_order(order_id)
-    if current is None or order is None:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"order {order_id} not found")
-    state = current.value
+    try:
+        detail = bootstrap.operator().detail(order_id)
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
     return OrderView(
-        order_id=state.order_id,
-        workflow=state.workflow,
-        process_state=state.process_state.value,
-        step_index=state.step_index,
-        step=workflow_named(state.workflow).step(state.step_index).name,
-        attempt=state.attempt,
-        failure_count=state.failure_count,
-        locked_by=state.locked_by,
-        complete_by=state.complete_by,
-        submitted_at=state.submitted_at,
-        updated_at=state.updated_at,
-        finished_at=state.finished_at,
-        last_error=state.last_error,
-        details=order.details,
-        steps=[StepView(**vars(step)) for step in store.get_steps(order_id) if step.attempt],
+        **StateView.of(detail.state).model_dump(),
+        details=detail.order.details,
+        steps=[StepView(**vars(step)) for step in detail.steps],
+        history=[HistoryView(**vars(h)) for h in detail.history],
     )
+
+
+@api.post("/api/orders/{order_id}/resubmit", response_model=StateView)
+def resubmit_order(order_id: OrderIdPath, request: ResubmitRequest | None = None) -> StateView:
+    """Run a failed (Error) order's failed step again, from a clean failure count."""
+    actor = (request or ResubmitRequest()).actor
+    try:
+        return StateView.of(bootstrap.operator().resubmit(order_id, actor=actor))
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    except IllegalTransition as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+
+
+@api.get("/api/rejected", response_model=list[RejectedView])
+def list_rejected(limit: Limit = 100) -> list[RejectedView]:
+    """Messages that could never be processed, with the reason and the original body."""
+    views = []
+    for parked in bootstrap.operator().rejected(limit):
+        body: bytes = parked["body"]
+        try:
+            text: str | None = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        views.append(
+            RejectedView(
+                id=parked["id"],
+                queue=parked["queue"],
+                reason=parked["reason"],
+                at=parked["at"],
+                body_base64=base64.b64encode(body).decode(),
+                body_text=text,
+                body_truncated=parked["body_truncated"],
+            )
+        )
+    return views
 
 
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)

@@ -83,6 +83,7 @@ class Settings:
     instance_id: str
     storage: Connection
     servicebus: Connection | None
+    max_failures: int = 3
 
     def queue(self, key: str) -> str:
         return self.queues[key]
@@ -121,7 +122,23 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         _servicebus_connection(env, SERVICEBUS_CONNECTION) if transport == "servicebus" else None
     )
     instance_id = env.get(INSTANCE_ID) or f"{socket.gethostname()}-{os.getpid()}"
-    return Settings(transport, table_name, queues, remote_urls, instance_id, storage, servicebus)
+    max_failures = _positive_int(env, MAX_FAILURES, default=3)
+    return Settings(
+        transport, table_name, queues, remote_urls, instance_id, storage, servicebus, max_failures
+    )
+
+
+def _positive_int(env: Mapping[str, str], key: str, *, default: int) -> int:
+    raw = env.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{key} must be a whole number, got {raw!r}") from None
+    if value < 1:
+        raise ConfigurationError(f"{key} must be at least 1")
+    return value
 
 
 def _url(env: Mapping[str, str], key: str) -> str:

@@ -9,7 +9,15 @@ from typing import Any
 
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.messages import Message
-from sas.domain.model import OrderRecord, OrderState, StepRecord, Versioned
+from sas.domain.model import (
+    HistoryEntry,
+    LiveMarker,
+    OrderRecord,
+    OrderState,
+    ProcessState,
+    StepRecord,
+    Versioned,
+)
 
 
 class FakeClock:
@@ -67,12 +75,18 @@ class InMemoryStore:
         self.states: dict[str, tuple[OrderState, str]] = {}
         self.steps: dict[tuple[str, int], StepRecord] = {}
         self.parked: list[tuple[str, str, bytes]] = []
+        self.history: list[HistoryEntry] = []
+        self.live: dict[str, LiveMarker] = {}
 
-    def create_order(self, order: OrderRecord, state: OrderState) -> None:
+    def create_order(
+        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+    ) -> None:
         if order.order_id in self.orders or state.order_id in self.states:
             raise AlreadyExists(order.order_id)
         self.orders[order.order_id] = order
         self.states[state.order_id] = (state, next(self._etags))
+        if history is not None:
+            self.history.append(history)
 
     def get_order(self, order_id: str) -> OrderRecord | None:
         return self.orders.get(order_id)
@@ -81,7 +95,9 @@ class InMemoryStore:
         found = self.states.get(order_id)
         return None if found is None else Versioned(*found)
 
-    def update_state(self, state: OrderState, etag: str) -> str:
+    def update_state(
+        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+    ) -> str:
         found = self.states.get(state.order_id)
         if found is None:
             raise NotFound(state.order_id)
@@ -89,7 +105,32 @@ class InMemoryStore:
             raise ConcurrencyConflict(state.order_id)
         new = next(self._etags)
         self.states[state.order_id] = (state, new)
+        if history is not None:
+            self.history.append(history)
         return new
+
+    def add_history(self, entry: HistoryEntry) -> None:
+        self.history.append(entry)
+
+    def get_history(self, order_id: str) -> list[HistoryEntry]:
+        return [h for h in self.history if h.order_id == order_id]
+
+    def touch_live(self, order_id: str, at: datetime) -> None:
+        self.live[order_id] = LiveMarker(order_id, at, next(self._etags))
+
+    def list_live(self) -> list[LiveMarker]:
+        return list(self.live.values())
+
+    def drop_live(self, marker: LiveMarker) -> bool:
+        current = self.live.get(marker.order_id)
+        if current is None or current.etag != marker.etag:
+            return False
+        del self.live[marker.order_id]
+        return True
+
+    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
+        found = [s for s, _ in self.states.values() if s.process_state is process_state]
+        return found[:limit]
 
     def record_step(self, step: StepRecord) -> None:
         self.steps[(step.order_id, step.index)] = step
@@ -100,6 +141,12 @@ class InMemoryStore:
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
         self.parked.append((queue, reason, body))
         return str(len(self.parked))
+
+    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
+        return [
+            {"id": str(n), "queue": q, "reason": r, "body": b, "body_truncated": False}
+            for n, (q, r, b) in enumerate(self.parked[:limit], 1)
+        ]
 
 
 @dataclass

@@ -24,14 +24,28 @@ from azure.core.exceptions import (
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
-from sas.domain.model import OrderRecord, OrderState, ProcessState, StepRecord, Versioned
+from sas.domain.model import (
+    HistoryEntry,
+    LiveMarker,
+    OrderRecord,
+    OrderState,
+    ProcessState,
+    StepRecord,
+    Versioned,
+)
 
 log = logging.getLogger(__name__)
 
 ORDER_ROW = "order"
 STATE_ROW = "state"
 STEP_PREFIX = "step:"
+HISTORY_PREFIX = "hist:"
 REJECTED_PARTITION = "~rejected"
+LIVE_PARTITION = "~live"
+"""One marker per order that may be in flight: the Supervisor sweeps this partition, so a
+sweep costs in proportion to in-flight work, never to history. A marker is written *before*
+its order can become live and removed only *after* it is terminal, so a lost write leaves an
+extra marker (swept away later), never a live order without one."""
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 
@@ -42,11 +56,15 @@ class TableStateStore:
 
     # --- orders and state -------------------------------------------------------------
 
-    def create_order(self, order: OrderRecord, state: OrderState) -> None:
+    def create_order(
+        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+    ) -> None:
         operations: list[tuple[str, dict[str, Any]]] = [
             ("create", _order_entity(order)),
             ("create", _state_entity(state)),
         ]
+        if history is not None:
+            operations.append(("create", _history_entity(history)))
         try:
             self._table.submit_transaction(operations)
         except TableTransactionError as exc:
@@ -64,7 +82,13 @@ class TableStateStore:
             return None
         return Versioned(_state_from(entity), entity.metadata["etag"])
 
-    def update_state(self, state: OrderState, etag: str) -> str:
+    def update_state(
+        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+    ) -> str:
+        """Replace the state if unchanged since ``etag``; with ``history``, in one transaction
+        (same partition), so the audit trail records exactly the transitions that happened."""
+        if history is not None:
+            return self._update_with_history(state, etag, history)
         try:
             metadata = self._table.update_entity(
                 _state_entity(state),
@@ -78,6 +102,84 @@ class TableStateStore:
             raise NotFound(f"order {state.order_id} has no state") from None
         new_etag: str = metadata["etag"]
         return new_etag
+
+    def _update_with_history(self, state: OrderState, etag: str, history: HistoryEntry) -> str:
+        conditional = {
+            "mode": UpdateMode.REPLACE,
+            "etag": etag,
+            "match_condition": MatchConditions.IfNotModified,
+        }
+        operations: list[Any] = [
+            ("update", _state_entity(state), conditional),
+            ("create", _history_entity(history)),
+        ]
+        try:
+            results = self._table.submit_transaction(operations)
+        except TableTransactionError as exc:
+            if exc.status_code == 412:
+                raise ConcurrencyConflict(f"state of {state.order_id} changed since read") from None
+            if exc.status_code == 404:
+                raise NotFound(f"order {state.order_id} has no state") from None
+            if exc.status_code == 409:  # same history key: a concurrent twin transition
+                raise ConcurrencyConflict(f"history of {state.order_id} collided") from None
+            raise
+        new_etag: str = results[0]["etag"]
+        return new_etag
+
+    # --- history ----------------------------------------------------------------------
+
+    def add_history(self, entry: HistoryEntry) -> None:
+        """An audit line that records no transition (e.g. a stale reply that was dropped)."""
+        self._table.create_entity(_history_entity(entry))
+
+    def get_history(self, order_id: str) -> list[HistoryEntry]:
+        query = "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi"
+        params = {"pk": order_id, "lo": HISTORY_PREFIX, "hi": "hist;"}
+        return [_history_from(e) for e in self._table.query_entities(query, parameters=params)]
+
+    # --- in-flight index --------------------------------------------------------------
+
+    def touch_live(self, order_id: str, at: datetime) -> None:
+        """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
+        re-touching changes its ETag so a concurrent drop_live of an older read fails."""
+        entity = {"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "TouchedAt": at}
+        self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+
+    def list_live(self) -> list[LiveMarker]:
+        entities = self._table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}
+        )
+        return [
+            LiveMarker(e["RowKey"], _utc(e["TouchedAt"]), str(e.metadata["etag"])) for e in entities
+        ]
+
+    def drop_live(self, marker: LiveMarker) -> bool:
+        """Remove a marker unless it was touched since read; False if it was (or is gone)."""
+        try:
+            self._table.delete_entity(
+                LIVE_PARTITION,
+                marker.order_id,
+                etag=marker.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except ResourceModifiedError:
+            return False
+        return True
+
+    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
+        """Operator listing. A filter on a non-key column scans the table: fine for an
+        operator's occasional look, never used on a hot path or by the Supervisor."""
+        entities = self._table.query_entities(
+            "RowKey eq @row and ProcessState eq @state",
+            parameters={"row": STATE_ROW, "state": process_state.value},
+            results_per_page=min(limit, 1000),
+        )
+        found: list[OrderState] = []
+        for entity in entities:
+            found.append(_state_from(entity))
+            if len(found) >= limit:
+                break
+        return found
 
     # --- steps ------------------------------------------------------------------------
 
@@ -212,6 +314,9 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "FailureCount": state.failure_count,
             "Attempt": state.attempt,
             "StepIndex": state.step_index,
+            "Mode": state.mode,
+            "NotBefore": state.not_before,
+            "AlertPending": state.alert_pending,
             "ReplyTo": state.reply_to,
             "SubmittedAt": state.submitted_at,
             "UpdatedAt": state.updated_at,
@@ -231,6 +336,9 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         failure_count=int(entity["FailureCount"]),
         attempt=int(entity["Attempt"]),
         step_index=int(entity["StepIndex"]),
+        mode="undo" if entity.get("Mode") == "undo" else "do",
+        not_before=_optional_utc(entity.get("NotBefore")),
+        alert_pending=bool(entity.get("AlertPending", False)),
         reply_to=entity.get("ReplyTo"),
         submitted_at=_utc(entity["SubmittedAt"]),
         updated_at=_utc(entity["UpdatedAt"]),
@@ -259,4 +367,36 @@ def _step_from(entity: Mapping[str, Any]) -> StepRecord:
         attempt=int(entity["Attempt"]),
         completed_at=_utc(entity["CompletedAt"]),
         result=json.loads(entity["Result"]),
+    )
+
+
+def _history_entity(entry: HistoryEntry) -> dict[str, Any]:
+    stamp = f"{entry.at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}"
+    return _without_none(
+        {
+            "PartitionKey": entry.order_id,
+            # Time first so a partition range query returns the trail in order; attempt and
+            # kind make two entries of one instant distinct.
+            "RowKey": f"{HISTORY_PREFIX}{stamp}:{entry.attempt:05d}:{entry.kind}",
+            "At": entry.at,
+            "Kind": entry.kind,
+            "Attempt": entry.attempt,
+            "Step": entry.step,
+            "Mode": entry.mode,
+            "Actor": entry.actor,
+            "Detail": None if entry.detail is None else entry.detail[:1000],
+        }
+    )
+
+
+def _history_from(entity: Mapping[str, Any]) -> HistoryEntry:
+    return HistoryEntry(
+        order_id=entity["PartitionKey"],
+        at=_utc(entity["At"]),
+        kind=entity["Kind"],
+        attempt=int(entity["Attempt"]),
+        step=entity.get("Step"),
+        mode="undo" if entity.get("Mode") == "undo" else "do",
+        actor=entity.get("Actor"),
+        detail=entity.get("Detail"),
     )

@@ -5,17 +5,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 
 class ProcessState(StrEnum):
     PENDING = "Pending"
+    """Waiting for a Scheduler (new, or reset by the Supervisor for a retry)."""
     PROCESSING = "Processing"
+    """A step is running: locked, with a complete-by deadline."""
+    COMPENSATING = "Compensating"
+    """An undo step is running: locked, with a complete-by deadline."""
     PROCESSED = "Processed"
+    COMPENSATED = "Compensated"
+    """The task failed and every effect it had was undone."""
     ERROR = "Error"
+    """Needs an operator (who can resubmit)."""
 
 
-TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.ERROR})
+TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR})
+RUNNING_STATES = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
+
+Mode = Literal["do", "undo"]
 
 
 @dataclass(frozen=True)
@@ -38,13 +48,23 @@ class OrderState:
     failure_count: int = 0
     attempt: int = 0
     step_index: int = 0
+    mode: Mode = "do"
+    """``undo`` while compensating: ``step_index`` then walks backwards."""
     reply_to: str | None = None
     finished_at: datetime | None = None
     last_error: str | None = None
+    not_before: datetime | None = None
+    """Retry backoff: a Scheduler does not claim before this time."""
+    alert_pending: bool = False
+    """Set with the move to Error, cleared once the operator alert is sent (so it is sent)."""
 
     @property
     def is_terminal(self) -> bool:
         return self.process_state in TERMINAL_STATES
+
+    @property
+    def is_running(self) -> bool:
+        return self.process_state in RUNNING_STATES
 
 
 @dataclass(frozen=True)
@@ -78,6 +98,29 @@ class StepRecord:
 
 def step_row_key(index: int, name: str) -> str:
     return f"step:{index:02d}:{name}"
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One line of an order's audit trail, written atomically with the transition it records."""
+
+    order_id: str
+    at: datetime
+    kind: str
+    attempt: int
+    step: str | None = None
+    mode: Mode = "do"
+    actor: str | None = None
+    detail: str | None = None
+
+
+@dataclass(frozen=True)
+class LiveMarker:
+    """Index entry: this order may be in flight. The Supervisor sweeps these, not history."""
+
+    order_id: str
+    touched_at: datetime
+    etag: str
 
 
 T = TypeVar("T")

@@ -1,19 +1,42 @@
 """Legal transitions of an order's state, as pure functions (no I/O, no clock).
 
 Each returns the next state or raises IllegalTransition; the caller persists the result with
-a write conditional on the ETag it read, so a concurrent transition makes one of them lose.
+a write conditional on the ETag it read, so of two concurrent transitions one loses.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 
 from sas.domain.errors import IllegalTransition, StaleReply
-from sas.domain.model import OrderState, ProcessState
+from sas.domain.model import Mode, OrderState, ProcessState
 from sas.domain.workflow import Workflow
 
 MAX_ERROR_LENGTH = 1000
+
+
+class NotYet(IllegalTransition):
+    """The order is in a retry backoff: not claimable before ``not_before``."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The Supervisor's policy for expired records (pattern.md points 9-10, 20)."""
+
+    max_failures: int = 3
+    """Expiries of one step before it is deemed non-transient."""
+    base_backoff: timedelta = timedelta(seconds=2)
+    max_backoff: timedelta = timedelta(minutes=1)
+
+    def __post_init__(self) -> None:
+        if self.max_failures < 1:
+            raise ValueError("max_failures must be at least 1")
+
+    def backoff(self, failures: int) -> timedelta:
+        """Wait before retry number ``failures``: doubling, capped."""
+        doubled: timedelta = self.base_backoff * (2 ** max(failures - 1, 0))
+        return min(doubled, self.max_backoff)
 
 
 def initial_state(
@@ -32,23 +55,28 @@ def initial_state(
 
 
 def claim(state: OrderState, *, instance_id: str, now: datetime, workflow: Workflow) -> OrderState:
-    """A Scheduler takes a Pending, unlocked order: lock, next attempt, deadline, Processing."""
+    """A Scheduler takes a Pending, unlocked order: lock, next attempt, deadline, running."""
     if state.process_state is not ProcessState.PENDING or state.locked_by is not None:
         raise IllegalTransition(
             f"order {state.order_id} is {state.process_state} locked by {state.locked_by!r}"
         )
-    return _start_step(state, state.step_index, instance_id=instance_id, now=now, workflow=workflow)
+    if state.not_before is not None and now < state.not_before:
+        raise NotYet(f"order {state.order_id} backs off until {state.not_before.isoformat()}")
+    return _start(
+        state, state.step_index, state.mode, instance_id=instance_id, now=now, workflow=workflow
+    )
 
 
-def check_reply(state: OrderState, *, attempt: int, step_index: int) -> None:
+def check_reply(state: OrderState, *, attempt: int, step_index: int, mode: Mode = "do") -> None:
     """Fencing: only a reply for the current attempt of the current running step applies."""
     if (
-        state.process_state is not ProcessState.PROCESSING
+        not state.is_running
         or state.attempt != attempt
         or state.step_index != step_index
+        or state.mode != mode
     ):
         raise StaleReply(
-            f"reply for attempt {attempt} step {step_index}; order {state.order_id} is "
+            f"reply for attempt {attempt} step {step_index} ({mode}); order {state.order_id} is "
             f"{state.process_state} at attempt {state.attempt} step {state.step_index}"
         )
 
@@ -61,49 +89,183 @@ def complete_step(
     instance_id: str,
     now: datetime,
     workflow: Workflow,
+    mode: Mode = "do",
 ) -> OrderState:
-    """The current step succeeded: claim the next step at once, or finish as Processed."""
-    check_reply(state, attempt=attempt, step_index=step_index)
-    next_index = step_index + 1
-    if next_index < len(workflow.steps):
-        return _start_step(state, next_index, instance_id=instance_id, now=now, workflow=workflow)
+    """The current step (or undo) succeeded: claim the next one at once, or finish."""
+    check_reply(state, attempt=attempt, step_index=step_index, mode=mode)
+    if mode == "undo":
+        following = workflow.next_undo(step_index - 1)
+        if following is None:
+            return _finish(state, ProcessState.COMPENSATED, now, last_error=state.last_error)
+        return _start(state, following, "undo", instance_id=instance_id, now=now, workflow=workflow)
+    if step_index + 1 < len(workflow.steps):
+        return _start(
+            state, step_index + 1, "do", instance_id=instance_id, now=now, workflow=workflow
+        )
+    return _finish(state, ProcessState.PROCESSED, now, last_error=None)
+
+
+def refuse_step(
+    state: OrderState,
+    *,
+    attempt: int,
+    step_index: int,
+    now: datetime,
+    reason: str,
+    workflow: Workflow,
+    mode: Mode = "do",
+) -> OrderState:
+    """The remote refused for good (non-transient): compensate or stop in Error.
+
+    A refused step had no effect, so compensation starts below it. A refused undo cannot be
+    retried into success: an operator must look.
+    """
+    check_reply(state, attempt=attempt, step_index=step_index, mode=mode)
+    if mode == "do" and workflow.on_failure == "compensate":
+        return begin_compensation(
+            state, from_index=step_index - 1, now=now, workflow=workflow, reason=reason
+        )
+    return to_error(state, now=now, reason=reason)
+
+
+def begin_compensation(
+    state: OrderState, *, from_index: int, now: datetime, workflow: Workflow, reason: str
+) -> OrderState:
+    """Queue the undo of ``from_index`` and every step below it (those with an undo action)."""
+    first = workflow.next_undo(from_index)
+    if first is None:
+        return _finish(state, ProcessState.COMPENSATED, now, last_error=_bounded(reason))
     return replace(
         state,
-        process_state=ProcessState.PROCESSED,
+        process_state=ProcessState.PENDING,
+        mode="undo",
+        step_index=first,
         locked_by=None,
-        complete_by=None,
+        failure_count=0,
+        not_before=None,
+        complete_by=now + workflow.pickup_budget,
         updated_at=now,
-        finished_at=now,
-        last_error=None,
+        last_error=_bounded(reason),
     )
 
 
-def fail_step(
-    state: OrderState, *, attempt: int, step_index: int, now: datetime, reason: str
-) -> OrderState:
-    """The current step failed for good (non-transient): the order is in Error."""
-    check_reply(state, attempt=attempt, step_index=step_index)
+@dataclass(frozen=True)
+class Expiry:
+    """What the Supervisor decided for an expired record."""
+
+    state: OrderState
+    action: str
+    """``retry``, ``compensate``, ``compensated`` or ``error``."""
+    delay: timedelta = timedelta(0)
+
+
+def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: RetryPolicy) -> Expiry:
+    """A live record whose deadline passed: count the failure, then retry or give up.
+
+    A timed-out step and a crashed one look the same (pattern.md point 8). Past the threshold
+    a forward step is compensated *including itself*: it may have been applied before its
+    reply was lost, and undo actions are no-ops for effects that never happened.
+    """
+    if state.is_terminal or state.complete_by is None or state.complete_by > now:
+        raise IllegalTransition(f"order {state.order_id} has not expired")
+    failures = state.failure_count + 1
+    step = workflow.step(state.step_index).name
+    if failures < policy.max_failures:
+        delay = policy.backoff(failures)
+        return Expiry(
+            replace(
+                state,
+                process_state=ProcessState.PENDING,
+                locked_by=None,
+                failure_count=failures,
+                not_before=now + delay,
+                complete_by=now + delay + workflow.pickup_budget,
+                updated_at=now,
+                last_error=f"{step} ({state.mode}) expired at attempt {state.attempt}",
+            ),
+            "retry",
+            delay,
+        )
+    reason = f"{step} ({state.mode}) expired {failures} times"
+    if state.mode == "do" and workflow.on_failure == "compensate":
+        compensating = begin_compensation(
+            state, from_index=state.step_index, now=now, workflow=workflow, reason=reason
+        )
+        compensating = replace(compensating, failure_count=0)
+        action = "compensated" if compensating.is_terminal else "compensate"
+        return Expiry(compensating, action)
+    return Expiry(to_error(replace(state, failure_count=failures), now=now, reason=reason), "error")
+
+
+def to_error(state: OrderState, *, now: datetime, reason: str) -> OrderState:
+    """Error needs an operator; the alert is owed until ``alert_sent`` clears the flag."""
     return replace(
-        state,
-        process_state=ProcessState.ERROR,
-        locked_by=None,
-        complete_by=None,
-        updated_at=now,
-        finished_at=now,
-        last_error=reason[:MAX_ERROR_LENGTH],
+        _finish(state, ProcessState.ERROR, now, last_error=_bounded(reason)), alert_pending=True
     )
 
 
-def _start_step(
-    state: OrderState, index: int, *, instance_id: str, now: datetime, workflow: Workflow
+def alert_sent(state: OrderState) -> OrderState:
+    if not state.alert_pending:
+        raise IllegalTransition(f"order {state.order_id} owes no alert")
+    return replace(state, alert_pending=False)
+
+
+def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderState:
+    """An operator fixed the cause: run the failed step (or undo) again from a clean count."""
+    if state.process_state is not ProcessState.ERROR:
+        raise IllegalTransition(f"order {state.order_id} is {state.process_state}, not Error")
+    return replace(
+        state,
+        process_state=ProcessState.PENDING,
+        locked_by=None,
+        failure_count=0,
+        not_before=None,
+        complete_by=now + workflow.pickup_budget,
+        updated_at=now,
+        finished_at=None,
+        alert_pending=False,
+    )
+
+
+def _start(
+    state: OrderState,
+    index: int,
+    mode: Mode,
+    *,
+    instance_id: str,
+    now: datetime,
+    workflow: Workflow,
 ) -> OrderState:
     step = workflow.step(index)
+    advancing = index != state.step_index or mode != state.mode
     return replace(
         state,
-        process_state=ProcessState.PROCESSING,
+        process_state=ProcessState.PROCESSING if mode == "do" else ProcessState.COMPENSATING,
+        mode=mode,
         locked_by=instance_id,
         attempt=state.attempt + 1,
         step_index=index,
         complete_by=now + step.budget,
+        not_before=None,
+        failure_count=0 if advancing else state.failure_count,
         updated_at=now,
     )
+
+
+def _finish(
+    state: OrderState, final: ProcessState, now: datetime, *, last_error: str | None
+) -> OrderState:
+    return replace(
+        state,
+        process_state=final,
+        locked_by=None,
+        complete_by=None,
+        not_before=None,
+        updated_at=now,
+        finished_at=now,
+        last_error=last_error,
+    )
+
+
+def _bounded(reason: str) -> str:
+    return reason[:MAX_ERROR_LENGTH]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Literal
 
 _NAME = re.compile(r"^[a-z][a-z0-9]{1,30}$")
 
@@ -39,6 +40,8 @@ class Workflow:
     steps: tuple[StepDefinition, ...]
     pickup_budget: timedelta = timedelta(minutes=2)
     """How long a Pending record may wait for a Scheduler before the Supervisor acts."""
+    on_failure: Literal["compensate", "error"] = "compensate"
+    """When a step fails for good: undo the completed steps, or stop in Error for an operator."""
 
     def __post_init__(self) -> None:
         if not self.steps:
@@ -52,6 +55,13 @@ class Workflow:
             raise IndexError(f"workflow {self.name!r} has no step {index}")
         return self.steps[index]
 
+    def next_undo(self, index: int) -> int | None:
+        """The highest step at or below ``index`` that has an undo action."""
+        for candidate in range(min(index, len(self.steps) - 1), -1, -1):
+            if self.steps[candidate].undo is not None:
+                return candidate
+        return None
+
     @property
     def agents(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(step.agent for step in self.steps))
@@ -61,15 +71,16 @@ class Workflow:
         return max(step.budget for step in self.steps)
 
 
+_BUDGET = timedelta(seconds=15)
+
 ORDER_WORKFLOW = Workflow(
     name="order",
     steps=(
-        StepDefinition(
-            "reserve", agent="inventory", action="reserve", budget=timedelta(seconds=30)
-        ),
-        StepDefinition("charge", agent="payment", action="charge", budget=timedelta(seconds=30)),
-        StepDefinition("ship", agent="shipping", action="ship", budget=timedelta(seconds=30)),
+        StepDefinition("reserve", "inventory", action="reserve", budget=_BUDGET, undo="release"),
+        StepDefinition("charge", "payment", action="charge", budget=_BUDGET, undo="refund"),
+        StepDefinition("ship", "shipping", action="ship", budget=_BUDGET, undo="cancel"),
     ),
+    pickup_budget=timedelta(seconds=60),
 )
 
 WORKFLOWS: dict[str, Workflow] = {ORDER_WORKFLOW.name: ORDER_WORKFLOW}

@@ -1,8 +1,9 @@
-"""Queue-triggered roles: submit, schedule, one agent per remote service, on_reply."""
+"""Roles: submit, schedule, one agent per remote service, on_reply (queues); supervise (timer)."""
 
 # No `from __future__ import annotations` here: the Functions worker reads the parameter
 # annotations at index time and needs the real message class of the chosen transport.
 
+import logging
 from typing import TYPE_CHECKING
 
 import azure.functions as func
@@ -55,6 +56,17 @@ def on_reply(msg: QueueMessage) -> None:
         model=StepReply,
         handler=lambda message: bootstrap.scheduler().on_reply(message),
     )
+
+
+@blueprint.function_name("supervise")
+@blueprint.timer_trigger(
+    schedule=f"%{settings.SUPERVISOR_SCHEDULE}%", arg_name="timer", run_on_startup=False
+)
+def supervise(timer: func.TimerRequest) -> None:
+    if timer.past_due:
+        # Harmless: a sweep is idempotent and covers everything a missed tick would have.
+        logging.getLogger(__name__).info("sas.supervisor_tick_past_due")
+    bootstrap.supervisor().sweep()
 
 
 def _register_agent(agent: str) -> None:

@@ -6,23 +6,51 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from sas.domain.messages import Message
-from sas.domain.model import OrderRecord, OrderState, StepRecord, Versioned
+from sas.domain.model import (
+    HistoryEntry,
+    LiveMarker,
+    OrderRecord,
+    OrderState,
+    ProcessState,
+    StepRecord,
+    Versioned,
+)
 
 
 class StateStore(Protocol):
-    def create_order(self, order: OrderRecord, state: OrderState) -> None:
-        """Insert order and state together or not at all; AlreadyExists if the id is taken."""
+    def create_order(
+        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+    ) -> None:
+        """Insert order, state (and history) together or not at all; AlreadyExists if taken."""
         ...
 
     def get_order(self, order_id: str) -> OrderRecord | None: ...
 
     def get_state(self, order_id: str) -> Versioned[OrderState] | None: ...
 
-    def update_state(self, state: OrderState, etag: str) -> str:
+    def update_state(
+        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+    ) -> str:
         """Write if unchanged since ``etag`` was read; ConcurrencyConflict otherwise.
 
-        Returns the new ETag."""
+        With ``history``, the entry is written in the same transaction. Returns the new ETag."""
         ...
+
+    def add_history(self, entry: HistoryEntry) -> None: ...
+
+    def get_history(self, order_id: str) -> list[HistoryEntry]: ...
+
+    def touch_live(self, order_id: str, at: datetime) -> None:
+        """Index the order as possibly in flight (before it can become live)."""
+        ...
+
+    def list_live(self) -> list[LiveMarker]: ...
+
+    def drop_live(self, marker: LiveMarker) -> bool:
+        """Unindex, unless the marker was touched since it was read."""
+        ...
+
+    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]: ...
 
     def record_step(self, step: StepRecord) -> None:
         """Record a completed step (idempotent for the same attempt)."""
@@ -33,6 +61,8 @@ class StateStore(Protocol):
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
         """Keep a rejected message (reason + original body) for an operator; returns its id."""
         ...
+
+    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]: ...
 
 
 class Transport(Protocol):

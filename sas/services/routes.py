@@ -63,7 +63,7 @@ class Notifier:
                 extra={"order_id": order_id, "queue": reply_to, "status": status},
             )
 
-    def alert(self, order_id: str, reason: str, at: datetime) -> None:
+    def alert(self, order_id: str, reason: str, at: datetime, *, message_id: str) -> None:
         """One operator alert: a message on the alerts queue and an ERROR log event."""
         log.error(
             "sas.operator_alert order=%s reason=%s",
@@ -74,6 +74,6 @@ class Notifier:
         self._transport.send(
             self._routes.alerts,
             OperatorAlert(order_id=order_id, reason=reason[:1000], at=at),
-            message_id=f"{order_id}:alert:{at.isoformat()}",
+            message_id=message_id,
             correlation_id=order_id,
         )

@@ -1,7 +1,8 @@
-"""The Scheduler: claims orders, dispatches steps to agents, applies their replies.
+"""The Scheduler: claims orders, dispatches steps (and undo steps) to agents, applies replies.
 
-Every state change is read -> pure transition -> write conditional on the ETag read.
-Losing that race is a normal outcome, never an error: somebody else moved the order on.
+Every state change is read -> pure transition -> write conditional on the ETag read, with its
+history entry in the same transaction. Losing that race is a normal outcome, never an error:
+somebody else moved the order on.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ from enum import StrEnum
 
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, StaleReply
-from sas.domain.messages import ScheduleRequest, StepReply, StepRequest
-from sas.domain.model import OrderState, ProcessState, StepRecord
-from sas.domain.transitions import claim, complete_step, fail_step
+from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, StepRequest
+from sas.domain.model import HistoryEntry, OrderState, ProcessState, StepRecord
+from sas.domain.transitions import NotYet, claim, complete_step, refuse_step
 from sas.domain.workflow import Workflow, workflow_named
+from sas.services.outcomes import Consequences
 from sas.services.ports import StateStore, Transport
-from sas.services.routes import Notifier, Routes
+from sas.services.routes import Routes
 
 log = logging.getLogger(__name__)
 
@@ -27,13 +29,14 @@ class ScheduleOutcome(StrEnum):
     CLAIMED = "claimed"
     LOST_RACE = "lost_race"
     NOT_PENDING = "not_pending"
+    NOT_YET = "not_yet"
     UNKNOWN_ORDER = "unknown_order"
 
 
 class ReplyOutcome(StrEnum):
     ADVANCED = "advanced"
-    PROCESSED = "processed"
-    FAILED = "failed"
+    FINISHED = "finished"
+    COMPENSATING = "compensating"
     STALE = "stale"
     UNKNOWN_ORDER = "unknown_order"
 
@@ -52,7 +55,7 @@ class Scheduler:
         self._routes = routes
         self._clock = clock
         self._instance_id = instance_id
-        self._notify = Notifier(transport, routes)
+        self._then = Consequences(store, transport, routes)
 
     def schedule(self, request: ScheduleRequest) -> ScheduleOutcome:
         extra: dict[str, object] = {"order_id": request.order_id}
@@ -61,18 +64,23 @@ class Scheduler:
             log.warning("sas.schedule_unknown_order", extra=extra)
             return ScheduleOutcome.UNKNOWN_ORDER
         workflow = workflow_named(current.value.workflow)
+        now = self._clock.now()
         try:
             claimed = claim(
-                current.value,
-                instance_id=self._instance_id,
-                now=self._clock.now(),
-                workflow=workflow,
+                current.value, instance_id=self._instance_id, now=now, workflow=workflow
             )
+        except NotYet:
+            # An early duplicate during a retry backoff; the delayed request is on its way
+            # and the pickup deadline covers its loss.
+            log.info("sas.schedule_backing_off", extra=extra)
+            return ScheduleOutcome.NOT_YET
         except IllegalTransition:
             log.info("sas.schedule_not_pending", extra=extra)
             return ScheduleOutcome.NOT_PENDING
         try:
-            self._store.update_state(claimed, current.etag)
+            self._store.update_state(
+                claimed, current.etag, self._history(claimed, "claimed", workflow)
+            )
         except ConcurrencyConflict:
             log.info("sas.claim_lost", extra=extra)
             return ScheduleOutcome.LOST_RACE
@@ -95,6 +103,7 @@ class Scheduler:
             "order_id": reply.order_id,
             "step": reply.step,
             "attempt": reply.attempt,
+            "mode": reply.mode,
         }
         current = self._store.get_state(reply.order_id)
         if current is None:
@@ -106,57 +115,103 @@ class Scheduler:
             if workflow.step(reply.step_index).name != reply.step:
                 raise StaleReply(f"step {reply.step_index} is not {reply.step!r}")
             if reply.outcome == "error":
-                next_state = fail_step(
+                reason = f"{reply.step} ({reply.mode}): {reply.error or 'remote refused'}"
+                next_state = refuse_step(
                     state,
                     attempt=reply.attempt,
                     step_index=reply.step_index,
+                    mode=reply.mode,
                     now=now,
-                    reason=f"{reply.step}: {reply.error or 'remote refused the step'}",
+                    reason=reason,
+                    workflow=workflow,
                 )
             else:
                 next_state = complete_step(
                     state,
                     attempt=reply.attempt,
                     step_index=reply.step_index,
+                    mode=reply.mode,
                     instance_id=self._instance_id,
                     now=now,
                     workflow=workflow,
                 )
         except (StaleReply, IndexError):
-            log.warning(
-                "sas.reply_stale",
-                extra={**extra, "current_attempt": state.attempt, "state": state.process_state},
+            return self._drop_stale(reply, state, extra)
+
+        if reply.outcome == "ok" and reply.mode == "do":
+            # Recorded before the state moves on, so what the undo needs is durable before the
+            # step counts as done; a redelivery after a crash here writes the same record.
+            self._store.record_step(
+                StepRecord(
+                    order_id=reply.order_id,
+                    index=reply.step_index,
+                    name=reply.step,
+                    attempt=reply.attempt,
+                    completed_at=now,
+                    result=reply.result,
+                )
             )
-            return ReplyOutcome.STALE
+        kind = {"ok": "undone" if reply.mode == "undo" else "completed", "error": "refused"}
+        history = HistoryEntry(
+            order_id=reply.order_id,
+            at=now,
+            kind=kind[reply.outcome],
+            attempt=reply.attempt,
+            step=reply.step,
+            mode=reply.mode,
+            actor=self._instance_id,
+            detail=reply.error,
+        )
+        etag = self._store.update_state(next_state, current.etag, history)
+        log.info("sas.step_%s", kind[reply.outcome], extra=extra)
+        if reply.outcome == "ok":
+            status: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
+            self._then.notify.status(state.reply_to, reply.order_id, status, now, step=reply.step)
+        return self._continue(next_state, etag, workflow)
 
-        if reply.outcome == "error":
-            self._store.update_state(next_state, current.etag)
-            log.warning("sas.step_failed", extra=extra)
-            self._notify.alert(reply.order_id, next_state.last_error or "step failed", now)
-            self._notify.status(state.reply_to, reply.order_id, "failed", now, step=reply.step)
-            return ReplyOutcome.FAILED
+    def _continue(self, state: OrderState, etag: str, workflow: Workflow) -> ReplyOutcome:
+        if state.is_terminal:
+            log.info(
+                "sas.order_finished",
+                extra={"order_id": state.order_id, "state": state.process_state},
+            )
+            self._then.finished(state, etag)
+            return ReplyOutcome.FINISHED
+        if state.process_state is ProcessState.PENDING:  # compensation queued
+            log.warning("sas.compensation_started", extra={"order_id": state.order_id})
+            self._then.notify.status(
+                state.reply_to,
+                state.order_id,
+                "compensating",
+                state.updated_at,
+                detail=state.last_error,
+            )
+            self._then.request_schedule(state)
+            return ReplyOutcome.COMPENSATING
+        self._dispatch(state, workflow)
+        return ReplyOutcome.ADVANCED
 
-        # Recorded before the state moves on, so compensation data is durable before the
-        # step counts as done; a redelivery after a crash here writes the same record again.
-        self._store.record_step(
-            StepRecord(
+    def _drop_stale(
+        self, reply: StepReply, state: OrderState, extra: dict[str, object]
+    ) -> ReplyOutcome:
+        """Fencing in action: recorded (for the ledger of what happened), never applied."""
+        log.warning(
+            "sas.reply_stale",
+            extra={**extra, "current_attempt": state.attempt, "state": state.process_state},
+        )
+        self._store.add_history(
+            HistoryEntry(
                 order_id=reply.order_id,
-                index=reply.step_index,
-                name=reply.step,
+                at=self._clock.now(),
+                kind="reply_dropped",
                 attempt=reply.attempt,
-                completed_at=now,
-                result=reply.result,
+                step=reply.step,
+                mode=reply.mode,
+                actor=self._instance_id,
+                detail=f"current attempt {state.attempt}, {state.process_state}",
             )
         )
-        self._store.update_state(next_state, current.etag)
-        log.info("sas.step_completed", extra=extra)
-        self._notify.status(state.reply_to, reply.order_id, "step_completed", now, step=reply.step)
-        if next_state.process_state is ProcessState.PROCESSED:
-            log.info("sas.order_processed", extra={"order_id": reply.order_id})
-            self._notify.status(state.reply_to, reply.order_id, "completed", now)
-            return ReplyOutcome.PROCESSED
-        self._dispatch(next_state, workflow)
-        return ReplyOutcome.ADVANCED
+        return ReplyOutcome.STALE
 
     def _dispatch(self, state: OrderState, workflow: Workflow) -> None:
         """Send the StepRequest for the state's current attempt (already persisted)."""
@@ -164,24 +219,49 @@ class Scheduler:
         order = self._store.get_order(state.order_id)
         if order is None or state.complete_by is None:
             raise IllegalTransition(f"order {state.order_id} cannot be dispatched")
+        payload = {"order_id": state.order_id, **order.details}
+        action, key = step.action, f"{state.order_id}:{step.name}"
+        if state.mode == "undo":
+            if step.undo is None:
+                raise IllegalTransition(f"step {step.name} has no undo action")
+            done = {s.index: s for s in self._store.get_steps(state.order_id)}.get(state.step_index)
+            payload |= {
+                "original_action": step.action,
+                "original_key": key,
+                "original_result": done.result if done else None,
+            }
+            action, key = step.undo, f"{key}:undo"
         request = StepRequest(
             order_id=state.order_id,
             step=step.name,
             step_index=state.step_index,
             attempt=state.attempt,
-            action=step.action,
+            mode=state.mode,
+            action=action,
             complete_by=state.complete_by,
-            idempotency_key=f"{state.order_id}:{step.name}",
-            payload={"order_id": state.order_id, **order.details},
+            idempotency_key=key,
+            payload=payload,
         )
         self._transport.send(
             self._routes.agent(step.agent),
             request,
-            message_id=f"{state.order_id}:{step.name}:{state.attempt}",
+            message_id=f"{key}:{state.attempt}",
             correlation_id=state.order_id,
         )
-        self._notify.status(
-            state.reply_to, state.order_id, "step_started", self._clock.now(), step=step.name
+        if state.mode == "do":
+            self._then.notify.status(
+                state.reply_to, state.order_id, "step_started", self._clock.now(), step=step.name
+            )
+
+    def _history(self, state: OrderState, kind: str, workflow: Workflow) -> HistoryEntry:
+        return HistoryEntry(
+            order_id=state.order_id,
+            at=state.updated_at,
+            kind=kind,
+            attempt=state.attempt,
+            step=workflow.step(state.step_index).name,
+            mode=state.mode,
+            actor=self._instance_id,
         )
 
 
@@ -189,5 +269,6 @@ def _step_extra(state: OrderState, workflow: Workflow) -> dict[str, object]:
     return {
         "step": workflow.step(state.step_index).name,
         "attempt": state.attempt,
+        "mode": state.mode,
         "complete_by": state.complete_by.isoformat() if state.complete_by else None,
     }

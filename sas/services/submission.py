@@ -7,12 +7,13 @@ from enum import StrEnum
 
 from sas.domain.clock import Clock
 from sas.domain.errors import AlreadyExists, InvalidMessage
-from sas.domain.messages import OrderSubmitted, ScheduleRequest
-from sas.domain.model import OrderRecord, ProcessState
+from sas.domain.messages import OrderSubmitted
+from sas.domain.model import HistoryEntry, OrderRecord, ProcessState
 from sas.domain.transitions import initial_state
 from sas.domain.workflow import WORKFLOWS
+from sas.services.outcomes import Consequences
 from sas.services.ports import StateStore, Transport
-from sas.services.routes import Notifier, Routes
+from sas.services.routes import Routes
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +32,7 @@ class Submission:
         self._transport = transport
         self._routes = routes
         self._clock = clock
-        self._notify = Notifier(transport, routes)
+        self._then = Consequences(store, transport, routes)
 
     def submit(self, message: OrderSubmitted) -> SubmissionOutcome:
         workflow = WORKFLOWS.get(message.workflow)
@@ -47,15 +48,18 @@ class Submission:
             reply_to=message.reply_to,
         )
         extra = {"order_id": message.order_id}
+        state = initial_state(order.order_id, workflow, reply_to=message.reply_to, now=now)
+        # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps
+        # away, never an order the Supervisor cannot see.
+        self._store.touch_live(order.order_id, now)
+        history = HistoryEntry(order.order_id, now, "submitted", attempt=0, actor="submit")
         try:
-            self._store.create_order(
-                order, initial_state(order.order_id, workflow, reply_to=message.reply_to, now=now)
-            )
+            self._store.create_order(order, state, history)
         except AlreadyExists:
             return self._resubmitted(order)
         log.info("sas.order_accepted", extra=extra)
-        self._schedule(order.order_id)
-        self._notify.status(order.reply_to, order.order_id, "received", now)
+        self._then.request_schedule(state)
+        self._then.notify.status(order.reply_to, order.order_id, "received", now)
         return SubmissionOutcome.ACCEPTED
 
     def _resubmitted(self, order: OrderRecord) -> SubmissionOutcome:
@@ -64,7 +68,7 @@ class Submission:
         existing = self._store.get_order(order.order_id)
         if existing is None or existing.fingerprint != order.fingerprint:
             log.warning("sas.order_id_conflict", extra=extra)
-            self._notify.status(
+            self._then.notify.status(
                 order.reply_to,
                 order.order_id,
                 "rejected",
@@ -75,15 +79,8 @@ class Submission:
         log.info("sas.order_duplicate", extra=extra)
         current = self._store.get_state(order.order_id)
         if current is not None and current.value.process_state is ProcessState.PENDING:
-            # The first delivery may have died between the insert and the send: ask again.
-            # Harmless otherwise, since a claim is a conditional write.
-            self._schedule(order.order_id)
+            # The first delivery may have died between the insert and the send: ask again
+            # (same message id, so a send that did happen is a duplicate). Harmless otherwise,
+            # since a claim is a conditional write.
+            self._then.request_schedule(current.value)
         return SubmissionOutcome.DUPLICATE
-
-    def _schedule(self, order_id: str) -> None:
-        self._transport.send(
-            self._routes.scheduler,
-            ScheduleRequest(order_id=order_id),
-            message_id=f"{order_id}:schedule",
-            correlation_id=order_id,
-        )

@@ -10,7 +10,7 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
-from sas.domain.model import OrderRecord, ProcessState, StepRecord
+from sas.domain.model import HistoryEntry, OrderRecord, ProcessState, StepRecord
 from sas.domain.transitions import claim, initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
 
@@ -123,3 +123,57 @@ def test_parked_messages_keep_reason_and_the_whole_body(table):
     assert parked["id"] == parked_id
     assert parked["reason"] == "invalid OrderSubmitted: x"
     assert parked["body"] == body and parked["body_truncated"] is False
+
+
+def entry(kind: str, attempt: int = 1, at: datetime = NOW) -> HistoryEntry:
+    return HistoryEntry("o1", at, kind, attempt, step="reserve", actor="s1")
+
+
+def test_a_transition_and_its_history_commit_together(table):
+    store = TableStateStore(table)
+    store.create_order(order(), new_state(), entry("submitted", 0))
+    first = store.get_state("o1")
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    etag = store.update_state(claimed, first.etag, entry("claimed", 1, NOW + timedelta(seconds=1)))
+    assert store.get_state("o1").etag == etag
+    assert [h.kind for h in store.get_history("o1")] == ["submitted", "claimed"]
+
+
+def test_a_stale_etag_inside_a_transaction_writes_neither_state_nor_history(table):
+    # Azurite has been known to ignore If-Match inside batches; this pins that it does not.
+    store = TableStateStore(table)
+    store.create_order(order(), new_state())
+    first = store.get_state("o1")
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    store.update_state(claimed, first.etag, entry("claimed"))
+    with pytest.raises(ConcurrencyConflict):
+        store.update_state(replace(claimed, locked_by="s2"), first.etag, entry("claimed", 2))
+    assert store.get_state("o1").value.locked_by == "s1"
+    assert [h.attempt for h in store.get_history("o1")] == [1]
+
+
+def test_live_markers_are_dropped_only_if_untouched_since_read(table):
+    store = TableStateStore(table)
+    store.touch_live("o1", NOW)
+    store.touch_live("o2", NOW)
+    markers = {m.order_id: m for m in store.list_live()}
+    assert set(markers) == {"o1", "o2"}
+    store.touch_live("o1", NOW + timedelta(seconds=1))  # e.g. an operator resubmits it
+    assert store.drop_live(markers["o1"]) is False
+    assert store.drop_live(markers["o2"]) is True
+    assert [m.order_id for m in store.list_live()] == ["o1"]
+
+
+def test_new_state_fields_round_trip(table):
+    store = TableStateStore(table)
+    state = replace(new_state(), mode="undo", not_before=NOW, alert_pending=True)
+    store.create_order(order(), state)
+    assert store.get_state("o1").value == state
+
+
+def test_orders_are_listed_by_state(table):
+    store = TableStateStore(table)
+    store.create_order(order("a1"), new_state("a1"))
+    store.create_order(order("a2"), replace(new_state("a2"), process_state=ProcessState.ERROR))
+    assert [s.order_id for s in store.list_states(ProcessState.ERROR)] == ["a2"]
+    assert [s.order_id for s in store.list_states(ProcessState.PENDING)] == ["a1"]

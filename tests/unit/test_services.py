@@ -1,5 +1,7 @@
 """Service logic against recording fakes; the same flows run against Azurite in integration."""
 
+from datetime import timedelta
+
 import pytest
 
 from sas.domain.messages import (
@@ -11,7 +13,7 @@ from sas.domain.messages import (
     StepRequest,
 )
 from sas.domain.model import ProcessState
-from sas.domain.workflow import ORDER_WORKFLOW
+from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, StepDefinition, Workflow
 from sas.services.routes import Routes
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
 from sas.services.submission import Submission, SubmissionOutcome
@@ -151,22 +153,46 @@ def test_a_reply_naming_the_wrong_step_is_dropped(parts):
     assert scheduler.on_reply(wrong) is ReplyOutcome.STALE
 
 
-def test_an_error_reply_sets_error_alerts_once_and_reports_failed(parts):
+def test_a_refusal_of_the_first_step_is_compensated_with_nothing_to_undo(parts):
     store, transport, clock = parts
     Submission(store, transport, ROUTES, clock).submit(submitted())
     scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     refusal = StepReply(
-        order_id="o1",
-        step="reserve",
-        step_index=0,
-        attempt=1,
-        outcome="error",
-        error="out of stock",
+        order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="no stock"
     )
-    assert scheduler.on_reply(refusal) is ReplyOutcome.FAILED
+    assert scheduler.on_reply(refusal) is ReplyOutcome.FINISHED
     assert scheduler.on_reply(refusal) is ReplyOutcome.STALE  # a duplicate changes nothing
     state = store.get_state("o1").value
-    assert state.process_state is ProcessState.ERROR and "out of stock" in state.last_error
-    assert len(transport.to("alerts")) == 1
+    assert state.process_state is ProcessState.COMPENSATED and "no stock" in state.last_error
+    assert transport.to("alerts") == []
+    assert transport.to("status-q")[-1].status == "compensated"
+    assert [h.kind for h in store.get_history("o1")] == [
+        "submitted", "claimed", "refused", "reply_dropped",
+    ]
+
+
+def test_an_error_reply_in_a_workflow_without_compensation_alerts_exactly_once(parts, monkeypatch):
+    strict = Workflow(
+        "strict",
+        (StepDefinition("charge", "payment", "charge", timedelta(seconds=5), undo="refund"),),
+        on_failure="error",
+    )
+    monkeypatch.setitem(WORKFLOWS, "strict", strict)
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(
+        submitted().model_copy(update={"workflow": "strict"})
+    )
+    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    scheduler.schedule(ScheduleRequest(order_id="o1"))
+    refusal = StepReply(
+        order_id="o1", step="charge", step_index=0, attempt=1, outcome="error", error="declined"
+    )
+    assert scheduler.on_reply(refusal) is ReplyOutcome.FINISHED
+    assert scheduler.on_reply(refusal) is ReplyOutcome.STALE
+    state = store.get_state("o1").value
+    assert state.process_state is ProcessState.ERROR and "declined" in state.last_error
+    assert state.alert_pending is False  # sent, and the debt cleared
+    (alert,) = transport.to("alerts")
+    assert alert.order_id == "o1" and "declined" in alert.reason
     assert transport.to("status-q")[-1].status == "failed"

@@ -5,7 +5,17 @@ import pytest
 
 from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.model import ProcessState
-from sas.domain.transitions import claim, complete_step, fail_step, initial_state
+from sas.domain.transitions import (
+    NotYet,
+    RetryPolicy,
+    alert_sent,
+    claim,
+    complete_step,
+    expire,
+    initial_state,
+    refuse_step,
+    resubmit,
+)
 from sas.domain.workflow import ORDER_WORKFLOW, StepDefinition, Workflow
 
 pytestmark = pytest.mark.unit
@@ -82,23 +92,13 @@ def test_a_reply_for_another_attempt_or_step_is_stale(attempt, step_index):
             running, attempt=attempt, step_index=step_index, instance_id="s", now=NOW, workflow=WF
         )
     with pytest.raises(StaleReply):
-        fail_step(running, attempt=attempt, step_index=step_index, now=NOW, reason="x")
+        refuse_step(running, attempt=attempt, step_index=step_index, now=NOW, reason="x", workflow=WF)
 
 
 def test_a_reply_to_a_pending_order_is_stale_even_with_matching_numbers():
     pending = initial_state("o1", WF, reply_to=None, now=NOW)
     with pytest.raises(StaleReply):
         complete_step(pending, attempt=0, step_index=0, instance_id="s", now=NOW, workflow=WF)
-
-
-def test_fail_step_sets_error_with_a_bounded_reason():
-    running = claim(
-        initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
-    )
-    failed = fail_step(running, attempt=1, step_index=0, now=NOW, reason="x" * 5000)
-    assert failed.process_state is ProcessState.ERROR
-    assert failed.locked_by is None
-    assert failed.last_error is not None and len(failed.last_error) == 1000
 
 
 def test_workflow_definitions_are_validated():
@@ -111,3 +111,146 @@ def test_workflow_definitions_are_validated():
         StepDefinition("a1", "payment", "charge", timedelta(0))
     with pytest.raises(ValueError, match="must match"):
         StepDefinition("Bad Name", "payment", "charge", timedelta(seconds=1))
+
+
+ERROR_WF = Workflow(
+    "strict",
+    (StepDefinition("charge", "payment", "charge", timedelta(seconds=5), undo="refund"),),
+    on_failure="error",
+)
+POLICY = RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2), max_backoff=timedelta(seconds=5))
+
+
+def running_at(step_index: int, wf: Workflow = WF):
+    """Claim and complete steps until ``step_index`` is the running one."""
+    state = claim(initial_state("o1", wf, reply_to=None, now=NOW), instance_id="s", now=NOW, workflow=wf)
+    while state.step_index < step_index:
+        state = complete_step(state, attempt=state.attempt, step_index=state.step_index, instance_id="s", now=NOW, workflow=wf)
+    return state
+
+
+def test_a_refused_step_starts_compensation_below_it():
+    running = running_at(2)  # reserve and charge done, ship refused
+    state = refuse_step(running, attempt=running.attempt, step_index=2, now=NOW, reason="no courier", workflow=WF)
+    assert (state.process_state, state.mode, state.step_index) == (ProcessState.PENDING, "undo", 1)
+    assert state.locked_by is None and state.failure_count == 0
+    assert state.complete_by == NOW + WF.pickup_budget
+    assert state.last_error == "no courier"
+
+
+def test_a_refused_first_step_has_nothing_to_undo_and_is_compensated_at_once():
+    running = running_at(0)
+    state = refuse_step(running, attempt=1, step_index=0, now=NOW, reason="out of stock", workflow=WF)
+    assert state.process_state is ProcessState.COMPENSATED
+    assert state.finished_at == NOW and state.complete_by is None
+
+
+def test_a_refusal_in_a_workflow_without_compensation_is_an_error_owing_an_alert():
+    running = running_at(0, ERROR_WF)
+    state = refuse_step(running, attempt=1, step_index=0, now=NOW, reason="x" * 5000, workflow=ERROR_WF)
+    assert state.process_state is ProcessState.ERROR
+    assert state.alert_pending is True
+    assert state.locked_by is None
+    assert state.last_error is not None and len(state.last_error) == 1000
+    assert alert_sent(state).alert_pending is False
+    with pytest.raises(IllegalTransition):
+        alert_sent(alert_sent(state))
+
+
+def test_undo_steps_walk_backwards_with_new_attempts_then_compensated():
+    running = running_at(2)
+    pending = refuse_step(running, attempt=running.attempt, step_index=2, now=NOW, reason="r", workflow=WF)
+    undoing = claim(pending, instance_id="s", now=NOW, workflow=WF)
+    assert (undoing.process_state, undoing.mode, undoing.step_index) == (ProcessState.COMPENSATING, "undo", 1)
+    with pytest.raises(StaleReply):  # a forward reply does not apply to an undo attempt
+        complete_step(undoing, attempt=undoing.attempt, step_index=1, instance_id="s", now=NOW, workflow=WF)
+    nxt = complete_step(undoing, attempt=undoing.attempt, step_index=1, mode="undo", instance_id="s", now=NOW, workflow=WF)
+    assert (nxt.step_index, nxt.attempt, nxt.mode) == (0, undoing.attempt + 1, "undo")
+    done = complete_step(nxt, attempt=nxt.attempt, step_index=0, mode="undo", instance_id="s", now=NOW, workflow=WF)
+    assert done.process_state is ProcessState.COMPENSATED and done.is_terminal
+
+
+def test_a_refused_undo_is_an_error():
+    running = running_at(1)
+    pending = refuse_step(running, attempt=running.attempt, step_index=1, now=NOW, reason="r", workflow=WF)
+    undoing = claim(pending, instance_id="s", now=NOW, workflow=WF)
+    failed = refuse_step(undoing, attempt=undoing.attempt, step_index=0, mode="undo", now=NOW, reason="refund refused", workflow=WF)
+    assert failed.process_state is ProcessState.ERROR and failed.alert_pending
+
+
+def test_expiry_below_the_threshold_retries_with_a_growing_backoff():
+    state = running_at(1)
+    later = state.complete_by
+    first = expire(state, now=later, workflow=WF, policy=POLICY)
+    assert first.action == "retry" and first.delay == timedelta(seconds=2)
+    s1 = first.state
+    assert (s1.process_state, s1.locked_by, s1.failure_count, s1.step_index) == (ProcessState.PENDING, None, 1, 1)
+    assert s1.not_before == later + timedelta(seconds=2)
+    assert s1.complete_by == s1.not_before + WF.pickup_budget
+    with pytest.raises(NotYet):
+        claim(s1, instance_id="s", now=later, workflow=WF)
+    again = claim(s1, instance_id="s", now=s1.not_before, workflow=WF)
+    assert again.failure_count == 1 and again.attempt == state.attempt + 1
+    second = expire(again, now=again.complete_by, workflow=WF, policy=POLICY)
+    assert second.action == "retry" and second.delay == timedelta(seconds=4)
+
+
+def test_backoff_is_capped():
+    assert POLICY.backoff(10) == timedelta(seconds=5)
+
+
+def test_expiry_at_the_threshold_compensates_including_the_step_that_may_have_run():
+    state = replace(running_at(1), failure_count=POLICY.max_failures - 1)
+    decided = expire(state, now=state.complete_by, workflow=WF, policy=POLICY)
+    assert decided.action == "compensate"
+    assert (decided.state.mode, decided.state.step_index) == ("undo", 1)
+    assert "expired 3 times" in decided.state.last_error
+
+
+def test_expiry_at_the_threshold_of_an_undo_is_an_error():
+    running = running_at(1)
+    pending = refuse_step(running, attempt=running.attempt, step_index=1, now=NOW, reason="r", workflow=WF)
+    undoing = replace(claim(pending, instance_id="s", now=NOW, workflow=WF), failure_count=2)
+    decided = expire(undoing, now=undoing.complete_by, workflow=WF, policy=POLICY)
+    assert decided.action == "error"
+    assert decided.state.process_state is ProcessState.ERROR and decided.state.alert_pending
+
+
+def test_expiry_at_the_threshold_without_compensation_is_an_error():
+    state = replace(running_at(0, ERROR_WF), failure_count=2)
+    decided = expire(state, now=state.complete_by, workflow=ERROR_WF, policy=POLICY)
+    assert decided.action == "error" and decided.state.failure_count == 3
+
+
+def test_a_pending_order_past_its_pickup_deadline_expires_too():
+    pending = initial_state("o1", WF, reply_to=None, now=NOW)
+    decided = expire(pending, now=pending.complete_by, workflow=WF, policy=POLICY)
+    assert decided.action == "retry" and decided.state.failure_count == 1
+
+
+@pytest.mark.parametrize("offset", [-1, 0])
+def test_nothing_expires_before_its_deadline_or_after_it_finished(offset):
+    state = running_at(0)
+    if offset < 0:
+        with pytest.raises(IllegalTransition):
+            expire(state, now=state.complete_by - timedelta(seconds=1), workflow=WF, policy=POLICY)
+    done = replace(state, process_state=ProcessState.PROCESSED, complete_by=None)
+    with pytest.raises(IllegalTransition):
+        expire(done, now=NOW + timedelta(days=1), workflow=WF, policy=POLICY)
+
+
+def test_resubmit_takes_an_error_back_to_pending_with_a_clean_count():
+    error = refuse_step(running_at(0, ERROR_WF), attempt=1, step_index=0, now=NOW, reason="r", workflow=ERROR_WF)
+    again = resubmit(error, now=NOW, workflow=ERROR_WF)
+    assert (again.process_state, again.failure_count, again.locked_by, again.step_index) == (
+        ProcessState.PENDING, 0, None, 0,
+    )
+    assert again.alert_pending is False and again.finished_at is None
+    assert again.complete_by == NOW + ERROR_WF.pickup_budget
+    assert claim(again, instance_id="s", now=NOW, workflow=ERROR_WF).attempt == 2
+
+
+@pytest.mark.parametrize("state", [ProcessState.PENDING, ProcessState.PROCESSED, ProcessState.COMPENSATED])
+def test_only_an_error_can_be_resubmitted(state):
+    with pytest.raises(IllegalTransition):
+        resubmit(replace(running_at(0), process_state=state), now=NOW, workflow=WF)

@@ -29,6 +29,7 @@ for f in function_app.app.get_functions():
         "queue": getattr(t, "queue_name", None),
         "connection": getattr(t, "connection", None),
         "route": getattr(t, "route", None),
+        "schedule": getattr(t, "schedule", None),
         "params": list(__import__("inspect").signature(f.get_user_function()).parameters),
         "annotation": getattr(
             next(iter(__import__("inspect").signature(f.get_user_function()).parameters.values())).annotation,
@@ -69,7 +70,7 @@ def test_every_queue_function_is_wired_to_its_queue_setting(
     transport, trigger, connection, message_class
 ):
     functions = index(transport)
-    assert set(functions) == {*QUEUE_FUNCTIONS, "http_app_func"}
+    assert set(functions) == {*QUEUE_FUNCTIONS, "http_app_func", "supervise"}
     for name, queue in QUEUE_FUNCTIONS.items():
         wired = functions[name]
         assert (wired["type"], wired["queue"], wired["connection"]) == (
@@ -79,6 +80,9 @@ def test_every_queue_function_is_wired_to_its_queue_setting(
         ), name
         assert wired["params"] == ["msg"]
         assert wired["annotation"] == message_class
+    timer = functions["supervise"]
+    assert (timer["type"], timer["schedule"]) == ("timerTrigger", "%SAS_SUPERVISOR_SCHEDULE%")
+    assert timer["params"] == ["timer"]
     http = functions["http_app_func"]
     assert http["type"] == "httpTrigger"
     assert http["params"] == ["req", "context"]

@@ -1,0 +1,76 @@
+"""What an operator can do: look at orders and rejected messages, resubmit an Error order."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from sas.domain.clock import Clock
+from sas.domain.errors import NotFound
+from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
+from sas.domain.transitions import resubmit
+from sas.domain.workflow import workflow_named
+from sas.services.outcomes import Consequences
+from sas.services.ports import StateStore, Transport
+from sas.services.routes import Routes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OrderDetail:
+    order: OrderRecord
+    state: OrderState
+    steps: list[StepRecord]
+    history: list[HistoryEntry]
+
+
+class Operator:
+    def __init__(
+        self, store: StateStore, transport: Transport, routes: Routes, clock: Clock
+    ) -> None:
+        self._store = store
+        self._clock = clock
+        self._then = Consequences(store, transport, routes)
+
+    def detail(self, order_id: str) -> OrderDetail:
+        current, order = self._store.get_state(order_id), self._store.get_order(order_id)
+        if current is None or order is None:
+            raise NotFound(f"order {order_id} not found")
+        return OrderDetail(
+            order, current.value, self._store.get_steps(order_id), self._store.get_history(order_id)
+        )
+
+    def in_state(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
+        return self._store.list_states(process_state, limit)
+
+    def rejected(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self._store.list_parked(limit)
+
+    def resubmit(self, order_id: str, *, actor: str) -> OrderState:
+        """Error -> Pending (failure count reset), audited; IllegalTransition if not Error.
+
+        The write is conditional: two operators pressing the button at once resubmit once."""
+        current = self._store.get_state(order_id)
+        if current is None:
+            raise NotFound(f"order {order_id} not found")
+        now = self._clock.now()
+        workflow = workflow_named(current.value.workflow)
+        again = resubmit(current.value, now=now, workflow=workflow)
+        self._store.touch_live(order_id, now)  # indexed before it is live again
+        entry = HistoryEntry(
+            order_id=order_id,
+            at=now,
+            kind="resubmitted",
+            attempt=again.attempt,
+            step=workflow.step(again.step_index).name,
+            mode=again.mode,
+            actor=actor[:100],
+            detail=f"previous error: {current.value.last_error or '-'}",
+        )
+        self._store.update_state(again, current.etag, entry)
+        log.warning("sas.order_resubmitted", extra={"order_id": order_id, "actor": actor[:100]})
+        self._then.request_schedule(again)
+        self._then.notify.status(again.reply_to, order_id, "resubmitted", now)
+        return again
