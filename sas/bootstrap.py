@@ -13,11 +13,15 @@ from typing import Any, TypeVar
 
 from sas import settings as settings_module
 from sas.domain.clock import Clock, SystemClock
+from sas.domain.transitions import RetryPolicy
 from sas.services.agent import AgentRunner
+from sas.services.breaker import BreakerStore, CircuitBreaker
+from sas.services.operator import Operator
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 from sas.services.scheduler import Scheduler
 from sas.services.submission import Submission
+from sas.services.supervisor import Supervisor
 
 _lock = threading.RLock()
 _cached: list[Callable[..., Any]] = []
@@ -71,12 +75,19 @@ def routes() -> Routes:
 
 
 @_once
-def store() -> StateStore:
+def _table() -> Any:
+    """One TableClient (one connection pool) for the state store and the breakers."""
     from sas.adapters.clients import table_client
-    from sas.adapters.tables import TableStateStore
 
     s = settings()
-    return TableStateStore(table_client(s.storage, s.table_name))
+    return table_client(s.storage, s.table_name)
+
+
+@_once
+def store() -> StateStore:
+    from sas.adapters.tables import TableStateStore
+
+    return TableStateStore(_table())
 
 
 @_once
@@ -103,10 +114,35 @@ def scheduler() -> Scheduler:
 
 
 @_once
+def supervisor() -> Supervisor:
+    s = settings()
+    policy = RetryPolicy(max_failures=s.max_failures)
+    return Supervisor(store(), transport(), routes(), clock(), s.instance_id, policy)
+
+
+@_once
+def operator() -> Operator:
+    return Operator(store(), transport(), routes(), clock())
+
+
+@_once
 def _remote() -> Any:
     from sas.adapters.remote_http import HttpRemoteService
 
     return HttpRemoteService(settings().remote_urls)
+
+
+@_once
+def _breaker_store() -> BreakerStore:
+    """Breaker state lives in the orders table (PartitionKey ``~breaker``)."""
+    from sas.adapters.breaker_table import TableBreakerStore
+
+    return TableBreakerStore(_table())
+
+
+def breaker(name: str) -> CircuitBreaker:
+    """A circuit breaker for one agent's remote service, default policy, state in the table."""
+    return CircuitBreaker(_breaker_store(), clock(), name)
 
 
 _agents: dict[str, AgentRunner] = {}
@@ -116,6 +152,8 @@ def agent(name: str) -> AgentRunner:
     with _lock:
         runner = _agents.get(name)
         if runner is None:
-            runner = AgentRunner(name, _remote(), transport(), routes(), clock())
+            runner = AgentRunner(
+                name, _remote(), transport(), routes(), clock(), breaker=breaker(name)
+            )
             _agents[name] = runner
         return runner

@@ -34,3 +34,22 @@ def queue_service(azurite: Azurite) -> QueueServiceClient:
 
 def unique_queue(prefix: str = "q") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def app_env(
+    azurite: Azurite, table: TableClient, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    """Settings for the app's bootstrap: Storage Queues and this test's table on Azurite."""
+    from sas import bootstrap, settings
+    from sas.devtools.provision import provision
+
+    monkeypatch.setenv(settings.TRANSPORT, "storage")
+    monkeypatch.setenv(settings.STORAGE_CONNECTION, azurite.connection_string)
+    monkeypatch.setenv(settings.TABLE_NAME, table.table_name)
+    for agent in ("inventory", "payment", "shipping"):
+        monkeypatch.setenv(settings.remote_url_setting(agent), "http://127.0.0.1:9")
+    bootstrap.reset()
+    provision(bootstrap.settings())
+    yield
+    bootstrap.reset()

@@ -120,8 +120,6 @@ class TableStateStore:
                 raise ConcurrencyConflict(f"state of {state.order_id} changed since read") from None
             if exc.status_code == 404:
                 raise NotFound(f"order {state.order_id} has no state") from None
-            if exc.status_code == 409:  # same history key: a concurrent twin transition
-                raise ConcurrencyConflict(f"history of {state.order_id} collided") from None
             raise
         new_etag: str = results[0]["etag"]
         return new_etag
@@ -375,9 +373,9 @@ def _history_entity(entry: HistoryEntry) -> dict[str, Any]:
     return _without_none(
         {
             "PartitionKey": entry.order_id,
-            # Time first so a partition range query returns the trail in order; attempt and
-            # kind make two entries of one instant distinct.
-            "RowKey": f"{HISTORY_PREFIX}{stamp}:{entry.attempt:05d}:{entry.kind}",
+            # Time first so a partition range query returns the trail in order; the random
+            # tail keeps two entries of one instant (e.g. two dropped duplicates) distinct.
+            "RowKey": f"{HISTORY_PREFIX}{stamp}:{entry.attempt:05d}:{uuid.uuid4().hex[:8]}",
             "At": entry.at,
             "Kind": entry.kind,
             "Attempt": entry.attempt,

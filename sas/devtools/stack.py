@@ -26,6 +26,9 @@ def app_env(connection_string: str, simulator_url: str) -> dict[str, str]:
         settings_module.STORAGE_CONNECTION: connection_string,
         "AzureWebJobsStorage": connection_string,
         settings_module.TABLE_NAME: settings_module.DEFAULT_TABLE,
+        # Locally the Supervisor sweeps every 2 s, so recoveries show within a demo run.
+        settings_module.SUPERVISOR_SCHEDULE: "*/2 * * * * *",
+        settings_module.MAX_FAILURES: "3",
         **settings_module.DEFAULT_QUEUES,
         **{settings_module.remote_url_setting(a): f"{simulator_url}/{a}" for a in AGENTS},
     }

@@ -3,6 +3,10 @@
 Retries transient faults with exponential backoff and jitter (honouring Retry-After), only
 while the deadline allows. Past complete-by it stops and sends nothing (pattern.md point 7):
 another attempt may already be scheduled, and the Scheduler would drop the reply anyway.
+
+An optional circuit breaker, shared by every instance of this agent, is asked before each try:
+an open breaker refuses with a TransientRemoteError carrying the seconds until it may close, so
+the same backoff waits for it and the same deadline check gives up in time.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from sas.domain.clock import Clock
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest
+from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, Transport
 from sas.services.routes import Routes
 
@@ -53,6 +58,7 @@ class AgentRunner:
         sleep: Callable[[float], None] = time.sleep,
         max_call_seconds: float = 10.0,
         safety_margin: timedelta = timedelta(milliseconds=250),
+        breaker: CircuitBreaker | None = None,
     ) -> None:
         self._agent = agent
         self._remote = remote
@@ -62,6 +68,7 @@ class AgentRunner:
         self._sleep = sleep
         self._max_call_seconds = max_call_seconds
         self._margin = safety_margin
+        self._breaker = breaker
         self._backoff = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 
     def handle(self, request: StepRequest) -> AgentOutcome:
@@ -116,16 +123,33 @@ class AgentRunner:
         extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
 
         def call() -> dict[str, Any]:
+            if self._clock.now() >= deadline:
+                raise _DeadlineReached
+            breaker = self._breaker
+            if breaker is not None:
+                breaker.before_call()  # an open circuit raises TransientRemoteError(retry_after)
             remaining = (deadline - self._clock.now()).total_seconds()
             if remaining <= 0:
                 raise _DeadlineReached
-            return self._remote.perform(
-                self._agent,
-                request.action,
-                idempotency_key=request.idempotency_key,
-                payload=request.payload,
-                timeout=min(remaining, self._max_call_seconds),
-            )
+            try:
+                result = self._remote.perform(
+                    self._agent,
+                    request.action,
+                    idempotency_key=request.idempotency_key,
+                    payload=request.payload,
+                    timeout=min(remaining, self._max_call_seconds),
+                )
+            except TransientRemoteError:
+                if breaker is not None:
+                    breaker.record_failure()
+                raise
+            except PermanentRemoteError:
+                if breaker is not None:
+                    breaker.record_success()  # the service answered: it is up
+                raise
+            if breaker is not None:
+                breaker.record_success()
+            return result
 
         def wait(state: RetryCallState) -> float:
             backoff = self._backoff(state)

@@ -168,7 +168,10 @@ def test_a_refusal_of_the_first_step_is_compensated_with_nothing_to_undo(parts):
     assert transport.to("alerts") == []
     assert transport.to("status-q")[-1].status == "compensated"
     assert [h.kind for h in store.get_history("o1")] == [
-        "submitted", "claimed", "refused", "reply_dropped",
+        "submitted",
+        "claimed",
+        "refused",
+        "reply_dropped",
     ]
 
 

@@ -92,7 +92,9 @@ def test_a_reply_for_another_attempt_or_step_is_stale(attempt, step_index):
             running, attempt=attempt, step_index=step_index, instance_id="s", now=NOW, workflow=WF
         )
     with pytest.raises(StaleReply):
-        refuse_step(running, attempt=attempt, step_index=step_index, now=NOW, reason="x", workflow=WF)
+        refuse_step(
+            running, attempt=attempt, step_index=step_index, now=NOW, reason="x", workflow=WF
+        )
 
 
 def test_a_reply_to_a_pending_order_is_stale_even_with_matching_numbers():
@@ -118,20 +120,33 @@ ERROR_WF = Workflow(
     (StepDefinition("charge", "payment", "charge", timedelta(seconds=5), undo="refund"),),
     on_failure="error",
 )
-POLICY = RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2), max_backoff=timedelta(seconds=5))
+POLICY = RetryPolicy(
+    max_failures=3, base_backoff=timedelta(seconds=2), max_backoff=timedelta(seconds=5)
+)
 
 
 def running_at(step_index: int, wf: Workflow = WF):
     """Claim and complete steps until ``step_index`` is the running one."""
-    state = claim(initial_state("o1", wf, reply_to=None, now=NOW), instance_id="s", now=NOW, workflow=wf)
+    state = claim(
+        initial_state("o1", wf, reply_to=None, now=NOW), instance_id="s", now=NOW, workflow=wf
+    )
     while state.step_index < step_index:
-        state = complete_step(state, attempt=state.attempt, step_index=state.step_index, instance_id="s", now=NOW, workflow=wf)
+        state = complete_step(
+            state,
+            attempt=state.attempt,
+            step_index=state.step_index,
+            instance_id="s",
+            now=NOW,
+            workflow=wf,
+        )
     return state
 
 
 def test_a_refused_step_starts_compensation_below_it():
     running = running_at(2)  # reserve and charge done, ship refused
-    state = refuse_step(running, attempt=running.attempt, step_index=2, now=NOW, reason="no courier", workflow=WF)
+    state = refuse_step(
+        running, attempt=running.attempt, step_index=2, now=NOW, reason="no courier", workflow=WF
+    )
     assert (state.process_state, state.mode, state.step_index) == (ProcessState.PENDING, "undo", 1)
     assert state.locked_by is None and state.failure_count == 0
     assert state.complete_by == NOW + WF.pickup_budget
@@ -140,14 +155,18 @@ def test_a_refused_step_starts_compensation_below_it():
 
 def test_a_refused_first_step_has_nothing_to_undo_and_is_compensated_at_once():
     running = running_at(0)
-    state = refuse_step(running, attempt=1, step_index=0, now=NOW, reason="out of stock", workflow=WF)
+    state = refuse_step(
+        running, attempt=1, step_index=0, now=NOW, reason="out of stock", workflow=WF
+    )
     assert state.process_state is ProcessState.COMPENSATED
     assert state.finished_at == NOW and state.complete_by is None
 
 
 def test_a_refusal_in_a_workflow_without_compensation_is_an_error_owing_an_alert():
     running = running_at(0, ERROR_WF)
-    state = refuse_step(running, attempt=1, step_index=0, now=NOW, reason="x" * 5000, workflow=ERROR_WF)
+    state = refuse_step(
+        running, attempt=1, step_index=0, now=NOW, reason="x" * 5000, workflow=ERROR_WF
+    )
     assert state.process_state is ProcessState.ERROR
     assert state.alert_pending is True
     assert state.locked_by is None
@@ -159,22 +178,50 @@ def test_a_refusal_in_a_workflow_without_compensation_is_an_error_owing_an_alert
 
 def test_undo_steps_walk_backwards_with_new_attempts_then_compensated():
     running = running_at(2)
-    pending = refuse_step(running, attempt=running.attempt, step_index=2, now=NOW, reason="r", workflow=WF)
+    pending = refuse_step(
+        running, attempt=running.attempt, step_index=2, now=NOW, reason="r", workflow=WF
+    )
     undoing = claim(pending, instance_id="s", now=NOW, workflow=WF)
-    assert (undoing.process_state, undoing.mode, undoing.step_index) == (ProcessState.COMPENSATING, "undo", 1)
+    assert (undoing.process_state, undoing.mode, undoing.step_index) == (
+        ProcessState.COMPENSATING,
+        "undo",
+        1,
+    )
     with pytest.raises(StaleReply):  # a forward reply does not apply to an undo attempt
-        complete_step(undoing, attempt=undoing.attempt, step_index=1, instance_id="s", now=NOW, workflow=WF)
-    nxt = complete_step(undoing, attempt=undoing.attempt, step_index=1, mode="undo", instance_id="s", now=NOW, workflow=WF)
+        complete_step(
+            undoing, attempt=undoing.attempt, step_index=1, instance_id="s", now=NOW, workflow=WF
+        )
+    nxt = complete_step(
+        undoing,
+        attempt=undoing.attempt,
+        step_index=1,
+        mode="undo",
+        instance_id="s",
+        now=NOW,
+        workflow=WF,
+    )
     assert (nxt.step_index, nxt.attempt, nxt.mode) == (0, undoing.attempt + 1, "undo")
-    done = complete_step(nxt, attempt=nxt.attempt, step_index=0, mode="undo", instance_id="s", now=NOW, workflow=WF)
+    done = complete_step(
+        nxt, attempt=nxt.attempt, step_index=0, mode="undo", instance_id="s", now=NOW, workflow=WF
+    )
     assert done.process_state is ProcessState.COMPENSATED and done.is_terminal
 
 
 def test_a_refused_undo_is_an_error():
     running = running_at(1)
-    pending = refuse_step(running, attempt=running.attempt, step_index=1, now=NOW, reason="r", workflow=WF)
+    pending = refuse_step(
+        running, attempt=running.attempt, step_index=1, now=NOW, reason="r", workflow=WF
+    )
     undoing = claim(pending, instance_id="s", now=NOW, workflow=WF)
-    failed = refuse_step(undoing, attempt=undoing.attempt, step_index=0, mode="undo", now=NOW, reason="refund refused", workflow=WF)
+    failed = refuse_step(
+        undoing,
+        attempt=undoing.attempt,
+        step_index=0,
+        mode="undo",
+        now=NOW,
+        reason="refund refused",
+        workflow=WF,
+    )
     assert failed.process_state is ProcessState.ERROR and failed.alert_pending
 
 
@@ -184,7 +231,12 @@ def test_expiry_below_the_threshold_retries_with_a_growing_backoff():
     first = expire(state, now=later, workflow=WF, policy=POLICY)
     assert first.action == "retry" and first.delay == timedelta(seconds=2)
     s1 = first.state
-    assert (s1.process_state, s1.locked_by, s1.failure_count, s1.step_index) == (ProcessState.PENDING, None, 1, 1)
+    assert (s1.process_state, s1.locked_by, s1.failure_count, s1.step_index) == (
+        ProcessState.PENDING,
+        None,
+        1,
+        1,
+    )
     assert s1.not_before == later + timedelta(seconds=2)
     assert s1.complete_by == s1.not_before + WF.pickup_budget
     with pytest.raises(NotYet):
@@ -209,7 +261,9 @@ def test_expiry_at_the_threshold_compensates_including_the_step_that_may_have_ru
 
 def test_expiry_at_the_threshold_of_an_undo_is_an_error():
     running = running_at(1)
-    pending = refuse_step(running, attempt=running.attempt, step_index=1, now=NOW, reason="r", workflow=WF)
+    pending = refuse_step(
+        running, attempt=running.attempt, step_index=1, now=NOW, reason="r", workflow=WF
+    )
     undoing = replace(claim(pending, instance_id="s", now=NOW, workflow=WF), failure_count=2)
     decided = expire(undoing, now=undoing.complete_by, workflow=WF, policy=POLICY)
     assert decided.action == "error"
@@ -240,17 +294,24 @@ def test_nothing_expires_before_its_deadline_or_after_it_finished(offset):
 
 
 def test_resubmit_takes_an_error_back_to_pending_with_a_clean_count():
-    error = refuse_step(running_at(0, ERROR_WF), attempt=1, step_index=0, now=NOW, reason="r", workflow=ERROR_WF)
+    error = refuse_step(
+        running_at(0, ERROR_WF), attempt=1, step_index=0, now=NOW, reason="r", workflow=ERROR_WF
+    )
     again = resubmit(error, now=NOW, workflow=ERROR_WF)
     assert (again.process_state, again.failure_count, again.locked_by, again.step_index) == (
-        ProcessState.PENDING, 0, None, 0,
+        ProcessState.PENDING,
+        0,
+        None,
+        0,
     )
     assert again.alert_pending is False and again.finished_at is None
     assert again.complete_by == NOW + ERROR_WF.pickup_budget
     assert claim(again, instance_id="s", now=NOW, workflow=ERROR_WF).attempt == 2
 
 
-@pytest.mark.parametrize("state", [ProcessState.PENDING, ProcessState.PROCESSED, ProcessState.COMPENSATED])
+@pytest.mark.parametrize(
+    "state", [ProcessState.PENDING, ProcessState.PROCESSED, ProcessState.COMPENSATED]
+)
 def test_only_an_error_can_be_resubmitted(state):
     with pytest.raises(IllegalTransition):
         resubmit(replace(running_at(0), process_state=state), now=NOW, workflow=WF)

@@ -1,0 +1,116 @@
+"""Circuit breaker state on Azure Table Storage (azure-data-tables).
+
+Same table as the orders, PartitionKey ``~breaker``, RowKey = the breaker's (agent's) name.
+A create is ``create_entity`` (AlreadyExists if another instance created it first); every
+update is a REPLACE conditional on the ETag (``MatchConditions.IfNotModified``): without it
+the SDK sends ``If-Match: *`` and the last writer wins. Times are tz-aware UTC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableClient, TableErrorCode, UpdateMode
+
+from sas.domain.breaker import BreakerState, BreakerStatus
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
+from sas.domain.model import Versioned
+
+BREAKER_PARTITION = "~breaker"
+_FORBIDDEN_IN_KEYS = frozenset("/\\#?")
+
+
+class TableBreakerStore:
+    def __init__(self, table: TableClient) -> None:
+        self._table = table
+
+    def get(self, name: str) -> Versioned[BreakerState] | None:
+        try:
+            entity = self._table.get_entity(BREAKER_PARTITION, _row_key(name))
+        except ResourceNotFoundError as exc:
+            if _table_missing(exc):
+                raise NotFound(f"table {self._table.table_name} does not exist") from None
+            return None
+        etag = entity.metadata["etag"]
+        if not etag:
+            raise ValueError(f"breaker {name} read without an ETag")
+        return Versioned(_state_from(entity), etag)
+
+    def put(self, state: BreakerState, etag: str | None) -> str:
+        entity = _entity(state)
+        try:
+            if etag is None:
+                metadata = self._table.create_entity(entity)
+            else:
+                metadata = self._table.update_entity(
+                    entity,
+                    mode=UpdateMode.REPLACE,
+                    etag=etag,
+                    match_condition=MatchConditions.IfNotModified,
+                )
+        except ResourceExistsError:
+            raise AlreadyExists(f"breaker {state.name} exists") from None
+        except ResourceModifiedError:
+            raise ConcurrencyConflict(f"breaker {state.name} changed since read") from None
+        except ResourceNotFoundError as exc:
+            if etag is None or _table_missing(exc):
+                raise NotFound(f"table {self._table.table_name} does not exist") from None
+            # Deleted since read (an operator reset it): a lost race, re-read and re-apply.
+            raise ConcurrencyConflict(f"breaker {state.name} deleted since read") from None
+        new_etag: str = metadata["etag"]
+        return new_etag
+
+
+def _row_key(name: str) -> str:
+    if not name or any(c in _FORBIDDEN_IN_KEYS or ord(c) < 0x20 for c in name):
+        raise ValueError(f"invalid breaker name {name!r}")
+    return name
+
+
+def _table_missing(exc: ResourceNotFoundError) -> bool:
+    code = getattr(exc, "error_code", None)
+    return code == TableErrorCode.TABLE_NOT_FOUND or "TableNotFound" in str(exc)
+
+
+def _utc(value: Any) -> datetime:
+    if not isinstance(value, datetime):
+        raise TypeError(f"expected a datetime, got {type(value).__name__}")
+    if value.tzinfo is None:
+        raise ValueError("naive datetime read from the store")
+    v = value.astimezone(UTC)  # a plain datetime, not the SDK's TablesEntityDatetime subclass
+    return datetime(v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond, tzinfo=UTC)
+
+
+def _optional_utc(value: Any) -> datetime | None:
+    return None if value is None else _utc(value)
+
+
+def _entity(state: BreakerState) -> dict[str, Any]:
+    entity: dict[str, Any] = {
+        "PartitionKey": BREAKER_PARTITION,
+        "RowKey": _row_key(state.name),
+        "Status": state.status.value,
+        "ConsecutiveFailures": state.consecutive_failures,
+        "OpenedUntil": state.opened_until,
+        "ProbeUntil": state.probe_until,
+        "ProbeOwner": state.probe_owner,
+        "UpdatedAt": state.updated_at,
+    }
+    # REPLACE drops properties that are absent, which is how a field is cleared.
+    return {key: value for key, value in entity.items() if value is not None}
+
+
+def _state_from(entity: Mapping[str, Any]) -> BreakerState:
+    return BreakerState(
+        name=entity["RowKey"],
+        status=BreakerStatus(entity["Status"]),
+        consecutive_failures=int(entity["ConsecutiveFailures"]),
+        opened_until=_optional_utc(entity.get("OpenedUntil")),
+        probe_until=_optional_utc(entity.get("ProbeUntil")),
+        probe_owner=entity.get("ProbeOwner"),
+        updated_at=_utc(entity["UpdatedAt"]),
+    )

@@ -1,0 +1,238 @@
+"""A circuit breaker per remote service whose state every agent instance shares.
+
+The state lives in the state store (one entity per breaker), so an outage seen by some agent
+instances stops all of them from hammering the remote. To keep table traffic off the hot path,
+each process caches what it read for ``cache_ttl`` seconds: a closed breaker costs at most one
+read per ``cache_ttl`` per process, and writes happen only on failures and state changes. Every
+write is conditional on the ETag; a lost race re-reads and re-applies (a bounded number of
+times), which is also how exactly one instance takes the probe of an open breaker.
+
+The breaker is an optimisation, never a dependency: if the store fails, the call goes ahead
+(fail open) and store access pauses for ``cache_ttl`` so a broken table does not slow every
+call.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol, TypeVar
+
+from sas.domain.breaker import (
+    Admission,
+    BreakerPolicy,
+    BreakerState,
+    BreakerStatus,
+    admit,
+    closed_breaker,
+    on_failure,
+    on_success,
+)
+from sas.domain.clock import Clock
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, TransientRemoteError
+from sas.domain.model import Versioned
+
+log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+
+class BreakerStore(Protocol):
+    def get(self, name: str) -> Versioned[BreakerState] | None:
+        """The breaker's state with the ETag guarding the next write; None if never written."""
+        ...
+
+    def put(self, state: BreakerState, etag: str | None) -> str:
+        """Create (``etag`` None; AlreadyExists if it is there) or replace if unchanged since
+        ``etag`` was read (ConcurrencyConflict otherwise). Returns the new ETag."""
+        ...
+
+
+class _Contended(Exception):
+    """Every bounded attempt to write lost a race."""
+
+
+@dataclass(frozen=True)
+class _Cached:
+    versioned: Versioned[BreakerState] | None
+    read_at: datetime
+
+
+class CircuitBreaker:
+    def __init__(
+        self,
+        store: BreakerStore,
+        clock: Clock,
+        name: str,
+        policy: BreakerPolicy | None = None,
+        cache_ttl: float = 1.0,
+        *,
+        instance_id: str | None = None,
+        max_races: int = 3,
+    ) -> None:
+        if cache_ttl < 0:
+            raise ValueError("cache_ttl must not be negative")
+        if max_races < 1:
+            raise ValueError("max_races must be at least 1")
+        self.name = name
+        self.policy = policy or BreakerPolicy()
+        self._store = store
+        self._clock = clock
+        self._ttl = timedelta(seconds=cache_ttl)
+        self._instance = instance_id or uuid.uuid4().hex[:12]
+        self._calls = itertools.count(1)
+        self._max_races = max_races
+        self._lock = threading.Lock()
+        self._cached: _Cached | None = None
+        self._paused_until: datetime | None = None
+
+    # --- the three calls an agent makes ---------------------------------------------------
+
+    def before_call(self) -> None:
+        """Return if a call may go ahead now; raise TransientRemoteError if the circuit is open.
+
+        The error's ``retry_after`` is the number of seconds until the breaker may let a call
+        through again. Taking the probe of an open breaker is a conditional write, so across
+        all instances exactly one caller probes."""
+        if self._paused():
+            return
+        token = f"{self._instance}:{next(self._calls)}"
+        try:
+            admission = self._transact(
+                lambda state, now: _admission_change(
+                    admit(state, self.policy, now=now, caller=token)
+                )
+            )
+        except _Contended:
+            log.warning("sas.breaker_contended", extra={"breaker": self.name, "op": "before_call"})
+            return
+        except Exception as exc:
+            log.warning(
+                "sas.breaker_store_failed",
+                extra={"breaker": self.name, "op": "before_call", "error": type(exc).__name__},
+                exc_info=True,
+            )
+            self._pause()
+            return
+        if admission.allowed:
+            return
+        now = self._clock.now()
+        retry_at = admission.retry_at or now + self.policy.open_for
+        retry_after = max((retry_at - now).total_seconds(), 0.0)
+        log.debug(
+            "sas.breaker_refused",
+            extra={
+                "breaker": self.name,
+                "status": str(admission.state.status),
+                "retry_after": retry_after,
+            },
+        )
+        raise TransientRemoteError(f"{self.name} circuit open", retry_after=retry_after)
+
+    def record_success(self) -> None:
+        """The remote answered (a result or a permanent refusal). Never raises."""
+        self._record("record_success", lambda state, now: (on_success(state, now=now), None))
+
+    def record_failure(self) -> None:
+        """The remote failed transiently. Never raises."""
+        self._record(
+            "record_failure",
+            lambda state, now: (on_failure(state, self.policy, now=now), None),
+        )
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _record(
+        self, op: str, change: Callable[[BreakerState, datetime], tuple[BreakerState, None]]
+    ) -> None:
+        if self._paused():
+            return
+        try:
+            self._transact(change)
+        except _Contended:
+            log.warning("sas.breaker_contended", extra={"breaker": self.name, "op": op})
+        except Exception as exc:
+            log.warning(
+                "sas.breaker_store_failed",
+                extra={"breaker": self.name, "op": op, "error": type(exc).__name__},
+                exc_info=True,
+            )
+            self._pause()
+
+    def _transact(self, change: Callable[[BreakerState, datetime], tuple[BreakerState, R]]) -> R:
+        """Apply ``change`` to the current state and write it if it changed, conditionally.
+
+        Starts from the cached state when fresh; a lost race re-reads from the store."""
+        fresh = False
+        for _ in range(self._max_races):
+            current = self._current(fresh=fresh)
+            now = self._clock.now()
+            state = current.value if current is not None else closed_breaker(self.name, now)
+            new, result = change(state, now)
+            if new == state:
+                return result
+            try:
+                etag = self._store.put(new, None if current is None else current.etag)
+            except (ConcurrencyConflict, AlreadyExists):
+                fresh = True
+                continue
+            self._remember(Versioned(new, etag), now)
+            self._log_change(state, new)
+            return result
+        raise _Contended
+
+    def _current(self, *, fresh: bool) -> Versioned[BreakerState] | None:
+        now = self._clock.now()
+        with self._lock:
+            cached = self._cached
+        if not fresh and cached is not None and now < cached.read_at + self._ttl:
+            return cached.versioned
+        versioned = self._store.get(self.name)
+        self._remember(versioned, now)
+        return versioned
+
+    def _remember(self, versioned: Versioned[BreakerState] | None, at: datetime) -> None:
+        with self._lock:
+            self._cached = _Cached(versioned, at)
+
+    def _paused(self) -> bool:
+        with self._lock:
+            until = self._paused_until
+        return until is not None and self._clock.now() < until
+
+    def _pause(self) -> None:
+        """After a store failure: allow every call without touching the store for a while."""
+        now = self._clock.now()
+        with self._lock:
+            self._paused_until = now + self._ttl
+            self._cached = None
+
+    def _log_change(self, old: BreakerState, new: BreakerState) -> None:
+        if old.status is new.status and old.probe_owner == new.probe_owner:
+            return
+        extra: dict[str, object] = {
+            "breaker": self.name,
+            "from_status": str(old.status),
+            "failures": new.consecutive_failures,
+        }
+        if new.status is BreakerStatus.OPEN:
+            event = (
+                "sas.breaker_opened"
+                if old.status is BreakerStatus.CLOSED
+                else "sas.breaker_reopened"
+            )
+            log.warning(event, extra={**extra, "opened_until": new.opened_until})
+        elif new.status is BreakerStatus.HALF_OPEN:
+            log.info("sas.breaker_probe_taken", extra={**extra, "probe_until": new.probe_until})
+        else:
+            log.info("sas.breaker_closed", extra=extra)
+
+
+def _admission_change(admission: Admission) -> tuple[BreakerState, Admission]:
+    """An admission as a change: its state differs from the one read only for a probe taken."""
+    return admission.state, admission

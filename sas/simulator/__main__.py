@@ -1,0 +1,3 @@
+from sas.simulator.cli import main
+
+main()

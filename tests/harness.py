@@ -1,0 +1,237 @@
+"""A deterministic little world for failure-mode tests: the real Table store on Azurite, a
+fake clock, queues played by hand, and a remote service with an idempotency ledger.
+
+Messages are delivered only when a test says so, so every interleaving the pattern must
+survive (crash here, duplicate there, reply late) can be written down step by step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sas.adapters.tables import TableStateStore
+from sas.domain.errors import NotFound, PermanentRemoteError, TransientRemoteError
+from sas.domain.messages import Message, OrderSubmitted, ScheduleRequest, StepReply, StepRequest
+from sas.domain.model import OrderState
+from sas.domain.transitions import RetryPolicy
+from sas.services.agent import AgentRunner
+from sas.services.operator import Operator
+from sas.services.routes import Routes
+from sas.services.scheduler import Scheduler
+from sas.services.submission import Submission
+from sas.services.supervisor import Supervisor
+from tests.fakes import FakeClock
+
+ROUTES = Routes(
+    "orders",
+    "scheduler",
+    "replies",
+    "alerts",
+    {"inventory": "agent-inventory", "payment": "agent-payment", "shipping": "agent-shipping"},
+)
+
+
+@dataclass
+class Envelope:
+    message: Message
+    message_id: str
+    due: datetime
+
+
+class Bus:
+    """The Transport port over in-memory queues with delayed delivery."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.queues: dict[str, list[Envelope]] = defaultdict(list)
+        self.sent: list[tuple[str, Envelope]] = []
+        self.fail_next_send_to: set[str] = set()
+
+    def send(
+        self,
+        queue: str,
+        message: Message,
+        *,
+        message_id: str,
+        correlation_id: str,
+        delay_seconds: float = 0,
+    ) -> None:
+        if queue in self.fail_next_send_to:
+            self.fail_next_send_to.discard(queue)
+            raise ConnectionError(f"crash before sending to {queue}")
+        envelope = Envelope(
+            message, message_id, self.clock.now() + timedelta(seconds=delay_seconds)
+        )
+        self.queues[queue].append(envelope)
+        self.sent.append((queue, envelope))
+
+    def take(self, queue: str) -> list[Message]:
+        """Remove and return the messages of ``queue`` that are due."""
+        now = self.clock.now()
+        due = [e for e in self.queues[queue] if e.due <= now]
+        self.queues[queue] = [e for e in self.queues[queue] if e.due > now]
+        return [e.message for e in due]
+
+    def all_sent(self, queue: str) -> list[Message]:
+        return [e.message for q, e in self.sent if q == queue]
+
+
+@dataclass
+class LedgerRemote:
+    """A remote provider: effects at most once per key, undo by original key, scripted faults.
+
+    ``script[(agent, action)]`` is consumed call by call: "ok", "slow" (apply, then take
+    ``slow_seconds`` so the deadline passes), or an exception instance to raise.
+    """
+
+    clock: FakeClock
+    script: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
+    slow_seconds: float = 60
+    effects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    calls: list[tuple[str, str, str]] = field(default_factory=list)
+    undo_order: list[tuple[str, str]] = field(default_factory=list)
+
+    def perform(
+        self,
+        agent: str,
+        action: str,
+        *,
+        idempotency_key: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        self.calls.append((agent, action, idempotency_key))
+        behaviour = self.script.get((agent, action), [])
+        outcome = behaviour.pop(0) if behaviour else "ok"
+        if isinstance(outcome, BaseException):
+            raise outcome
+        result = self._apply(agent, action, idempotency_key, payload)
+        if outcome == "slow":
+            self.clock.advance(self.slow_seconds)
+        return result
+
+    def _apply(self, agent: str, action: str, key: str, payload: dict[str, Any]) -> dict[str, Any]:
+        if "original_key" in payload:
+            original = self.effects.get(
+                (agent, payload["original_action"], payload["original_key"])
+            )
+            if original is not None and "undone_by" not in original:
+                original["undone_by"] = key
+                self.undo_order.append((agent, payload["original_action"]))
+            return {"undone": original is not None}
+        effect = self.effects.setdefault(
+            (agent, action, key), {"order_id": payload["order_id"], "effect": len(self.effects) + 1}
+        )
+        return {"effect": effect["effect"]}
+
+    def applied(self, order_id: str) -> dict[tuple[str, str], bool]:
+        """(agent, action) -> undone?, for the order's applied effects."""
+        return {
+            (agent, action): "undone_by" in effect
+            for (agent, action, _), effect in self.effects.items()
+            if effect["order_id"] == order_id
+        }
+
+
+class World:
+    def __init__(self, table: Any, *, max_failures: int = 3) -> None:
+        self.clock = FakeClock()
+        self.bus = Bus(self.clock)
+        self.store = TableStateStore(table)
+        self.remote = LedgerRemote(self.clock)
+        self.policy = RetryPolicy(max_failures=max_failures, base_backoff=timedelta(seconds=2))
+        self.submission = Submission(self.store, self.bus, ROUTES, self.clock)
+        self.scheduler = self.new_scheduler("scheduler-1")
+        self.supervisor = self.new_supervisor("supervisor-1")
+        self.operator = Operator(self.store, self.bus, ROUTES, self.clock)
+        self.agents = {
+            name: AgentRunner(
+                name, self.remote, self.bus, ROUTES, self.clock, sleep=self.clock.sleep
+            )
+            for name in ROUTES.agents
+        }
+
+    def new_scheduler(self, instance_id: str) -> Scheduler:
+        return Scheduler(self.store, self.bus, ROUTES, self.clock, instance_id)
+
+    def new_supervisor(self, instance_id: str, store: Any = None) -> Supervisor:
+        return Supervisor(
+            store or self.store, self.bus, ROUTES, self.clock, instance_id, self.policy
+        )
+
+    # --- driving -------------------------------------------------------------------------
+
+    def submit(self, order: OrderSubmitted) -> None:
+        self.submission.submit(order)
+
+    def deliver(self, queue: str, *, twice: bool = False) -> list[Any]:
+        """Hand every due message of ``queue`` to its consumer (twice: duplicate delivery)."""
+        outcomes = []
+        for message in self.bus.take(queue):
+            for _ in range(2 if twice else 1):
+                outcomes.append(self._consume(queue, message))
+        return outcomes
+
+    def _consume(self, queue: str, message: Message) -> Any:
+        self.clock.advance(0.001)  # time passes between deliveries, as it does
+        if isinstance(message, OrderSubmitted):
+            return self.submission.submit(message)
+        if isinstance(message, ScheduleRequest):
+            return self.scheduler.schedule(message)
+        if isinstance(message, StepReply):
+            return self.scheduler.on_reply(message)
+        if isinstance(message, StepRequest):
+            agent = next(name for name, q in ROUTES.agents.items() if q == queue)
+            return self.agents[agent].handle(message)
+        raise AssertionError(f"nobody consumes {type(message).__name__} on {queue}")
+
+    def drop(self, queue: str) -> list[Message]:
+        """The consumer crashed: the messages are gone (their lease would expire later)."""
+        return self.bus.take(queue)
+
+    def run(self, *, twice: bool = False, rounds: int = 50) -> None:
+        """Deliver everything due, in pipeline order, until nothing is due."""
+        order = ["orders", "scheduler", *ROUTES.agents.values(), "replies"]
+        for _ in range(rounds):
+            delivered = sum(len(self.deliver(q, twice=twice)) for q in order)
+            if not delivered:
+                return
+        raise AssertionError("the world did not settle")
+
+    def tick(self, advance_seconds: float = 0) -> Any:
+        self.clock.advance(advance_seconds)
+        return self.supervisor.sweep()
+
+    def settle_with_supervision(self, *, ticks: int = 20, step_seconds: float = 20) -> None:
+        """Alternate supervisor ticks and deliveries until the order stops moving."""
+        for _ in range(ticks):
+            self.run()
+            self.tick(step_seconds)
+        self.run()
+
+    # --- looking -------------------------------------------------------------------------
+
+    def state(self, order_id: str) -> OrderState:
+        found = self.store.get_state(order_id)
+        assert found is not None
+        return found.value
+
+    def alerts(self) -> list[Message]:
+        return self.bus.all_sent(ROUTES.alerts)
+
+    def history(self, order_id: str) -> list[str]:
+        return [entry.kind for entry in self.store.get_history(order_id)]
+
+
+def transient(reason: str = "HTTP 503") -> TransientRemoteError:
+    return TransientRemoteError(reason)
+
+
+def permanent(reason: str = "HTTP 422 refused") -> PermanentRemoteError:
+    return PermanentRemoteError(reason)
+
+
+__all__ = ["ROUTES", "Bus", "LedgerRemote", "NotFound", "World", "permanent", "transient"]

@@ -1,0 +1,545 @@
+"""The circuit breaker: pure transitions, the shared-state service over a store with ETag
+semantics (cache, races, fail open), and the agent honouring it inside the deadline."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sas.domain.breaker import (
+    BreakerPolicy,
+    BreakerState,
+    BreakerStatus,
+    admit,
+    closed_breaker,
+    on_failure,
+    on_success,
+)
+from sas.domain.errors import (
+    AlreadyExists,
+    ConcurrencyConflict,
+    PermanentRemoteError,
+    TransientRemoteError,
+)
+from sas.domain.messages import StepRequest
+from sas.domain.model import Versioned
+from sas.services.agent import AgentOutcome, AgentRunner
+from sas.services.breaker import CircuitBreaker
+from sas.services.routes import Routes
+from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
+
+pytestmark = pytest.mark.unit
+
+T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+POLICY = BreakerPolicy(
+    failure_threshold=3, open_for=timedelta(seconds=10), probe_lease=timedelta(seconds=4)
+)
+
+
+def seconds(n: float) -> timedelta:
+    return timedelta(seconds=n)
+
+
+# --- a store with Table Storage's ETag semantics ----------------------------------------------
+
+
+class FakeBreakerStore:
+    """Every write gets a new ETag; a stale ETag or a create over an existing row fails."""
+
+    def __init__(self) -> None:
+        self._etags = (f"W/{n}" for n in itertools.count(1))
+        self.rows: dict[str, tuple[BreakerState, str]] = {}
+        self.reads = 0
+        self.writes = 0
+        self.conflicts = 0
+        self.fail: Exception | None = None
+        self.always_conflict = False
+        self.lose_next_reply = False
+        """Apply the next write but report a conflict, as when the SDK retries a write that
+        landed and its retry then fails the If-Match check."""
+
+    def get(self, name: str) -> Versioned[BreakerState] | None:
+        self.reads += 1
+        if self.fail is not None:
+            raise self.fail
+        found = self.rows.get(name)
+        return None if found is None else Versioned(*found)
+
+    def put(self, state: BreakerState, etag: str | None) -> str:
+        if self.fail is not None:
+            raise self.fail
+        found = self.rows.get(state.name)
+        if self.always_conflict or (etag is None and found is not None):
+            self.conflicts += 1
+            raise AlreadyExists(state.name) if etag is None else ConcurrencyConflict(state.name)
+        if etag is not None and (found is None or found[1] != etag):
+            self.conflicts += 1
+            raise ConcurrencyConflict(state.name)
+        new = next(self._etags)
+        self.rows[state.name] = (state, new)
+        self.writes += 1
+        if self.lose_next_reply:
+            self.lose_next_reply = False
+            raise ConcurrencyConflict(state.name)
+        return new
+
+    def state(self, name: str = "payment") -> BreakerState:
+        return self.rows[name][0]
+
+
+def breaker(
+    store: FakeBreakerStore,
+    clock: FakeClock,
+    *,
+    instance: str = "a",
+    policy: BreakerPolicy = POLICY,
+    cache_ttl: float = 1.0,
+) -> CircuitBreaker:
+    return CircuitBreaker(store, clock, "payment", policy, cache_ttl, instance_id=instance)
+
+
+def refusal(b: CircuitBreaker) -> TransientRemoteError:
+    with pytest.raises(TransientRemoteError) as caught:
+        b.before_call()
+    return caught.value
+
+
+def open_breaker(store: FakeBreakerStore, clock: FakeClock) -> CircuitBreaker:
+    b = breaker(store, clock, instance="opener")
+    for _ in range(POLICY.failure_threshold):
+        b.record_failure()
+    assert store.state().status is BreakerStatus.OPEN
+    return b
+
+
+# --- pure transitions -------------------------------------------------------------------------
+
+
+def test_a_closed_breaker_allows_without_any_change():
+    state = closed_breaker("payment", T0)
+    admission = admit(state, POLICY, now=T0, caller="c1")
+    assert admission.allowed and not admission.changed and admission.state is state
+
+
+def test_failures_are_counted_and_the_threshold_opens_it_for_open_for():
+    state = closed_breaker("payment", T0)
+    for n in (1, 2):
+        state = on_failure(state, POLICY, now=T0)
+        assert (state.status, state.consecutive_failures) == (BreakerStatus.CLOSED, n)
+    opened = on_failure(state, POLICY, now=T0 + seconds(1))
+    assert opened.status is BreakerStatus.OPEN
+    assert opened.consecutive_failures == 3
+    assert opened.opened_until == T0 + seconds(11)
+
+
+def test_only_consecutive_failures_count():
+    state = closed_breaker("payment", T0)
+    state = on_failure(on_failure(state, POLICY, now=T0), POLICY, now=T0)
+    state = on_success(state, now=T0)
+    state = on_failure(on_failure(state, POLICY, now=T0), POLICY, now=T0)
+    assert (state.status, state.consecutive_failures) == (BreakerStatus.CLOSED, 2)
+
+
+def test_an_open_breaker_refuses_until_opened_until_then_grants_one_probe_lease():
+    opened = BreakerState("payment", T0, BreakerStatus.OPEN, 3, opened_until=T0 + seconds(10))
+    refused = admit(opened, POLICY, now=T0 + seconds(9.999), caller="c1")
+    assert not refused.allowed and not refused.changed
+    assert refused.retry_at == T0 + seconds(10)
+
+    probe = admit(opened, POLICY, now=T0 + seconds(10), caller="c1")
+    assert probe.allowed and probe.changed and probe.probe
+    assert probe.state.status is BreakerStatus.HALF_OPEN
+    assert probe.state.probe_owner == "c1"
+    assert probe.state.probe_until == T0 + seconds(14)
+
+
+def test_a_live_probe_lease_excludes_everyone_but_its_holder():
+    half = BreakerState(
+        "payment", T0, BreakerStatus.HALF_OPEN, 3, probe_until=T0 + seconds(4), probe_owner="c1"
+    )
+    other = admit(half, POLICY, now=T0 + seconds(1), caller="c2")
+    assert not other.allowed and other.retry_at == T0 + seconds(4)
+    holder = admit(half, POLICY, now=T0 + seconds(1), caller="c1")
+    assert holder.allowed and not holder.changed
+
+
+def test_a_lapsed_probe_lease_is_taken_over():
+    half = BreakerState(
+        "payment", T0, BreakerStatus.HALF_OPEN, 3, probe_until=T0 + seconds(4), probe_owner="c1"
+    )
+    takeover = admit(half, POLICY, now=T0 + seconds(4), caller="c2")
+    assert takeover.allowed and takeover.changed
+    assert takeover.state.probe_owner == "c2"
+    assert takeover.state.probe_until == T0 + seconds(8)
+
+
+def test_a_failed_probe_opens_it_again_and_a_successful_one_closes_it():
+    half = BreakerState(
+        "payment", T0, BreakerStatus.HALF_OPEN, 3, probe_until=T0 + seconds(4), probe_owner="c1"
+    )
+    reopened = on_failure(half, POLICY, now=T0 + seconds(2))
+    assert reopened.status is BreakerStatus.OPEN
+    assert reopened.opened_until == T0 + seconds(12)
+    assert reopened.probe_owner is None and reopened.probe_until is None
+    # a failed probe reopens whatever the count (say the threshold was raised meanwhile)
+    uncounted = BreakerState(
+        "payment", T0, BreakerStatus.HALF_OPEN, 0, probe_until=T0 + seconds(4), probe_owner="c1"
+    )
+    assert on_failure(uncounted, POLICY, now=T0).status is BreakerStatus.OPEN
+
+    closed = on_success(half, now=T0 + seconds(2))
+    assert closed == closed_breaker("payment", T0 + seconds(2))
+
+
+def test_a_late_failure_while_open_changes_nothing_and_a_needless_success_neither():
+    opened = BreakerState("payment", T0, BreakerStatus.OPEN, 3, opened_until=T0 + seconds(10))
+    assert on_failure(opened, POLICY, now=T0 + seconds(1)) is opened
+    healthy = closed_breaker("payment", T0)
+    assert on_success(healthy, now=T0 + seconds(1)) is healthy
+
+
+def test_a_success_while_open_closes_it():
+    opened = BreakerState("payment", T0, BreakerStatus.OPEN, 3, opened_until=T0 + seconds(10))
+    closed = on_success(opened, now=T0 + seconds(1))
+    assert (closed.status, closed.consecutive_failures, closed.opened_until) == (
+        BreakerStatus.CLOSED,
+        0,
+        None,
+    )
+
+
+def test_policy_and_state_reject_nonsense():
+    with pytest.raises(ValueError, match="failure_threshold"):
+        BreakerPolicy(failure_threshold=0)
+    with pytest.raises(ValueError, match="open_for"):
+        BreakerPolicy(open_for=timedelta(0))
+    with pytest.raises(ValueError, match="probe_lease"):
+        BreakerPolicy(probe_lease=timedelta(seconds=-1))
+    with pytest.raises(ValueError, match="timezone-aware"):
+        BreakerState("payment", datetime(2026, 11, 22, 12, 0))
+
+
+# --- the shared-state service -----------------------------------------------------------------
+
+
+def test_failures_recorded_by_one_instance_open_it_for_another():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    a = breaker(store, clock, instance="a")
+    b = breaker(store, clock, instance="b")
+    a.record_failure()
+    b.record_failure()
+    a.record_failure()  # a's cached ETag is stale by now: a lost race, re-read, re-applied
+    assert store.conflicts == 1
+    assert store.state().status is BreakerStatus.OPEN
+    assert store.state().consecutive_failures == 3
+    clock.advance(1)  # past b's cache TTL
+    error = refusal(b)
+    assert error.reason == "payment circuit open"
+    assert error.retry_after == pytest.approx(9.0)
+
+
+def test_concurrent_failure_counts_are_not_lost():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    a = breaker(store, clock, instance="a", policy=BreakerPolicy(failure_threshold=10))
+    b = breaker(store, clock, instance="b", policy=BreakerPolicy(failure_threshold=10))
+    a.before_call()
+    b.before_call()  # both cache "never written"
+    a.record_failure()
+    b.record_failure()  # create collides (AlreadyExists): re-read, count on top
+    a.record_failure()
+    b.record_failure()  # both stale ETags (ConcurrencyConflict): re-read, count on top
+    assert store.conflicts == 3
+    assert store.state().consecutive_failures == 4
+
+
+def test_reads_are_cached_for_the_ttl_and_a_closed_breaker_writes_nothing():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock, cache_ttl=1.0)
+    for _ in range(50):
+        b.before_call()
+        b.record_success()
+        clock.advance(0.01)
+    assert (store.reads, store.writes) == (1, 0)
+    clock.advance(0.5)  # 1.0 s since the read
+    b.before_call()
+    assert store.reads == 2
+
+
+def test_a_cached_view_is_stale_for_at_most_the_ttl():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock, instance="b", cache_ttl=1.0)
+    b.before_call()  # caches "closed"
+    clock.advance(0.5)
+    open_breaker(store, clock)
+    b.before_call()  # still inside the TTL: allowed on the cached view
+    clock.advance(0.5)
+    assert refusal(b).retry_after == pytest.approx(9.5)
+
+
+def test_an_open_breaker_refuses_from_cache_without_table_traffic():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    opener = open_breaker(store, clock)
+    reads = store.reads
+    for _ in range(20):
+        refusal(opener)
+    assert store.reads == reads and store.writes == POLICY.failure_threshold
+
+
+def test_after_the_open_window_exactly_one_instance_probes():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    open_breaker(store, clock)
+    a = breaker(store, clock, instance="a", cache_ttl=60)
+    b = breaker(store, clock, instance="b", cache_ttl=60)
+    refusal(a)
+    refusal(b)  # both now cache the same open state and ETag
+    clock.advance(10)
+    a.before_call()  # takes the probe
+    error = refusal(b)  # its write with the cached ETag loses; the re-read shows a's lease
+    assert error.retry_after == pytest.approx(4.0)
+    assert store.conflicts == 1
+    state = store.state()
+    assert state.status is BreakerStatus.HALF_OPEN
+    assert state.probe_owner is not None and state.probe_owner.startswith("a:")
+
+
+def test_a_successful_probe_closes_it_for_everyone():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    open_breaker(store, clock)
+    a, b = breaker(store, clock, instance="a"), breaker(store, clock, instance="b")
+    clock.advance(10)
+    a.before_call()
+    refusal(b)
+    a.record_success()
+    assert store.state() == closed_breaker("payment", clock.now())
+    clock.advance(1)
+    b.before_call()
+
+
+def test_a_failed_probe_opens_it_again_for_a_full_window():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    open_breaker(store, clock)
+    a, b = breaker(store, clock, instance="a"), breaker(store, clock, instance="b")
+    clock.advance(10)
+    a.before_call()
+    clock.advance(1)
+    a.record_failure()
+    assert store.state().status is BreakerStatus.OPEN
+    assert store.state().opened_until == clock.now() + seconds(10)
+    assert refusal(a).retry_after == pytest.approx(10.0)
+    assert refusal(b).retry_after == pytest.approx(10.0)
+
+
+def test_a_probe_whose_holder_vanished_is_taken_over_after_the_lease():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    open_breaker(store, clock)
+    a, b = breaker(store, clock, instance="a"), breaker(store, clock, instance="b")
+    clock.advance(10)
+    a.before_call()  # ...and a's process dies before recording anything
+    clock.advance(1)
+    refusal(b)
+    clock.advance(3)  # the 4 s lease has lapsed
+    b.before_call()
+    assert store.state().probe_owner.startswith("b:")
+
+
+def test_a_probe_write_that_landed_but_reported_a_conflict_is_still_ours():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    open_breaker(store, clock)
+    a = breaker(store, clock, instance="a")
+    clock.advance(10)
+    store.lose_next_reply = True
+    a.before_call()  # the re-read shows a lease held by this very call: allowed
+    assert store.state().probe_owner.startswith("a:")
+
+
+def test_races_are_retried_a_bounded_number_of_times_then_the_call_is_allowed(caplog):
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    open_breaker(store, clock)
+    clock.advance(10)
+    store.always_conflict = True
+    b = CircuitBreaker(store, clock, "payment", POLICY, instance_id="b", max_races=3)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="sas.services.breaker"):
+        b.before_call()  # taking the probe loses every race
+        b.record_success()  # so does closing it
+    assert store.conflicts == 6
+    assert [r.msg for r in caplog.records] == ["sas.breaker_contended"] * 2
+
+
+def test_a_failing_store_fails_open_and_is_left_alone_for_the_ttl(caplog):
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    open_breaker(store, clock)
+    b = breaker(store, clock, instance="b", cache_ttl=1.0)
+    store.fail = OSError("table unreachable")
+    reads = store.reads
+    with caplog.at_level(logging.WARNING, logger="sas.services.breaker"):
+        b.before_call()  # open in the store, but the store cannot say so: allowed
+        b.record_failure()
+        b.record_success()
+        b.before_call()
+    assert store.reads == reads + 1  # paused after the first failure
+    failed = [r for r in caplog.records if r.msg == "sas.breaker_store_failed"]
+    assert len(failed) == 1
+    assert failed[0].breaker == "payment" and failed[0].error == "OSError"
+    clock.advance(1)
+    store.fail = None
+    refusal(b)  # the store is back and still says open
+
+
+def test_a_failing_store_on_record_never_raises():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock)
+    store.fail = RuntimeError("boom")
+    b.record_failure()
+    clock.advance(2)
+    b.record_success()
+    assert store.rows == {}
+
+
+def test_state_changes_are_logged_with_stable_event_names(caplog):
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    with caplog.at_level(logging.INFO, logger="sas.services.breaker"):
+        a = open_breaker(store, clock)
+        clock.advance(10)
+        a.before_call()
+        a.record_failure()
+        clock.advance(10)
+        a.before_call()
+        a.record_success()
+    events = [r.msg for r in caplog.records]
+    assert events == [
+        "sas.breaker_opened",
+        "sas.breaker_probe_taken",
+        "sas.breaker_reopened",
+        "sas.breaker_probe_taken",
+        "sas.breaker_closed",
+    ]
+    assert caplog.records[0].opened_until == T0 + seconds(10)
+
+
+# --- the agent with a breaker -----------------------------------------------------------------
+
+ROUTES = Routes("orders", "scheduler", "replies", "alerts", {"payment": "agent-payment"})
+
+
+def request(clock: FakeClock, budget_seconds: float) -> StepRequest:
+    return StepRequest(
+        order_id="o1",
+        step="charge",
+        step_index=1,
+        attempt=4,
+        action="charge",
+        complete_by=clock.now() + timedelta(seconds=budget_seconds),
+        idempotency_key="o1:charge",
+        payload={"order_id": "o1"},
+    )
+
+
+@dataclass
+class TimedRemote:
+    """A ScriptedRemote that also notes when each call was made."""
+
+    clock: FakeClock
+    script: list[Any] = field(default_factory=list)
+    at: list[datetime] = field(default_factory=list)
+
+    def perform(
+        self,
+        agent: str,
+        action: str,
+        *,
+        idempotency_key: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        self.at.append(self.clock.now())
+        outcome = self.script.pop(0) if self.script else {"ok": True}
+        if isinstance(outcome, BaseException):
+            raise outcome
+        result: dict[str, Any] = outcome
+        return result
+
+
+def agent(
+    remote: Any, transport: RecordingTransport, clock: FakeClock, b: CircuitBreaker
+) -> AgentRunner:
+    return AgentRunner("payment", remote, transport, ROUTES, clock, sleep=clock.sleep, breaker=b)
+
+
+def test_an_open_breaker_outlasting_the_deadline_means_no_call_and_nothing_sent():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = open_breaker(store, clock)  # open for 10 s
+    remote, transport = ScriptedRemote(), RecordingTransport()
+    req = request(clock, budget_seconds=5)
+    assert agent(remote, transport, clock, b).handle(req) is AgentOutcome.GAVE_UP
+    assert remote.calls == []
+    assert transport.sent == []
+    assert clock.now() < req.complete_by
+
+
+def test_an_open_breaker_within_the_deadline_is_waited_for_then_probed():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = open_breaker(store, clock)
+    reopens = store.state().opened_until
+    remote, transport = TimedRemote(clock, [{"effect_id": "e"}]), RecordingTransport()
+    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
+    assert len(remote.at) == 1 and remote.at[0] >= reopens
+    assert len(transport.sent) == 1
+    assert store.state().status is BreakerStatus.CLOSED
+
+
+def test_remote_outage_opens_the_breaker_and_calls_then_only_probe_once_per_window():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock)
+    remote = TimedRemote(clock, [TransientRemoteError("503")] * 1000)
+    transport = RecordingTransport()
+    assert agent(remote, transport, clock, b).handle(request(clock, 45)) is AgentOutcome.GAVE_UP
+    assert transport.sent == []
+    # three failures open it; after that one probe per 10 s window, each failing again
+    probes = remote.at[POLICY.failure_threshold :]
+    assert 1 <= len(probes) <= 4
+    gaps = [later - earlier for earlier, later in itertools.pairwise(remote.at[2:])]
+    assert all(gap >= seconds(10) for gap in gaps)
+    assert store.state().status is BreakerStatus.OPEN
+
+
+def test_a_permanent_refusal_counts_as_the_service_answering():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock)
+    b.record_failure()
+    b.record_failure()
+    remote = ScriptedRemote([PermanentRemoteError("HTTP 402 card declined")])
+    transport = RecordingTransport()
+    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REFUSED
+    assert store.state().consecutive_failures == 0
+
+
+def test_the_agent_records_transient_failures_and_a_success_resets_them():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock, policy=BreakerPolicy(failure_threshold=10))
+    remote = ScriptedRemote([TransientRemoteError("503")] * 2 + [{"effect_id": "e"}])
+    transport = RecordingTransport()
+    seen: list[int] = []
+    original = store.put
+
+    def spy(state: BreakerState, etag: str | None) -> str:
+        seen.append(state.consecutive_failures)
+        return original(state, etag)
+
+    store.put = spy
+    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
+    assert seen == [1, 2, 0]
+
+
+def test_a_broken_breaker_store_never_fails_the_step():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock)
+    store.fail = OSError("table unreachable")
+    remote, transport = ScriptedRemote([{"effect_id": "e"}]), RecordingTransport()
+    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
+    assert len(remote.calls) == 1 and len(transport.sent) == 1
