@@ -34,11 +34,18 @@ def app_env(connection_string: str, simulator_url: str) -> dict[str, str]:
     }
 
 
+AGENT_FUNCTIONS = tuple(f"agent_{agent}" for agent in AGENTS)
+CORE_FUNCTIONS = ("submit", "schedule", "on_reply", "supervise", "http_app_func")
+
+
 @dataclass
 class LocalStack:
     azurite: Azurite
     simulator: ManagedProcess
     devhost: DevHost
+    """Runs every function, or all but the agents when ``agents`` is set."""
+    agents: DevHost | None
+    """The agents in a dev host of their own (so a test or the demo can crash one)."""
     env: dict[str, str]
     settings: settings_module.Settings
     simulator_url: str
@@ -52,6 +59,7 @@ class LocalStack:
         log_dir: Path | None = None,
         extra_queues: tuple[str, ...] = (),
         env_overrides: Mapping[str, str] | None = None,
+        agents_apart: bool = False,
     ) -> LocalStack:
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
@@ -61,6 +69,7 @@ class LocalStack:
         no_local_settings.write_text('{"IsEncrypted": false, "Values": {}}')
         azurite = Azurite.start()
         simulator: ManagedProcess | None = None
+        hosts: list[DevHost] = []
         try:
             port = free_port()
             simulator = start_process(
@@ -72,27 +81,38 @@ class LocalStack:
             env = {**app_env(azurite.connection_string, simulator_url), **(env_overrides or {})}
             settings = settings_module.load(env)
             provision(settings, extra_queues)
-            devhost = start_devhost(
-                REPO_ROOT / "function_app.py",
-                env=env,
-                workers=workers,
-                http_port=free_port(),
-                settings=no_local_settings,
-                log_dir=logs / "devhost",
-                cwd=REPO_ROOT,
-                timeout=60,
-            )
+            groups = [(CORE_FUNCTIONS, workers, "devhost"), (AGENT_FUNCTIONS, 1, "agents")]
+            for functions, count, name in groups if agents_apart else [((), workers, "devhost")]:
+                hosts.append(
+                    start_devhost(
+                        REPO_ROOT / "function_app.py",
+                        env=env,
+                        workers=count,
+                        http_port=0 if name == "agents" else free_port(),
+                        functions=functions or None,
+                        timers=name != "agents",
+                        settings=no_local_settings,
+                        log_dir=logs / name,
+                        cwd=REPO_ROOT,
+                        timeout=60,
+                    )
+                )
         except BaseException:
+            for host in hosts:
+                host.stop()
             if simulator is not None:
                 simulator.stop()
             azurite.stop()
             raise
-        api_url = devhost.http_url or ""
-        return cls(azurite, simulator, devhost, env, settings, simulator_url, api_url)
+        api_url = hosts[0].http_url or ""
+        agents = hosts[1] if agents_apart else None
+        return cls(azurite, simulator, hosts[0], agents, env, settings, simulator_url, api_url)
 
     def stop(self) -> None:
         try:
-            self.devhost.stop()
+            for host in (self.devhost, self.agents):
+                if host is not None:
+                    host.stop()
         finally:
             try:
                 self.simulator.stop()
