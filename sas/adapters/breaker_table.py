@@ -9,13 +9,13 @@ the SDK sends ``If-Match: *`` and the last writer wins. Times are tz-aware UTC.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableClient, TableErrorCode, UpdateMode
 
+from sas.adapters.tables import optional_utc, utc
 from sas.domain.breaker import BreakerState, BreakerStatus
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.model import Versioned
@@ -76,19 +76,6 @@ def _table_missing(exc: ResourceNotFoundError) -> bool:
     return code == TableErrorCode.TABLE_NOT_FOUND or "TableNotFound" in str(exc)
 
 
-def _utc(value: Any) -> datetime:
-    if not isinstance(value, datetime):
-        raise TypeError(f"expected a datetime, got {type(value).__name__}")
-    if value.tzinfo is None:
-        raise ValueError("naive datetime read from the store")
-    v = value.astimezone(UTC)  # a plain datetime, not the SDK's TablesEntityDatetime subclass
-    return datetime(v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond, tzinfo=UTC)
-
-
-def _optional_utc(value: Any) -> datetime | None:
-    return None if value is None else _utc(value)
-
-
 def _entity(state: BreakerState) -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": BREAKER_PARTITION,
@@ -109,8 +96,8 @@ def _state_from(entity: Mapping[str, Any]) -> BreakerState:
         name=entity["RowKey"],
         status=BreakerStatus(entity["Status"]),
         consecutive_failures=int(entity["ConsecutiveFailures"]),
-        opened_until=_optional_utc(entity.get("OpenedUntil")),
-        probe_until=_optional_utc(entity.get("ProbeUntil")),
+        opened_until=optional_utc(entity.get("OpenedUntil")),
+        probe_until=optional_utc(entity.get("ProbeUntil")),
         probe_owner=entity.get("ProbeOwner"),
-        updated_at=_utc(entity["UpdatedAt"]),
+        updated_at=utc(entity["UpdatedAt"]),
     )

@@ -148,7 +148,7 @@ class TableStateStore:
             "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}
         )
         return [
-            LiveMarker(e["RowKey"], _utc(e["TouchedAt"]), str(e.metadata["etag"])) for e in entities
+            LiveMarker(e["RowKey"], utc(e["TouchedAt"]), str(e.metadata["etag"])) for e in entities
         ]
 
     def drop_live(self, marker: LiveMarker) -> bool:
@@ -238,7 +238,7 @@ class TableStateStore:
                     "id": entity["RowKey"],
                     "queue": entity["Queue"],
                     "reason": entity["Reason"],
-                    "at": _utc(entity["At"]),
+                    "at": utc(entity["At"]),
                     "body": b"".join(bytes(entity[key]) for key in chunks),
                     "body_truncated": entity["BodyTruncated"],
                 }
@@ -262,7 +262,8 @@ def _without_none(entity: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in entity.items() if value is not None}
 
 
-def _utc(value: Any) -> datetime:
+def utc(value: Any) -> datetime:
+    """A datetime read from Table Storage as a plain, tz-aware UTC datetime."""
     if not isinstance(value, datetime):
         raise TypeError(f"expected a datetime, got {type(value).__name__}")
     if value.tzinfo is None:
@@ -271,8 +272,8 @@ def _utc(value: Any) -> datetime:
     return datetime(v.year, v.month, v.day, v.hour, v.minute, v.second, v.microsecond, tzinfo=UTC)
 
 
-def _optional_utc(value: Any) -> datetime | None:
-    return None if value is None else _utc(value)
+def optional_utc(value: Any) -> datetime | None:
+    return None if value is None else utc(value)
 
 
 def _order_entity(order: OrderRecord) -> dict[str, Any]:
@@ -295,7 +296,7 @@ def _order_from(entity: Mapping[str, Any]) -> OrderRecord:
         workflow=entity["Workflow"],
         details=json.loads(entity["Details"]),
         fingerprint=entity["Fingerprint"],
-        submitted_at=_utc(entity["SubmittedAt"]),
+        submitted_at=utc(entity["SubmittedAt"]),
         reply_to=entity.get("ReplyTo"),
     )
 
@@ -330,17 +331,17 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         workflow=entity["Workflow"],
         process_state=ProcessState(entity["ProcessState"]),
         locked_by=entity.get("LockedBy"),
-        complete_by=_optional_utc(entity.get("CompleteBy")),
+        complete_by=optional_utc(entity.get("CompleteBy")),
         failure_count=int(entity["FailureCount"]),
         attempt=int(entity["Attempt"]),
         step_index=int(entity["StepIndex"]),
         mode="undo" if entity.get("Mode") == "undo" else "do",
-        not_before=_optional_utc(entity.get("NotBefore")),
+        not_before=optional_utc(entity.get("NotBefore")),
         alert_pending=bool(entity.get("AlertPending", False)),
         reply_to=entity.get("ReplyTo"),
-        submitted_at=_utc(entity["SubmittedAt"]),
-        updated_at=_utc(entity["UpdatedAt"]),
-        finished_at=_optional_utc(entity.get("FinishedAt")),
+        submitted_at=utc(entity["SubmittedAt"]),
+        updated_at=utc(entity["UpdatedAt"]),
+        finished_at=optional_utc(entity.get("FinishedAt")),
         last_error=entity.get("LastError"),
     )
 
@@ -363,7 +364,7 @@ def _step_from(entity: Mapping[str, Any]) -> StepRecord:
         index=int(entity["Index"]),
         name=entity["Name"],
         attempt=int(entity["Attempt"]),
-        completed_at=_utc(entity["CompletedAt"]),
+        completed_at=utc(entity["CompletedAt"]),
         result=json.loads(entity["Result"]),
     )
 
@@ -390,7 +391,7 @@ def _history_entity(entry: HistoryEntry) -> dict[str, Any]:
 def _history_from(entity: Mapping[str, Any]) -> HistoryEntry:
     return HistoryEntry(
         order_id=entity["PartitionKey"],
-        at=_utc(entity["At"]),
+        at=utc(entity["At"]),
         kind=entity["Kind"],
         attempt=int(entity["Attempt"]),
         step=entity.get("Step"),

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,11 +19,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from sas.devtools.processes import REPO_ROOT, ManagedProcess, start_process
+
 log = logging.getLogger(__name__)
 
 ACCOUNT = "devstoreaccount1"
 DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -62,7 +61,7 @@ class Azurite:
     queue_port: int
     table_port: int
     location: Path
-    process: subprocess.Popen[bytes]
+    process: ManagedProcess
     _owns_location: bool = field(default=False, repr=False)
 
     @property
@@ -89,43 +88,19 @@ class Azurite:
             "--queueHost", "127.0.0.1", "--queuePort", str(ports[1]),
             "--tableHost", "127.0.0.1", "--tablePort", str(ports[2]),
         ]  # fmt: skip
-        logfile = (location / "azurite.out").open("wb")
-        process = subprocess.Popen(
-            args, stdout=logfile, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        process = start_process(args, log_dir=location / "logs")
         azurite = cls(*ports, location=location, process=process, _owns_location=owns)
         try:
-            azurite._wait_ready(timeout)
+            for port in ports:
+                process.wait_for_port(port, timeout=timeout)
         except BaseException:
             azurite.stop()
             raise
         log.info("sas.azurite_started", extra={"ports": ports, "location": str(location)})
         return azurite
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        pending = {self.blob_port, self.queue_port, self.table_port}
-        while pending:
-            if self.process.poll() is not None:
-                output = (self.location / "azurite.out").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"azurite exited with {self.process.returncode}: {output}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"azurite not listening on {sorted(pending)} after {timeout}s")
-            for port in list(pending):
-                with socket.socket() as sock:
-                    sock.settimeout(0.2)
-                    if sock.connect_ex(("127.0.0.1", port)) == 0:
-                        pending.discard(port)
-            time.sleep(0.05)
-
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        self.process.stop(grace=10)
         if self._owns_location:
             shutil.rmtree(self.location, ignore_errors=True)
 

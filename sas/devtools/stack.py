@@ -13,8 +13,8 @@ from pathlib import Path
 from types import TracebackType
 
 from sas import settings as settings_module
-from sas.devtools.azurite import REPO_ROOT, Azurite, free_port
-from sas.devtools.processes import DevHost, ManagedProcess, start_devhost, start_process
+from sas.devtools.azurite import Azurite, free_port
+from sas.devtools.processes import REPO_ROOT, DevHost, ManagedProcess, start_devhost, start_process
 from sas.devtools.provision import provision
 from sas.domain.workflow import AGENTS
 
