@@ -14,7 +14,7 @@ from fastapi import FastAPI, HTTPException, Path, Query, status
 from pydantic import BaseModel, Field
 
 from sas import bootstrap
-from sas.domain.errors import IllegalTransition, NotFound
+from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.workflow import workflow_named
@@ -133,7 +133,7 @@ def resubmit_order(order_id: OrderIdPath, request: ResubmitRequest | None = None
         return StateView.of(bootstrap.operator().resubmit(order_id, actor=actor))
     except NotFound as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    except IllegalTransition as exc:
+    except (IllegalTransition, ConcurrencyConflict) as exc:
         raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
 
 

@@ -17,6 +17,7 @@ from sas.domain.errors import NotFound, PermanentRemoteError, TransientRemoteErr
 from sas.domain.messages import Message, OrderSubmitted, ScheduleRequest, StepReply, StepRequest
 from sas.domain.model import OrderState
 from sas.domain.transitions import RetryPolicy
+from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.agent import AgentRunner
 from sas.services.operator import Operator
 from sas.services.routes import Routes
@@ -24,6 +25,9 @@ from sas.services.scheduler import Scheduler
 from sas.services.submission import Submission
 from sas.services.supervisor import Supervisor
 from tests.fakes import FakeClock
+
+BUDGET = ORDER_WORKFLOW.steps[0].budget.total_seconds()
+"""A step's complete-by budget in the order workflow, in seconds."""
 
 ROUTES = Routes(
     "orders",

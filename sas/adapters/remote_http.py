@@ -7,6 +7,7 @@ duplicate deliveries safe at the provider.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +16,8 @@ import httpx
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
+MAX_RETRY_AFTER = 3600.0
+"""A provider's hint beyond an hour is no hint for a step with a deadline."""
 
 
 class HttpRemoteService:
@@ -69,9 +72,12 @@ def _retry_after(response: httpx.Response) -> float | None:
     if value is None:
         return None
     try:
-        return max(float(value), 0.0)
+        seconds = float(value)
     except ValueError:
+        return None  # an HTTP date, or garbage: fall back to our own backoff
+    if not math.isfinite(seconds):
         return None
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
 
 
 def _detail(response: httpx.Response) -> str:

@@ -1,9 +1,9 @@
 """The state store on Azure Table Storage (azure-data-tables).
 
 One table; PartitionKey = OrderID so the order and its state are inserted in one entity-group
-transaction. Every update is a single-entity write conditional on the ETag
-(``MatchConditions.IfNotModified``): the SDK's default is last-writer-wins, and Azurite may
-ignore If-Match inside a batch, so batches are used only for inserts.
+transaction. Every update is conditional on the ETag (``MatchConditions.IfNotModified``): the
+SDK's default is last-writer-wins. A transition and its history row share one batch; some
+Azurite versions ignored If-Match inside batches, so a test pins that the pinned one honours it.
 """
 
 from __future__ import annotations

@@ -30,8 +30,9 @@ class BreakerPolicy:
     """Consecutive transient failures (across all instances) that open the breaker."""
     open_for: timedelta = timedelta(seconds=10)
     """How long an open breaker refuses every call before a probe may be taken."""
-    probe_lease: timedelta = timedelta(seconds=5)
-    """How long a taken probe excludes other probers; after it, the probe may be taken over."""
+    probe_lease: timedelta = timedelta(seconds=12)
+    """How long a taken probe excludes other probers; after it, the probe may be taken over.
+    Longer than one remote call may take (the agent's 10 s cap), so probes never overlap."""
 
     def __post_init__(self) -> None:
         if self.failure_threshold < 1:

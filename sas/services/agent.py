@@ -11,6 +11,7 @@ the same backoff waits for it and the same deadline check gives up in time.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -103,7 +104,7 @@ class AgentRunner:
             attempt=request.attempt,
             mode=request.mode,
             outcome="ok" if error is None else "error",
-            result=result or {},
+            result=_bounded_result(result or {}, extra),
             error=None if error is None else error[:1000],
         )
         self._transport.send(
@@ -178,5 +179,19 @@ class AgentRunner:
         return result
 
 
+MAX_RESULT_BYTES = 8 * 1024
+"""What a step keeps of the remote's answer (for its undo): small, to fit a message and a
+Table property with room to spare."""
+
+
+def _bounded_result(result: dict[str, Any], extra: dict[str, object]) -> dict[str, Any]:
+    size = len(json.dumps(result, separators=(",", ":"), default=str))
+    if size <= MAX_RESULT_BYTES:
+        return result
+    log.warning("sas.remote_result_truncated", extra={**extra, "bytes": size})
+    return {"truncated": True, "bytes": size}
+
+
 def _would_pass(now: datetime, sleep_seconds: float, deadline: datetime) -> bool:
-    return now + timedelta(seconds=sleep_seconds) >= deadline
+    # In seconds, not datetimes: an absurd wait must stop the retries, not overflow.
+    return sleep_seconds >= (deadline - now).total_seconds()

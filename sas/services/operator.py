@@ -70,6 +70,9 @@ class Operator:
             detail=f"previous error: {current.value.last_error or '-'}",
         )
         self._store.update_state(again, current.etag, entry)
+        # Again after the write: a sweep that listed the first touch and saw Error may have
+        # dropped the marker in between; this re-creates it (or makes that drop fail).
+        self._store.touch_live(order_id, now)
         log.warning("sas.order_resubmitted", extra={"order_id": order_id, "actor": actor[:100]})
         self._then.request_schedule(again)
         self._then.notify.status(again.reply_to, order_id, "resubmitted", now)

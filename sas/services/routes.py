@@ -54,12 +54,20 @@ class Notifier:
             self._transport.send(
                 reply_to,
                 event,
-                message_id=f"{order_id}:status:{status}:{step or '-'}",
+                message_id=f"{order_id}:status:{status}:{step or '-'}:{at.timestamp():.6f}",
                 correlation_id=order_id,
             )
         except NotFound:
             log.warning(
                 "sas.status_queue_missing",
+                extra={"order_id": order_id, "queue": reply_to, "status": status},
+            )
+        except (
+            Exception
+        ):  # the submitter's queue is full, disabled, or flaky: not our order's fault
+            log.warning(
+                "sas.status_send_failed",
+                exc_info=True,
                 extra={"order_id": order_id, "queue": reply_to, "status": status},
             )
 

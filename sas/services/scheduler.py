@@ -70,9 +70,13 @@ class Scheduler:
                 current.value, instance_id=self._instance_id, now=now, workflow=workflow
             )
         except NotYet:
-            # An early duplicate during a retry backoff; the delayed request is on its way
-            # and the pickup deadline covers its loss.
+            # Early: a duplicate, or this instance's clock runs behind the Supervisor's. Ask
+            # again when the backoff ends rather than consume the only wake-up there is.
             log.info("sas.schedule_backing_off", extra=extra)
+            wait = current.value.not_before - now if current.value.not_before else None
+            self._then.request_schedule(
+                current.value, delay_seconds=(wait.total_seconds() if wait else 0) + 0.5
+            )
             return ScheduleOutcome.NOT_YET
         except IllegalTransition:
             log.info("sas.schedule_not_pending", extra=extra)
@@ -164,7 +168,7 @@ class Scheduler:
         )
         etag = self._store.update_state(next_state, current.etag, history)
         log.info("sas.step_%s", kind[reply.outcome], extra=extra)
-        if reply.outcome == "ok":
+        if reply.outcome == "ok":  # best effort: Notifier.status never raises
             status: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
             self._then.notify.status(state.reply_to, reply.order_id, status, now, step=reply.step)
         return self._continue(next_state, etag, workflow)
@@ -179,6 +183,7 @@ class Scheduler:
             return ReplyOutcome.FINISHED
         if state.process_state is ProcessState.PENDING:  # compensation queued
             log.warning("sas.compensation_started", extra={"order_id": state.order_id})
+            self._then.request_schedule(state)
             self._then.notify.status(
                 state.reply_to,
                 state.order_id,
@@ -186,7 +191,6 @@ class Scheduler:
                 state.updated_at,
                 detail=state.last_error,
             )
-            self._then.request_schedule(state)
             return ReplyOutcome.COMPENSATING
         self._dispatch(state, workflow)
         return ReplyOutcome.ADVANCED

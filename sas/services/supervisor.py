@@ -48,7 +48,11 @@ class Supervisor:
         """One pass over the in-flight index; returns what it did, by outcome."""
         report: Counter[str] = Counter()
         for marker in self._store.list_live():
-            report[self._examine(marker)] += 1
+            try:
+                report[self._examine(marker)] += 1
+            except Exception:  # one broken order must not hide every order after it
+                log.exception("sas.supervisor_examine_failed", extra={"order_id": marker.order_id})
+                report["failed"] += 1
         if report.total() - report["healthy"]:
             log.info("sas.supervisor_sweep", extra={"report": dict(report)})
         return report

@@ -6,43 +6,18 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import timedelta
 
 import pytest
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.messages import StepReply, StepRequest
 from sas.domain.model import ProcessState
-from sas.domain.workflow import WORKFLOWS, StepDefinition, Workflow
 from sas.services.agent import AgentOutcome
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
-from tests.harness import World, permanent, transient
+from tests.harness import BUDGET, World, permanent, transient
 from tests.unit.test_services import submitted
 
 pytestmark = pytest.mark.integration
-
-BUDGET = 15  # seconds: each step's complete-by budget in the order workflow
-
-
-@pytest.fixture
-def world(table) -> World:
-    return World(table)
-
-
-@pytest.fixture
-def strict(monkeypatch) -> str:
-    """A workflow that stops in Error for an operator instead of compensating."""
-    workflow = Workflow(
-        "strict",
-        (
-            StepDefinition("reserve", "inventory", "reserve", timedelta(seconds=BUDGET), "release"),
-            StepDefinition("charge", "payment", "charge", timedelta(seconds=BUDGET), "refund"),
-        ),
-        pickup_budget=timedelta(seconds=60),
-        on_failure="error",
-    )
-    monkeypatch.setitem(WORKFLOWS, workflow.name, workflow)
-    return workflow.name
 
 
 def order(world: World, order_id: str = "o1", workflow: str = "order") -> str:

@@ -14,13 +14,13 @@ from sas.api import api
 from sas.cli import run
 from sas.domain.model import ProcessState
 from tests.harness import World, permanent
-from tests.integration.test_failure_modes import order, strict  # noqa: F401 - fixture
+from tests.integration.test_failure_modes import order
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-def failed_order(app_env, table, strict) -> str:  # noqa: F811 - fixture
+def failed_order(app_env, table, strict) -> str:
     world = World(table)
     world.clock.current = datetime.now(UTC) - timedelta(minutes=5)  # before the API's real clock
     world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]

@@ -100,3 +100,19 @@ def test_a_call_that_returns_after_complete_by_sends_nothing():
     remote = ScriptedRemote([{"effect_id": "e"}], clock=clock, call_seconds=40)
     assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.LATE
     assert transport.sent == []
+
+
+@pytest.mark.parametrize("hint", [float("inf"), 1e12])
+def test_an_absurd_retry_after_gives_up_cleanly_instead_of_crashing(hint):
+    clock, transport = FakeClock(), RecordingTransport()
+    remote = ScriptedRemote([TransientRemoteError("429", retry_after=hint)] * 5)
+    assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.GAVE_UP
+    assert transport.sent == []
+
+
+def test_a_huge_remote_result_is_truncated_before_it_travels():
+    clock, transport = FakeClock(), RecordingTransport()
+    remote = ScriptedRemote([{"blob": "x" * 100_000}])
+    assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.REPLIED
+    (sent,) = transport.sent
+    assert sent.message.result == {"truncated": True, "bytes": 100_011}

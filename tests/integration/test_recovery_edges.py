@@ -1,0 +1,175 @@
+"""Edges found in review: interleavings and failures around recovery, each pinned by a test."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sas.adapters.tables import TableStateStore
+from sas.domain.errors import ConcurrencyConflict
+from sas.domain.messages import ScheduleRequest, StepRequest
+from sas.domain.model import ProcessState
+from sas.domain.transitions import initial_state
+from sas.domain.workflow import ORDER_WORKFLOW
+from sas.services.scheduler import ScheduleOutcome
+from tests.harness import BUDGET, World, permanent
+from tests.integration.test_failure_modes import order
+
+pytestmark = pytest.mark.integration
+
+
+class SweepDuringResubmit(TableStateStore):
+    """Runs a Supervisor sweep between the operator's first index touch and its state write."""
+
+    def __init__(self, table, world: World) -> None:
+        super().__init__(table)
+        self.world = world
+        self.armed = False
+
+    def update_state(self, state, etag, history=None):
+        if self.armed and history is not None and history.kind == "resubmitted":
+            self.armed = False
+            assert self.world.supervisor.sweep()["unindexed"] == 1  # saw Error, dropped marker
+        return super().update_state(state, etag, history)
+
+
+def test_a_sweep_between_resubmit_steps_cannot_unindex_the_live_order(table, strict):
+    world = World(table)
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 declined")]
+    oid = order(world, workflow=strict)
+    world.run()
+    assert world.state(oid).process_state is ProcessState.ERROR
+    world.tick(1)  # alert settled; marker dropped
+    racing = SweepDuringResubmit(table, world)
+    world.operator._store = racing
+    world.operator._then._store = racing
+    racing.armed = True
+    world.operator.resubmit(oid, actor="alice")
+    assert [m.order_id for m in world.store.list_live()] == [oid]
+    world.deliver("scheduler"), world.deliver("agent-inventory"), world.deliver("replies")
+    world.drop("agent-payment")  # and then the agent dies: only the index can save it
+    world.settle_with_supervision()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+
+
+def test_a_broken_status_queue_never_holds_up_the_order(world_with_broken_status):
+    world, oid = world_with_broken_status
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+
+
+@pytest.fixture
+def world_with_broken_status(table):
+    world = World(table)
+    original = world.bus.send
+
+    def send(queue, message, **kwargs):
+        if queue == "status-q":
+            raise RuntimeError("QuotaExceeded: the submitter's queue is full")
+        return original(queue, message, **kwargs)
+
+    world.bus.send = send
+    return world, order(world)
+
+
+def test_one_broken_order_does_not_stop_the_sweep(world, table):
+    broken = initial_state("a-broken", ORDER_WORKFLOW, reply_to=None, now=world.clock.now())
+    table.create_entity(
+        {"PartitionKey": "a-broken", "RowKey": "state", "Workflow": "renamed-by-a-deploy",
+         "ProcessState": "Processing", "FailureCount": 0, "Attempt": 1, "StepIndex": 0,
+         "SubmittedAt": broken.submitted_at, "UpdatedAt": broken.updated_at,
+         "CompleteBy": world.clock.now()}
+    )  # fmt: skip
+    world.store.touch_live("a-broken", world.clock.now())
+    oid = order(world, "b-healthy")  # listed after the broken one
+    world.drop("scheduler")
+    report = world.tick(61)
+    assert report["failed"] == 1
+    assert world.state(oid).failure_count == 1  # still examined and recovered
+
+
+def test_an_early_schedule_request_keeps_the_wake_up_alive(world):
+    oid = order(world)
+    world.deliver("orders"), world.deliver("scheduler")
+    world.drop("agent-inventory")
+    world.tick(BUDGET + 1)
+    world.bus.queues["scheduler"].clear()  # lose the supervisor's delayed request
+    behind = world.new_scheduler("slow-clock")
+    assert behind.schedule(ScheduleRequest(order_id=oid)) is ScheduleOutcome.NOT_YET
+    (again,) = world.bus.queues["scheduler"]
+    assert again.due >= world.state(oid).not_before
+    world.clock.advance(3)
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+
+
+def test_an_alert_lost_in_a_crash_is_sent_by_the_next_sweep_once(table, strict):
+    world = World(table)
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 declined")]
+    oid = order(world, workflow=strict)
+    world.bus.fail_next_send_to.add("alerts")
+    with pytest.raises(ConnectionError):
+        world.run()  # Error written, then the process died before the alert went out
+    assert world.state(oid).alert_pending is True
+    assert world.alerts() == []
+    world.tick(1)
+    world.tick(1)
+    assert len(world.alerts()) == 1
+    assert world.state(oid).alert_pending is False
+    sent = [e for q, e in world.bus.sent if q == "alerts"]
+    assert sent[0].message_id.startswith(f"{oid}:alert:")
+
+
+def test_an_index_marker_without_an_order_waits_out_its_grace_then_goes(world):
+    world.store.touch_live("being-submitted", world.clock.now())  # insert not done yet
+    assert world.tick(60)["orphan_waiting"] == 1
+    assert [m.order_id for m in world.store.list_live()] == ["being-submitted"]
+    assert world.tick(300)["orphan_dropped"] == 1
+    assert world.store.list_live() == []
+
+
+def test_an_undo_request_carries_what_the_step_recorded(world):
+    world.remote.script[("shipping", "ship")] = [permanent()]
+    oid = order(world)
+    world.run()
+    undos = [m for m in world.bus.all_sent("agent-payment") if m.mode == "undo"]
+    (refund,) = undos
+    assert refund.action == "refund" and refund.idempotency_key == f"{oid}:charge:undo"
+    assert refund.payload["original_key"] == f"{oid}:charge"
+    assert refund.payload["original_action"] == "charge"
+    assert refund.payload["original_result"] == {"effect": 2}  # what the charge answered
+
+
+def test_every_retry_asks_with_a_new_message_id(world):
+    oid = order(world)
+    world.deliver("orders"), world.deliver("scheduler")
+    for _ in range(2):
+        world.drop("agent-inventory")
+        world.tick(BUDGET + 1)
+        world.clock.advance(10)
+        world.deliver("scheduler")
+    ids = [e.message_id for q, e in world.bus.sent if q == "scheduler"]
+    assert len(ids) == 3 and len(set(ids)) == 3  # duplicate detection must not eat a retry
+    assert world.state(oid).failure_count == 2
+
+
+def test_two_operators_resubmitting_at_once_get_one_success_and_a_conflict(app_env, monkeypatch):
+    from sas import bootstrap
+    from sas.api import api
+
+    def conflict(order_id, *, actor):
+        raise ConcurrencyConflict("state changed since read")
+
+    monkeypatch.setattr(bootstrap.operator(), "resubmit", conflict)
+    assert TestClient(api).post("/api/orders/o1/resubmit").status_code == 409
+
+
+def test_steps_that_ran_are_recorded_before_the_order_moves_on(world):
+    oid = order(world)
+    world.run()
+    steps = world.store.get_steps(oid)
+    assert [(s.index, s.attempt) for s in steps] == [(0, 1), (1, 2), (2, 3)]
+    assert all(isinstance(m, StepRequest) for m in world.bus.all_sent("agent-inventory"))
+    assert timedelta(0) <= steps[-1].completed_at - steps[0].completed_at

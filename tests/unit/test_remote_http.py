@@ -1,0 +1,52 @@
+import httpx
+import pytest
+
+from sas.adapters.remote_http import MAX_RETRY_AFTER, HttpRemoteService
+from sas.domain.errors import PermanentRemoteError, TransientRemoteError
+
+pytestmark = pytest.mark.unit
+
+
+def remote(status: int, headers: dict[str, str] | None = None, body: object = None):
+    def handler(request: httpx.Request) -> httpx.Response:
+        assert request.headers["Idempotency-Key"] == "o1:charge"
+        return httpx.Response(status, headers=headers, json=body if body is not None else {})
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    return HttpRemoteService({"payment": "http://remote/payment"}, client)
+
+
+def call(service: HttpRemoteService):
+    return service.perform("payment", "charge", idempotency_key="o1:charge", payload={}, timeout=1)
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("3", 3.0), ("-5", 0.0), ("inf", None), ("nan", None), ("1e12", MAX_RETRY_AFTER),
+     ("Wed, 21 Oct 2026 07:28:00 GMT", None)],
+)  # fmt: skip
+def test_retry_after_is_finite_and_bounded(value, expected):
+    with pytest.raises(TransientRemoteError) as raised:
+        call(remote(429, {"Retry-After": value}))
+    assert raised.value.retry_after == expected
+
+
+@pytest.mark.parametrize("status", [408, 425, 429, 500, 503])
+def test_transient_statuses(status):
+    with pytest.raises(TransientRemoteError):
+        call(remote(status))
+
+
+@pytest.mark.parametrize("status", [400, 402, 404, 409, 422])
+def test_business_refusals_are_permanent(status):
+    with pytest.raises(PermanentRemoteError):
+        call(remote(status, body={"detail": "card declined"}))
+
+
+def test_a_reply_that_is_not_an_object_is_transient():
+    with pytest.raises(TransientRemoteError):
+        call(remote(200, body=[1, 2]))
+
+
+def test_success_returns_the_body():
+    assert call(remote(200, body={"effect_id": "e1"})) == {"effect_id": "e1"}
