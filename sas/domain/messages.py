@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -177,7 +176,3 @@ def decode(model: type[M], body: bytes | str) -> M:
             for err in exc.errors(include_input=False, include_url=False)[:5]
         )
         raise InvalidMessage(f"invalid {model.__name__}: {problems}"[:1000]) from None
-
-
-def utc_iso(value: datetime) -> str:
-    return value.isoformat()

@@ -29,8 +29,6 @@ class Submission:
         self, store: StateStore, transport: Transport, routes: Routes, clock: Clock
     ) -> None:
         self._store = store
-        self._transport = transport
-        self._routes = routes
         self._clock = clock
         self._then = Consequences(store, transport, routes)
 

@@ -166,7 +166,7 @@ def test_two_operators_resubmitting_at_once_get_one_success_and_a_conflict(app_e
     assert TestClient(api).post("/api/orders/o1/resubmit").status_code == 409
 
 
-def test_steps_that_ran_are_recorded_before_the_order_moves_on(world):
+def test_each_completed_step_is_recorded_with_the_attempt_that_completed_it(world):
     oid = order(world)
     world.run()
     steps = world.store.get_steps(oid)
