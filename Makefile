@@ -12,10 +12,11 @@ DEMO_ARGS ?=
 
 setup: $(VENV)/.installed node_modules/.installed
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+$(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
@@ -23,7 +24,7 @@ node_modules/.installed: package.json package-lock.json
 	touch $@
 
 run: setup
-	$(PY) -m sas.demo --orders $(ORDERS) --workers $(WORKERS) $(DEMO_ARGS)
+	$(PY) -m sas_local.demo --orders $(ORDERS) --workers $(WORKERS) $(DEMO_ARGS)
 
 test: setup lint
 	$(PY) -m pytest

@@ -1,9 +1,11 @@
-"""Azure Functions entry point: composes the app from sas's blueprints, nothing else."""
+"""Azure Functions entry point: composes the app from sas's entry points, nothing else."""
 
 import azure.functions as func
 
-from sas.api import api
-from sas.functions.queues import blueprint as queue_functions
+from sas.entrypoints.http_api import api
+from sas.entrypoints.queues import blueprint as queue_functions
+from sas.entrypoints.timer import blueprint as timer_functions
 
 app = func.AsgiFunctionApp(app=api, http_auth_level=func.AuthLevel.FUNCTION)
 app.register_functions(queue_functions)
+app.register_functions(timer_functions)

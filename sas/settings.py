@@ -19,7 +19,8 @@ from urllib.parse import urlparse
 from sas.domain.errors import ConfigurationError
 from sas.domain.workflow import AGENTS
 
-Transport = Literal["servicebus", "storage"]
+TransportKind = Literal["servicebus", "storage"]
+"""Which queue service carries the messages (a value; SAS_TRANSPORT is the key that picks it)."""
 
 TRANSPORT = "SAS_TRANSPORT"
 TABLE_NAME = "SAS_TABLE_NAME"
@@ -74,7 +75,7 @@ class Connection:
 
 @dataclass(frozen=True)
 class Settings:
-    transport: Transport
+    transport: TransportKind
     table_name: str
     queues: Mapping[str, str]
     """Queue name by setting key (QUEUE_* and agent queue settings)."""
@@ -92,7 +93,7 @@ class Settings:
         return self.queues[agent_queue_setting(agent)]
 
 
-def transport_from(env: Mapping[str, str]) -> Transport:
+def transport_from(env: Mapping[str, str]) -> TransportKind:
     value = env.get(TRANSPORT, "servicebus").strip().lower()
     if value not in ("servicebus", "storage"):
         raise ConfigurationError(f"{TRANSPORT} must be 'servicebus' or 'storage', got {value!r}")

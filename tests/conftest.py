@@ -9,7 +9,7 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import QueueServiceClient
 
-from sas.devtools.azurite import Azurite
+from sas_local.azurite import Azurite
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +42,7 @@ def app_env(
 ) -> Iterator[None]:
     """Settings for the app's bootstrap: Storage Queues and this test's table on Azurite."""
     from sas import bootstrap, settings
-    from sas.devtools.provision import provision
+    from sas_local.provision import provision
 
     monkeypatch.setenv(settings.TRANSPORT, "storage")
     monkeypatch.setenv(settings.STORAGE_CONNECTION, azurite.connection_string)

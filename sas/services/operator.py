@@ -11,7 +11,7 @@ from sas.domain.errors import NotFound
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
 from sas.domain.transitions import resubmit
 from sas.domain.workflow import workflow_named
-from sas.services.outcomes import Consequences
+from sas.services.consequences import Consequences
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 

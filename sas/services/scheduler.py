@@ -16,7 +16,7 @@ from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, StepRequ
 from sas.domain.model import HistoryEntry, OrderState, ProcessState, StepRecord
 from sas.domain.transitions import NotYet, claim, complete_step, refuse_step
 from sas.domain.workflow import Workflow, workflow_named
-from sas.services.outcomes import Consequences
+from sas.services.consequences import Consequences
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 

@@ -11,7 +11,7 @@ from sas.domain.messages import OrderSubmitted
 from sas.domain.model import HistoryEntry, OrderRecord, ProcessState
 from sas.domain.transitions import initial_state
 from sas.domain.workflow import WORKFLOWS
-from sas.services.outcomes import Consequences
+from sas.services.consequences import Consequences
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 

@@ -18,7 +18,7 @@ from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker
 from sas.domain.transitions import RetryPolicy, expire
 from sas.domain.workflow import workflow_named
-from sas.services.outcomes import Consequences
+from sas.services.consequences import Consequences
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 

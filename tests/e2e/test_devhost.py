@@ -1,6 +1,6 @@
 """The dev host against real Azurite: queue, poison, timer, HTTP, several workers, bad settings.
 
-Each test starts ``python -m sas.devhost`` as a subprocess (sas.devtools.processes) on a copy
+Each test starts ``python -m sas_local.devhost`` as a subprocess (sas_local.processes) on a copy
 of tests/e2e/devhost_app/function_app.py with its own host.json, and watches the app's effects
 from outside: the test functions record every invocation on a results queue.
 """
@@ -22,8 +22,8 @@ import httpx
 import pytest
 from azure.storage.queue import QueueClient, TextBase64EncodePolicy
 
-from sas.devtools.azurite import Azurite, free_port
-from sas.devtools.processes import (
+from sas_local.azurite import Azurite, free_port
+from sas_local.processes import (
     DevHost,
     ProcessExitedError,
     group_members,

@@ -14,14 +14,14 @@ from azure.storage.queue import TextBase64DecodePolicy
 from sas.adapters.clients import queue_service_client, table_client
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.tables import TableStateStore
-from sas.demo import demo_order
-from sas.devtools.ledger import check_effects, fetch_ledger
-from sas.devtools.processes import wait_until
-from sas.devtools.stack import LocalStack
 from sas.domain.messages import StatusEvent, StepReply, decode
 from sas.domain.model import ProcessState
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.settings import QUEUE_ORDERS, QUEUE_REPLIES
+from sas_local.demo import demo_order
+from sas_local.ledger import check_effects, fetch_ledger
+from sas_local.processes import wait_until
+from sas_local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 

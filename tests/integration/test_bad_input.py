@@ -61,7 +61,7 @@ BAD_ORDERS = {
 
 
 def user_function(name: str):
-    from sas.functions import queues
+    from sas.entrypoints import queues
 
     for builder in queues.blueprint._function_builders:
         if builder._function.get_function_name() == name:

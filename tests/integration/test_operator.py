@@ -10,9 +10,9 @@ from fastapi.testclient import TestClient
 
 from sas import bootstrap
 from sas.adapters.clients import queue_service_client
-from sas.api import api
-from sas.cli import run
 from sas.domain.model import ProcessState
+from sas.entrypoints.http_api import api
+from sas_cli.commands import run
 from tests.harness import World, permanent
 from tests.integration.test_failure_modes import order
 

@@ -157,7 +157,7 @@ def test_every_retry_asks_with_a_new_message_id(world):
 
 def test_two_operators_resubmitting_at_once_get_one_success_and_a_conflict(app_env, monkeypatch):
     from sas import bootstrap
-    from sas.api import api
+    from sas.entrypoints.http_api import api
 
     def conflict(order_id, *, actor):
         raise ConcurrencyConflict("state changed since read")

@@ -12,10 +12,10 @@ from enum import StrEnum
 import httpx
 import pytest
 
-from sas.devtools import ledger as ledger_module
-from sas.devtools.ledger import check_effects, configure_faults, fetch_ledger
 from sas.domain.model import ProcessState
 from sas.domain.workflow import ORDER_WORKFLOW
+from sas_local import ledger as ledger_module
+from sas_local.ledger import check_effects, configure_faults, fetch_ledger
 from tests.unit.test_simulator import Sim, make_sim
 
 pytestmark = pytest.mark.unit

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from sas.simulator import FaultConfig, create_app
-from sas.simulator.cli import build_parser, faults_from_args
+from sas_local.simulator import FaultConfig, create_app
+from sas_local.simulator.__main__ import build_parser, faults_from_args
 from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.unit
@@ -458,4 +458,4 @@ def test_cli_rejects_invalid_faults(argv):
 
 
 def test_the_package_runs_as_a_module():
-    assert importlib.util.find_spec("sas.simulator.__main__") is not None
+    assert importlib.util.find_spec("sas_local.simulator.__main__") is not None

@@ -1,1 +1,0 @@
-"""Local tooling: Azurite launcher, process helpers. Not used by the deployed app."""

@@ -1,3 +1,0 @@
-from sas.simulator.cli import main
-
-main()

@@ -1,0 +1,294 @@
+"""`make run`: the local demo. Starts Azurite, the simulated remote services and the dev host,
+submits a batch of orders the way an application would (orders queue, private status queue),
+shows progress from the status events, then summarises and proves from the ledgers that no
+effect was applied twice and every compensated order's effects were undone.
+
+By default the remote services misbehave (transient faults, an outage, business refusals, slow
+answers past the deadline) and one agent worker is killed mid-run; `--no-faults` runs the
+happy path. Exits non-zero if an order is left unfinished or a ledger check fails (and, with
+`--no-faults`, if any order is not Processed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+from azure.storage.queue import QueueClient, TextBase64DecodePolicy
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from sas.adapters.clients import queue_service_client, table_client
+from sas.adapters.storage_queues import StorageQueueTransport
+from sas.adapters.tables import TableStateStore
+from sas.domain.errors import InvalidMessage
+from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StatusEvent, decode
+from sas.domain.model import ProcessState
+from sas.domain.workflow import ORDER_WORKFLOW
+from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
+from sas_local.ledger import LedgerReport, check_effects, configure_faults, fetch_ledger
+from sas_local.stack import LocalStack
+
+STATUS_QUEUE = "sas-demo-status"
+FINAL_STATUSES = frozenset({"completed", "compensated", "failed", "rejected"})
+console = Console()
+
+FAULTS = {
+    "seed": 7,
+    "transient_rate": 0.10,
+    "permanent_rate": 0.04,
+    "undo_permanent_rate": 0.3,  # some undos refused for good: Error + an operator alert
+    "slow_rate": 0.02,
+    "slow_seconds": 20.0,  # longer than a step's 15 s complete-by budget
+    "outage_service": "payment",
+    "outage_start": 4.0,
+    "outage_seconds": 8.0,
+}
+
+
+@dataclass
+class Tracker:
+    sent_at: dict[str, float] = field(default_factory=dict)
+    final: dict[str, str] = field(default_factory=dict)
+    latency: dict[str, float] = field(default_factory=dict)
+    events: Counter[str] = field(default_factory=Counter)
+
+    def finish(self, order_id: str, how: str) -> None:
+        if order_id not in self.final:
+            self.final[order_id] = how
+            sent = self.sent_at.get(order_id)
+            if sent is not None:
+                self.latency[order_id] = time.monotonic() - sent
+
+
+def demo_order(index: int, run_id: str, reply_to: str = STATUS_QUEUE) -> OrderSubmitted:
+    return OrderSubmitted(
+        order_id=f"demo-{run_id}-{index:05d}",
+        details=OrderDetails(
+            customer_id=f"customer-{index % 17}",
+            currency="EUR",
+            address=f"{index} Demo Street",
+            lines=[
+                OrderLine(sku=f"sku-{index % 5}", quantity=1 + index % 3, unit_price_cents=1999)
+            ],
+        ),
+        reply_to=reply_to,
+    )
+
+
+def drain_status(queue: QueueClient, tracker: Tracker) -> None:
+    for message in queue.receive_messages(messages_per_page=32, max_messages=32):
+        queue.delete_message(message)
+        try:
+            event = decode(StatusEvent, message.content)
+        except InvalidMessage:
+            continue
+        tracker.events[event.status] += 1
+        if event.status in FINAL_STATUSES:
+            tracker.finish(event.order_id, event.status)
+
+
+def run(orders: int, workers: int, timeout: float, logs: Path, faults: bool) -> int:
+    run_id = time.strftime("%H%M%S")
+    with console.status("starting Azurite, the remote service simulator and the dev hosts"):
+        stack = LocalStack.start(
+            workers=workers, log_dir=logs, extra_queues=(STATUS_QUEUE,), agents_apart=faults
+        )
+    try:
+        if faults:
+            configure_faults(stack.simulator_url, FAULTS)
+        console.print(
+            f"[green]ready[/]: dev host with {workers} worker(s)"
+            f"{' + an agents host' if faults else ''}, API {stack.api_url}, "
+            f"simulator {stack.simulator_url}, logs in {logs}"
+        )
+        if faults:
+            console.print(f"faults: {FAULTS}; one agent worker will be killed mid-run")
+        return _drive(stack, orders, run_id, timeout, faults)
+    finally:
+        with console.status("stopping everything"):
+            stack.stop()
+
+
+def _kill_an_agent_worker(stack: LocalStack) -> str:
+    if stack.agents is None:
+        return "no agents host"
+    pids = stack.agents.worker_pids()
+    if not pids:
+        return "no agent worker found"
+    os.kill(pids[0], signal.SIGKILL)
+    return f"killed agent worker pid {pids[0]} (the dev host restarts it)"
+
+
+def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: bool) -> int:
+    settings = stack.settings
+    transport = StorageQueueTransport(queue_service_client(settings.storage))
+    status_queue = queue_service_client(settings.storage).get_queue_client(
+        STATUS_QUEUE, message_decode_policy=TextBase64DecodePolicy()
+    )
+    store = TableStateStore(table_client(settings.storage, settings.table_name))
+    tracker = Tracker()
+    batch = [demo_order(i, run_id) for i in range(orders)]
+    crash = "none"
+    started = time.monotonic()
+    columns = (
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=console) as progress:
+        submitted = progress.add_task("submitted", total=orders)
+        finished = progress.add_task("finished ", total=orders)
+        for order in batch:
+            tracker.sent_at[order.order_id] = time.monotonic()
+            transport.send(
+                settings.queue(QUEUE_ORDERS),
+                order,
+                message_id=order.order_id,
+                correlation_id=order.order_id,
+            )
+            progress.advance(submitted)
+        deadline = time.monotonic() + timeout
+        last_check = time.monotonic()
+        while len(tracker.final) < orders and time.monotonic() < deadline:
+            drain_status(status_queue, tracker)
+            if faults and crash == "none" and len(tracker.final) >= orders // 4:
+                crash = _kill_an_agent_worker(stack)
+                progress.console.print(f"[yellow]crash[/]: {crash}")
+            if time.monotonic() - last_check > 5:  # status events are best effort: ask the store
+                last_check = time.monotonic()
+                for order in batch:
+                    if order.order_id not in tracker.final:
+                        found = store.get_state(order.order_id)
+                        if found is not None and found.value.is_terminal:
+                            tracker.finish(order.order_id, found.value.process_state.value)
+            progress.update(finished, completed=len(tracker.final))
+            time.sleep(0.1)
+    elapsed = time.monotonic() - started
+
+    outcomes: dict[str, ProcessState] = {}
+    history: Counter[str] = Counter()
+    for order in batch:
+        found = store.get_state(order.order_id)
+        outcomes[order.order_id] = found.value.process_state if found else ProcessState.PENDING
+        history.update(entry.kind for entry in store.get_history(order.order_id))
+    alerts_queue = queue_service_client(settings.storage).get_queue_client(
+        settings.queue(QUEUE_ALERTS)
+    )
+    alerts = alerts_queue.get_queue_properties().approximate_message_count or 0
+    report = check_effects(fetch_ledger(stack.simulator_url), outcomes, ORDER_WORKFLOW)
+    _summary(orders, outcomes, tracker, report, elapsed, history, alerts, crash)
+
+    unfinished = [oid for oid, state in outcomes.items() if state not in _TERMINAL]
+    not_processed = sum(state is not ProcessState.PROCESSED for state in outcomes.values())
+    errors = sum(state is ProcessState.ERROR for state in outcomes.values())
+    problems = list(report.problems)
+    if unfinished:
+        problems.append(f"{len(unfinished)} order(s) not finished, e.g. {unfinished[:3]}")
+    if not faults and not_processed:
+        problems.append(f"{not_processed} order(s) not Processed without any injected fault")
+    if alerts != errors:
+        problems.append(f"{alerts} operator alert(s) for {errors} order(s) in Error")
+    if problems:
+        console.print(f"[red]FAILED[/]: {len(problems)} problem(s)")
+        for problem in problems[:20]:
+            console.print(f"  - {problem}")
+        return 1
+    console.print(
+        "[green]OK[/]: every order finished; no effect applied twice; every compensated "
+        "order's effects undone; one alert per Error"
+    )
+    return 0
+
+
+_TERMINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR})
+
+
+def _percentile(values: list[float], q: int) -> float:
+    if len(values) < 2:
+        return values[0] if values else float("nan")
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _summary(
+    orders: int,
+    outcomes: dict[str, ProcessState],
+    tracker: Tracker,
+    report: LedgerReport,
+    elapsed: float,
+    history: Counter[str],
+    alerts: int,
+    crash: str,
+) -> None:
+    table = Table(
+        title=f"sas demo: {orders} orders in {timedelta(seconds=round(elapsed))}", show_header=False
+    )
+    table.add_column(style="bold")
+    table.add_column()
+    counts = Counter(state.value for state in outcomes.values())
+    for state in ProcessState:
+        table.add_row(f"ProcessState {state.value}", str(counts.get(state.value, 0)))
+    latencies = list(tracker.latency.values())
+    table.add_row(
+        "end-to-end latency p50 / p95",
+        f"{_percentile(latencies, 50):.2f} s / {_percentile(latencies, 95):.2f} s",
+    )
+    table.add_row("throughput", f"{orders / elapsed:.1f} orders/s" if elapsed else "-")
+    recoveries = sum(n for kind, n in history.items() if kind.startswith("expired_"))
+    table.add_row(
+        "supervisor recoveries",
+        f"{recoveries} ({history['expired_retry']} retries, "
+        f"{history['expired_compensate']} compensations, {history['expired_error']} errors)",
+    )
+    table.add_row("steps refused by a remote", str(history["refused"]))
+    table.add_row("late or duplicate replies dropped", str(history["reply_dropped"]))
+    table.add_row("operator alerts", str(alerts))
+    table.add_row("agent worker crash", crash)
+    table.add_row(
+        "remote effects applied / undone",
+        f"{report.effects} / {report.undone} {dict(sorted(report.by_service.items()))}",
+    )
+    table.add_row("idempotent replays at the remote", str(report.replays))
+    table.add_row(
+        "injected: transient / refusals / slow / outage",
+        f"{report.transient_failures + report.throttled} / "
+        f"{report.permanent_failures} / {report.slow_responses} / {report.outage_rejections}",
+    )
+    table.add_row("status events received", str(sum(tracker.events.values())))
+    table.add_row("effects left applied in Error orders", str(report.outstanding_in_error))
+    table.add_row("ledger check", "ok" if report.ok else f"{len(report.problems)} problem(s)")
+    console.print(table)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Run the sas demo locally on Azurite.")
+    parser.add_argument("--orders", type=int, default=100, help="orders to submit (default 100)")
+    parser.add_argument(
+        "--workers", type=int, default=2, help="dev host worker processes (default 2)"
+    )
+    parser.add_argument("--no-faults", action="store_true", help="well-behaved remotes, no crash")
+    parser.add_argument(
+        "--timeout", type=float, default=None, help="seconds to wait for all orders"
+    )
+    parser.add_argument("--logs", type=Path, default=Path(".sas-run"), help="where process logs go")
+    args = parser.parse_args(argv)
+    if args.orders < 1 or args.workers < 1:
+        parser.error("--orders and --workers must be at least 1")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
+    timeout = args.timeout if args.timeout is not None else 180 + args.orders * 1.0
+    sys.exit(run(args.orders, args.workers, timeout, args.logs, faults=not args.no_faults))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""The simulator's HTTP API: provider actions with fault injection, the ledger, the faults.
+
+Time and sleep are injected so tests drive outage windows and slow replies without waiting.
+Every request's bookkeeping runs in one synchronous stretch (`_decide`, no await inside), so
+it is atomic on the event loop without a lock; only the slow reply's wait happens after it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import FastAPI, Header, Path
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+from sas.domain.clock import Clock, SystemClock
+from sas_local.simulator.books import Books, Entry, Key, ServiceStats
+from sas_local.simulator.faults import FaultConfig, chance, refusal
+
+Name = Annotated[str, Path(pattern=r"^[a-z][a-z0-9]{1,30}$")]
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class LedgerView(BaseModel):
+    effects: list[Entry]
+    """Do- and undo-entries in the order they were first applied."""
+    replays: int
+    stats: dict[str, ServiceStats]
+    faults: FaultConfig
+
+
+@dataclass
+class _Reply:
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    delay: float = 0.0
+
+    @classmethod
+    def error(cls, status: int, detail: str, headers: dict[str, str] | None = None) -> _Reply:
+        return cls(status, {"detail": detail}, headers or {})
+
+
+@dataclass
+class _Simulator:
+    books: Books
+    clock: Clock
+    faults: FaultConfig
+    faults_set_at: datetime
+
+    def set_faults(self, faults: FaultConfig) -> None:
+        self.faults = faults
+        self.faults_set_at = self.clock.now()  # the outage window is relative to this
+
+    def decide(self, service: str, action: str, key: str | None, payload: dict[str, Any]) -> _Reply:
+        stats = self.books.stats(service)
+        stats.calls += 1
+        if not key:
+            stats.bad_requests += 1
+            return _Reply.error(400, "Idempotency-Key header is required")
+        try:
+            undo = _undo_of(payload)
+        except ValueError as exc:
+            stats.bad_requests += 1
+            return _Reply.error(400, str(exc))
+        faults = self.faults.for_service(service)
+        seed = faults.seed
+        ident: Key = (service, action, key)
+        call = self.books.next_call(ident)
+        if faults.in_outage(service, self.faults_set_at, self.clock.now()):
+            stats.outage_rejections += 1
+            return _Reply.error(503, f"{service} is unavailable (simulated outage)")
+        if chance(seed, "transient", *ident, call) < faults.transient_rate:
+            stats.transient_failures += 1
+            if chance(seed, "throttle", *ident, call) < faults.throttle_share:
+                stats.throttled += 1
+                return _Reply.error(429, "too many requests", {"Retry-After": "1"})
+            return _Reply.error(503, "temporarily unavailable")
+        if undo is None and (closer := self.books.closed_by(ident)) is not None:
+            stats.refused_after_undo += 1
+            return _Reply.error(409, f"{key} was already undone by {closer}; not applied")
+        headers: dict[str, str] = {}
+        entry = self.books.find(ident)
+        if entry is not None:
+            stats.replays += 1
+            headers["Idempotent-Replayed"] = "true"
+        else:
+            # No call number here: every retry of this key gets the same business answer.
+            rate = faults.permanent_rate if undo is None else faults.undo_permanent_rate
+            if chance(seed, "permanent", *ident) < rate:
+                stats.permanent_failures += 1
+                return _Reply.error(*refusal(service, undo=undo is not None))
+            entry = self._apply(ident, payload, undo)
+        delay = 0.0
+        if chance(seed, "slow", *ident, call) < faults.slow_rate:
+            stats.slow += 1
+            delay = faults.slow_seconds
+        return _Reply(200, entry.response(), headers, delay)
+
+    def _apply(self, ident: Key, payload: dict[str, Any], undo: tuple[str, str] | None) -> Entry:
+        raw_order = payload.get("order_id")
+        order_id = raw_order if isinstance(raw_order, str) else None
+        now = self.clock.now()
+        if undo is None:
+            return self.books.record_do(ident, order_id, now)
+        return self.books.record_undo(ident, order_id, *undo, now)
+
+
+def _undo_of(payload: dict[str, Any]) -> tuple[str, str] | None:
+    """(original_action, original_key) if the payload asks to undo an earlier do."""
+    original_action = payload.get("original_action")
+    original_key = payload.get("original_key")
+    if original_action is None and original_key is None:
+        return None
+    if not (isinstance(original_action, str) and original_action):
+        raise ValueError("an undo needs original_action (a non-empty string)")
+    if not (isinstance(original_key, str) and original_key):
+        raise ValueError("an undo needs original_key (a non-empty string)")
+    return original_action, original_key
+
+
+def create_app(
+    faults: FaultConfig | None = None,
+    *,
+    clock: Clock | None = None,
+    sleep: Sleep = asyncio.sleep,
+) -> FastAPI:
+    app = FastAPI(title="sas remote service simulator")
+    real_clock = clock or SystemClock()
+    sim = _Simulator(Books(), real_clock, faults or FaultConfig(), real_clock.now())
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/faults", response_model=FaultConfig)
+    async def get_faults() -> JSONResponse:
+        return _faults_reply(sim)
+
+    @app.put("/faults", response_model=FaultConfig)
+    async def put_faults(config: FaultConfig) -> JSONResponse:
+        sim.set_faults(config)
+        return _faults_reply(sim)
+
+    @app.get("/ledger", response_model=LedgerView)
+    async def ledger() -> LedgerView:
+        stats = sim.books.all_stats()
+        return LedgerView(
+            effects=sim.books.entries(),
+            replays=sum(s.replays for s in stats.values()),
+            stats=stats,
+            faults=sim.faults,
+        )
+
+    @app.get("/stats", response_model=dict[str, ServiceStats])
+    async def stats() -> dict[str, ServiceStats]:
+        return sim.books.all_stats()
+
+    @app.post("/{service}/{action}")
+    async def perform(
+        service: Name,
+        action: Name,
+        payload: dict[str, Any],
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> JSONResponse:
+        reply = sim.decide(service, action, idempotency_key, payload)
+        if reply.delay > 0:
+            await sleep(reply.delay)  # the effect is already applied: only the answer is late
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
+
+    return app
+
+
+def _faults_reply(sim: _Simulator) -> JSONResponse:
+    # The set time is a header so the body stays exactly what PUT /faults accepts.
+    return JSONResponse(
+        sim.faults.model_dump(mode="json"),
+        headers={"Faults-Set-At": sim.faults_set_at.isoformat()},
+    )

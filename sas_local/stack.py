@@ -1,0 +1,131 @@
+"""The whole local system in one object: Azurite, the remote simulator and the dev host.
+
+Used by the demo (`make run`) and the end-to-end tests, so both run exactly the same stack.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from sas import settings as settings_module
+from sas.domain.workflow import AGENTS
+from sas_local.azurite import Azurite, free_port
+from sas_local.processes import REPO_ROOT, DevHost, ManagedProcess, start_devhost, start_process
+from sas_local.provision import provision
+
+
+def app_env(connection_string: str, simulator_url: str) -> dict[str, str]:
+    """App settings for a local run: Storage Queues on Azurite, remotes on the simulator."""
+    return {
+        "SAS_TRANSPORT": "storage",
+        settings_module.STORAGE_CONNECTION: connection_string,
+        "AzureWebJobsStorage": connection_string,
+        settings_module.TABLE_NAME: settings_module.DEFAULT_TABLE,
+        # Locally the Supervisor sweeps every 2 s, so recoveries show within a demo run.
+        settings_module.SUPERVISOR_SCHEDULE: "*/2 * * * * *",
+        settings_module.MAX_FAILURES: "3",
+        **settings_module.DEFAULT_QUEUES,
+        **{settings_module.remote_url_setting(a): f"{simulator_url}/{a}" for a in AGENTS},
+    }
+
+
+AGENT_FUNCTIONS = tuple(f"agent_{agent}" for agent in AGENTS)
+CORE_FUNCTIONS = ("submit", "schedule", "on_reply", "supervise", "http_app_func")
+
+
+@dataclass
+class LocalStack:
+    azurite: Azurite
+    simulator: ManagedProcess
+    devhost: DevHost
+    """Runs every function, or all but the agents when ``agents`` is set."""
+    agents: DevHost | None
+    """The agents in a dev host of their own (so a test or the demo can crash one)."""
+    env: dict[str, str]
+    settings: settings_module.Settings
+    simulator_url: str
+    api_url: str
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        workers: int = 2,
+        log_dir: Path | None = None,
+        extra_queues: tuple[str, ...] = (),
+        env_overrides: Mapping[str, str] | None = None,
+        agents_apart: bool = False,
+    ) -> LocalStack:
+        logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
+        logs.mkdir(parents=True, exist_ok=True)
+        # The env below is the whole config: an empty settings file keeps a developer's
+        # local.settings.json (pointing at some other Azurite) out of it.
+        no_local_settings = logs / "local.settings.json"
+        no_local_settings.write_text('{"IsEncrypted": false, "Values": {}}')
+        azurite = Azurite.start()
+        simulator: ManagedProcess | None = None
+        hosts: list[DevHost] = []
+        try:
+            port = free_port()
+            simulator = start_process(
+                [sys.executable, "-m", "sas_local.simulator", "--port", str(port)],
+                log_dir=logs / "simulator",
+            )
+            simulator_url = f"http://127.0.0.1:{port}"
+            simulator.wait_for_http(f"{simulator_url}/health")
+            env = {**app_env(azurite.connection_string, simulator_url), **(env_overrides or {})}
+            settings = settings_module.load(env)
+            provision(settings, extra_queues)
+            groups = [(CORE_FUNCTIONS, workers, "devhost"), (AGENT_FUNCTIONS, 1, "agents")]
+            for functions, count, name in groups if agents_apart else [((), workers, "devhost")]:
+                hosts.append(
+                    start_devhost(
+                        REPO_ROOT / "function_app.py",
+                        env=env,
+                        workers=count,
+                        http_port=0 if name == "agents" else free_port(),
+                        functions=functions or None,
+                        timers=name != "agents",
+                        settings=no_local_settings,
+                        log_dir=logs / name,
+                        cwd=REPO_ROOT,
+                        timeout=60,
+                    )
+                )
+        except BaseException:
+            for host in hosts:
+                host.stop()
+            if simulator is not None:
+                simulator.stop()
+            azurite.stop()
+            raise
+        api_url = hosts[0].http_url or ""
+        agents = hosts[1] if agents_apart else None
+        return cls(azurite, simulator, hosts[0], agents, env, settings, simulator_url, api_url)
+
+    def stop(self) -> None:
+        try:
+            for host in (self.devhost, self.agents):
+                if host is not None:
+                    host.stop()
+        finally:
+            try:
+                self.simulator.stop()
+            finally:
+                self.azurite.stop()
+
+    def __enter__(self) -> LocalStack:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
