@@ -17,6 +17,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from sas.domain.errors import ConfigurationError
+from sas.domain.wire import APP_QUEUE_NAME, TABLE_NAME_RULE
 from sas.domain.workflow import AGENTS
 
 TransportKind = Literal["servicebus", "storage"]
@@ -51,10 +52,6 @@ DEFAULT_QUEUES: dict[str, str] = {
     **{agent_queue_setting(agent): f"sas-agent-{agent}" for agent in AGENTS},
 }
 DEFAULT_TABLE = "sasorders"
-
-_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,54}[a-z0-9]$")
-"""Valid for Storage Queues and Service Bus, leaving room for the host's `-poison` suffix."""
-_TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9]{2,62}$")
 
 
 @dataclass(frozen=True)
@@ -104,12 +101,12 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     transport = transport_from(env)
     table_name = env.get(TABLE_NAME, DEFAULT_TABLE)
-    if not _TABLE_NAME.match(table_name):
+    if not TABLE_NAME_RULE.matches(table_name):
         raise ConfigurationError(f"{TABLE_NAME}={table_name!r} is not a valid table name")
     queues: dict[str, str] = {}
     for key, default in DEFAULT_QUEUES.items():
         name = env.get(key, default)
-        if not _QUEUE_NAME.match(name):
+        if not APP_QUEUE_NAME.matches(name):
             raise ConfigurationError(f"{key}={name!r} is not a valid queue name")
         queues[key] = name
     by_name: dict[str, str] = {}
@@ -192,6 +189,6 @@ def _servicebus_connection(env: Mapping[str, str], name: str) -> Connection:
         raise ConfigurationError(
             f"missing setting {name} (a connection string) or {name}__fullyQualifiedNamespace"
         )
-    if not re.match(r"^[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$", namespace):
+    if not re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+", namespace):
         raise ConfigurationError(f"{name}__fullyQualifiedNamespace must be a host name")
     return Connection(setting=name, namespace=namespace, client_id=_identity(env, name))

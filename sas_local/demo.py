@@ -34,6 +34,7 @@ from sas.adapters.tables import TableStateStore
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StatusEvent, decode
 from sas.domain.model import ProcessState
+from sas.domain.wire import submission_message_id
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
 from sas_local.ledger import LedgerReport, check_effects, configure_faults, fetch_ledger
@@ -155,7 +156,7 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
             transport.send(
                 settings.queue(QUEUE_ORDERS),
                 order,
-                message_id=order.order_id,
+                message_id=submission_message_id(order.order_id),
                 correlation_id=order.order_id,
             )
             progress.advance(submitted)

@@ -19,8 +19,8 @@ from sas.adapters.tables import optional_utc, utc
 from sas.domain.breaker import BreakerState, BreakerStatus
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.model import Versioned
+from sas.domain.wire import BREAKER_PARTITION
 
-BREAKER_PARTITION = "~breaker"
 _FORBIDDEN_IN_KEYS = frozenset("/\\#?")
 
 

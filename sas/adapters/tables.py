@@ -33,19 +33,25 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
+from sas.domain.wire import (
+    HISTORY_ROW_PREFIX,
+    LIVE_PARTITION,
+    ORDER_ROW,
+    REJECTED_PARTITION,
+    STATE_ROW,
+    STEP_ROW_PREFIX,
+    history_row_key,
+    prefix_range,
+    rejected_row_key,
+)
 
 log = logging.getLogger(__name__)
 
-ORDER_ROW = "order"
-STATE_ROW = "state"
-STEP_PREFIX = "step:"
-HISTORY_PREFIX = "hist:"
-REJECTED_PARTITION = "~rejected"
-LIVE_PARTITION = "~live"
-"""One marker per order that may be in flight: the Supervisor sweeps this partition, so a
-sweep costs in proportion to in-flight work, never to history. A marker is written *before*
-its order can become live and removed only *after* it is terminal, so a lost write leaves an
-extra marker (swept away later), never a live order without one."""
+# The in-flight index (LIVE_PARTITION): one marker per order that may be in flight. The
+# Supervisor sweeps this partition, so a sweep costs in proportion to in-flight work, never to
+# history. A marker is written *before* its order can become live and removed only *after* it
+# is terminal, so a lost write leaves an extra marker (swept away later), never a live order
+# without one.
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 
@@ -132,7 +138,8 @@ class TableStateStore:
 
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         query = "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi"
-        params = {"pk": order_id, "lo": HISTORY_PREFIX, "hi": "hist;"}
+        lo, hi = prefix_range(HISTORY_ROW_PREFIX)
+        params = {"pk": order_id, "lo": lo, "hi": hi}
         return [_history_from(e) for e in self._table.query_entities(query, parameters=params)]
 
     # --- in-flight index --------------------------------------------------------------
@@ -203,14 +210,15 @@ class TableStateStore:
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
         query = "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi"
-        params = {"pk": order_id, "lo": STEP_PREFIX, "hi": "step;"}  # ';' follows ':'
+        lo, hi = prefix_range(STEP_ROW_PREFIX)
+        params = {"pk": order_id, "lo": lo, "hi": hi}
         entities = self._table.query_entities(query, parameters=params)
         return [_step_from(entity) for entity in entities]
 
     # --- rejected messages ------------------------------------------------------------
 
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
-        parked_id = f"{at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}-{uuid.uuid4().hex[:12]}"
+        parked_id = rejected_row_key(at, uuid.uuid4().hex[:12])
         kept = body[: _BODY_CHUNK * _MAX_BODY_CHUNKS]
         entity: dict[str, Any] = {
             "PartitionKey": REJECTED_PARTITION,
@@ -370,13 +378,10 @@ def _step_from(entity: Mapping[str, Any]) -> StepRecord:
 
 
 def _history_entity(entry: HistoryEntry) -> dict[str, Any]:
-    stamp = f"{entry.at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}"
     return _without_none(
         {
             "PartitionKey": entry.order_id,
-            # Time first so a partition range query returns the trail in order; the random
-            # tail keeps two entries of one instant (e.g. two dropped duplicates) distinct.
-            "RowKey": f"{HISTORY_PREFIX}{stamp}:{entry.attempt:05d}:{uuid.uuid4().hex[:8]}",
+            "RowKey": history_row_key(entry.at, entry.attempt, uuid.uuid4().hex[:8]),
             "At": entry.at,
             "Kind": entry.kind,
             "Attempt": entry.attempt,

@@ -1,4 +1,4 @@
-"""Versioned, strictly validated message schemas (design.md section 3).
+"""Versioned, strictly validated message schemas (docs/architecture.md, "Messages").
 
 Every message carries ``type`` and ``v``; unknown fields, wrong types and oversize bodies are
 rejected with a reason that is safe to record (it never echoes the input back).
@@ -20,17 +20,17 @@ from pydantic import (
 )
 
 from sas.domain.errors import InvalidMessage
+from sas.domain.wire import BUSINESS_ID, CURRENCY, ORDER_ID, QUEUE_NAME, STEP_NAME, Mode
 
 MAX_MESSAGE_BYTES = 48 * 1024
 """Storage Queues cap a message at 64 KiB after Base64 (4/3 growth); stay under it."""
 
-OrderId = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
-"""Safe as a Table PartitionKey and in message ids: no '/', '\\', '#', '?', control chars."""
-
-QueueName = Annotated[str, StringConstraints(pattern=r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")]
-"""Valid for both Storage Queues and Service Bus."""
-
-StepName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9]{1,30}$")]
+# The models below validate with Python's `re` (for the look-ahead in queue names), hence the
+# `.python` form of each rule.
+OrderId = Annotated[str, StringConstraints(pattern=ORDER_ID.python)]
+QueueName = Annotated[str, StringConstraints(pattern=QUEUE_NAME.python)]
+StepName = Annotated[str, StringConstraints(pattern=STEP_NAME.python)]
+BusinessId = Annotated[str, StringConstraints(pattern=BUSINESS_ID.python)]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
 
@@ -43,7 +43,7 @@ class Message(BaseModel):
 class OrderLine(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
 
-    sku: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,39}$")]
+    sku: Annotated[BusinessId, StringConstraints(max_length=40)]
     quantity: int = Field(ge=1, le=10_000)
     unit_price_cents: int = Field(ge=0, le=100_000_000)
 
@@ -51,8 +51,8 @@ class OrderLine(BaseModel):
 class OrderDetails(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
 
-    customer_id: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
-    currency: Annotated[str, StringConstraints(pattern=r"^[A-Z]{3}$")]
+    customer_id: BusinessId
+    currency: Annotated[str, StringConstraints(pattern=CURRENCY.python)]
     lines: list[OrderLine] = Field(min_length=1, max_length=100)
     address: ShortText
 
@@ -62,14 +62,14 @@ class OrderDetails(BaseModel):
 
 
 class OrderSubmitted(Message):
-    """The application's order, posted to the orders queue (pattern.md point 13)."""
+    """The application's order, posted to the orders queue."""
 
     type: Literal["OrderSubmitted"] = "OrderSubmitted"
     order_id: OrderId
     workflow: StepName = "order"
     details: OrderDetails
     reply_to: QueueName | None = None
-    """The submitter's private status queue (pattern.md point 21)."""
+    """The submitter's private status queue, for StatusEvents."""
 
     def fingerprint(self) -> str:
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
@@ -84,10 +84,6 @@ class ScheduleRequest(Message):
     order_id: OrderId
 
 
-StepMode = Literal["do", "undo"]
-"""``undo`` runs a completed step's compensating action (compensation walks steps backwards)."""
-
-
 class StepRequest(Message):
     """Scheduler -> Agent: do (or undo) one step of one attempt before ``complete_by``."""
 
@@ -96,7 +92,7 @@ class StepRequest(Message):
     step: StepName
     step_index: int = Field(ge=0, le=99)
     attempt: int = Field(ge=1)
-    mode: StepMode = "do"
+    mode: Mode = "do"
     action: StepName
     complete_by: AwareDatetime
     idempotency_key: Annotated[str, StringConstraints(min_length=3, max_length=200)]
@@ -111,7 +107,7 @@ class StepReply(Message):
     step: StepName
     step_index: int = Field(ge=0, le=99)
     attempt: int = Field(ge=1)
-    mode: StepMode = "do"
+    mode: Mode = "do"
     outcome: Literal["ok", "error"]
     result: dict[str, Any] = Field(default_factory=dict)
     error: Annotated[str, StringConstraints(max_length=1000)] | None = None

@@ -1,11 +1,13 @@
-"""The state records kept in the state store (pattern.md point 14, design.md section 2)."""
+"""The state records kept in the state store (docs/architecture.md, "State store")."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, TypeVar
+
+from sas.domain.wire import Mode, step_row_key
 
 
 class ProcessState(StrEnum):
@@ -24,8 +26,6 @@ class ProcessState(StrEnum):
 
 TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR})
 RUNNING_STATES = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
-
-Mode = Literal["do", "undo"]
 
 
 @dataclass(frozen=True)
@@ -94,10 +94,6 @@ class StepRecord:
     @property
     def row_key(self) -> str:
         return step_row_key(self.index, self.name)
-
-
-def step_row_key(index: int, name: str) -> str:
-    return f"step:{index:02d}:{name}"
 
 
 @dataclass(frozen=True)

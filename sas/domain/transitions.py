@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from enum import StrEnum
 
 from sas.domain.errors import IllegalTransition, StaleReply
-from sas.domain.model import Mode, OrderState, ProcessState
+from sas.domain.messages import StepReply
+from sas.domain.model import OrderState, ProcessState
+from sas.domain.wire import Mode
 from sas.domain.workflow import Workflow
 
 MAX_ERROR_LENGTH = 1000
@@ -22,7 +25,7 @@ class NotYet(IllegalTransition):
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """The Supervisor's policy for expired records (pattern.md points 9-10, 20)."""
+    """The Supervisor's policy for expired records (docs/architecture.md, "Recovery")."""
 
     max_failures: int = 3
     """Expiries of one step before it is deemed non-transient."""
@@ -67,8 +70,43 @@ def claim(state: OrderState, *, instance_id: str, now: datetime, workflow: Workf
     )
 
 
+class Fence(StrEnum):
+    """Whether a reply answers the attempt that is running now: the one decision of fencing."""
+
+    CURRENT = "current"
+    """It does: apply it."""
+    NOT_RUNNING = "not_running"
+    """The order runs no step now (Pending for a retry, or finished)."""
+    OTHER_ATTEMPT = "other_attempt"
+    """An earlier (expired) attempt, or a forged later one."""
+    OTHER_STEP = "other_step"
+    """Not the step, or not the direction (do/undo), that is running."""
+    UNKNOWN_STEP = "unknown_step"
+    """The workflow has no such step: index out of range or name not at that index."""
+
+
+def fence(
+    state: OrderState, workflow: Workflow, *, step_index: int, step: str, attempt: int, mode: Mode
+) -> Fence:
+    """Only a reply for the current attempt of the current running step (and mode) applies.
+
+    The attempt is the fencing token: every claim increments it, so a reply sent by an agent
+    whose attempt expired can never move the order, however late it arrives."""
+    if not 0 <= step_index < len(workflow.steps) or workflow.steps[step_index].name != step:
+        return Fence.UNKNOWN_STEP
+    if not state.is_running:
+        return Fence.NOT_RUNNING
+    if state.step_index != step_index or state.mode != mode:
+        return Fence.OTHER_STEP
+    if state.attempt != attempt:
+        return Fence.OTHER_ATTEMPT
+    return Fence.CURRENT
+
+
 def check_reply(state: OrderState, *, attempt: int, step_index: int, mode: Mode = "do") -> None:
-    """Fencing: only a reply for the current attempt of the current running step applies."""
+    """Precondition of the reply transitions: StaleReply unless the reply is current.
+
+    Callers decide with ``fence`` first; this guards the transitions against misuse."""
     if (
         not state.is_running
         or state.attempt != attempt
@@ -79,6 +117,66 @@ def check_reply(state: OrderState, *, attempt: int, step_index: int, mode: Mode 
             f"reply for attempt {attempt} step {step_index} ({mode}); order {state.order_id} is "
             f"{state.process_state} at attempt {state.attempt} step {state.step_index}"
         )
+
+
+class Then(StrEnum):
+    """What must happen after a reply's transition is persisted."""
+
+    DISPATCH = "dispatch"
+    """The next step (or undo) is claimed already: send its request to its agent."""
+    COMPENSATE = "compensate"
+    """Compensation is queued (Pending, undo): ask a Scheduler to claim its first undo."""
+    FINISH = "finish"
+    """The order is terminal: status to the submitter, the alert an Error owes."""
+
+
+@dataclass(frozen=True)
+class ReplyDecision:
+    """A current reply, decided: the state to persist, its history kind, and what follows."""
+
+    state: OrderState
+    then: Then
+    history_kind: str
+    """``completed``, ``undone`` or ``refused``."""
+
+
+def decide_reply(
+    state: OrderState, reply: StepReply, *, instance_id: str, now: datetime, workflow: Workflow
+) -> ReplyDecision:
+    """Apply a reply that ``fence`` found current (StaleReply otherwise)."""
+    if reply.outcome == "error":
+        reason = f"{reply.step} ({reply.mode}): {reply.error or 'remote refused'}"
+        next_state = refuse_step(
+            state,
+            attempt=reply.attempt,
+            step_index=reply.step_index,
+            mode=reply.mode,
+            now=now,
+            reason=reason,
+            workflow=workflow,
+        )
+        kind = "refused"
+    else:
+        next_state = complete_step(
+            state,
+            attempt=reply.attempt,
+            step_index=reply.step_index,
+            mode=reply.mode,
+            instance_id=instance_id,
+            now=now,
+            workflow=workflow,
+        )
+        kind = "undone" if reply.mode == "undo" else "completed"
+    return ReplyDecision(next_state, _then(next_state), kind)
+
+
+def _then(state: OrderState) -> Then:
+    # After a current reply the only way back to Pending is begin_compensation.
+    if state.is_terminal:
+        return Then.FINISH
+    if state.process_state is ProcessState.PENDING:
+        return Then.COMPENSATE
+    return Then.DISPATCH
 
 
 def complete_step(
@@ -149,20 +247,30 @@ def begin_compensation(
     )
 
 
+class ExpiryAction(StrEnum):
+    RETRY = "retry"
+    """Pending again after a backoff, the failure counted."""
+    COMPENSATE = "compensate"
+    """Past the threshold: compensation queued."""
+    COMPENSATED = "compensated"
+    """Past the threshold with nothing to undo: finished as Compensated."""
+    ERROR = "error"
+    """Past the threshold and no compensation possible: Error, an operator alert owed."""
+
+
 @dataclass(frozen=True)
 class Expiry:
     """What the Supervisor decided for an expired record."""
 
     state: OrderState
-    action: str
-    """``retry``, ``compensate``, ``compensated`` or ``error``."""
+    action: ExpiryAction
     delay: timedelta = timedelta(0)
 
 
 def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: RetryPolicy) -> Expiry:
     """A live record whose deadline passed: count the failure, then retry or give up.
 
-    A timed-out step and a crashed one look the same (pattern.md point 8). Past the threshold
+    A timed-out step and a crashed one look the same. Past the threshold
     a forward step is compensated *including itself*: it may have been applied before its
     reply was lost, and undo actions are no-ops for effects that never happened.
     """
@@ -183,7 +291,7 @@ def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: Retr
                 updated_at=now,
                 last_error=f"{step} ({state.mode}) expired at attempt {state.attempt}",
             ),
-            "retry",
+            ExpiryAction.RETRY,
             delay,
         )
     reason = f"{step} ({state.mode}) expired {failures} times"
@@ -192,9 +300,10 @@ def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: Retr
             state, from_index=state.step_index, now=now, workflow=workflow, reason=reason
         )
         compensating = replace(compensating, failure_count=0)
-        action = "compensated" if compensating.is_terminal else "compensate"
+        action = ExpiryAction.COMPENSATED if compensating.is_terminal else ExpiryAction.COMPENSATE
         return Expiry(compensating, action)
-    return Expiry(to_error(replace(state, failure_count=failures), now=now, reason=reason), "error")
+    error = to_error(replace(state, failure_count=failures), now=now, reason=reason)
+    return Expiry(error, ExpiryAction.ERROR)
 
 
 def to_error(state: OrderState, *, now: datetime, reason: str) -> OrderState:

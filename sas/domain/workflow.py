@@ -5,12 +5,11 @@ The Scheduler drives a workflow definition; it knows nothing of the business ope
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Literal
 
-_NAME = re.compile(r"^[a-z][a-z0-9]{1,30}$")
+from sas.domain.wire import STEP_NAME
 
 
 @dataclass(frozen=True)
@@ -28,8 +27,8 @@ class StepDefinition:
         if self.undo is not None:
             labelled.append(("undo action", self.undo))
         for label, value in labelled:
-            if not _NAME.match(value):
-                raise ValueError(f"{label} {value!r} must match {_NAME.pattern}")
+            if not STEP_NAME.matches(value):
+                raise ValueError(f"{label} {value!r} must match {STEP_NAME.body}")
         if self.budget <= timedelta(0):
             raise ValueError(f"step {self.name!r}: budget must be positive")
 

@@ -17,11 +17,12 @@ from sas import bootstrap
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
+from sas.domain.wire import ORDER_ID, submission_message_id
 from sas.domain.workflow import workflow_named
 
 api = FastAPI(title="sas", version="0.1.0", docs_url="/api/docs", openapi_url="/api/openapi.json")
 
-OrderIdPath = Annotated[str, Path(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")]
+OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
 
 
@@ -165,6 +166,9 @@ def list_rejected(limit: Limit = 100) -> list[RejectedView]:
 def submit_order(order: OrderSubmitted) -> dict[str, str]:
     """Convenience: posts the order to the orders queue, exactly as an application would."""
     bootstrap.transport().send(
-        bootstrap.routes().orders, order, message_id=order.order_id, correlation_id=order.order_id
+        bootstrap.routes().orders,
+        order,
+        message_id=submission_message_id(order.order_id),
+        correlation_id=order.order_id,
     )
     return {"order_id": order.order_id, "status": f"/api/orders/{order.order_id}"}

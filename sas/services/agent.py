@@ -1,7 +1,7 @@
 """The Agent: one remote service call per step request, bounded by the complete-by time.
 
 Retries transient faults with exponential backoff and jitter (honouring Retry-After), only
-while the deadline allows. Past complete-by it stops and sends nothing (pattern.md point 7):
+while the deadline allows. Past complete-by it stops and sends nothing:
 another attempt may already be scheduled, and the Scheduler would drop the reply anyway.
 
 An optional circuit breaker, shared by every instance of this agent, is asked before each try:
@@ -24,6 +24,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from sas.domain.clock import Clock
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest
+from sas.domain.wire import step_reply_message_id
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, Transport
 from sas.services.routes import Routes
@@ -110,7 +111,9 @@ class AgentRunner:
         self._transport.send(
             self._routes.replies,
             reply,
-            message_id=f"{request.order_id}:{request.step}:{request.attempt}:reply",
+            message_id=step_reply_message_id(
+                request.order_id, request.step, request.mode, request.attempt
+            ),
             correlation_id=request.order_id,
         )
         if error is None:

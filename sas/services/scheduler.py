@@ -11,10 +11,11 @@ import logging
 from enum import StrEnum
 
 from sas.domain.clock import Clock
-from sas.domain.errors import ConcurrencyConflict, IllegalTransition, StaleReply
+from sas.domain.errors import ConcurrencyConflict, IllegalTransition
 from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, StepRequest
-from sas.domain.model import HistoryEntry, OrderState, ProcessState, StepRecord
-from sas.domain.transitions import NotYet, claim, complete_step, refuse_step
+from sas.domain.model import HistoryEntry, OrderState, StepRecord
+from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
+from sas.domain.wire import idempotency_key, step_request_message_id
 from sas.domain.workflow import Workflow, workflow_named
 from sas.services.consequences import Consequences
 from sas.services.ports import StateStore, Transport
@@ -114,34 +115,20 @@ class Scheduler:
             log.warning("sas.reply_unknown_order", extra=extra)
             return ReplyOutcome.UNKNOWN_ORDER
         state, workflow = current.value, workflow_named(current.value.workflow)
+        verdict = fence(
+            state,
+            workflow,
+            step_index=reply.step_index,
+            step=reply.step,
+            attempt=reply.attempt,
+            mode=reply.mode,
+        )
+        if verdict is not Fence.CURRENT:
+            return self._drop_stale(reply, state, verdict, extra)
         now = self._clock.now()
-        try:
-            if workflow.step(reply.step_index).name != reply.step:
-                raise StaleReply(f"step {reply.step_index} is not {reply.step!r}")
-            if reply.outcome == "error":
-                reason = f"{reply.step} ({reply.mode}): {reply.error or 'remote refused'}"
-                next_state = refuse_step(
-                    state,
-                    attempt=reply.attempt,
-                    step_index=reply.step_index,
-                    mode=reply.mode,
-                    now=now,
-                    reason=reason,
-                    workflow=workflow,
-                )
-            else:
-                next_state = complete_step(
-                    state,
-                    attempt=reply.attempt,
-                    step_index=reply.step_index,
-                    mode=reply.mode,
-                    instance_id=self._instance_id,
-                    now=now,
-                    workflow=workflow,
-                )
-        except (StaleReply, IndexError):
-            return self._drop_stale(reply, state, extra)
-
+        decision = decide_reply(
+            state, reply, instance_id=self._instance_id, now=now, workflow=workflow
+        )
         if reply.outcome == "ok" and reply.mode == "do":
             # Recorded before the state moves on, so what the undo needs is durable before the
             # step counts as done; a redelivery after a crash here writes the same record.
@@ -155,33 +142,33 @@ class Scheduler:
                     result=reply.result,
                 )
             )
-        kind = {"ok": "undone" if reply.mode == "undo" else "completed", "error": "refused"}
         history = HistoryEntry(
             order_id=reply.order_id,
             at=now,
-            kind=kind[reply.outcome],
+            kind=decision.history_kind,
             attempt=reply.attempt,
             step=reply.step,
             mode=reply.mode,
             actor=self._instance_id,
             detail=reply.error,
         )
-        etag = self._store.update_state(next_state, current.etag, history)
-        log.info("sas.step_%s", kind[reply.outcome], extra=extra)
+        etag = self._store.update_state(decision.state, current.etag, history)
+        log.info("sas.step_%s", decision.history_kind, extra=extra)
         if reply.outcome == "ok":  # best effort: Notifier.status never raises
             status: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
             self._then.notify.status(state.reply_to, reply.order_id, status, now, step=reply.step)
-        return self._continue(next_state, etag, workflow)
+        return self._follow(decision, etag, workflow)
 
-    def _continue(self, state: OrderState, etag: str, workflow: Workflow) -> ReplyOutcome:
-        if state.is_terminal:
+    def _follow(self, decision: ReplyDecision, etag: str, workflow: Workflow) -> ReplyOutcome:
+        state = decision.state
+        if decision.then is Then.FINISH:
             log.info(
                 "sas.order_finished",
                 extra={"order_id": state.order_id, "state": state.process_state},
             )
             self._then.finished(state, etag)
             return ReplyOutcome.FINISHED
-        if state.process_state is ProcessState.PENDING:  # compensation queued
+        if decision.then is Then.COMPENSATE:
             log.warning("sas.compensation_started", extra={"order_id": state.order_id})
             self._then.request_schedule(state)
             self._then.notify.status(
@@ -196,12 +183,17 @@ class Scheduler:
         return ReplyOutcome.ADVANCED
 
     def _drop_stale(
-        self, reply: StepReply, state: OrderState, extra: dict[str, object]
+        self, reply: StepReply, state: OrderState, verdict: Fence, extra: dict[str, object]
     ) -> ReplyOutcome:
         """Fencing in action: recorded (for the ledger of what happened), never applied."""
         log.warning(
             "sas.reply_stale",
-            extra={**extra, "current_attempt": state.attempt, "state": state.process_state},
+            extra={
+                **extra,
+                "fence": verdict.value,
+                "current_attempt": state.attempt,
+                "state": state.process_state,
+            },
         )
         self._store.add_history(
             HistoryEntry(
@@ -212,7 +204,7 @@ class Scheduler:
                 step=reply.step,
                 mode=reply.mode,
                 actor=self._instance_id,
-                detail=f"current attempt {state.attempt}, {state.process_state}",
+                detail=f"{verdict.value}: current attempt {state.attempt}, {state.process_state}",
             )
         )
         return ReplyOutcome.STALE
@@ -224,17 +216,17 @@ class Scheduler:
         if order is None or state.complete_by is None:
             raise IllegalTransition(f"order {state.order_id} cannot be dispatched")
         payload = {"order_id": state.order_id, **order.details}
-        action, key = step.action, f"{state.order_id}:{step.name}"
+        action, key = step.action, idempotency_key(state.order_id, step.name, state.mode)
         if state.mode == "undo":
             if step.undo is None:
                 raise IllegalTransition(f"step {step.name} has no undo action")
             done = {s.index: s for s in self._store.get_steps(state.order_id)}.get(state.step_index)
             payload |= {
                 "original_action": step.action,
-                "original_key": key,
+                "original_key": idempotency_key(state.order_id, step.name, "do"),
                 "original_result": done.result if done else None,
             }
-            action, key = step.undo, f"{key}:undo"
+            action = step.undo
         request = StepRequest(
             order_id=state.order_id,
             step=step.name,
@@ -249,7 +241,9 @@ class Scheduler:
         self._transport.send(
             self._routes.agent(step.agent),
             request,
-            message_id=f"{key}:{state.attempt}",
+            message_id=step_request_message_id(
+                state.order_id, step.name, state.mode, state.attempt
+            ),
             correlation_id=state.order_id,
         )
         if state.mode == "do":

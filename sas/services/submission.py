@@ -1,4 +1,4 @@
-"""Submission (pattern.md point 13): order and state inserted together, then scheduled."""
+"""Submission: the order and its state inserted together (or not at all), then scheduled."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Supervisor (pattern.md points 3, 9-10, 20): finds expired records and requests recovery.
+"""The Supervisor: finds expired records and requests recovery (docs/architecture.md, "Recovery").
 
 It sweeps the in-flight index (never the order history), and for each live order whose
 deadline passed it counts a failure and either asks for a retry after a backoff, starts
@@ -16,7 +16,7 @@ from datetime import timedelta
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker
-from sas.domain.transitions import RetryPolicy, expire
+from sas.domain.transitions import ExpiryAction, RetryPolicy, expire
 from sas.domain.workflow import workflow_named
 from sas.services.consequences import Consequences
 from sas.services.ports import StateStore, Transport
@@ -100,10 +100,10 @@ class Supervisor:
         }
         log.warning("sas.step_expired", extra=extra)
         new = decided.state
-        if decided.action == "retry":
+        if decided.action is ExpiryAction.RETRY:
             self._then.request_schedule(new, delay_seconds=decided.delay.total_seconds())
             self._then.notify.status(new.reply_to, new.order_id, "step_retry", now, step=step)
-        elif decided.action == "compensate":
+        elif decided.action is ExpiryAction.COMPENSATE:
             self._then.request_schedule(new)
             self._then.notify.status(
                 new.reply_to, new.order_id, "compensating", now, detail=new.last_error

@@ -71,9 +71,7 @@ class DevHostAsgi:
         try:
             await asyncio.wait_for(middleware.notify_shutdown(), timeout=5)
         except Exception as exc:
-            log.warning(
-                "sas.devhost.asgi_shutdown_failed", extra={"error": type(exc).__name__}
-            )
+            log.warning("sas.devhost.asgi_shutdown_failed", extra={"error": type(exc).__name__})
         app.startup_task_done = False  # its __del__ would otherwise start a new loop at exit
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:

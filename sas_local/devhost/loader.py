@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from sas.domain.wire import QUEUE_NAME
 from sas_local.devhost.config import DevHostError
 from sas_local.devhost.schedule import Schedule, parse_schedule
 
@@ -24,7 +25,6 @@ DEFAULT_CONNECTION = "AzureWebJobsStorage"
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 
 _SETTING_REF = re.compile(r"%([^%]+)%")
-_QUEUE_NAME = re.compile(r"^(?!.*--)[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$")
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def expand(value: str, settings: Mapping[str, str], function: str, what: str) ->
 def queue_name(name: str, function: str) -> str:
     """Lower-cased and validated, as the Functions host normalises queue trigger names."""
     normalised = name.lower()
-    if not _QUEUE_NAME.match(normalised):
+    if not QUEUE_NAME.matches(normalised):
         raise DevHostError(
             f"function {function!r}: {name!r} is not a valid queue name (3-63 characters: "
             "lowercase letters, digits and single hyphens, starting and ending alphanumeric)"

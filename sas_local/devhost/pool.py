@@ -102,9 +102,7 @@ class WorkerPool:
         slot.ready = False
         slot.restart_at = None
         slot.started_at = time.monotonic()
-        log.info(
-            "sas.devhost.worker_spawned", extra={"worker": slot.index, "pid": process.pid}
-        )
+        log.info("sas.devhost.worker_spawned", extra={"worker": slot.index, "pid": process.pid})
 
     def _read_reports(self) -> None:
         by_fd = {slot.ready_fd: slot for slot in self._slots if slot.ready_fd is not None}

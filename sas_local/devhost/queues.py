@@ -25,13 +25,12 @@ from azure.functions.queue import QueueMessage as FunctionQueueMessage
 from azure.storage.queue import ExponentialRetry, QueueClient
 from azure.storage.queue import QueueMessage as StorageQueueMessage
 
+from sas.domain.wire import POISON_SUFFIX
 from sas_local.devhost.config import LEASE_SECONDS, QueueOptions
 from sas_local.devhost.invoke import InvocationContext, arguments, call_sync
 from sas_local.devhost.loader import QueueFunction
 
 log = logging.getLogger(__name__)
-
-POISON_SUFFIX = "-poison"
 
 
 class InvalidBodyError(ValueError):
@@ -185,17 +184,13 @@ class QueuePoller:
         content: str = message.content or ""
         if dequeue_count > self._options.max_dequeue_count:
             # Dequeued too often without a recorded failure (its worker died mid-invocation).
-            log.error(
-                "sas.devhost.message_poisoned", extra={**fields, "reason": "dequeue_count"}
-            )
+            log.error("sas.devhost.message_poisoned", extra={**fields, "reason": "dequeue_count"})
             self._poison(message, content)
             return
         try:
             body = decode_body(content, self._options.message_encoding)
         except InvalidBodyError:
-            log.error(
-                "sas.devhost.message_poisoned", extra={**fields, "reason": "invalid_base64"}
-            )
+            log.error("sas.devhost.message_poisoned", extra={**fields, "reason": "invalid_base64"})
             self._poison(message, content)
             return
         trigger_message = FunctionQueueMessage(  # type: ignore[no-untyped-call]
@@ -248,9 +243,7 @@ class QueuePoller:
             self._client(self.function.queue_name).delete_message(message.id, message.pop_receipt)
         except ResourceNotFoundError:
             # Lease lost (another worker holds it now) or a retried delete that had succeeded.
-            log.warning(
-                "sas.devhost.delete_not_found", extra=self._fields(message_id=message.id)
-            )
+            log.warning("sas.devhost.delete_not_found", extra=self._fields(message_id=message.id))
 
     def _poison(self, message: StorageQueueMessage, content: str) -> None:
         poison = self._client(self._poison_name)

@@ -148,9 +148,7 @@ def run_worker(options: WorkerOptions) -> int:
         log.exception("sas.devhost.startup_failed", extra={"worker": options.index})
         return EXIT_STARTUP
     _report_ready(options, started)
-    log.debug(
-        "sas.devhost.worker_ready", extra={"worker": options.index, "instance": instance}
-    )
+    log.debug("sas.devhost.worker_ready", extra={"worker": options.index, "instance": instance})
     while not stop.wait(0.25):
         if os.getppid() != parent:
             log.warning("sas.devhost.parent_gone", extra={"worker": options.index})

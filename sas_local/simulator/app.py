@@ -18,10 +18,11 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from sas.domain.clock import Clock, SystemClock
+from sas.domain.wire import STEP_NAME
 from sas_local.simulator.books import Books, Entry, Key, ServiceStats
 from sas_local.simulator.faults import FaultConfig, chance, refusal
 
-Name = Annotated[str, Path(pattern=r"^[a-z][a-z0-9]{1,30}$")]
+Name = Annotated[str, Path(pattern=STEP_NAME.end_of_text)]
 Sleep = Callable[[float], Awaitable[None]]
 
 

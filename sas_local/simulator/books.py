@@ -19,7 +19,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-Kind = Literal["do", "undo"]
+from sas.domain.wire import Mode
+
+Kind = Mode
 UndoOutcome = Literal["undone", "noop"]
 Key = tuple[str, str, str]
 """(service, action, idempotency key)"""

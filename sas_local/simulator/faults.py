@@ -13,6 +13,8 @@ from datetime import datetime, timedelta
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sas.domain.wire import STEP_NAME
+
 
 class ServiceFaults(BaseModel):
     """Per-service override; a field left out falls back to the global value."""
@@ -44,7 +46,7 @@ class FaultConfig(BaseModel):
     """Share of successful calls that apply the effect, then answer `slow_seconds` late."""
     slow_seconds: float = Field(default=20.0, ge=0.0, le=600.0)
     """Longer than the agents' call timeout by default, so the reply arrives too late."""
-    outage_service: str | None = Field(default=None, pattern=r"^[a-z][a-z0-9]{1,30}$")
+    outage_service: str | None = Field(default=None, pattern=STEP_NAME.end_of_text)
     outage_start: float = Field(default=0.0, ge=0.0)
     """Seconds after the faults were set (simulator start or `PUT /faults`)."""
     outage_seconds: float = Field(default=0.0, ge=0.0)

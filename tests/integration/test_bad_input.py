@@ -11,8 +11,8 @@ import pytest
 from azure.functions.queue import QueueMessage
 
 from sas import bootstrap
-from sas.adapters.tables import REJECTED_PARTITION
 from sas.domain.messages import MAX_MESSAGE_BYTES
+from sas.domain.wire import REJECTED_PARTITION
 
 pytestmark = pytest.mark.integration
 

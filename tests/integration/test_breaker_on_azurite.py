@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from azure.data.tables import TableClient
 
-from sas.adapters.breaker_table import BREAKER_PARTITION, TableBreakerStore
+from sas.adapters.breaker_table import TableBreakerStore
 from sas.domain.breaker import BreakerPolicy, BreakerState, BreakerStatus, closed_breaker
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound, TransientRemoteError
+from sas.domain.wire import BREAKER_PARTITION
 from sas.services.breaker import CircuitBreaker
 from tests.fakes import FakeClock
 

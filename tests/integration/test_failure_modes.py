@@ -1,6 +1,7 @@
-"""Every failure mode of the pattern (pattern.md 7-12, 18-20), each its own test, on Azurite
-with an injected clock. Invariants checked throughout: no loss (I1), one owner (I2), fencing
-(I3), effects at most once (I4), safe supervision (I6), crash anywhere (I7)."""
+"""Every failure mode of the pattern (docs/architecture.md, "Failure modes"), each its own
+test, on Azurite with an injected clock. Invariants checked throughout: no loss (I1), one
+owner (I2), fencing (I3), effects at most once (I4), safe supervision (I6), crash anywhere
+(I7)."""
 
 from __future__ import annotations
 

@@ -4,14 +4,19 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from sas.domain.errors import IllegalTransition, StaleReply
-from sas.domain.model import ProcessState
+from sas.domain.messages import StepReply
+from sas.domain.model import TERMINAL_STATES, ProcessState
 from sas.domain.transitions import (
+    Fence,
     NotYet,
+    Then,
     RetryPolicy,
     alert_sent,
     claim,
     complete_step,
+    decide_reply,
     expire,
+    fence,
     initial_state,
     refuse_step,
     resubmit,
@@ -315,3 +320,85 @@ def test_resubmit_takes_an_error_back_to_pending_with_a_clean_count():
 def test_only_an_error_can_be_resubmitted(state):
     with pytest.raises(IllegalTransition):
         resubmit(replace(running_at(0), process_state=state), now=NOW, workflow=WF)
+
+
+# --- fencing: one decision, explicit outcomes ---------------------------------------------
+
+
+def _running(attempt: int = 3, step_index: int = 1, mode: str = "do"):
+    state = claim(
+        initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
+    )
+    process = ProcessState.PROCESSING if mode == "do" else ProcessState.COMPENSATING
+    return replace(state, attempt=attempt, step_index=step_index, mode=mode, process_state=process)
+
+
+def _fence(state, *, step_index=1, step="charge", attempt=3, mode="do"):
+    return fence(state, WF, step_index=step_index, step=step, attempt=attempt, mode=mode)
+
+
+def test_fence_accepts_only_the_current_attempt_of_the_running_step():
+    assert _fence(_running()) is Fence.CURRENT
+
+
+@pytest.mark.parametrize(
+    ("reply", "verdict"),
+    [
+        ({"attempt": 2}, Fence.OTHER_ATTEMPT),  # an expired attempt's late reply
+        ({"attempt": 4}, Fence.OTHER_ATTEMPT),  # forged: an attempt nobody claimed
+        ({"step_index": 0, "step": "reserve"}, Fence.OTHER_STEP),
+        ({"mode": "undo"}, Fence.OTHER_STEP),
+        ({"step": "ship"}, Fence.UNKNOWN_STEP),  # name not at that index
+        ({"step_index": 7, "step": "charge"}, Fence.UNKNOWN_STEP),  # no such index
+        ({"step_index": -1, "step": "ship"}, Fence.UNKNOWN_STEP),
+    ],
+)
+def test_fence_names_why_a_reply_is_not_current(reply, verdict):
+    assert _fence(_running(), **reply) is verdict
+
+
+@pytest.mark.parametrize("process_state", [ProcessState.PENDING, *TERMINAL_STATES])
+def test_fence_refuses_every_reply_while_no_step_runs(process_state):
+    assert _fence(replace(_running(), process_state=process_state)) is Fence.NOT_RUNNING
+
+
+def _reply(state, outcome="ok", **change):
+    fields = {
+        "order_id": state.order_id,
+        "step": WF.steps[state.step_index].name,
+        "step_index": state.step_index,
+        "attempt": state.attempt,
+        "mode": state.mode,
+        "outcome": outcome,
+        "error": "refused" if outcome == "error" else None,
+    }
+    return StepReply(**(fields | change))
+
+
+def test_decide_reply_says_what_follows_each_transition():
+    first = _running(attempt=1, step_index=0)
+    advanced = decide_reply(first, _reply(first), instance_id="s", now=NOW, workflow=WF)
+    assert (advanced.then, advanced.history_kind) == (Then.DISPATCH, "completed")
+    assert advanced.state.step_index == 1
+
+    last = _running(attempt=5, step_index=2)
+    done = decide_reply(last, _reply(last), instance_id="s", now=NOW, workflow=WF)
+    assert (done.then, done.state.process_state) == (Then.FINISH, ProcessState.PROCESSED)
+
+    refused = decide_reply(last, _reply(last, "error"), instance_id="s", now=NOW, workflow=WF)
+    assert (refused.then, refused.history_kind) == (Then.COMPENSATE, "refused")
+    assert (refused.state.process_state, refused.state.mode) == (ProcessState.PENDING, "undo")
+
+    undo = _running(attempt=9, step_index=0, mode="undo")
+    compensated = decide_reply(undo, _reply(undo), instance_id="s", now=NOW, workflow=WF)
+    assert (compensated.then, compensated.history_kind) == (Then.FINISH, "undone")
+    assert compensated.state.process_state is ProcessState.COMPENSATED
+
+    failed_undo = decide_reply(undo, _reply(undo, "error"), instance_id="s", now=NOW, workflow=WF)
+    assert (failed_undo.then, failed_undo.state.process_state) == (Then.FINISH, ProcessState.ERROR)
+
+
+def test_decide_reply_refuses_a_reply_the_fence_would_drop():
+    state = _running()
+    with pytest.raises(StaleReply):
+        decide_reply(state, _reply(state, attempt=2), instance_id="s", now=NOW, workflow=WF)

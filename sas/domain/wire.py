@@ -1,0 +1,160 @@
+"""Every wire rule, written once: id and name patterns, step modes, message ids, idempotency
+keys and table keys. Anything that formats or checks one of these calls this module.
+
+Why each rule is what it is: docs/architecture.md, "Wire rules".
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Literal
+
+# --- names and ids ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NameRule:
+    """A pattern a whole value must match, with the anchors each regex engine needs.
+
+    Python's ``$`` also matches before a trailing newline (``"abc\\n"`` would pass and then be
+    refused by Table Storage as a key), so Python patterns end in ``\\Z``. Rust's regex (the
+    default of pydantic-core and FastAPI) and ECMAScript (JSON Schema) have no ``\\Z`` but
+    their ``$`` is the end of the text."""
+
+    label: str
+    body: str
+
+    @property
+    def python(self) -> str:
+        """For ``re`` and pydantic models with ``regex_engine="python-re"``."""
+        return rf"^(?:{self.body})\Z"
+
+    @property
+    def end_of_text(self) -> str:
+        """For engines whose ``$`` is the end of the text: Rust regex, JSON Schema."""
+        return rf"^(?:{self.body})$"
+
+    def matches(self, value: str) -> bool:
+        return re.fullmatch(self.body, value) is not None
+
+    def check(self, value: str) -> str:
+        """``value`` if it matches; ValueError naming the rule otherwise (never echoing it)."""
+        if not self.matches(value):
+            raise ValueError(f"not a valid {self.label}")
+        return value
+
+
+ORDER_ID = NameRule("order id", r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""Safe as a Table PartitionKey and inside message ids: no '/', '\\', '#', '?', ':' or control
+characters, at most 64 characters."""
+
+BUSINESS_ID = NameRule("business id", r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""Customer ids and SKUs in an order: the same safe alphabet as order ids."""
+
+STEP_NAME = NameRule("step name", r"[a-z][a-z0-9]{1,30}")
+"""Workflow, step, agent and action names: they become setting keys and URL path segments."""
+
+CURRENCY = NameRule("currency code", r"[A-Z]{3}")
+
+_QUEUE_NAME_BODY = r"(?!.*--)[a-z0-9][a-z0-9-]{{1,{inner}}}[a-z0-9]"
+POISON_SUFFIX = "-poison"
+"""What the Functions host appends to a Storage queue's name for messages that failed too
+often."""
+QUEUE_NAME = NameRule("queue name", _QUEUE_NAME_BODY.format(inner=61))
+"""Any queue sas sends to (e.g. a submitter's status queue): 3-63 lowercase letters, digits
+and single hyphens — valid for Storage Queues and Service Bus alike."""
+APP_QUEUE_NAME = NameRule("app queue name", _QUEUE_NAME_BODY.format(inner=61 - len(POISON_SUFFIX)))
+"""A queue the app is triggered by: the same, leaving room for the host's poison suffix."""
+
+TABLE_NAME_RULE = NameRule("table name", r"[A-Za-z][A-Za-z0-9]{2,62}")
+
+
+# --- step modes -------------------------------------------------------------------------
+
+Mode = Literal["do", "undo"]
+"""``undo`` runs a completed step's compensating action (compensation walks steps backwards)."""
+
+
+# --- idempotency keys and message ids ----------------------------------------------------
+
+
+def idempotency_key(order_id: str, step: str, mode: Mode) -> str:
+    """What the remote service de-duplicates on: stable across attempts of one step, so a
+    retry or a duplicate delivery never applies the effect twice; an undo has its own key."""
+    key = f"{order_id}:{step}"
+    return key if mode == "do" else f"{key}:undo"
+
+
+def submission_message_id(order_id: str) -> str:
+    """One order, one submission: a resent OrderSubmitted is a duplicate."""
+    return order_id
+
+
+def step_request_message_id(order_id: str, step: str, mode: Mode, attempt: int) -> str:
+    """One request per attempt: the attempt (fencing token) makes every retry a new message."""
+    return f"{idempotency_key(order_id, step, mode)}:{attempt}"
+
+
+def step_reply_message_id(order_id: str, step: str, mode: Mode, attempt: int) -> str:
+    return f"{step_request_message_id(order_id, step, mode, attempt)}:reply"
+
+
+def schedule_message_id(order_id: str, state_version: datetime) -> str:
+    """One per persisted state version (its ``updated_at``): re-sending the request for the
+    same version is a duplicate, while a new retry or resubmission never is."""
+    return f"{order_id}:schedule:{_stamp(state_version)}"
+
+
+def status_message_id(order_id: str, status: str, step: str | None, at: datetime) -> str:
+    return f"{order_id}:status:{status}:{step or '-'}:{_stamp(at)}"
+
+
+def alert_message_id(order_id: str, attempt: int, error_at: datetime) -> str:
+    """One per Error: the same id whoever sends it and however often (duplicate detection, and
+    what an alerts consumer de-duplicates on)."""
+    return f"{order_id}:alert:{attempt}:{_stamp(error_at)}"
+
+
+def _stamp(at: datetime) -> str:
+    return f"{at.timestamp():.6f}"
+
+
+# --- table keys ----------------------------------------------------------------------------
+# One table. PartitionKey = OrderID for an order's rows, so they change together in one
+# entity-group transaction; a few '~' partitions (sorted after every order id) hold the rest.
+
+ORDER_ROW = "order"
+STATE_ROW = "state"
+STEP_ROW_PREFIX = "step:"
+HISTORY_ROW_PREFIX = "hist:"
+LIVE_PARTITION = "~live"
+"""The in-flight index: one row per order that may be live, RowKey = OrderID."""
+REJECTED_PARTITION = "~rejected"
+"""Messages parked as unprocessable, RowKey = time + random tail."""
+BREAKER_PARTITION = "~breaker"
+"""Circuit breakers, RowKey = the agent's name."""
+
+
+def step_row_key(index: int, name: str) -> str:
+    return f"{STEP_ROW_PREFIX}{index:02d}:{name}"
+
+
+def history_row_key(at: datetime, attempt: int, tail: str) -> str:
+    """Time first, so a range query returns the trail in order; ``tail`` (random) keeps two
+    entries of one instant apart."""
+    return f"{HISTORY_ROW_PREFIX}{_utc_stamp(at)}:{attempt:05d}:{tail}"
+
+
+def rejected_row_key(at: datetime, tail: str) -> str:
+    return f"{_utc_stamp(at)}-{tail}"
+
+
+def prefix_range(prefix: str) -> tuple[str, str]:
+    """RowKey bounds ``lo <= key < hi`` of every key starting with ``prefix``."""
+    return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def _utc_stamp(at: datetime) -> str:
+    return f"{at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}"
