@@ -17,6 +17,7 @@ import os
 import sys
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 from rich.console import Console
@@ -83,9 +84,11 @@ def _request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
         return http.get("/api/rejected", params={"limit": args.limit})
     if args.verb == "list":
         return http.get("/api/orders", params={"state": args.state, "limit": args.limit})
+    # Quoted whole: an id with '#', '?' or '/' must never address another order or route.
+    order = quote(args.order_id, safe="")
     if args.verb == "show":
-        return http.get(f"/api/orders/{args.order_id}")
-    return http.post(f"/api/orders/{args.order_id}/resubmit", json={"actor": args.actor})
+        return http.get(f"/api/orders/{order}")
+    return http.post(f"/api/orders/{order}/resubmit", json={"actor": args.actor})
 
 
 def _render(args: argparse.Namespace, body: Any) -> None:

@@ -143,6 +143,8 @@ class OperatorAlert(Message):
     """Something needs a human: sent to the alerts queue and logged at ERROR."""
 
     type: Literal["OperatorAlert"] = "OperatorAlert"
+    alert_id: Annotated[str, StringConstraints(min_length=1, max_length=200)]
+    """The same for every copy of one alert, whatever the transport: de-duplicate on it."""
     order_id: OrderId
     reason: Annotated[str, StringConstraints(max_length=1000)]
     at: AwareDatetime

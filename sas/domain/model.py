@@ -57,6 +57,10 @@ class OrderState:
     """Retry backoff: a Scheduler does not claim before this time."""
     alert_pending: bool = False
     """Set with the move to Error, cleared once the operator alert is sent (so it is sent)."""
+    alert_claimed_by: str | None = None
+    """Who is sending the owed alert; nobody else sends it while the claim holds."""
+    alert_claimed_until: datetime | None = None
+    """When the claim lapses: a sender that died is replaced, with the same alert id."""
 
     @property
     def is_terminal(self) -> bool:

@@ -313,10 +313,29 @@ def to_error(state: OrderState, *, now: datetime, reason: str) -> OrderState:
     )
 
 
+def claim_alert(
+    state: OrderState, *, instance_id: str, now: datetime, lease: timedelta
+) -> OrderState:
+    """Take the right to send the alert an Error owes, for ``lease``.
+
+    Persisted (conditionally) *before* the alert is sent, so of several Supervisors and the
+    Scheduler that just wrote Error exactly one sends it. A claim whose lease ran out (its
+    holder died between the claim and the send) may be taken over: the alert then goes out
+    again with the same alert id, which is what consumers de-duplicate on."""
+    if not state.alert_pending:
+        raise IllegalTransition(f"order {state.order_id} owes no alert")
+    held = state.alert_claimed_until is not None and now < state.alert_claimed_until
+    if held and state.alert_claimed_by != instance_id:
+        raise IllegalTransition(
+            f"alert of {state.order_id} is being sent by {state.alert_claimed_by!r}"
+        )
+    return replace(state, alert_claimed_by=instance_id, alert_claimed_until=now + lease)
+
+
 def alert_sent(state: OrderState) -> OrderState:
     if not state.alert_pending:
         raise IllegalTransition(f"order {state.order_id} owes no alert")
-    return replace(state, alert_pending=False)
+    return replace(state, alert_pending=False, alert_claimed_by=None, alert_claimed_until=None)
 
 
 def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderState:
@@ -333,6 +352,8 @@ def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderSt
         updated_at=now,
         finished_at=None,
         alert_pending=False,
+        alert_claimed_by=None,
+        alert_claimed_until=None,
     )
 
 

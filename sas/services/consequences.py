@@ -7,12 +7,14 @@ consequences whoever made it.
 from __future__ import annotations
 
 import logging
-from datetime import datetime
+from datetime import datetime, timedelta
+from enum import StrEnum
 
-from sas.domain.errors import ConcurrencyConflict, NotFound
+from sas.domain.clock import Clock
+from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import OperatorAlert, ScheduleRequest, StatusEvent, StatusKind
-from sas.domain.model import OrderState, ProcessState
-from sas.domain.transitions import alert_sent
+from sas.domain.model import HistoryEntry, OrderState, ProcessState
+from sas.domain.transitions import alert_sent, claim_alert
 from sas.domain.wire import alert_message_id, schedule_message_id, status_message_id
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
@@ -20,12 +22,46 @@ from sas.services.routes import Routes
 log = logging.getLogger(__name__)
 
 
+ALERT_LEASE = timedelta(seconds=60)
+"""How long a claim to send an alert excludes other senders: far longer than one send (the
+Service Bus send timeout is 10 s), so only a sender that died is ever replaced."""
+
+
+class AlertOutcome(StrEnum):
+    NOT_OWED = "not_owed"
+    SENT = "sent"
+    """Sent by this call, and the debt cleared (or cleared by whoever wrote next)."""
+    CLAIMED_ELSEWHERE = "claimed_elsewhere"
+    """Another instance holds the claim: it sends; if it died, a sweep after the lease does."""
+
+
 class Consequences:
-    def __init__(self, store: StateStore, transport: Transport, routes: Routes) -> None:
+    def __init__(
+        self,
+        store: StateStore,
+        transport: Transport,
+        routes: Routes,
+        clock: Clock,
+        *,
+        actor: str,
+        alert_lease: timedelta = ALERT_LEASE,
+    ) -> None:
         self._store = store
         self._transport = transport
         self._routes = routes
+        self._clock = clock
+        self._actor = actor
+        self.alert_lease = alert_lease
         self.notify = Notifier(transport, routes)
+
+    def claiming_alert(self, state: OrderState) -> OrderState:
+        """``state`` with the claim on its alert, if it owes one: written with the transition
+        to Error itself, so the instance that decided Error sends the alert at no extra write."""
+        if not state.alert_pending:
+            return state
+        return claim_alert(
+            state, instance_id=self._actor, now=self._clock.now(), lease=self.alert_lease
+        )
 
     def request_schedule(self, state: OrderState, delay_seconds: float = 0) -> None:
         self._transport.send(
@@ -51,24 +87,55 @@ class Consequences:
                 state.reply_to, state.order_id, "failed", now, detail=state.last_error
             )
 
-    def settle_alert(self, state: OrderState, etag: str) -> bool:
-        """Send the alert an Error owes, then clear the debt (conditionally).
+    def settle_alert(self, state: OrderState, etag: str) -> AlertOutcome:
+        """Send the alert an Error owes, exactly once across instances, then clear the debt.
 
-        A crash between the two re-sends it on the Supervisor's next sweep, with the same
-        message id, which Service Bus duplicate detection drops."""
+        Claim (a conditional write), send, clear (a conditional write). Whoever loses the
+        claim sends nothing. A crash after the claim leaves the alert owed: once the lease
+        lapses the next sweep claims and sends it again with the same alert id."""
         if not state.alert_pending:
-            return False
+            return AlertOutcome.NOT_OWED
+        now = self._clock.now()
+        mine = (
+            state.alert_claimed_by == self._actor
+            and state.alert_claimed_until is not None
+            and now < state.alert_claimed_until
+        )
+        if not mine:
+            try:
+                claimed = claim_alert(
+                    state, instance_id=self._actor, now=now, lease=self.alert_lease
+                )
+            except IllegalTransition:
+                return AlertOutcome.CLAIMED_ELSEWHERE
+            history = HistoryEntry(
+                order_id=state.order_id,
+                at=now,
+                kind="alert_claimed",
+                attempt=state.attempt,
+                mode=state.mode,
+                actor=self._actor,
+                detail=f"previous claim by {state.alert_claimed_by or '-'} lapsed",
+            )
+            try:
+                etag = self._store.update_state(claimed, etag, history)
+            except (ConcurrencyConflict, NotFound):
+                return AlertOutcome.CLAIMED_ELSEWHERE
+            state = claimed
+        error_at = state.finished_at or state.updated_at
         self.notify.alert(
             state.order_id,
             state.last_error or "order failed",
-            state.updated_at,
-            message_id=alert_message_id(state.order_id, state.attempt, state.updated_at),
+            error_at,
+            alert_id=alert_message_id(state.order_id, state.attempt, error_at),
         )
         try:
             self._store.update_state(alert_sent(state), etag)
-        except ConcurrencyConflict:
+        except (ConcurrencyConflict, NotFound):
+            # Moved on meanwhile (an operator resubmitted it): nothing is owed any more, or
+            # the next sweep finds the debt and, after the lease, sends the same alert id.
             log.info("sas.alert_flag_conflict", extra={"order_id": state.order_id})
-        return True
+        return AlertOutcome.SENT
 
 
 class Notifier:
@@ -116,17 +183,17 @@ class Notifier:
                 extra={"order_id": order_id, "queue": reply_to, "status": status},
             )
 
-    def alert(self, order_id: str, reason: str, at: datetime, *, message_id: str) -> None:
+    def alert(self, order_id: str, reason: str, at: datetime, *, alert_id: str) -> None:
         """One operator alert: a message on the alerts queue and an ERROR log event."""
         log.error(
             "sas.operator_alert order=%s reason=%s",
             order_id,
             reason,
-            extra={"order_id": order_id, "reason": reason},
+            extra={"order_id": order_id, "reason": reason, "alert_id": alert_id},
         )
         self._transport.send(
             self._routes.alerts,
-            OperatorAlert(order_id=order_id, reason=reason[:1000], at=at),
-            message_id=message_id,
+            OperatorAlert(alert_id=alert_id, order_id=order_id, reason=reason[:1000], at=at),
+            message_id=alert_id,
             correlation_id=order_id,
         )

@@ -32,7 +32,7 @@ class Operator:
     ) -> None:
         self._store = store
         self._clock = clock
-        self._then = Consequences(store, transport, routes)
+        self._then = Consequences(store, transport, routes, clock, actor="operator")
 
     def detail(self, order_id: str) -> OrderDetail:
         current, order = self._store.get_state(order_id), self._store.get_order(order_id)

@@ -8,6 +8,7 @@ somebody else moved the order on.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from enum import StrEnum
 
 from sas.domain.clock import Clock
@@ -56,7 +57,7 @@ class Scheduler:
         self._routes = routes
         self._clock = clock
         self._instance_id = instance_id
-        self._then = Consequences(store, transport, routes)
+        self._then = Consequences(store, transport, routes, clock, actor=instance_id)
 
     def schedule(self, request: ScheduleRequest) -> ScheduleOutcome:
         extra: dict[str, object] = {"order_id": request.order_id}
@@ -129,6 +130,7 @@ class Scheduler:
         decision = decide_reply(
             state, reply, instance_id=self._instance_id, now=now, workflow=workflow
         )
+        decision = replace(decision, state=self._then.claiming_alert(decision.state))
         if reply.outcome == "ok" and reply.mode == "do":
             # Recorded before the state moves on, so what the undo needs is durable before the
             # step counts as done; a redelivery after a crash here writes the same record.

@@ -30,7 +30,7 @@ class Submission:
     ) -> None:
         self._store = store
         self._clock = clock
-        self._then = Consequences(store, transport, routes)
+        self._then = Consequences(store, transport, routes, clock, actor="submit")
 
     def submit(self, message: OrderSubmitted) -> SubmissionOutcome:
         workflow = WORKFLOWS.get(message.workflow)

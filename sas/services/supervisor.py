@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from dataclasses import replace
 from datetime import timedelta
 
 from sas.domain.clock import Clock
@@ -18,7 +19,7 @@ from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker
 from sas.domain.transitions import ExpiryAction, RetryPolicy, expire
 from sas.domain.workflow import workflow_named
-from sas.services.consequences import Consequences
+from sas.services.consequences import AlertOutcome, Consequences
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 
@@ -42,7 +43,7 @@ class Supervisor:
         self._instance_id = instance_id
         self._policy = policy
         self._orphan_grace = orphan_grace
-        self._then = Consequences(store, transport, routes)
+        self._then = Consequences(store, transport, routes, clock, actor=instance_id)
 
     def sweep(self) -> Counter[str]:
         """One pass over the in-flight index; returns what it did, by outcome."""
@@ -68,13 +69,18 @@ class Supervisor:
             return "orphan_waiting"
         state = current.value
         if state.is_terminal:
-            alerted = self._then.settle_alert(state, current.etag)
+            alert = self._then.settle_alert(state, current.etag)
+            if alert is AlertOutcome.CLAIMED_ELSEWHERE:
+                return "alert_claimed_elsewhere"  # stays indexed until the alert is sent
             dropped = self._store.drop_live(marker)
-            return "alert_resent" if alerted else ("unindexed" if dropped else "retouched")
+            if alert is AlertOutcome.SENT:
+                return "alert_resent"
+            return "unindexed" if dropped else "retouched"
         if state.complete_by is None or state.complete_by > now:
             return "healthy"
         workflow = workflow_named(state.workflow)
         decided = expire(state, now=now, workflow=workflow, policy=self._policy)
+        decided = replace(decided, state=self._then.claiming_alert(decided.state))
         step = workflow.step(state.step_index).name
         history = HistoryEntry(
             order_id=state.order_id,

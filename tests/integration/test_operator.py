@@ -91,3 +91,16 @@ def test_the_cli_lists_shows_and_resubmits(client, failed_order, capsys):
     assert run(["orders", "resubmit", failed_order], client=client) == 1
     assert "409" in capsys.readouterr().out
     assert run(["rejected", "list"], client=client) == 0
+
+
+@pytest.mark.parametrize("hostile", ["#", "?state=Error", "/resubmit", "%23", "/../"])
+def test_the_cli_never_lets_an_order_id_address_another_order(
+    client, failed_order, hostile, capsys
+):
+    # Unquoted, "err1#x" asked for /api/orders/err1 and showed the wrong order.
+    assert run(["--json", "orders", "show", failed_order + hostile], client=client) == 1
+    out = capsys.readouterr().out
+    assert failed_order not in out or "422" in out or "404" in out
+    assert "card declined" not in out
+    assert run(["orders", "resubmit", failed_order + hostile], client=client) == 1
+    assert client.get(f"/api/orders/{failed_order}").json()["process_state"] == "Error"
