@@ -2,8 +2,9 @@
 // Deployed by `azd up` (azure.yaml at the repo root). See infra/README.md.
 //
 // Security posture: one user-assigned identity holding data-plane roles only; no shared keys
-// (storage allowSharedKeyAccess: false), no SAS/local auth (Service Bus and Application
-// Insights disableLocalAuth: true); every app connection is identity-based.
+// (storage allowSharedKeyAccess: false), no SAS/local auth (Service Bus, Application Insights
+// and Log Analytics disableLocalAuth: true), no basic-auth publishing (FTP/SCM off); every app
+// connection is identity-based. Diagnostic settings and alert rules report to the workspace.
 
 targetScope = 'subscription'
 
@@ -21,8 +22,11 @@ param environmentName string
 })
 param location string
 
-@description('Object id of the deploying principal (azd sets AZURE_PRINCIPAL_ID). When set, it gets the data roles needed to run the app and its tests against these resources. Empty: skipped.')
+@description('Object id of the deploying principal (azd sets AZURE_PRINCIPAL_ID). It gets data roles only when grantDeployerDataAccess is true.')
 param principalId string = ''
+
+@description('Grant the deploying principal (principalId) data-plane roles on the table, the queues and Service Bus, to run the live contract test against these resources. Off by default: deploying needs no data access.')
+param grantDeployerDataAccess bool = false
 
 @description('Kind of principal in principalId.')
 @allowed([
@@ -63,11 +67,17 @@ param supervisorSchedule string = '*/15 * * * * *'
 @maxValue(100)
 param maxFailures int = 3
 
+@description('Seconds two instances\' clocks may differ; a deadline counts as passed only this long after it (SAS_CLOCK_SKEW_SECONDS, 0-60).')
+param clockSkewSeconds string = '2'
+
+@description('Comma-separated prefixes a submitter\'s status (reply_to) queue must start with; the app\'s own queues are always refused (SAS_REPLY_TO_PREFIXES).')
+param replyToPrefixes string = 'status-'
+
 // A Service Bus trigger holds a peek-lock while its function runs; the Functions host renews
 // it (host.json maxAutoLockRenewalDuration), but the lock itself should outlast the longest
-// step complete-by budget (30 s, sas/domain/workflow.py) so that a slow agent never races a
+// step complete-by budget (15 s, sas/domain/workflow.py) so that a slow agent never races a
 // redelivery of its own request. Service Bus caps it at 5 minutes.
-@description('Service Bus peek-lock duration; must be >= the longest step complete-by budget (30 s).')
+@description('Service Bus peek-lock duration; must be >= the longest step complete-by budget (15 s).')
 @allowed([
   'PT1M'
   'PT2M'
@@ -79,7 +89,7 @@ param serviceBusLockDuration string = 'PT1M'
 // Message ids are '{order}:{step}:{attempt}' (attempt = fencing token), so a redelivered or
 // re-sent copy of the same attempt is dropped inside this window, while a retry (new attempt)
 // is a new id. The window must cover the longest time over which one id can be re-sent:
-// a step's complete-by budget (30 s) and the pickup budget of a Pending order (2 min).
+// a step's complete-by budget (15 s) and the pickup budget of a Pending order (60 s).
 @description('Service Bus duplicate detection window (ISO 8601, 20 s to 7 days).')
 param serviceBusDuplicateDetectionWindow string = 'PT10M'
 
@@ -103,6 +113,9 @@ param maximumInstanceCount int = 100
 ])
 param instanceMemoryMB int = 2048
 
+@description('E-mail address of the operators for the alert rules\' action group (SAS_ALERT_EMAIL). Empty: the action group has no receiver; the alerts still fire in Azure Monitor.')
+param alertEmail string = ''
+
 // Queue names by app setting key. Keep in step with sas.settings.DEFAULT_QUEUES:
 // tests/unit/test_infra_consistency.py fails when they drift apart.
 var queueSettings = {
@@ -115,6 +128,10 @@ var queueSettings = {
   SAS_QUEUE_AGENT_SHIPPING: 'sas-agent-shipping'
 }
 var queueNames = map(items(queueSettings), queue => queue.value)
+var alertsQueueName = queueSettings.SAS_QUEUE_ALERTS
+// The queues the app consumes (its queue triggers): all but the alerts queue, which only
+// operators read. Receive-side roles are scoped to exactly these queues.
+var triggerQueueNames = filter(queueNames, queue => queue != alertsQueueName)
 var useServiceBus = transport == 'servicebus'
 
 var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
@@ -180,6 +197,8 @@ module serviceBus 'modules/servicebus.bicep' = if (useServiceBus) {
 }
 
 // The app's identity: every data role it needs, nothing else (see modules/roles.bicep).
+// hostRoles: also Data Owner on each trigger queue, which target-based scaling needs to read
+// queue length (never on the namespace).
 module appRoles 'modules/roles.bicep' = {
   name: 'roles-app'
   scope: rg
@@ -187,22 +206,27 @@ module appRoles 'modules/roles.bicep' = {
     principalId: identity.outputs.principalId
     principalType: 'ServicePrincipal'
     storageAccountName: storage.outputs.name
+    storageQueues: !useServiceBus
     serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
+    triggerQueueNames: useServiceBus ? triggerQueueNames : []
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     hostRoles: true
   }
 }
 
-// The deploying user (optional): the app's data roles, without the host-only ones, so that
-// the CLI, the demo and the live contract tests can run against these resources.
-module userRoles 'modules/roles.bicep' = if (!empty(principalId)) {
+// The deploying principal, only on request (grantDeployerDataAccess): the app's data roles
+// without the host-only ones, receive scoped to the trigger queues, so that the live contract
+// test and ad-hoc checks can run against these resources.
+module userRoles 'modules/roles.bicep' = if (grantDeployerDataAccess && !empty(principalId)) {
   name: 'roles-user'
   scope: rg
   params: {
     principalId: principalId
     principalType: principalType
     storageAccountName: storage.outputs.name
+    storageQueues: !useServiceBus
     serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
+    triggerQueueNames: useServiceBus ? triggerQueueNames : []
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     hostRoles: false
   }
@@ -216,6 +240,8 @@ var sasSettings = {
   SAS_TABLE_NAME: tableName
   SAS_SUPERVISOR_SCHEDULE: supervisorSchedule
   SAS_MAX_FAILURES: string(maxFailures)
+  SAS_CLOCK_SKEW_SECONDS: clockSkewSeconds
+  SAS_REPLY_TO_PREFIXES: replyToPrefixes
   SAS_REMOTE_INVENTORY_URL: remoteInventoryUrl
   SAS_REMOTE_PAYMENT_URL: remotePaymentUrl
   SAS_REMOTE_SHIPPING_URL: remoteShippingUrl
@@ -252,6 +278,40 @@ module functionApp 'modules/functionapp.bicep' = {
   // The host reaches its storage with the identity as soon as it starts: grant first.
   dependsOn: [
     appRoles
+  ]
+}
+
+// Logs and metrics of the app, the namespace and the storage account into the workspace.
+module diagnostics 'modules/diagnostics.bicep' = {
+  name: 'diagnostics'
+  scope: rg
+  params: {
+    logAnalyticsId: monitoring.outputs.logAnalyticsId
+    functionAppName: functionApp.outputs.name
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
+  }
+}
+
+// Alert rules: the operator-alert log event, dead-lettered messages and the alerts queue.
+module alerts 'modules/alerts.bicep' = {
+  name: 'alerts'
+  scope: rg
+  params: {
+    namePrefix: 'sas-${resourceToken}'
+    location: location
+    tags: tags
+    alertEmail: alertEmail
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    logAnalyticsName: monitoring.outputs.logAnalyticsName
+    serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
+    queueNames: useServiceBus ? queueNames : []
+    storageQueues: !useServiceBus
+    alertsQueueName: alertsQueueName
+  }
+  // The storage queue rules read StorageQueueLogs, which the diagnostic settings create.
+  dependsOn: [
+    diagnostics
   ]
 }
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import os
 import re
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
 from sas.domain.errors import ConfigurationError
-from sas.domain.wire import APP_QUEUE_NAME, TABLE_NAME_RULE
+from sas.domain.wire import APP_QUEUE_NAME, REPLY_TO_PREFIX, TABLE_NAME_RULE
 from sas.domain.workflow import AGENTS
 
 TransportKind = Literal["servicebus", "storage"]
@@ -28,6 +28,8 @@ TABLE_NAME = "SAS_TABLE_NAME"
 INSTANCE_ID = "SAS_INSTANCE_ID"
 SUPERVISOR_SCHEDULE = "SAS_SUPERVISOR_SCHEDULE"
 MAX_FAILURES = "SAS_MAX_FAILURES"
+CLOCK_SKEW_SECONDS = "SAS_CLOCK_SKEW_SECONDS"
+REPLY_TO_PREFIXES = "SAS_REPLY_TO_PREFIXES"
 STORAGE_CONNECTION = "SasStorage"
 SERVICEBUS_CONNECTION = "SasServiceBus"
 QUEUE_ORDERS = "SAS_QUEUE_ORDERS"
@@ -52,6 +54,9 @@ DEFAULT_QUEUES: dict[str, str] = {
     **{agent_queue_setting(agent): f"sas-agent-{agent}" for agent in AGENTS},
 }
 DEFAULT_TABLE = "sasorders"
+DEFAULT_CLOCK_SKEW_SECONDS = 2.0
+MAX_CLOCK_SKEW_SECONDS = 60.0
+DEFAULT_REPLY_TO_PREFIXES: tuple[str, ...] = ("status-",)
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,10 @@ class Connection:
     queue_uri: str | None = None
     namespace: str | None = None
     client_id: str | None = None
+    credential: Literal["managedidentity"] | None = None
+    """``<Conn>__credential``: 'managedidentity' means ManagedIdentityCredential (the
+    user-assigned one ``client_id`` names, else the system-assigned one); None means
+    DefaultAzureCredential, and then ``client_id`` must be None too."""
 
     @property
     def uses_identity(self) -> bool:
@@ -82,6 +91,11 @@ class Settings:
     storage: Connection
     servicebus: Connection | None
     max_failures: int = 3
+    clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
+    """How far apart two instances' clocks may be: the Supervisor waits this much past a
+    deadline before it calls a step expired."""
+    reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
+    """A submitter's status queue must start with one of these (the app's own never may)."""
 
     def queue(self, key: str) -> str:
         return self.queues[key]
@@ -122,8 +136,54 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     instance_id = env.get(INSTANCE_ID) or f"{socket.gethostname()}-{os.getpid()}"
     max_failures = _positive_int(env, MAX_FAILURES, default=3)
     return Settings(
-        transport, table_name, queues, remote_urls, instance_id, storage, servicebus, max_failures
+        transport,
+        table_name,
+        queues,
+        remote_urls,
+        instance_id,
+        storage,
+        servicebus,
+        max_failures,
+        clock_skew_seconds=_clock_skew(env),
+        reply_to_prefixes=_reply_to_prefixes(env, queues.values()),
     )
+
+
+def _clock_skew(env: Mapping[str, str]) -> float:
+    raw = env.get(CLOCK_SKEW_SECONDS)
+    if raw is None or raw.strip() == "":
+        return DEFAULT_CLOCK_SKEW_SECONDS
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{CLOCK_SKEW_SECONDS} must be a number of seconds") from None
+    if not 0 <= value <= MAX_CLOCK_SKEW_SECONDS:
+        raise ConfigurationError(
+            f"{CLOCK_SKEW_SECONDS} must be between 0 and {MAX_CLOCK_SKEW_SECONDS:g} seconds"
+        )
+    return value
+
+
+def _reply_to_prefixes(env: Mapping[str, str], app_queues: Iterable[str]) -> tuple[str, ...]:
+    raw = env.get(REPLY_TO_PREFIXES)
+    if raw is None or raw.strip() == "":
+        prefixes = DEFAULT_REPLY_TO_PREFIXES
+    else:
+        prefixes = tuple(p.strip() for p in raw.split(",") if p.strip())
+    for prefix in prefixes:
+        if not REPLY_TO_PREFIX.matches(prefix):
+            raise ConfigurationError(
+                f"{REPLY_TO_PREFIXES}: {prefix!r} is not a queue-name prefix "
+                "(lowercase letters, digits and hyphens, starting with a letter or digit)"
+            )
+    if not prefixes:
+        raise ConfigurationError(f"{REPLY_TO_PREFIXES} names no prefix")
+    for queue in app_queues:
+        if queue.startswith(prefixes):
+            raise ConfigurationError(
+                f"{REPLY_TO_PREFIXES} would let submitters name the app's queue {queue!r}"
+            )
+    return prefixes
 
 
 def _positive_int(env: Mapping[str, str], key: str, *, default: int) -> int:
@@ -149,11 +209,27 @@ def _url(env: Mapping[str, str], key: str) -> str:
     return value.rstrip("/")
 
 
-def _identity(env: Mapping[str, str], name: str) -> str | None:
-    credential = env.get(f"{name}__credential")
+class _Identity(TypedDict):
+    credential: Literal["managedidentity"] | None
+    client_id: str | None
+
+
+def _identity(env: Mapping[str, str], name: str) -> _Identity:
+    """The Functions convention: managed identity only where ``<Conn>__credential`` says so.
+
+    A ``__clientId`` without ``__credential=managedidentity`` is refused rather than ignored:
+    the Functions host ignores it there, so its triggers would sign in differently from the app.
+    """
+    credential = env.get(f"{name}__credential") or None
     if credential is not None and credential.lower() != "managedidentity":
         raise ConfigurationError(f"{name}__credential must be 'managedidentity' when set")
-    return env.get(f"{name}__clientId") or None
+    client_id = env.get(f"{name}__clientId") or None
+    if client_id is not None and credential is None:
+        raise ConfigurationError(
+            f"{name}__clientId is set without {name}__credential=managedidentity: "
+            "set both (a user-assigned managed identity) or neither (DefaultAzureCredential)"
+        )
+    return {"credential": "managedidentity" if credential else None, "client_id": client_id}
 
 
 def _storage_connection(env: Mapping[str, str], name: str) -> Connection:
@@ -175,7 +251,7 @@ def _storage_connection(env: Mapping[str, str], name: str) -> Connection:
         if parsed.scheme != "https" or not parsed.netloc:
             raise ConfigurationError(f"{key} must be an https URL with a host")
     return Connection(
-        setting=name, table_uri=table_uri, queue_uri=queue_uri, client_id=_identity(env, name)
+        setting=name, table_uri=table_uri, queue_uri=queue_uri, **_identity(env, name)
     )
 
 
@@ -191,4 +267,4 @@ def _servicebus_connection(env: Mapping[str, str], name: str) -> Connection:
         )
     if not re.fullmatch(r"[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+", namespace):
         raise ConfigurationError(f"{name}__fullyQualifiedNamespace must be a host name")
-    return Connection(setting=name, namespace=namespace, client_id=_identity(env, name))
+    return Connection(setting=name, namespace=namespace, **_identity(env, name))

@@ -100,6 +100,24 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   }
 }
 
+// No basic-auth (user name and password) publishing: FTP and the SCM (Kudu) endpoint accept
+// Entra ID only. azd deploys to Flex Consumption with an Entra token, so nothing needs them.
+resource ftpPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'ftp'
+  properties: {
+    allow: false
+  }
+}
+
+resource scmPublishing 'Microsoft.Web/sites/basicPublishingCredentialsPolicies@2024-04-01' = {
+  parent: functionApp
+  name: 'scm'
+  properties: {
+    allow: false
+  }
+}
+
 resource functionAppSettings 'Microsoft.Web/sites/config@2024-04-01' = {
   parent: functionApp
   name: 'appsettings'

@@ -1,6 +1,8 @@
 // Log Analytics + workspace-based Application Insights with local (instrumentation key) auth
 // disabled: telemetry is accepted only from Entra-authenticated senders, i.e. the app's
 // identity with Monitoring Metrics Publisher (APPLICATIONINSIGHTS_AUTHENTICATION_STRING).
+// The workspace has local auth (workspace keys) disabled too: queries and ingestion use Entra
+// ID (diagnostic settings and Application Insights write to it as Azure services).
 
 param logAnalyticsName string
 param applicationInsightsName string
@@ -18,6 +20,9 @@ resource logAnalytics 'Microsoft.OperationalInsights/workspaces@2023-09-01' = {
     retentionInDays: retentionInDays
     sku: {
       name: 'PerGB2018'
+    }
+    features: {
+      disableLocalAuth: true
     }
   }
 }
@@ -37,3 +42,4 @@ resource applicationInsights 'Microsoft.Insights/components@2020-02-02' = {
 output applicationInsightsName string = applicationInsights.name
 output applicationInsightsId string = applicationInsights.id
 output logAnalyticsId string = logAnalytics.id
+output logAnalyticsName string = logAnalytics.name

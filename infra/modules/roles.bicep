@@ -1,6 +1,7 @@
 // Data-plane role assignments for one principal: data roles only, each scoped to the one
-// resource that needs it. No Owner, Contributor, User Access Administrator or any other
-// control-plane role (tests/unit/test_infra_consistency.py checks the role ids).
+// resource that needs it (a Service Bus receive-side role: to each trigger queue, never the
+// namespace). No Owner, Contributor, User Access Administrator or any other control-plane
+// role (tests/unit/test_infra_consistency.py checks the role ids and their scopes).
 // Assignment names are deterministic guid(scope, principal, role): re-deploying is a no-op.
 
 param principalId string
@@ -11,10 +12,14 @@ param principalId string
 ])
 param principalType string = 'ServicePrincipal'
 param storageAccountName string
+@description('Grant Storage Queue Data Contributor: the storage transport only.')
+param storageQueues bool = false
 @description('Service Bus namespace; empty for the storage transport (no Service Bus roles).')
 param serviceBusNamespaceName string = ''
+@description('Service Bus queues the app consumes (its triggers): the receive-side role is scoped to each of them.')
+param triggerQueueNames array = []
 param applicationInsightsName string
-@description('Also grant the roles only the Functions host needs (blob data, telemetry).')
+@description('Also grant the roles only the Functions host and its scale controller need: blob data, telemetry, and Data Owner (instead of Receiver) on the trigger queues.')
 param hostRoles bool = true
 
 // Built-in role definition ids (the same in every tenant).
@@ -38,6 +43,10 @@ var serviceBusDataReceiver = {
   id: '4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0'
   name: 'Azure Service Bus Data Receiver'
 }
+var serviceBusDataOwner = {
+  id: '090c5cfd-751d-490a-894a-3ce6f1109419'
+  name: 'Azure Service Bus Data Owner'
+}
 var monitoringMetricsPublisher = {
   id: '3913510d-42f4-4e42-8a64-420c390055eb'
   name: 'Monitoring Metrics Publisher'
@@ -47,20 +56,29 @@ var monitoringMetricsPublisher = {
 // identity needs it (host keys, timer and singleton blob leases, its containers) and the Flex
 // Consumption deployment package is read from a blob container with the same identity; the
 // Functions documentation lists Owner, not Contributor, for identity-based host storage.
-// Table: the orders table. Queue: the storage transport's queues and their -poison queues
-// (the host writes those), and reply-to queues of submitters.
+// Table: the orders table. Queue (storage transport only): its queues and their -poison
+// queues (the host writes those), and reply-to queues of submitters.
 var hostStorageRoles = hostRoles ? [
   storageBlobDataOwner
 ] : []
+var queueStorageRoles = storageQueues ? [
+  storageQueueDataContributor
+] : []
 var storageRoles = concat(hostStorageRoles, [
   storageTableDataContributor
-  storageQueueDataContributor
-])
-// Send (every role sends) and receive (the queue triggers). Not Data Owner: the app never
-// manages entities; infra creates them.
+], queueStorageRoles)
+// Send, on the namespace: the app sends to its own queues and to the submitters' reply-to
+// (status) queues, whose names come with each order, so no narrower scope covers them.
 var serviceBusRoles = empty(serviceBusNamespaceName) ? [] : [
   serviceBusDataSender
-  serviceBusDataReceiver
+]
+// Receive, on each trigger queue only. The app's identity gets Data Owner there: the scale
+// controller reads queue length with it for target-based scaling, which needs Manage rights
+// (Data Owner includes receive). Anyone else gets Receiver. Neither is granted on the namespace.
+var triggerQueueRole = hostRoles ? serviceBusDataOwner : serviceBusDataReceiver
+var serviceBusTriggerQueues = empty(serviceBusNamespaceName) ? [] : triggerQueueNames
+var triggerQueueRoles = empty(serviceBusTriggerQueues) ? [] : [
+  triggerQueueRole
 ]
 // Entra-authenticated telemetry into Application Insights (local auth is disabled there).
 var monitoringRoles = hostRoles ? [
@@ -74,6 +92,11 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
 resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
   name: serviceBusNamespaceName
 }
+
+resource triggerQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for queueName in serviceBusTriggerQueues: {
+  parent: serviceBus
+  name: queueName
+}]
 
 resource applicationInsights 'Microsoft.Insights/components@2020-02-02' existing = {
   name: applicationInsightsName
@@ -101,6 +124,17 @@ resource serviceBusAssignments 'Microsoft.Authorization/roleAssignments@2022-04-
   }
 }]
 
+resource triggerQueueAssignments 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (queueName, i) in serviceBusTriggerQueues: {
+  name: guid(triggerQueues[i].id, principalId, triggerQueueRole.id)
+  scope: triggerQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', triggerQueueRole.id)
+    principalId: principalId
+    principalType: principalType
+    description: '${triggerQueueRole.name} on queue ${queueName} for sas'
+  }
+}]
+
 resource monitoringAssignments 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for role in monitoringRoles: {
   name: guid(applicationInsights.id, principalId, role.id)
   scope: applicationInsights
@@ -112,4 +146,4 @@ resource monitoringAssignments 'Microsoft.Authorization/roleAssignments@2022-04-
   }
 }]
 
-output roleNames array = map(concat(storageRoles, serviceBusRoles, monitoringRoles), role => role.name)
+output roleNames array = map(concat(storageRoles, serviceBusRoles, triggerQueueRoles, monitoringRoles), role => role.name)

@@ -1,4 +1,10 @@
-"""Azure Storage clients from a resolved Connection: connection string or managed identity."""
+"""Azure Storage clients from a resolved Connection: connection string or Entra identity.
+
+The credential follows the Functions convention for identity-based connections, the same rule
+the host applies to its triggers: ``<Conn>__credential=managedidentity`` means
+ManagedIdentityCredential (user-assigned when ``<Conn>__clientId`` is set, else system-assigned);
+no ``__credential`` means DefaultAzureCredential (az login, environment, ...).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +16,22 @@ from sas.domain.errors import ConfigurationError
 from sas.settings import Connection
 
 
+def check_identity(connection: Connection) -> None:
+    """Refuse a client id that no ``__credential=managedidentity`` asks for (see settings)."""
+    if connection.client_id and connection.credential != "managedidentity":
+        raise ConfigurationError(
+            f"{connection.setting}__clientId is set without "
+            f"{connection.setting}__credential=managedidentity"
+        )
+
+
 def credential(connection: Connection) -> TokenCredential:
+    """The token credential of an identity-based connection (see the module docstring)."""
     from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 
-    if connection.client_id:
-        return ManagedIdentityCredential(client_id=connection.client_id)
+    check_identity(connection)
+    if connection.credential == "managedidentity":
+        return ManagedIdentityCredential(client_id=connection.client_id or None)
     return DefaultAzureCredential()
 
 

@@ -1,4 +1,5 @@
-"""Transport over Azure Service Bus queues (the production default, design.md section 5).
+"""Transport over Azure Service Bus queues (the production default; docs/architecture.md,
+"Transports").
 
 One ``ServiceBusClient`` per worker process, created on first send, and one sender per queue,
 created on first use and reused. Creation is guarded by a lock (the Functions worker runs
@@ -40,8 +41,10 @@ log = logging.getLogger(__name__)
 CONTENT_TYPE = "application/json"
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
-DEFAULT_SEND_TIMEOUT = 30.0
-"""Seconds for one send including the SDK's retries: well inside a step's complete-by budget."""
+DEFAULT_SEND_TIMEOUT = 10.0
+"""Seconds for one send including the SDK's retries. Below the shortest step complete-by budget
+(15 s, sas/domain/workflow.py): a send that hangs must fail while the step can still be retried
+in time, not outlive the budget it is part of (tests/unit/test_infra_consistency.py checks it)."""
 
 
 class SenderLike(Protocol):
@@ -209,8 +212,10 @@ def from_connection(conn: Connection, clock: Clock) -> ServiceBusTransport:
         return ServiceBusTransport(from_string, clock, endpoint=_endpoint_of(connection_string))
     if conn.namespace:
         namespace = conn.namespace
+        from sas.adapters.clients import check_identity
         from sas.adapters.clients import credential as make_credential
 
+        check_identity(conn)  # the same rule as the storage clients, checked before any send
         credentials: list[TokenCredential] = []
 
         def with_identity() -> ClientLike:

@@ -52,6 +52,7 @@ def connection() -> Connection:
             setting=NAMESPACE_ENV,
             namespace=namespace,
             client_id=os.environ.get(CLIENT_ID_ENV) or None,
+            credential="managedidentity" if os.environ.get(CLIENT_ID_ENV) else None,
         )
     pytest.skip(
         f"live Service Bus contract test: set {CONNECTION_ENV} (connection string) or "

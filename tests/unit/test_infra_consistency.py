@@ -1,4 +1,5 @@
-"""The infrastructure agrees with the code: settings, queues, table, roles, no keys.
+"""The infrastructure agrees with the code: settings, queues, table, roles, no keys, alerts,
+diagnostics, budgets, the runtime lock (requirements.txt) and host.json sampling.
 
 Reads the Bicep through pycep-parser's JSON and evaluates the few simple expressions the
 infra uses to derive queue names (map, items, concat, ternaries), so the check follows the
@@ -8,9 +9,14 @@ values rather than the spelling. An expression it cannot evaluate fails loudly: 
 
 from __future__ import annotations
 
+import inspect
 import json
+import os
 import re
+import subprocess
+import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from functools import cache
 from pathlib import Path
@@ -51,6 +57,8 @@ SAS_KEYS = {
     *(settings.remote_url_setting(agent) for agent in AGENTS),
     SUPERVISOR_SCHEDULE,
     MAX_FAILURES,
+    settings.CLOCK_SKEW_SECONDS,
+    settings.REPLY_TO_PREFIXES,
 }
 HOST_KEYS = {
     "AzureWebJobsStorage__blobServiceUri",
@@ -63,21 +71,38 @@ HOST_KEYS = {
 }
 
 # Built-in role definition ids.
+BLOB_DATA_OWNER = "b7e6dc6d-f1e8-4753-8033-0f276bb0955b"
+QUEUE_DATA_CONTRIBUTOR = "974c5e8b-45b9-4653-ba55-5f855dd0fb88"
+TABLE_DATA_CONTRIBUTOR = "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3"
+SB_DATA_SENDER = "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39"
+SB_DATA_RECEIVER = "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0"
+SB_DATA_OWNER = "090c5cfd-751d-490a-894a-3ce6f1109419"
+METRICS_PUBLISHER = "3913510d-42f4-4e42-8a64-420c390055eb"
 REQUIRED_ROLES = {
-    "b7e6dc6d-f1e8-4753-8033-0f276bb0955b": "Storage Blob Data Owner",
-    "974c5e8b-45b9-4653-ba55-5f855dd0fb88": "Storage Queue Data Contributor",
-    "0a9a7e1f-b9d0-4cc4-a60d-0319b160aaa3": "Storage Table Data Contributor",
-    "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39": "Azure Service Bus Data Sender",
-    "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0": "Azure Service Bus Data Receiver",
-    "3913510d-42f4-4e42-8a64-420c390055eb": "Monitoring Metrics Publisher",
+    BLOB_DATA_OWNER: "Storage Blob Data Owner",
+    QUEUE_DATA_CONTRIBUTOR: "Storage Queue Data Contributor",
+    TABLE_DATA_CONTRIBUTOR: "Storage Table Data Contributor",
+    SB_DATA_SENDER: "Azure Service Bus Data Sender",
+    SB_DATA_RECEIVER: "Azure Service Bus Data Receiver",
+    SB_DATA_OWNER: "Azure Service Bus Data Owner",  # on trigger queues only, never the namespace
+    METRICS_PUBLISHER: "Monitoring Metrics Publisher",
 }
 FORBIDDEN_ROLES = {
     "8e3af657-a8ff-443c-a75c-2fe8c4bcb635": "Owner",
     "b24988ac-6180-42a0-ab88-20f7382dd24c": "Contributor",
     "18d7d88d-d35e-4fb5-a5c3-7773c20a72d9": "User Access Administrator",
     "f58310d9-a9f6-439a-9e8d-f62e7b41a168": "Role Based Access Control Administrator",
-    "090c5cfd-751d-490a-894a-3ce6f1109419": "Azure Service Bus Data Owner",
 }
+ROLE_ASSIGNMENT = "Microsoft.Authorization/roleAssignments"
+SB_NAMESPACE = "Microsoft.ServiceBus/namespaces"
+SB_QUEUE = "Microsoft.ServiceBus/namespaces/queues"
+STORAGE_ACCOUNT = "Microsoft.Storage/storageAccounts"
+DIAGNOSTIC_SETTINGS = "Microsoft.Insights/diagnosticSettings"
+METRIC_ALERT = "Microsoft.Insights/metricAlerts"
+LOG_ALERT = "Microsoft.Insights/scheduledQueryRules"
+ACTION_GROUP = "Microsoft.Insights/actionGroups"
+OPERATOR_ALERT_EVENT = "sas.operator_alert"
+ALERTS_QUEUE = settings.DEFAULT_QUEUES[settings.QUEUE_ALERTS]
 GUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
 
 
@@ -195,6 +220,11 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
         "union": lambda *objs: {k: v for obj in objs for k, v in obj.items()},
         "empty": lambda value: not value,
         "string": str,
+        "filter": lambda items, fn: [item for item in items if fn(item)],
+        # resource id without the subscription: '<type>/<name>' (role ids are the name)
+        "subscription_resource_id": lambda type_, *names: "/".join(
+            [type_, *(str(n) for n in names if n is not None)]
+        ),
     }
     if name not in functions:
         raise Unevaluable(name)
@@ -217,6 +247,12 @@ def _operate(name: str, operands: Mapping[str, Any], scope: Scope) -> Any:
         return values[0] != values[1]
     if name == "not":
         return not values[0]
+    if name == "and":
+        return bool(values[0] and values[1])
+    if name == "or":
+        return bool(values[0] or values[1])
+    if name == "index_accessor":
+        return values[0][values[1]]
     raise Unevaluable(name)
 
 
@@ -356,6 +392,10 @@ def test_setting_values_match_the_code_defaults() -> None:
     assert decorator(parsed, "transport", "allowed") == ["servicebus", "storage"]
     assert param_default(parsed, "supervisorSchedule") == "*/15 * * * * *"
     assert param_default(parsed, "maxFailures") == 3
+    assert float(param_default(parsed, "clockSkewSeconds")) == settings.DEFAULT_CLOCK_SKEW_SECONDS
+    assert tuple(param_default(parsed, "replyToPrefixes").split(",")) == (
+        settings.DEFAULT_REPLY_TO_PREFIXES
+    )
     sas = parsed["variables"]["sasSettings"]["value"]
     assert sas[settings.TRANSPORT] == "transport"
     assert sas[settings.TABLE_NAME] == "tableName"
@@ -391,6 +431,7 @@ def test_resolved_app_settings_load() -> None:
     assert loaded.transport == "servicebus"
     assert loaded.storage.uses_identity
     assert loaded.servicebus is not None and loaded.servicebus.uses_identity
+    assert loaded.storage.credential == loaded.servicebus.credential == "managedidentity"
 
 
 # --- (b) every queue and the table are provisioned -------------------------------------------
@@ -468,21 +509,110 @@ def test_service_bus_queues_dead_letter_deduplicate_and_lock_long_enough() -> No
 
 # --- (c) roles: everything needed, nothing privileged ----------------------------------------
 
+# Stand-ins for the outputs of main.bicep's modules, so that module arguments evaluate.
+MODULE_OUTPUTS: dict[str, Any] = {
+    "identity": {"outputs": {"principalId": "app-principal", "clientId": "app-client", "id": "id"}},
+    "storage": {"outputs": {"name": "st"}},
+    "serviceBus": {"outputs": {"name": "sb"}},
+    "monitoring": {
+        "outputs": {
+            "applicationInsightsName": "appi",
+            "logAnalyticsName": "log",
+            "logAnalyticsId": "log-id",
+        }
+    },
+    "functionApp": {"outputs": {"name": "func"}},
+}
 
-def role_lists(**params: Any) -> dict[str, list[dict[str, str]]]:
+
+def module_args(module: str, transport: str, **overrides: Any) -> dict[str, Any] | None:
+    """What main.bicep passes to a module for a transport (None: the module is not deployed).
+
+    Arguments that cannot be evaluated (resource tokens, uniqueString) are left out."""
+    scope = {**main_scope(transport), **MODULE_OUTPUTS, **overrides}
+    if not module_enabled(module, scope):
+        return None
+    args: dict[str, Any] = {}
+    for name, value in module_params(module).items():
+        try:
+            args[name] = evaluate(value, scope)
+        except Unevaluable:
+            continue
+    return args
+
+
+@dataclass(frozen=True)
+class Grant:
+    role: str
+    """Role definition id."""
+    scope_type: str
+    scope_name: str
+
+
+def grants(args: Mapping[str, Any]) -> list[Grant]:
+    """Every role assignment modules/roles.bicep creates for these arguments."""
     parsed = bicep("modules/roles.bicep")
-    scope = file_scope(
-        parsed,
-        principalId="p",
-        storageAccountName="st",
-        applicationInsightsName="appi",
-        **params,
+    scope = file_scope(parsed, **args)
+    result: list[Grant] = []
+    for name, resource in resources_of_type(parsed, ROLE_ASSIGNMENT).items():
+        assert "loop_type" in resource["config"], f"{name} should be a loop"
+        loop = resource["config"]["loop_type"]["detail"]
+        config = body(resource)
+        for index, item in enumerate(evaluate(loop["array_name"], scope)):
+            local = {**scope, loop["item_name"]: item}
+            if loop.get("index_name"):
+                local[loop["index_name"]] = index
+            role = evaluate(config["properties"]["roleDefinitionId"], local).rsplit("/", 1)[-1]
+            assert evaluate(config["properties"]["principalId"], local) == args["principalId"]
+            result.append(Grant(role, *assignment_target(parsed, config["scope"], local)))
+    return result
+
+
+def assignment_target(parsed: Mapping[str, Any], expr: Any, scope: Scope) -> tuple[str, str]:
+    """(type, name) of the resource a role assignment's ``scope`` names."""
+    if isinstance(expr, str):
+        resource = parsed["resources"][expr]
+        return resource["type"], evaluate(body(resource)["name"], scope)
+    assert expr["operator"]["type"] == "index_accessor", expr
+    operands = expr["operator"]["operands"]
+    resource = parsed["resources"][operands["operand_1"]]
+    loop = resource["config"]["loop_type"]["detail"]
+    item = evaluate(loop["array_name"], scope)[evaluate(operands["operand_2"], scope)]
+    return resource["type"], evaluate(body(resource)["name"], {**scope, loop["item_name"]: item})
+
+
+def app_grants(transport: str) -> list[Grant]:
+    args = module_args("appRoles", transport)
+    assert args is not None
+    return grants(args)
+
+
+def deployer_grants(transport: str) -> list[Grant]:
+    args = module_args("userRoles", transport, principalId="deployer", grantDeployerDataAccess=True)
+    assert args is not None
+    return grants(args)
+
+
+@cache
+def code_trigger_queues() -> frozenset[str]:
+    """The queues the app consumes: function_app indexed as the host does (servicebus)."""
+    script = (
+        "import json, function_app\n"
+        "print(json.dumps([getattr(f.get_trigger(), 'queue_name', None)"
+        " for f in function_app.app.get_functions()]))"
     )
-    assignments = resources_of_type(parsed, "Microsoft.Authorization/roleAssignments")
-    return {
-        name: evaluate(resource["config"]["loop_type"]["detail"]["array_name"], scope)
-        for name, resource in assignments.items()
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAS_", "Sas"))}
+    env[settings.TRANSPORT] = "servicebus"
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    keys = [queue.strip("%") for queue in json.loads(done.stdout) if queue]
+    return frozenset(settings.DEFAULT_QUEUES[key] for key in keys)
 
 
 def test_the_app_identity_gets_every_role_it_needs() -> None:
@@ -491,49 +621,111 @@ def test_the_app_identity_gets_every_role_it_needs() -> None:
     assert params["principalType"] == "ServicePrincipal"
     assert dotted(params["principalId"]) == "identity.outputs.principalId"
 
-    granted = role_lists(serviceBusNamespaceName="sb", hostRoles=True)
+    servicebus = {grant.role for grant in app_grants("servicebus")}
+    storage = {grant.role for grant in app_grants("storage")}
 
-    ids = {role["id"] for roles in granted.values() for role in roles}
-    assert ids == set(REQUIRED_ROLES)
-    for roles in granted.values():
-        for role in roles:
-            assert REQUIRED_ROLES[role["id"]] == role["name"]
-
-
-def test_storage_transport_grants_no_service_bus_roles() -> None:
-    granted = role_lists(serviceBusNamespaceName="", hostRoles=True)
-
-    ids = {role["id"] for roles in granted.values() for role in roles}
-    assert ids == set(REQUIRED_ROLES) - {
-        "69a216fc-b8fb-44d8-bc22-1f3c2cd27a39",
-        "4f6d3b9b-027b-4f4c-9142-0e5a2a2247e0",
+    assert servicebus == {
+        BLOB_DATA_OWNER,
+        TABLE_DATA_CONTRIBUTOR,
+        SB_DATA_SENDER,
+        SB_DATA_OWNER,  # on the trigger queues; includes receive
+        METRICS_PUBLISHER,
+    }
+    assert storage == {
+        BLOB_DATA_OWNER,
+        TABLE_DATA_CONTRIBUTOR,
+        QUEUE_DATA_CONTRIBUTOR,
+        METRICS_PUBLISHER,
     }
 
 
-def test_the_deploying_user_is_optional_and_gets_no_host_roles() -> None:
-    config = bicep("main.bicep")["modules"]["userRoles"]["config"]
-    assert "condition" in config
-    scope = main_scope("servicebus")
-    assert evaluate(config["condition"], {**scope, "principalId": ""}) is False
-    assert evaluate(config["condition"], {**scope, "principalId": "abc"}) is True
+def test_role_names_in_the_bicep_match_their_ids() -> None:
+    scope = file_scope(bicep("modules/roles.bicep"), principalId="p")
+    roles = [v for v in scope.values() if isinstance(v, dict) and set(v) == {"id", "name"}]
+
+    assert {role["id"] for role in roles} == set(REQUIRED_ROLES)
+    for role in roles:
+        assert REQUIRED_ROLES[role["id"]] == role["name"]
+
+
+def test_service_bus_data_owner_is_scoped_to_each_trigger_queue_never_the_namespace() -> None:
+    """Target-based scaling reads queue length with the app's identity (Manage rights): Data
+    Owner on exactly the queues the app's triggers consume, nowhere else."""
+    trigger_queues = code_trigger_queues()
+    assert trigger_queues == set(settings.DEFAULT_QUEUES.values()) - {ALERTS_QUEUE}
+
+    owner = [grant for grant in app_grants("servicebus") if grant.role == SB_DATA_OWNER]
+
+    assert sorted(grant.scope_name for grant in owner) == sorted(trigger_queues)
+    assert {grant.scope_type for grant in owner} == {SB_QUEUE}
+    roles = bicep("modules/roles.bicep")
+    [queues] = [r for r in resources_of_type(roles, SB_QUEUE).values() if r["existing"]]
+    assert body(queues)["parent"] == "serviceBus"
+    [namespace] = resources_of_type(roles, SB_NAMESPACE).values()
+    assert body(namespace)["name"] == "serviceBusNamespaceName"
+    assert (module_args("appRoles", "servicebus") or {})["serviceBusNamespaceName"] == "sb"
+    everyone = [*app_grants("storage"), *deployer_grants("servicebus"), *deployer_grants("storage")]
+    assert not [grant for grant in everyone if grant.role == SB_DATA_OWNER]
+
+
+def test_the_deploying_principal_gets_data_roles_only_on_request() -> None:
+    main = bicep("main.bicep")
+    parameters = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+
+    assert param_default(main, "grantDeployerDataAccess") is False
+    assert parameters["grantDeployerDataAccess"]["value"].endswith("=false}")
+    for principal, asked, deployed in [
+        ("", False, False),
+        ("", True, False),
+        ("abc", False, False),  # azd always sets principalId: that alone grants nothing
+        ("abc", True, True),
+    ]:
+        args = module_args(
+            "userRoles", "servicebus", principalId=principal, grantDeployerDataAccess=asked
+        )
+        assert (args is not None) is deployed, (principal, asked)
     assert module_params("userRoles")["hostRoles"] is False
 
-    granted = role_lists(serviceBusNamespaceName="sb", hostRoles=False)
 
-    names = {role["name"] for roles in granted.values() for role in roles}
-    assert "Storage Blob Data Owner" not in names
-    assert "Monitoring Metrics Publisher" not in names
+def test_the_deployer_receives_only_from_the_trigger_queues_and_gets_no_host_roles() -> None:
+    servicebus = deployer_grants("servicebus")
+
+    receiver = [grant for grant in servicebus if grant.role == SB_DATA_RECEIVER]
+    assert sorted(grant.scope_name for grant in receiver) == sorted(code_trigger_queues())
+    assert {grant.scope_type for grant in receiver} == {SB_QUEUE}
+    assert {grant.role for grant in servicebus} == {
+        TABLE_DATA_CONTRIBUTOR,
+        SB_DATA_SENDER,
+        SB_DATA_RECEIVER,
+    }
+    assert {grant.role for grant in deployer_grants("storage")} == {
+        TABLE_DATA_CONTRIBUTOR,
+        QUEUE_DATA_CONTRIBUTOR,
+    }
+
+
+def test_storage_queue_role_only_on_the_storage_transport() -> None:
+    for grants_of in (app_grants, deployer_grants):
+        assert QUEUE_DATA_CONTRIBUTOR not in {grant.role for grant in grants_of("servicebus")}
+        [queue_role] = [g for g in grants_of("storage") if g.role == QUEUE_DATA_CONTRIBUTOR]
+        assert (queue_role.scope_type, queue_role.scope_name) == (STORAGE_ACCOUNT, "st")
+
+
+def test_only_send_is_granted_on_the_service_bus_namespace() -> None:
+    """Send stays on the namespace (reply-to queues are named per order); nothing else does."""
+    for grants_of in (app_grants, deployer_grants):
+        on_namespace = [g for g in grants_of("servicebus") if g.scope_type == SB_NAMESPACE]
+        assert [(g.role, g.scope_name) for g in on_namespace] == [(SB_DATA_SENDER, "sb")]
+        assert not [g for g in grants_of("storage") if g.scope_type in (SB_NAMESPACE, SB_QUEUE)]
 
 
 def test_role_assignments_are_deterministic_and_data_roles_only() -> None:
     for path in sorted(INFRA.rglob("*.bicep")):
-        assignments = resources_of_type(
-            bicep(path.relative_to(INFRA).as_posix()), "Microsoft.Authorization/roleAssignments"
-        )
+        assignments = resources_of_type(bicep(path.relative_to(INFRA).as_posix()), ROLE_ASSIGNMENT)
         if path.name != "roles.bicep":
             assert not assignments, f"{path.name}: grant roles through modules/roles.bicep"
         for name, resource in assignments.items():
-            assert "loop_type" in resource["config"], f"{name} should loop over a role list"
+            assert "loop_type" in resource["config"], f"{name} should loop over roles or queues"
             config = body(resource)
             assert config["name"]["function"]["type"] == "guid", f"{name}: name must be guid()"
             definition = config["properties"]["roleDefinitionId"]["function"]
@@ -603,6 +795,348 @@ def test_one_user_assigned_identity() -> None:
     ]
 
     assert identities == ["identity"]
+
+
+# --- Application Insights sampling keeps the operator alert -------------------------------------
+
+
+def test_application_insights_sampling_never_drops_the_operator_alert() -> None:
+    """The operator alert is an ERROR log, i.e. a Trace: sampling must leave traces alone."""
+    host = json.loads((ROOT / "host.json").read_text())
+    logging_config = host["logging"]
+    sampling = logging_config.get("applicationInsights", {}).get("samplingSettings", {})
+
+    if sampling.get("isEnabled", True):
+        excluded = {kind.strip().lower() for kind in sampling.get("excludedTypes", "").split(";")}
+        included = {kind.strip().lower() for kind in sampling.get("includedTypes", "").split(";")}
+        assert "trace" in excluded, "Trace telemetry (the operator alert) would be sampled"
+        assert "trace" not in included
+    levels = logging_config["logLevel"]
+    for category in ("default", "Function"):
+        assert levels.get(category, "Information") not in ("Critical", "None"), category
+    sources = "\n".join(path.read_text() for path in sorted((ROOT / "sas").rglob("*.py")))
+    assert re.search(rf'log\.error\(\s*"{re.escape(OPERATOR_ALERT_EVENT)}\b', sources), (
+        "the operator alert is no longer logged at ERROR as sas.operator_alert"
+    )
+
+
+# --- alert rules and diagnostic settings -------------------------------------------------------
+
+
+def alerts_scope(transport: str, **overrides: Any) -> Scope:
+    args = module_args("alerts", transport, **overrides)
+    assert args is not None, "the alerts module is deployed on every transport"
+    return file_scope(bicep("modules/alerts.bicep"), **{"namePrefix": "sas-test", **args})
+
+
+def deployed(resource: Mapping[str, Any], scope: Scope) -> bool:
+    condition = resource["config"].get("condition")
+    return condition is None or bool(evaluate(condition, scope))
+
+
+def metric_alert(metric: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(resource, criterion) of the one metric alert on ``metric``."""
+    found = [
+        (resource, criterion)
+        for resource in resources_of_type(bicep("modules/alerts.bicep"), METRIC_ALERT).values()
+        for criterion in body(resource)["properties"]["criteria"]["allOf"]
+        if criterion["metricName"] == metric
+    ]
+    assert len(found) == 1, f"expected one metric alert on {metric}, found {len(found)}"
+    return found[0]
+
+
+def test_operator_alert_log_rule_queries_the_event_in_application_insights() -> None:
+    parsed = bicep("modules/alerts.bicep")
+    rules = [
+        rule
+        for rule in resources_of_type(parsed, LOG_ALERT).values()
+        if OPERATOR_ALERT_EVENT in json.dumps(body(rule)["properties"]["criteria"])
+    ]
+    assert len(rules) == 1, "one log alert rule on the operator-alert event"
+    [rule] = rules
+    properties = body(rule)["properties"]
+    [criterion] = properties["criteria"]["allOf"]
+
+    for transport in ("servicebus", "storage"):
+        scope = alerts_scope(transport)
+        assert deployed(rule, scope), transport
+        assert scope["applicationInsightsName"] == "appi"  # main passes monitoring's component
+    assert criterion["query"] == f'traces | where message has "{OPERATOR_ALERT_EVENT}"'
+    assert (criterion["operator"], criterion["threshold"]) == ("GreaterThan", 0)
+    assert criterion["timeAggregation"] == "Count"
+    assert properties["enabled"] is True
+    assert [dotted(s) for s in properties["scopes"]] == ["applicationInsights.id"]
+    [insights] = resources_of_type(parsed, "Microsoft.Insights/components").values()
+    assert insights["existing"] and body(insights)["name"] == "applicationInsightsName"
+    assert [dotted(a) for a in properties["actions"]["actionGroups"]] == ["actionGroup.id"]
+
+
+def test_dead_letter_metric_alert_watches_every_app_queue_on_service_bus() -> None:
+    resource, criterion = metric_alert("DeadletteredMessages")
+    properties = body(resource)["properties"]
+    servicebus, storage = alerts_scope("servicebus"), alerts_scope("storage")
+
+    assert deployed(resource, servicebus)
+    assert not deployed(resource, storage)
+    assert criterion["metricNamespace"] == SB_NAMESPACE
+    assert [dotted(s) for s in properties["scopes"]] == ["serviceBus.id"]
+    [namespace] = resources_of_type(bicep("modules/alerts.bicep"), SB_NAMESPACE).values()
+    assert body(namespace)["name"] == "serviceBusNamespaceName"
+    assert servicebus["serviceBusNamespaceName"] == "sb"
+    [dimension] = criterion["dimensions"]
+    assert (dimension["name"], dimension["operator"]) == ("EntityName", "Include")
+    assert sorted(evaluate(dimension["values"], servicebus)) == sorted(
+        settings.DEFAULT_QUEUES.values()
+    )
+    assert (criterion["operator"], criterion["threshold"]) == ("GreaterThan", 0)
+    assert [dotted(a["actionGroupId"]) for a in properties["actions"]] == ["actionGroup.id"]
+
+
+def test_alerts_queue_depth_metric_alert_on_service_bus() -> None:
+    resource, criterion = metric_alert("ActiveMessages")
+    properties = body(resource)["properties"]
+    servicebus, storage = alerts_scope("servicebus"), alerts_scope("storage")
+
+    assert deployed(resource, servicebus)
+    assert not deployed(resource, storage)
+    assert criterion["metricNamespace"] == SB_NAMESPACE
+    assert [dotted(s) for s in properties["scopes"]] == ["serviceBus.id"]
+    [dimension] = criterion["dimensions"]
+    assert (dimension["name"], dimension["operator"]) == ("EntityName", "Include")
+    assert evaluate(dimension["values"], servicebus) == [ALERTS_QUEUE]
+    assert (criterion["operator"], criterion["threshold"]) == ("GreaterThan", 0)
+    assert [dotted(a["actionGroupId"]) for a in properties["actions"]] == ["actionGroup.id"]
+
+
+def test_storage_transport_alerts_from_the_queue_logs() -> None:
+    """No per-queue depth metric on Storage Queues: log alerts on StorageQueueLogs instead."""
+    parsed = bicep("modules/alerts.bicep")
+    servicebus, storage = alerts_scope("servicebus"), alerts_scope("storage")
+    rules = [
+        rule
+        for rule in resources_of_type(parsed, LOG_ALERT).values()
+        if "StorageQueueLogs" in json.dumps(body(rule)["properties"]["criteria"])
+    ]
+
+    queries = []
+    for rule in rules:
+        assert deployed(rule, storage)
+        assert not deployed(rule, servicebus)
+        properties = body(rule)["properties"]
+        assert [dotted(s) for s in properties["scopes"]] == ["logAnalytics.id"]
+        assert [dotted(a) for a in properties["actions"]["actionGroups"]] == ["actionGroup.id"]
+        [criterion] = properties["criteria"]["allOf"]
+        assert (criterion["operator"], criterion["threshold"]) == ("GreaterThan", 0)
+        queries.append(evaluate(criterion["query"], storage))
+    assert any(f'| where Queue == "{ALERTS_QUEUE}"' in query for query in queries), queries
+    assert any('| where Queue endswith "-poison"' in query for query in queries), queries
+    [workspace] = resources_of_type(parsed, "Microsoft.OperationalInsights/workspaces").values()
+    assert workspace["existing"] and body(workspace)["name"] == "logAnalyticsName"
+    assert storage["logAnalyticsName"] == "log"
+
+
+def test_action_group_has_the_optional_operator_email() -> None:
+    parsed = bicep("modules/alerts.bicep")
+    [group] = resources_of_type(parsed, ACTION_GROUP).values()
+    receivers = body(group)["properties"]["emailReceivers"]
+
+    assert param_default(bicep("main.bicep"), "alertEmail") == ""
+    parameters = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+    assert parameters["alertEmail"]["value"] == "${SAS_ALERT_EMAIL}"
+    assert evaluate(receivers, alerts_scope("servicebus")) == []
+    [receiver] = evaluate(receivers, alerts_scope("servicebus", alertEmail="ops@example.com"))
+    assert receiver["emailAddress"] == "ops@example.com"
+    assert "condition" not in group["config"]
+
+
+def diagnostics_scope(transport: str) -> Scope:
+    args = module_args("diagnostics", transport)
+    assert args is not None
+    return file_scope(bicep("modules/diagnostics.bicep"), **args)
+
+
+def test_diagnostic_settings_send_the_app_namespace_and_storage_to_the_workspace() -> None:
+    parsed = bicep("modules/diagnostics.bicep")
+    diagnostic = resources_of_type(parsed, DIAGNOSTIC_SETTINGS)
+    expected = {
+        "Microsoft.Web/sites": "func",
+        SB_NAMESPACE: "sb",
+        STORAGE_ACCOUNT: "st",
+        f"{STORAGE_ACCOUNT}/blobServices": "default",
+        f"{STORAGE_ACCOUNT}/queueServices": "default",
+        f"{STORAGE_ACCOUNT}/tableServices": "default",
+    }
+
+    for transport in ("servicebus", "storage"):
+        scope = diagnostics_scope(transport)
+        assert scope["logAnalyticsId"] == "log-id"  # monitoring.outputs.logAnalyticsId
+        targets: dict[str, str] = {}
+        for name, resource in diagnostic.items():
+            if not deployed(resource, scope):
+                continue
+            config = body(resource)
+            target_type, target_name = assignment_target(parsed, config["scope"], scope)
+            targets[target_type] = target_name
+            properties = config["properties"]
+            assert properties["workspaceId"] == "logAnalyticsId", name
+            streams = evaluate(properties.get("logs", []), scope) + evaluate(
+                properties.get("metrics", []), scope
+            )
+            assert streams and all(stream["enabled"] is True for stream in streams), name
+            if target_type != STORAGE_ACCOUNT:
+                assert evaluate(properties.get("logs", []), scope), f"{name}: no logs"
+        wanted = dict(expected)
+        if transport == "storage":
+            del wanted[SB_NAMESPACE]
+        assert targets == wanted, transport
+    for service in ("blobServices", "queueServices", "tableServices"):
+        [existing] = resources_of_type(parsed, f"{STORAGE_ACCOUNT}/{service}").values()
+        assert body(existing)["parent"] == "storage"
+
+
+# --- no basic-auth publishing; Log Analytics without local auth ----------------------------------
+
+
+def test_basic_publishing_credentials_are_off() -> None:
+    parsed = bicep("modules/functionapp.bicep")
+    policies = resources_of_type(parsed, "Microsoft.Web/sites/basicPublishingCredentialsPolicies")
+
+    assert sorted(body(policy)["name"] for policy in policies.values()) == ["ftp", "scm"]
+    for policy in policies.values():
+        assert "condition" not in policy["config"]
+        assert body(policy)["parent"] == "functionApp"
+        assert body(policy)["properties"] == {"allow": False}
+    assert resources_of_type(parsed, "Microsoft.Web/sites")["functionApp"]["existing"] is False
+
+
+def test_log_analytics_workspace_disables_local_auth() -> None:
+    parsed = bicep("modules/monitoring.bicep")
+    [workspace] = resources_of_type(parsed, "Microsoft.OperationalInsights/workspaces").values()
+
+    assert body(workspace)["properties"]["features"]["disableLocalAuth"] is True
+
+
+# --- budgets: send timeout and the comments of the infra ---------------------------------------
+
+BUDGET_MENTION = re.compile(r"(complete-by|pickup)? ?budgets?\b[^()\n]{0,60}\((\d+) ?(s|min)\b")
+
+
+def test_service_bus_send_timeout_is_below_the_shortest_step_budget() -> None:
+    from sas.adapters import servicebus
+
+    shortest = min(step.budget for w in WORKFLOWS.values() for step in w.steps)
+    default = inspect.signature(servicebus.ServiceBusTransport).parameters["send_timeout"].default
+
+    assert shortest.total_seconds() > servicebus.DEFAULT_SEND_TIMEOUT
+    assert default == servicebus.DEFAULT_SEND_TIMEOUT
+
+
+def test_infra_comments_state_the_budgets_of_the_code() -> None:
+    step_budgets = {step.budget for w in WORKFLOWS.values() for step in w.steps}
+    pickup_budgets = {w.pickup_budget for w in WORKFLOWS.values()}
+    texts = all_infra_text() + "\n" + (INFRA / "README.md").read_text()
+
+    mentions = BUDGET_MENTION.findall(texts)
+
+    for kind, number, unit in mentions:
+        value = timedelta(seconds=int(number)) if unit == "s" else timedelta(minutes=int(number))
+        expected = {
+            "complete-by": step_budgets,
+            "pickup": pickup_budgets,
+            "": step_budgets | pickup_budgets,
+        }[kind]
+        assert value in expected, f"infra says a {kind or 'step'} budget is {number} {unit}"
+    assert {"complete-by", "pickup"} <= {kind for kind, _, _ in mentions}
+
+
+# --- the runtime lock Azure's remote build installs --------------------------------------------
+
+DEV_ONLY = {"pytest", "pytest-timeout", "ruff", "mypy", "uvicorn", "rich", "pip-tools"}
+DEV_ONLY |= {"pycep-parser", "croniter"}
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requirement_pins(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """Package -> (pinned version, hashes) of a requirements file; every line must pin."""
+    entries: dict[str, tuple[str, list[str]]] = {}
+    for line in path.read_text().replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        tokens = line.split()
+        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)", tokens[0])
+        assert match, f"{path.name}: not an exact pin: {line}"
+        hashes = [t.removeprefix("--hash=") for t in tokens[1:] if t.startswith("--hash=")]
+        entries[canonical(match[1])] = (match[2], hashes)
+    return entries
+
+
+def test_the_runtime_lock_is_complete_pinned_and_hashed() -> None:
+    lock = requirement_pins(ROOT / "requirements.txt")
+    top = requirement_pins(ROOT / "requirements.in")
+
+    assert lock
+    for name, (_, hashes) in lock.items():
+        assert hashes, f"requirements.txt: {name} has no --hash"
+        assert all(re.fullmatch(r"sha256:[0-9a-f]{64}", h) for h in hashes), name
+    for name, (version, _) in top.items():
+        assert name in lock, f"{name} (requirements.in) is missing from requirements.txt"
+        assert lock[name][0] == version, f"{name}: {lock[name][0]} locked, {version} wanted"
+    dev = requirement_pins(ROOT / "requirements-dev.txt")
+    assert set(dev) >= DEV_ONLY
+    assert not (DEV_ONLY | set(dev)) & set(lock), "dev-only packages in the runtime lock"
+
+
+def test_the_lock_is_installed_apart_from_the_dev_tools_and_regenerated_by_make_lock() -> None:
+    dev = (ROOT / "requirements-dev.txt").read_text()
+    makefile = (ROOT / "Makefile").read_text()
+
+    assert not re.search(r"^\s*-[rc]\s", dev, re.MULTILINE), "pip would demand hashes there"
+    recipe = makefile.split("$(VENV)/.installed:", 1)[1].split("\n\n", 1)[0]
+    runtime = recipe.index("-r requirements.txt")
+    assert runtime < recipe.index("-r requirements-dev.txt")
+    lock = re.search(r"^lock:.*\n((?:\t.*\n)+)", makefile, re.MULTILINE)
+    assert lock, "no lock target in the Makefile"
+    for flag in ("pip-compile", "--generate-hashes", "-o requirements.txt", "requirements.in"):
+        assert flag in lock.group(1), flag
+    assert re.search(r"^\.PHONY:.*\block\b", makefile, re.MULTILINE)
+
+
+# --- identity-based connections name their managed identity ------------------------------------
+
+
+def identity_connection_settings() -> list[tuple[str, dict[str, Any]]]:
+    main = bicep("main.bicep")["variables"]
+    host = bicep("modules/functionapp.bicep")["variables"]
+    servicebus = main["serviceBusSettings"]["value"]["operator"]["operands"]["true_value"]
+    return [
+        ("main.bicep sasSettings", main["sasSettings"]["value"]),
+        ("main.bicep serviceBusSettings", servicebus),
+        ("functionapp.bicep hostSettings", host["hostSettings"]["value"]),
+    ]
+
+
+def test_every_identity_based_connection_sets_managed_identity_with_its_client_id() -> None:
+    """Managed identity only where <Conn>__credential says so: the Bicep says so everywhere."""
+    connections: set[str] = set()
+    for where, values in identity_connection_settings():
+        for connection in {key.split("__")[0] for key in values if "__" in key}:
+            assert values.get(f"{connection}__credential") == "managedidentity", (where, connection)
+            client_id = values.get(f"{connection}__clientId")
+            assert client_id is not None, (where, connection)
+            assert dotted(client_id) in {"identity.outputs.clientId", "identityClientId"}
+            connections.add(connection)
+
+    assert connections == {
+        settings.STORAGE_CONNECTION,
+        settings.SERVICEBUS_CONNECTION,
+        "AzureWebJobsStorage",
+    }
+    assert dotted(module_params("functionApp")["identityClientId"]) == "identity.outputs.clientId"
 
 
 # --- azd wiring --------------------------------------------------------------------------------
