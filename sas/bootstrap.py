@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from functools import wraps
 from typing import Any, TypeVar
 
@@ -105,7 +106,9 @@ def transport() -> Transport:
 
 @_once
 def submission() -> Submission:
-    return Submission(store(), transport(), routes(), clock())
+    return Submission(
+        store(), transport(), routes(), clock(), reply_to_prefixes=settings().reply_to_prefixes
+    )
 
 
 @_once
@@ -116,7 +119,9 @@ def scheduler() -> Scheduler:
 @_once
 def supervisor() -> Supervisor:
     s = settings()
-    policy = RetryPolicy(max_failures=s.max_failures)
+    policy = RetryPolicy(
+        max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
+    )
     return Supervisor(store(), transport(), routes(), clock(), s.instance_id, policy)
 
 

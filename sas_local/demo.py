@@ -40,7 +40,7 @@ from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
 from sas_local.ledger import LedgerReport, check_effects, configure_faults, fetch_ledger
 from sas_local.stack import LocalStack
 
-STATUS_QUEUE = "sas-demo-status"
+STATUS_QUEUE = "status-demo"
 FINAL_STATUSES = frozenset({"completed", "compensated", "failed", "rejected"})
 console = Console()
 

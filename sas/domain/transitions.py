@@ -31,10 +31,22 @@ class RetryPolicy:
     """Expiries of one step before it is deemed non-transient."""
     base_backoff: timedelta = timedelta(seconds=2)
     max_backoff: timedelta = timedelta(minutes=1)
+    clock_skew: timedelta = timedelta(0)
+    """How far apart instances' clocks may be. A deadline counts as passed only this long
+    after it passed by the Supervisor's clock, so a Supervisor running ahead never expires a
+    step its agent is still allowed to finish; recovery comes that much later."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
             raise ValueError("max_failures must be at least 1")
+        if self.clock_skew < timedelta(0):
+            raise ValueError("clock_skew must not be negative")
+
+    def expired(self, state: OrderState, now: datetime) -> bool:
+        """A live record whose deadline (plus the skew allowance) has passed."""
+        if state.is_terminal or state.complete_by is None:
+            return False
+        return state.complete_by + self.clock_skew <= now
 
     def backoff(self, failures: int) -> timedelta:
         """Wait before retry number ``failures``: doubling, capped."""
@@ -274,7 +286,7 @@ def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: Retr
     a forward step is compensated *including itself*: it may have been applied before its
     reply was lost, and undo actions are no-ops for effects that never happened.
     """
-    if state.is_terminal or state.complete_by is None or state.complete_by > now:
+    if not policy.expired(state, now):
         raise IllegalTransition(f"order {state.order_id} has not expired")
     failures = state.failure_count + 1
     step = workflow.step(state.step_index).name

@@ -68,6 +68,9 @@ and single hyphens — valid for Storage Queues and Service Bus alike."""
 APP_QUEUE_NAME = NameRule("app queue name", _QUEUE_NAME_BODY.format(inner=61 - len(POISON_SUFFIX)))
 """A queue the app is triggered by: the same, leaving room for the host's poison suffix."""
 
+REPLY_TO_PREFIX = NameRule("reply-to prefix", r"[a-z0-9][a-z0-9-]{0,40}")
+"""A prefix that a submitter's status queue must start with (SAS_REPLY_TO_PREFIXES)."""
+
 TABLE_NAME_RULE = NameRule("table name", r"[A-Za-z][A-Za-z0-9]{2,62}")
 
 
@@ -105,6 +108,12 @@ def schedule_message_id(order_id: str, state_version: datetime) -> str:
     """One per persisted state version (its ``updated_at``): re-sending the request for the
     same version is a duplicate, while a new retry or resubmission never is."""
     return f"{order_id}:schedule:{_stamp(state_version)}"
+
+
+def schedule_wakeup_message_id(order_id: str, state_version: datetime, asked_at: datetime) -> str:
+    """A Scheduler that came too early (a retry's backoff not over) asks again for later: a
+    message of its own, or duplicate detection would drop it as the first request again."""
+    return f"{schedule_message_id(order_id, state_version)}:wake:{_stamp(asked_at)}"
 
 
 def status_message_id(order_id: str, status: str, step: str | None, at: datetime) -> str:

@@ -14,7 +14,7 @@ from fastapi import FastAPI, HTTPException, Path, Query, status
 from pydantic import BaseModel, Field
 
 from sas import bootstrap
-from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
+from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMessage, NotFound
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import ORDER_ID, submission_message_id
@@ -165,6 +165,10 @@ def list_rejected(limit: Limit = 100) -> list[RejectedView]:
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)
 def submit_order(order: OrderSubmitted) -> dict[str, str]:
     """Convenience: posts the order to the orders queue, exactly as an application would."""
+    try:
+        bootstrap.submission().check(order)
+    except InvalidMessage as exc:
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.reason) from None
     bootstrap.transport().send(
         bootstrap.routes().orders,
         order,

@@ -15,7 +15,12 @@ from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import OperatorAlert, ScheduleRequest, StatusEvent, StatusKind
 from sas.domain.model import HistoryEntry, OrderState, ProcessState
 from sas.domain.transitions import alert_sent, claim_alert
-from sas.domain.wire import alert_message_id, schedule_message_id, status_message_id
+from sas.domain.wire import (
+    alert_message_id,
+    schedule_message_id,
+    schedule_wakeup_message_id,
+    status_message_id,
+)
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 
@@ -63,11 +68,19 @@ class Consequences:
             state, instance_id=self._actor, now=self._clock.now(), lease=self.alert_lease
         )
 
-    def request_schedule(self, state: OrderState, delay_seconds: float = 0) -> None:
+    def request_schedule(
+        self, state: OrderState, delay_seconds: float = 0, *, again_at: datetime | None = None
+    ) -> None:
+        """Ask a Scheduler to claim ``state``; ``again_at``: a re-ask for the same version."""
+        message_id = (
+            schedule_message_id(state.order_id, state.updated_at)
+            if again_at is None
+            else schedule_wakeup_message_id(state.order_id, state.updated_at, again_at)
+        )
         self._transport.send(
             self._routes.scheduler,
             ScheduleRequest(order_id=state.order_id),
-            message_id=schedule_message_id(state.order_id, state.updated_at),
+            message_id=message_id,
             correlation_id=state.order_id,
             delay_seconds=delay_seconds,
         )

@@ -13,7 +13,14 @@ from enum import StrEnum
 
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition
-from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, StepRequest
+from sas.domain.messages import (
+    Message,
+    ScheduleRequest,
+    StatusKind,
+    StepReply,
+    StepRequest,
+    encode,
+)
 from sas.domain.model import HistoryEntry, OrderState, StepRecord
 from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
 from sas.domain.wire import idempotency_key, step_request_message_id
@@ -63,6 +70,7 @@ class Scheduler:
         extra: dict[str, object] = {"order_id": request.order_id}
         current = self._store.get_state(request.order_id)
         if current is None:
+            self._park(self._routes.scheduler, "schedule request for an unknown order", request)
             log.warning("sas.schedule_unknown_order", extra=extra)
             return ScheduleOutcome.UNKNOWN_ORDER
         workflow = workflow_named(current.value.workflow)
@@ -77,7 +85,9 @@ class Scheduler:
             log.info("sas.schedule_backing_off", extra=extra)
             wait = current.value.not_before - now if current.value.not_before else None
             self._then.request_schedule(
-                current.value, delay_seconds=(wait.total_seconds() if wait else 0) + 0.5
+                current.value,
+                delay_seconds=(wait.total_seconds() if wait else 0) + 0.5,
+                again_at=now,
             )
             return ScheduleOutcome.NOT_YET
         except IllegalTransition:
@@ -113,6 +123,7 @@ class Scheduler:
         }
         current = self._store.get_state(reply.order_id)
         if current is None:
+            self._park(self._routes.replies, "reply for an unknown order", reply)
             log.warning("sas.reply_unknown_order", extra=extra)
             return ReplyOutcome.UNKNOWN_ORDER
         state, workflow = current.value, workflow_named(current.value.workflow)
@@ -183,6 +194,10 @@ class Scheduler:
             return ReplyOutcome.COMPENSATING
         self._dispatch(state, workflow)
         return ReplyOutcome.ADVANCED
+
+    def _park(self, queue: str, reason: str, message: Message) -> None:
+        """Unroutable (its order does not exist): kept where an operator can see it."""
+        self._store.park_message(queue, reason, encode(message), self._clock.now())
 
     def _drop_stale(
         self, reply: StepReply, state: OrderState, verdict: Fence, extra: dict[str, object]

@@ -76,7 +76,7 @@ class Supervisor:
             if alert is AlertOutcome.SENT:
                 return "alert_resent"
             return "unindexed" if dropped else "retouched"
-        if state.complete_by is None or state.complete_by > now:
+        if state.complete_by is None or not self._policy.expired(state, now):
             return "healthy"
         workflow = workflow_named(state.workflow)
         decided = expire(state, now=now, workflow=workflow, policy=self._policy)

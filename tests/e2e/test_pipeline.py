@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ from sas_local.stack import LocalStack
 
 pytestmark = pytest.mark.e2e
 
-STATUS_QUEUE = "e2e-status"
+STATUS_QUEUE = "status-e2e"
 ORDERS = 50
 
 
@@ -69,6 +70,12 @@ def processed_batch(stack, store, transport) -> list[str]:
     return ids
 
 
+def ledger_effects(simulator_url: str) -> list[Any]:
+    effects = fetch_ledger(simulator_url)["effects"]
+    assert isinstance(effects, list)
+    return effects
+
+
 def queue_empty(stack, name: str) -> bool:
     client = queue_service_client(stack.settings.storage).get_queue_client(name)
     return client.get_queue_properties().approximate_message_count == 0
@@ -85,7 +92,9 @@ def test_fifty_orders_reach_processed_and_each_effect_is_applied_once(
     report = check_effects(ledger, outcomes, ORDER_WORKFLOW)
     assert report.problems == []
     assert report.effects == ORDERS * len(ORDER_WORKFLOW.steps)
-    keys = [effect["idempotency_key"] for effect in ledger["effects"]]
+    effects = ledger["effects"]
+    assert isinstance(effects, list)
+    keys = [effect["idempotency_key"] for effect in effects]
     assert len(keys) == len(set(keys))
     for order_id in processed_batch:
         state = store.get_state(order_id).value
@@ -120,7 +129,7 @@ def test_a_reply_for_an_old_attempt_delivered_by_hand_is_ignored(
 ):
     order_id = processed_batch[0]
     before = store.get_state(order_id)
-    effects_before = len(fetch_ledger(stack.simulator_url)["effects"])
+    effects_before = len(ledger_effects(stack.simulator_url))
     stale = StepReply(
         order_id=order_id, step="reserve", step_index=0, attempt=1, outcome="ok", result={"x": 1}
     )
@@ -134,7 +143,7 @@ def test_a_reply_for_an_old_attempt_delivered_by_hand_is_ignored(
     )
     assert store.get_state(order_id) == before  # same ETag: nothing written
     assert store.get_steps(order_id)[0].result != {"x": 1}
-    assert len(fetch_ledger(stack.simulator_url)["effects"]) == effects_before
+    assert len(ledger_effects(stack.simulator_url)) == effects_before
 
 
 def test_the_http_api_returns_an_orders_state(stack, processed_batch):
@@ -155,7 +164,7 @@ def test_a_malformed_order_is_parked_with_its_body_and_settled(stack, store):
     raw = queue_service_client(stack.settings.storage).get_queue_client(orders)
     raw.send_message(base64.b64encode(body).decode())
 
-    def parked() -> dict[str, object] | None:
+    def parked() -> dict[str, Any] | None:
         return next((p for p in store.list_parked() if p["body"] == body), None)
 
     found = wait_until(parked, timeout=30, what="bad message parked")

@@ -5,6 +5,7 @@ storm), and nothing else written."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import azure.functions as func
 import pytest
@@ -16,7 +17,7 @@ from sas.domain.wire import REJECTED_PARTITION
 
 pytestmark = pytest.mark.integration
 
-VALID_ORDER = {
+VALID_ORDER: dict[str, Any] = {
     "type": "OrderSubmitted",
     "order_id": "o1",
     "details": {
@@ -73,7 +74,7 @@ def deliver(function: str, payload: bytes) -> None:
     user_function(function)(QueueMessage(id="m1", body=payload, dequeue_count=1))
 
 
-def everything(table) -> list[dict]:
+def everything(table) -> list[dict[str, Any]]:
     return list(table.list_entities())
 
 
@@ -137,7 +138,7 @@ def test_bad_messages_on_every_queue_are_parked(app_env, table, function, queue,
     assert parked["body"] == payload
 
 
-def test_a_reply_for_an_order_that_does_not_exist_changes_nothing(app_env, table):
+def test_a_reply_for_an_order_that_does_not_exist_is_parked_and_changes_nothing(app_env, table):
     reply = {
         "type": "StepReply",
         "order_id": "ghost",
@@ -147,7 +148,54 @@ def test_a_reply_for_an_order_that_does_not_exist_changes_nothing(app_env, table
         "outcome": "ok",
     }
     deliver("on_reply", json.dumps(reply).encode())
-    assert everything(table) == []
+    assert {row["PartitionKey"] for row in everything(table)} == {REJECTED_PARTITION}
+    (parked,) = bootstrap.store().list_parked()
+    assert parked["queue"] == "sas-replies" and "unknown order" in parked["reason"]
+    assert json.loads(parked["body"])["order_id"] == "ghost"
+
+
+def test_a_schedule_request_for_an_order_that_does_not_exist_is_parked(app_env, table):
+    deliver("schedule", b'{"type": "ScheduleRequest", "order_id": "ghost"}')
+    (parked,) = bootstrap.store().list_parked()
+    assert parked["queue"] == "sas-scheduler" and "unknown order" in parked["reason"]
+    assert {row["PartitionKey"] for row in everything(table)} == {REJECTED_PARTITION}
+
+
+def test_a_different_order_under_a_taken_id_is_parked_and_the_original_kept(app_env, table):
+    deliver("submit", body())
+    deliver("submit", body(details={**VALID_ORDER["details"], "address": "2 Other St"}))
+    (parked,) = bootstrap.store().list_parked()
+    assert parked["queue"] == "sas-orders" and "already used" in parked["reason"]
+    assert json.loads(parked["body"])["details"]["address"] == "2 Other St"
+    original = bootstrap.store().get_order("o1")
+    assert original is not None and original.details["address"] == "1 Main St"
+
+
+@pytest.mark.parametrize(
+    ("reply_to", "reason"),
+    [
+        ("sas-alerts", "app's own queues"),  # status events posing as operator alerts
+        ("sas-scheduler", "app's own queues"),
+        ("sas-replies", "app's own queues"),
+        ("sas-agent-payment", "app's own queues"),
+        ("sas-orders-poison", "app's own queues"),
+        ("someone-elses-queue", "reply_to must match status-*"),
+    ],
+)
+def test_a_submitter_cannot_point_status_events_at_a_queue_it_may_not_use(
+    app_env, table, reply_to, reason
+):
+    deliver("submit", body(reply_to=reply_to))
+    assert {row["PartitionKey"] for row in everything(table)} == {REJECTED_PARTITION}
+    (parked,) = bootstrap.store().list_parked()
+    assert reason in parked["reason"]
+
+
+def test_an_allowed_reply_to_is_accepted(app_env, table):
+    deliver("submit", body(reply_to="status-shop-7"))
+    assert bootstrap.store().list_parked() == []
+    accepted = bootstrap.store().get_order("o1")
+    assert accepted is not None and accepted.reply_to == "status-shop-7"
 
 
 def test_the_function_bodies_take_the_trigger_message_types():
