@@ -8,16 +8,24 @@ ORDERS ?= 100
 WORKERS ?= 2
 DEMO_ARGS ?=
 
-.PHONY: setup run test lint format unit integration e2e clean
+.PHONY: setup run test lint format unit integration e2e clean lock hooks
 
 setup: $(VENV)/.installed node_modules/.installed
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $@
+
+# requirements.txt (the hashed lock Azure's remote build installs) from requirements.in, resolved
+# against PyPI only: this machine's pip config (find-links, extra indexes) is ignored.
+lock: $(VENV)/.installed
+	env -u PIP_FIND_LINKS -u PIP_INDEX_URL -u PIP_EXTRA_INDEX_URL PIP_CONFIG_FILE=/dev/null \
+	  $(VENV)/bin/pip-compile --quiet --generate-hashes --strip-extras --allow-unsafe \
+	  -o requirements.txt requirements.in
 
 node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
@@ -27,7 +35,7 @@ run: setup
 	$(PY) -m sas_local.demo --orders $(ORDERS) --workers $(WORKERS) $(DEMO_ARGS)
 
 test: setup lint
-	$(PY) -m pytest
+	$(PY) -m pytest --cov --cov-report=term:skip-covered
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -37,6 +45,10 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
+
+# Git hooks (.pre-commit-config.yaml): ruff, mypy and file hygiene before each commit.
+hooks: $(VENV)/.installed
+	$(VENV)/bin/pre-commit install
 
 unit integration e2e: setup
 	$(PY) -m pytest -m $@

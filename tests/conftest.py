@@ -51,5 +51,9 @@ def app_env(
         monkeypatch.setenv(settings.remote_url_setting(agent), "http://127.0.0.1:9")
     bootstrap.reset()
     provision(bootstrap.settings())
+    # The queues are shared by every test of the session: start each test with them empty.
+    queues = QueueServiceClient.from_connection_string(azurite.connection_string)
+    for name in bootstrap.settings().queues.values():
+        queues.get_queue_client(name).clear_messages()
     yield
     bootstrap.reset()

@@ -13,6 +13,8 @@ import pytest
 from sas.domain.messages import Message, OperatorAlert
 from sas.domain.model import ProcessState
 from sas.services.consequences import ALERT_LEASE
+from sas.services.scheduler import Scheduler
+from sas.services.supervisor import Supervisor
 from tests.harness import ROUTES, World, permanent
 from tests.integration.test_failure_modes import order
 
@@ -47,7 +49,8 @@ def test_supervisors_sweeping_while_the_scheduler_sends_add_no_alert(table, stri
     world = World(table)
     oid = order(world, refused_for_good(world), workflow=strict)
     others = [world.new_supervisor(f"supervisor-{n}") for n in (2, 3)]
-    for instance in (world.scheduler, world.supervisor, *others):
+    instances: list[Scheduler | Supervisor] = [world.scheduler, world.supervisor, *others]
+    for instance in instances:
         instance._then.alert_lease = lease
     sweeps: list[Any] = []
     during_first_alert_send(world, lambda: sweeps.extend(s.sweep() for s in others))

@@ -181,7 +181,8 @@ def test_state_round_trips_and_a_stale_etag_write_is_rejected(table):
 
     with pytest.raises(ConcurrencyConflict):
         store.put(replace(probing, probe_owner="b:1"), first)  # stale: someone wrote since
-    assert store.get("payment").value.probe_owner == "a:7"
+    kept = store.get("payment")
+    assert kept is not None and kept.value.probe_owner == "a:7"
 
     # REPLACE clears the fields the new state no longer has.
     store.put(closed_breaker("payment", T0 + timedelta(seconds=5)), second)

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from sas.adapters.tables import TableStateStore
-from sas.domain.messages import StepReply, StepRequest
+from sas.domain.messages import OperatorAlert, StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.services.agent import AgentOutcome
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
@@ -147,11 +147,13 @@ def test_non_transient_error_sets_error_and_alerts_once(table, strict):
     oid = order(world, workflow=strict)
     world.run()
     state = world.state(oid)
-    assert state.process_state is ProcessState.ERROR and "card declined" in state.last_error
+    assert state.process_state is ProcessState.ERROR and state.last_error is not None
+    assert "card declined" in state.last_error
     for _ in range(3):
         world.tick(60)  # sweeps find it terminal: no second alert
     assert len(world.alerts()) == 1
-    assert world.alerts()[0].order_id == oid
+    alert = world.alerts()[0]
+    assert isinstance(alert, OperatorAlert) and alert.order_id == oid
     assert world.store.list_live() == []
 
 
@@ -167,6 +169,7 @@ def test_threshold_reached_sets_error_and_alerts_once(table, strict):
     state = world.state(oid)
     assert state.process_state is ProcessState.ERROR
     assert state.failure_count == 3
+    assert state.last_error is not None
     assert "expired 3 times" in state.last_error
     assert len(world.alerts()) == 1
     assert world.history(oid).count("expired_retry") == 2
@@ -303,7 +306,8 @@ def test_resubmit_of_an_error_order_reaches_processed(table, strict):
     assert world.state(oid).process_state is ProcessState.PROCESSED
     assert ("payment", "charge") in world.remote.applied(oid)
     resubmitted = [h for h in world.store.get_history(oid) if h.kind == "resubmitted"]
-    assert resubmitted[0].actor == "alice" and "card declined" in resubmitted[0].detail
+    assert resubmitted[0].actor == "alice" and resubmitted[0].detail is not None
+    assert "card declined" in resubmitted[0].detail
     assert len(world.alerts()) == 1
     with pytest.raises(Exception, match="not Error"):
         world.operator.resubmit(oid, actor="bob")

@@ -44,7 +44,9 @@ def test_two_schedulers_racing_for_one_order_exactly_one_wins(table):
         outcomes = list(pool.map(lambda s: s.schedule(ScheduleRequest(order_id="o1")), schedulers))
     assert sorted(outcomes) == sorted([ScheduleOutcome.CLAIMED, ScheduleOutcome.LOST_RACE])
     winner = f"s{outcomes.index(ScheduleOutcome.CLAIMED) + 1}"
-    state = TableStateStore(table).get_state("o1").value
+    found = TableStateStore(table).get_state("o1")
+    assert found is not None
+    state = found.value
     assert (state.locked_by, state.attempt, state.process_state) == (
         winner,
         1,
@@ -88,7 +90,7 @@ def test_a_conflicting_duplicate_is_rejected_and_the_original_kept(table):
     assert submission.submit(submitted(address="2 Other Rd")) is SubmissionOutcome.CONFLICT
     assert store.get_state("o1") == before_state
     assert store.get_order("o1") == before_order
-    assert before_order.details["address"] == "1 Main St"
+    assert before_order is not None and before_order.details["address"] == "1 Main St"
 
 
 def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
@@ -99,19 +101,21 @@ def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     # What the Supervisor does to an expired attempt (issue 4): back to Pending, unlocked.
     current = store.get_state("o1")
+    assert current is not None
     store.update_state(
         replace(current.value, process_state=ProcessState.PENDING, locked_by=None), current.etag
     )
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     newer = store.get_state("o1")
-    assert newer.value.attempt == 2
+    assert newer is not None and newer.value.attempt == 2
     old = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
     assert scheduler.on_reply(old) is ReplyOutcome.STALE
     assert store.get_state("o1") == newer
     assert store.get_steps("o1") == []
     current_reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=2, outcome="ok")
     assert scheduler.on_reply(current_reply) is ReplyOutcome.ADVANCED
-    assert store.get_state("o1").value.step_index == 1
+    advanced = store.get_state("o1")
+    assert advanced is not None and advanced.value.step_index == 1
 
 
 def test_duplicate_replies_racing_apply_once(table):
@@ -127,4 +131,5 @@ def test_duplicate_replies_racing_apply_once(table):
         outcomes = list(pool.map(lambda s: s.on_reply(reply), schedulers))
     assert sorted(outcomes) == sorted([ReplyOutcome.ADVANCED, ReplyOutcome.STALE])
     assert len(transport.to("agent-payment")) == 1
-    assert TableStateStore(table).get_state("o1").value.attempt == 2
+    after = TableStateStore(table).get_state("o1")
+    assert after is not None and after.value.attempt == 2

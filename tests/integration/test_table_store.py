@@ -10,7 +10,14 @@ from azure.core.exceptions import ResourceNotFoundError
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
-from sas.domain.model import HistoryEntry, OrderRecord, ProcessState, StepRecord
+from sas.domain.model import (
+    HistoryEntry,
+    OrderRecord,
+    OrderState,
+    ProcessState,
+    StepRecord,
+    Versioned,
+)
 from sas.domain.transitions import claim, initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
 
@@ -29,11 +36,17 @@ def new_state(order_id: str = "o1"):
     return initial_state(order_id, ORDER_WORKFLOW, reply_to="status-q", now=NOW)
 
 
+def stored_state(store: TableStateStore, order_id: str = "o1") -> Versioned[OrderState]:
+    versioned = store.get_state(order_id)
+    assert versioned is not None, f"no state row for {order_id}"
+    return versioned
+
+
 def test_order_and_state_are_inserted_together(table):
     store = TableStateStore(table)
     store.create_order(order(), new_state())
     assert store.get_order("o1") == order()
-    versioned = store.get_state("o1")
+    versioned = stored_state(store)
     assert versioned.value == new_state()
     assert versioned.etag
 
@@ -54,19 +67,20 @@ def test_a_second_insert_of_the_same_order_is_refused_and_keeps_the_original(tab
     store.create_order(order(), new_state())
     with pytest.raises(AlreadyExists):
         store.create_order(order(fingerprint="other"), new_state())
-    assert store.get_order("o1").fingerprint == "f1"
+    kept = store.get_order("o1")
+    assert kept is not None and kept.fingerprint == "f1"
 
 
 def test_a_stale_etag_is_rejected(table):
     store = TableStateStore(table)
     store.create_order(order(), new_state())
-    first = store.get_state("o1")
+    first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
     new_etag = store.update_state(claimed, first.etag)
     assert new_etag != first.etag
     with pytest.raises(ConcurrencyConflict):
         store.update_state(replace(claimed, locked_by="s2"), first.etag)
-    assert store.get_state("o1").value.locked_by == "s1"
+    assert stored_state(store).value.locked_by == "s1"
 
 
 def test_update_of_a_missing_state_is_not_found(table):
@@ -78,14 +92,14 @@ def test_update_of_a_missing_state_is_not_found(table):
 def test_cleared_fields_are_removed_not_left_behind(table):
     store = TableStateStore(table)
     store.create_order(order(), new_state())
-    first = store.get_state("o1")
+    first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
     etag = store.update_state(claimed, first.etag)
     released = replace(
         claimed, locked_by=None, complete_by=None, process_state=ProcessState.PROCESSED
     )
     store.update_state(released, etag)
-    assert store.get_state("o1").value == released
+    assert stored_state(store).value == released
     assert "LockedBy" not in table.get_entity("o1", "state")
 
 
@@ -95,7 +109,7 @@ def test_times_round_trip_as_aware_utc_to_the_microsecond(table):
     local = datetime(2026, 11, 22, 14, 0, 0, 654321, tzinfo=plus_two)
     state = replace(new_state(), complete_by=local)
     store.create_order(order(), state)
-    read = store.get_state("o1").value
+    read = stored_state(store).value
     assert read.complete_by == local
     assert read.complete_by.tzinfo == UTC
     assert read.submitted_at == NOW and read.submitted_at.utcoffset() == timedelta(0)
@@ -132,10 +146,10 @@ def entry(kind: str, attempt: int = 1, at: datetime = NOW) -> HistoryEntry:
 def test_a_transition_and_its_history_commit_together(table):
     store = TableStateStore(table)
     store.create_order(order(), new_state(), entry("submitted", 0))
-    first = store.get_state("o1")
+    first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
     etag = store.update_state(claimed, first.etag, entry("claimed", 1, NOW + timedelta(seconds=1)))
-    assert store.get_state("o1").etag == etag
+    assert stored_state(store).etag == etag
     assert [h.kind for h in store.get_history("o1")] == ["submitted", "claimed"]
 
 
@@ -143,12 +157,12 @@ def test_a_stale_etag_inside_a_transaction_writes_neither_state_nor_history(tabl
     # Azurite has been known to ignore If-Match inside batches; this pins that it does not.
     store = TableStateStore(table)
     store.create_order(order(), new_state())
-    first = store.get_state("o1")
+    first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
     store.update_state(claimed, first.etag, entry("claimed"))
     with pytest.raises(ConcurrencyConflict):
         store.update_state(replace(claimed, locked_by="s2"), first.etag, entry("claimed", 2))
-    assert store.get_state("o1").value.locked_by == "s1"
+    assert stored_state(store).value.locked_by == "s1"
     assert [h.attempt for h in store.get_history("o1")] == [1]
 
 
@@ -168,7 +182,7 @@ def test_new_state_fields_round_trip(table):
     store = TableStateStore(table)
     state = replace(new_state(), mode="undo", not_before=NOW, alert_pending=True)
     store.create_order(order(), state)
-    assert store.get_state("o1").value == state
+    assert stored_state(store).value == state
 
 
 def test_orders_are_listed_by_state(table):

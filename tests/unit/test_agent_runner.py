@@ -81,7 +81,9 @@ def test_a_permanent_fault_sends_an_error_reply():
     remote = ScriptedRemote([PermanentRemoteError("HTTP 402 card declined")])
     assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.REFUSED
     (sent,) = transport.sent
+    assert isinstance(sent.message, StepReply)
     assert sent.message.outcome == "error"
+    assert sent.message.error is not None
     assert "card declined" in sent.message.error
     assert len(remote.calls) == 1
 
@@ -115,4 +117,5 @@ def test_a_huge_remote_result_is_truncated_before_it_travels():
     remote = ScriptedRemote([{"blob": "x" * 100_000}])
     assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.REPLIED
     (sent,) = transport.sent
+    assert isinstance(sent.message, StepReply)
     assert sent.message.result == {"truncated": True, "bytes": 100_011}

@@ -344,7 +344,8 @@ def test_a_probe_whose_holder_vanished_is_taken_over_after_the_lease():
     refusal(b)
     clock.advance(3)  # the 4 s lease has lapsed
     b.before_call()
-    assert store.state().probe_owner.startswith("b:")
+    owner = store.state().probe_owner
+    assert owner is not None and owner.startswith("b:")
 
 
 def test_a_probe_write_that_landed_but_reported_a_conflict_is_still_ours():
@@ -354,7 +355,8 @@ def test_a_probe_write_that_landed_but_reported_a_conflict_is_still_ours():
     clock.advance(10)
     store.lose_next_reply = True
     a.before_call()  # the re-read shows a lease held by this very call: allowed
-    assert store.state().probe_owner.startswith("a:")
+    owner = store.state().probe_owner
+    assert owner is not None and owner.startswith("a:")
 
 
 def test_races_are_retried_a_bounded_number_of_times_then_the_call_is_allowed(caplog):
@@ -486,6 +488,7 @@ def test_an_open_breaker_within_the_deadline_is_waited_for_then_probed():
     store, clock = FakeBreakerStore(), FakeClock(T0)
     b = open_breaker(store, clock)
     reopens = store.state().opened_until
+    assert reopens is not None
     remote, transport = TimedRemote(clock, [{"effect_id": "e"}]), RecordingTransport()
     assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
     assert len(remote.at) == 1 and remote.at[0] >= reopens
@@ -531,7 +534,7 @@ def test_the_agent_records_transient_failures_and_a_success_resets_them():
         seen.append(state.consecutive_failures)
         return original(state, etag)
 
-    store.put = spy
+    store.put = spy  # type: ignore[method-assign]  # a spy wrapped around the fake's writes
     assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
     assert seen == [1, 2, 0]
 

@@ -168,7 +168,12 @@ def test_send_sets_ids_subject_content_type_and_body(
 def test_subject_is_the_message_type(
     transport: ServiceBusTransport, client: FakeClient, clock: FakeClock
 ) -> None:
-    alert = OperatorAlert(order_id="order-9", reason="compensation failed", at=clock.now())
+    alert = OperatorAlert(
+        alert_id="order-9:alert:1:0",
+        order_id="order-9",
+        reason="compensation failed",
+        at=clock.now(),
+    )
 
     transport.send("sas-alerts", alert, message_id="order-9:alert", correlation_id="order-9")
 
@@ -572,7 +577,12 @@ def test_identity_with_client_id_uses_that_managed_identity(
     monkeypatch.setattr(
         azure.identity, "ManagedIdentityCredential", RecordingManagedIdentityCredential
     )
-    conn = Connection(setting="SasServiceBus", namespace=NAMESPACE, client_id=CLIENT_ID)
+    conn = Connection(
+        setting="SasServiceBus",
+        namespace=NAMESPACE,
+        client_id=CLIENT_ID,
+        credential="managedidentity",
+    )
 
     transport = ServiceBusTransport.from_connection(conn, clock)
     assert recording_client_class.built == []
@@ -604,7 +614,12 @@ def test_identity_without_client_id_uses_default_azure_credential(
 
 def test_identity_real_types_with_the_real_client_class(clock: FakeClock) -> None:
     """Without any monkeypatching: builds a real ServiceBusClient (no I/O until a send)."""
-    conn = Connection(setting="SasServiceBus", namespace=NAMESPACE, client_id=CLIENT_ID)
+    conn = Connection(
+        setting="SasServiceBus",
+        namespace=NAMESPACE,
+        client_id=CLIENT_ID,
+        credential="managedidentity",
+    )
     transport = from_connection(conn, clock)
 
     real_client = transport._client_factory()  # the factory the first send would call
@@ -623,3 +638,70 @@ def test_connection_without_string_or_namespace_is_a_configuration_error(
 ) -> None:
     with pytest.raises(ConfigurationError, match="SasServiceBus__fullyQualifiedNamespace"):
         from_connection(Connection(setting="SasServiceBus"), clock)
+
+
+# --- the credential follows <Conn>__credential (the Functions convention) --------------------
+
+
+def test_managed_identity_without_client_id_is_the_system_assigned_identity(
+    recording_client_class: type[RecordingServiceBusClient],
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import azure.identity
+
+    RecordingManagedIdentityCredential.made = []
+    monkeypatch.setattr(
+        azure.identity, "ManagedIdentityCredential", RecordingManagedIdentityCredential
+    )
+    conn = Connection(setting="SasServiceBus", namespace=NAMESPACE, credential="managedidentity")
+
+    send_one(from_connection(conn, clock))
+
+    [built] = recording_client_class.built
+    [credential] = RecordingManagedIdentityCredential.made
+    assert built["credential"] is credential
+    assert credential.kwargs == {"client_id": None}
+
+
+def test_client_id_without_managed_identity_credential_is_refused_before_any_send(
+    recording_client_class: type[RecordingServiceBusClient], clock: FakeClock
+) -> None:
+    conn = Connection(setting="SasServiceBus", namespace=NAMESPACE, client_id=CLIENT_ID)
+
+    with pytest.raises(ConfigurationError, match="SasServiceBus__clientId"):
+        from_connection(conn, clock)
+
+    assert recording_client_class.built == []
+
+
+def test_the_service_bus_factory_reuses_the_shared_credential_rule(
+    recording_client_class: type[RecordingServiceBusClient],
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One rule for every client: from_connection takes its credential from clients.credential."""
+    from sas.adapters import clients
+
+    marker = object()
+    seen: list[Connection] = []
+
+    def fake_credential(connection: Connection) -> object:
+        seen.append(connection)
+        return marker
+
+    monkeypatch.setattr(clients, "credential", fake_credential)
+    conn = Connection(setting="SasServiceBus", namespace=NAMESPACE)
+
+    send_one(from_connection(conn, clock))
+
+    assert seen == [conn]
+    assert recording_client_class.built[0]["credential"] is marker
+
+
+def test_default_send_timeout_is_below_the_shortest_step_budget() -> None:
+    from sas.domain.workflow import WORKFLOWS
+
+    shortest = min(step.budget for w in WORKFLOWS.values() for step in w.steps)
+
+    assert shortest.total_seconds() > sb.DEFAULT_SEND_TIMEOUT

@@ -377,3 +377,96 @@ def test_storage_queue_name_leaves_room_for_the_poison_suffix() -> None:
     message = config_error(storage_env(SAS_QUEUE_ORDERS="o" * 60))
 
     assert "SAS_QUEUE_ORDERS" in message
+
+
+# --- managed identity only where <Conn>__credential says so (the Functions convention) -------
+
+
+@pytest.mark.parametrize("connection", ["SasStorage", "SasServiceBus"])
+def test_client_id_without_managed_identity_credential_is_refused(connection: str) -> None:
+    env = without(identity_env(), f"{connection}__credential")
+
+    message = config_error(env)
+
+    assert f"{connection}__clientId" in message
+    assert f"{connection}__credential" in message
+
+
+def test_managed_identity_credential_is_carried_with_its_client_id() -> None:
+    s = settings.load(identity_env())
+
+    assert s.storage.credential == "managedidentity"
+    assert s.storage.client_id == CLIENT_ID
+    assert s.servicebus is not None
+    assert s.servicebus.credential == "managedidentity"
+    assert s.servicebus.client_id == CLIENT_ID
+
+
+def test_managed_identity_without_client_id_is_the_system_assigned_one() -> None:
+    s = settings.load(without(identity_env(), "SasStorage__clientId", "SasServiceBus__clientId"))
+
+    assert (s.storage.credential, s.storage.client_id) == ("managedidentity", None)
+    assert s.servicebus is not None
+    assert (s.servicebus.credential, s.servicebus.client_id) == ("managedidentity", None)
+
+
+def test_no_credential_setting_means_default_azure_credential() -> None:
+    env = without(
+        identity_env(),
+        "SasStorage__credential",
+        "SasStorage__clientId",
+        "SasServiceBus__credential",
+        "SasServiceBus__clientId",
+    )
+
+    s = settings.load(env)
+
+    assert (s.storage.credential, s.storage.client_id) == (None, None)
+    assert s.servicebus is not None
+    assert (s.servicebus.credential, s.servicebus.client_id) == (None, None)
+
+
+def test_credential_follows_the_connection_setting() -> None:
+    from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
+
+    from sas.adapters.clients import credential
+
+    s = settings.load(identity_env())
+    user_assigned = credential(s.storage)
+    default = credential(settings.Connection(setting="SasStorage", table_uri=TABLE_URI))
+    system_assigned = credential(
+        settings.Connection(setting="SasStorage", table_uri=TABLE_URI, credential="managedidentity")
+    )
+
+    assert isinstance(user_assigned, ManagedIdentityCredential)
+    assert isinstance(system_assigned, ManagedIdentityCredential)
+    assert isinstance(default, DefaultAzureCredential)
+    assert not isinstance(default, ManagedIdentityCredential)
+
+
+def test_credential_refuses_a_client_id_without_managed_identity() -> None:
+    from sas.adapters.clients import credential
+
+    connection = settings.Connection(setting="SasStorage", table_uri=TABLE_URI, client_id=CLIENT_ID)
+
+    with pytest.raises(ConfigurationError, match="SasStorage__clientId"):
+        credential(connection)
+
+
+# --- clock skew allowance and reply-to prefixes ---------------------------------------------
+
+
+def test_the_clock_skew_allowance_defaults_to_two_seconds_and_is_bounded() -> None:
+    assert settings.load(storage_env()).clock_skew_seconds == 2.0
+    assert settings.load(storage_env(SAS_CLOCK_SKEW_SECONDS="0.5")).clock_skew_seconds == 0.5
+    for bad in ("-1", "soon", "61", "nan"):
+        assert settings.CLOCK_SKEW_SECONDS in config_error(storage_env(SAS_CLOCK_SKEW_SECONDS=bad))
+
+
+def test_reply_to_prefixes_default_to_status_and_never_cover_an_app_queue() -> None:
+    assert settings.load(storage_env()).reply_to_prefixes == ("status-",)
+    loaded = settings.load(storage_env(SAS_REPLY_TO_PREFIXES="status-, shop-"))
+    assert loaded.reply_to_prefixes == ("status-", "shop-")
+    assert "sas-orders" in config_error(storage_env(SAS_REPLY_TO_PREFIXES="sas-"))
+    for bad in ("Status-", "-x", "st/", " , "):
+        assert settings.REPLY_TO_PREFIXES in config_error(storage_env(SAS_REPLY_TO_PREFIXES=bad))

@@ -68,14 +68,16 @@ class Sim:
             original_key=f"{order}:{original}",
         )
 
-    def ledger(self) -> dict:
-        return self.client.get("/ledger").json()
+    def ledger(self) -> dict[str, Any]:
+        ledger: dict[str, Any] = self.client.get("/ledger").json()
+        return ledger
 
-    def effects(self, kind: str | None = None) -> list[dict]:
+    def effects(self, kind: str | None = None) -> list[dict[str, Any]]:
         return [e for e in self.ledger()["effects"] if kind is None or e["kind"] == kind]
 
-    def stats(self, service: str) -> dict:
-        return self.client.get("/stats").json()[service]
+    def stats(self, service: str) -> dict[str, Any]:
+        stats: dict[str, Any] = self.client.get("/stats").json()[service]
+        return stats
 
 
 def make_sim(**faults: object) -> Sim:

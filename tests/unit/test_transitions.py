@@ -9,8 +9,8 @@ from sas.domain.model import TERMINAL_STATES, ProcessState
 from sas.domain.transitions import (
     Fence,
     NotYet,
-    Then,
     RetryPolicy,
+    Then,
     alert_sent,
     claim,
     complete_step,
@@ -21,6 +21,7 @@ from sas.domain.transitions import (
     refuse_step,
     resubmit,
 )
+from sas.domain.wire import Mode
 from sas.domain.workflow import ORDER_WORKFLOW, StepDefinition, Workflow
 
 pytestmark = pytest.mark.unit
@@ -248,6 +249,7 @@ def test_expiry_below_the_threshold_retries_with_a_growing_backoff():
         claim(s1, instance_id="s", now=later, workflow=WF)
     again = claim(s1, instance_id="s", now=s1.not_before, workflow=WF)
     assert again.failure_count == 1 and again.attempt == state.attempt + 1
+    assert again.complete_by is not None
     second = expire(again, now=again.complete_by, workflow=WF, policy=POLICY)
     assert second.action == "retry" and second.delay == timedelta(seconds=4)
 
@@ -258,9 +260,11 @@ def test_backoff_is_capped():
 
 def test_expiry_at_the_threshold_compensates_including_the_step_that_may_have_run():
     state = replace(running_at(1), failure_count=POLICY.max_failures - 1)
+    assert state.complete_by is not None
     decided = expire(state, now=state.complete_by, workflow=WF, policy=POLICY)
     assert decided.action == "compensate"
     assert (decided.state.mode, decided.state.step_index) == ("undo", 1)
+    assert decided.state.last_error is not None
     assert "expired 3 times" in decided.state.last_error
 
 
@@ -270,6 +274,7 @@ def test_expiry_at_the_threshold_of_an_undo_is_an_error():
         running, attempt=running.attempt, step_index=1, now=NOW, reason="r", workflow=WF
     )
     undoing = replace(claim(pending, instance_id="s", now=NOW, workflow=WF), failure_count=2)
+    assert undoing.complete_by is not None
     decided = expire(undoing, now=undoing.complete_by, workflow=WF, policy=POLICY)
     assert decided.action == "error"
     assert decided.state.process_state is ProcessState.ERROR and decided.state.alert_pending
@@ -283,6 +288,7 @@ def test_expiry_at_the_threshold_without_compensation_is_an_error():
 
 def test_a_pending_order_past_its_pickup_deadline_expires_too():
     pending = initial_state("o1", WF, reply_to=None, now=NOW)
+    assert pending.complete_by is not None
     decided = expire(pending, now=pending.complete_by, workflow=WF, policy=POLICY)
     assert decided.action == "retry" and decided.state.failure_count == 1
 
@@ -325,7 +331,7 @@ def test_only_an_error_can_be_resubmitted(state):
 # --- fencing: one decision, explicit outcomes ---------------------------------------------
 
 
-def _running(attempt: int = 3, step_index: int = 1, mode: str = "do"):
+def _running(attempt: int = 3, step_index: int = 1, mode: Mode = "do"):
     state = claim(
         initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
     )
@@ -402,3 +408,27 @@ def test_decide_reply_refuses_a_reply_the_fence_would_drop():
     state = _running()
     with pytest.raises(StaleReply):
         decide_reply(state, _reply(state, attempt=2), instance_id="s", now=NOW, workflow=WF)
+
+
+# --- clock skew allowance ----------------------------------------------------------------
+
+
+def test_a_deadline_counts_as_passed_only_after_the_skew_allowance():
+    policy = RetryPolicy(clock_skew=timedelta(seconds=2))
+    running = _running()
+    deadline = running.complete_by
+    assert deadline is not None
+    # A Supervisor whose clock runs 1.9 s ahead of the agent's must not expire the step.
+    assert not policy.expired(running, deadline + timedelta(seconds=1.9))
+    with pytest.raises(IllegalTransition):
+        expire(running, now=deadline + timedelta(seconds=1.9), workflow=WF, policy=policy)
+    assert policy.expired(running, deadline + timedelta(seconds=2))
+    decided = expire(running, now=deadline + timedelta(seconds=2), workflow=WF, policy=policy)
+    assert decided.action == "retry"
+
+
+def test_without_an_allowance_the_deadline_itself_expires_and_a_negative_one_is_refused():
+    running = _running()
+    assert RetryPolicy().expired(running, running.complete_by)
+    with pytest.raises(ValueError, match="clock_skew"):
+        RetryPolicy(clock_skew=timedelta(seconds=-1))

@@ -32,7 +32,7 @@ async def echo(request: Request) -> dict[str, Any]:
 
 
 app = func.AsgiFunctionApp(app=api, http_auth_level=func.AuthLevel.FUNCTION)
-bp = func.Blueprint()  # type: ignore[no-untyped-call]
+bp = func.Blueprint()
 
 _local = threading.local()
 
