@@ -18,7 +18,7 @@ from sas.domain.transitions import RetryPolicy
 from sas.services.agent import AgentRunner
 from sas.services.breaker import BreakerStore, CircuitBreaker
 from sas.services.operator import Operator
-from sas.services.ports import StateStore, Transport
+from sas.services.ports import PoisonStore, StateStore, Transport
 from sas.services.routes import Routes
 from sas.services.scheduler import Scheduler
 from sas.services.submission import Submission
@@ -105,6 +105,26 @@ def transport() -> Transport:
 
 
 @_once
+def poison() -> PoisonStore:
+    """Poison queues (Storage) or dead-letter queues (Service Bus) of every consumed queue."""
+    from sas.domain.poison import consumed_queues
+
+    s = settings()
+    r = routes()
+    sources = consumed_queues(
+        orders=r.orders, scheduler=r.scheduler, replies=r.replies, agents=r.agents
+    )
+    if s.transport == "servicebus" and s.servicebus is not None:
+        from sas.adapters.poison_servicebus import ServiceBusDeadLetters
+
+        return ServiceBusDeadLetters.from_connection(s.servicebus, sources, clock())
+    from sas.adapters.clients import queue_service_client
+    from sas.adapters.poison_storage import StoragePoisonQueues
+
+    return StoragePoisonQueues(queue_service_client(s.storage), sources)
+
+
+@_once
 def submission() -> Submission:
     return Submission(
         store(), transport(), routes(), clock(), reply_to_prefixes=settings().reply_to_prefixes
@@ -127,7 +147,7 @@ def supervisor() -> Supervisor:
 
 @_once
 def operator() -> Operator:
-    return Operator(store(), transport(), routes(), clock())
+    return Operator(store(), transport(), routes(), clock(), poison=poison())
 
 
 @_once

@@ -4,6 +4,7 @@
   sas orders show ORDER_ID
   sas orders resubmit ORDER_ID [--actor NAME]
   sas rejected list
+  sas poison list | replay ID | discard ID
 
 --url defaults to $SAS_API_URL or http://127.0.0.1:7071; --key to $SAS_API_KEY (sent as the
 x-functions-key header). --json prints the raw JSON instead of tables.
@@ -60,6 +61,7 @@ def run(argv: Sequence[str] | None = None, client: httpx.Client | None = None) -
     rejected.add_parser("list", help="messages parked as unprocessable").add_argument(
         "--limit", type=int, default=100
     )
+    _add_poison(nouns)
     args = parser.parse_args(argv)
     http = client or _client(args.url, args.key)
     try:
@@ -82,6 +84,8 @@ def run(argv: Sequence[str] | None = None, client: httpx.Client | None = None) -
 def _request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
     if args.noun == "rejected":
         return http.get("/api/rejected", params={"limit": args.limit})
+    if args.noun == "poison":
+        return _poison_request(http, args)
     if args.verb == "list":
         return http.get("/api/orders", params={"state": args.state, "limit": args.limit})
     # Quoted whole: an id with '#', '?' or '/' must never address another order or route.
@@ -97,6 +101,8 @@ def _render(args: argparse.Namespace, body: Any) -> None:
             (r["at"], r["queue"], r["reason"], (r["body_text"] or "<binary>")[:60]) for r in body
         ]
         console.print(_table("rejected messages", ("at", "queue", "reason", "body"), parked))
+    elif args.noun == "poison":
+        _render_poison(args, body)
     elif args.verb == "list":
         orders = [
             (o["order_id"], o["process_state"], o["step"], o["attempt"], o["failure_count"],
@@ -122,6 +128,63 @@ def _render(args: argparse.Namespace, body: Any) -> None:
         console.print(_table("history", events, history))
     else:
         console.print(f"resubmitted {body['order_id']}: now {body['process_state']}")
+
+
+def _add_poison(nouns: Any) -> None:
+    poison = nouns.add_parser("poison", help="messages the host gave up on").add_subparsers(
+        dest="verb", required=True
+    )
+    poison.add_parser("list", help="poison and dead-lettered messages").add_argument(
+        "--limit", type=int, default=100
+    )
+    poison.add_parser("replay", help="send one back to its queue unchanged").add_argument(
+        "poison_id"
+    )
+    poison.add_parser("discard", help="delete one for good").add_argument("poison_id")
+
+
+def _poison_request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
+    if args.verb == "list":
+        return http.get("/api/poison", params={"limit": args.limit})
+    # Quoted whole, like an order id: an id must never address another route.
+    poisoned = quote(args.poison_id, safe="")
+    if args.verb == "replay":
+        return http.post(f"/api/poison/{poisoned}/replay")
+    return http.delete(f"/api/poison/{poisoned}")
+
+
+def _render_poison(args: argparse.Namespace, body: Any) -> None:
+    if args.verb != "list":
+        console.print(f"{body['status']} {body['id']}")
+        return
+    rows = [
+        (
+            number,
+            p["queue"],
+            _age(p["age_seconds"]),
+            p["delivery_count"],
+            p["reason"],
+            (p["body_text"] if p["body_text"] is not None else "<binary>")[:60],
+        )
+        for number, p in enumerate(body, 1)
+    ]
+    columns = ("#", "queue", "age", "deliveries", "reason", "body")
+    console.print(_table("poison and dead-lettered messages", columns, rows))
+    for number, p in enumerate(body, 1):  # ids in full, never wrapped: to copy into replay
+        console.print(f"#{number} {p['id']}", soft_wrap=True, highlight=False)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 7200:
+        return f"{whole // 60}m"
+    if whole < 172800:
+        return f"{whole // 3600}h"
+    return f"{whole // 86400}d"
 
 
 def _is_json(response: httpx.Response) -> bool:

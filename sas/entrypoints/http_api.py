@@ -17,6 +17,7 @@ from sas import bootstrap
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMessage, NotFound
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
+from sas.domain.poison import PoisonedMessage
 from sas.domain.wire import ORDER_ID, submission_message_id
 from sas.domain.workflow import workflow_named
 
@@ -176,3 +177,76 @@ def submit_order(order: OrderSubmitted) -> dict[str, str]:
         correlation_id=order.order_id,
     )
     return {"order_id": order.order_id, "status": f"/api/orders/{order.order_id}"}
+
+
+# --- poison and dead-lettered messages --------------------------------------------------
+
+PoisonIdPath = Annotated[str, Path(min_length=1, max_length=300)]
+
+
+class PoisonedView(BaseModel):
+    id: str = Field(description="opaque; quote it whole in a URL path")
+    queue: str = Field(description="the queue it was meant for")
+    function: str | None
+    transport: str
+    reason: str
+    age_seconds: float | None
+    moved_at: datetime | None
+    enqueued_at: datetime | None
+    delivery_count: int | None
+    body_base64: str
+    body_text: str | None = Field(description="the body as UTF-8, when it is valid UTF-8")
+    body_truncated: bool
+
+    @classmethod
+    def of(cls, message: PoisonedMessage, age_seconds: float | None) -> PoisonedView:
+        try:
+            text: str | None = message.body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return cls(
+            id=message.id,
+            queue=message.queue,
+            function=message.function,
+            transport=message.transport,
+            reason=message.reason,
+            age_seconds=None if age_seconds is None else round(age_seconds, 3),
+            moved_at=message.moved_at,
+            enqueued_at=message.enqueued_at,
+            delivery_count=message.delivery_count,
+            body_base64=base64.b64encode(message.body).decode(),
+            body_text=text,
+            body_truncated=message.body_truncated,
+        )
+
+
+@api.get("/api/poison", response_model=list[PoisonedView])
+def list_poison(limit: Limit = 100) -> list[PoisonedView]:
+    """Messages the Functions host gave up on (poison / dead-letter queues), oldest first."""
+    operator = bootstrap.operator()
+    return [
+        PoisonedView.of(message, operator.poison_age_seconds(message))
+        for message in operator.poisoned(limit)
+    ]
+
+
+@api.post("/api/poison/{poison_id}/replay")
+def replay_poison(poison_id: PoisonIdPath) -> dict[str, str]:
+    """Send the original message back to its queue unchanged, and remove it from poison."""
+    try:
+        bootstrap.operator().replay_poisoned(poison_id)
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    except IllegalTransition as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return {"id": poison_id, "status": "replayed"}
+
+
+@api.delete("/api/poison/{poison_id}")
+def discard_poison(poison_id: PoisonIdPath) -> dict[str, str]:
+    """Remove a poisoned message for good."""
+    try:
+        bootstrap.operator().discard_poisoned(poison_id)
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    return {"id": poison_id, "status": "discarded"}

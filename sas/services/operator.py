@@ -7,12 +7,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sas.domain.clock import Clock
-from sas.domain.errors import NotFound
+from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
+from sas.domain.poison import PoisonedMessage
 from sas.domain.transitions import resubmit
 from sas.domain.workflow import workflow_named
 from sas.services.consequences import Consequences
-from sas.services.ports import StateStore, Transport
+from sas.services.ports import PoisonStore, StateStore, Transport
 from sas.services.routes import Routes
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,16 @@ class OrderDetail:
 
 class Operator:
     def __init__(
-        self, store: StateStore, transport: Transport, routes: Routes, clock: Clock
+        self,
+        store: StateStore,
+        transport: Transport,
+        routes: Routes,
+        clock: Clock,
+        poison: PoisonStore | None = None,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._poison = poison
         self._then = Consequences(store, transport, routes, clock, actor="operator")
 
     def detail(self, order_id: str) -> OrderDetail:
@@ -77,3 +84,30 @@ class Operator:
         self._then.request_schedule(again)
         self._then.notify.status(again.reply_to, order_id, "resubmitted", now)
         return again
+
+    # --- poison and dead-lettered messages ----------------------------------------------
+
+    def poisoned(self, limit: int = 100) -> list[PoisonedMessage]:
+        """Messages the Functions host gave up on, in every queue the app consumes."""
+        return self._poison_store().list(limit)
+
+    def poison_age_seconds(self, message: PoisonedMessage) -> float | None:
+        age = message.age(self._clock.now())
+        return None if age is None else age.total_seconds()
+
+    def replay_poisoned(self, poison_id: str, *, actor: str = "operator") -> None:
+        """Back to its source queue unchanged; NotFound if there is no such message (any more)."""
+        if not self._poison_store().replay(poison_id):
+            raise NotFound("no such poisoned message")
+        log.warning("sas.poison_replayed", extra={"poison_id": poison_id, "actor": actor[:100]})
+
+    def discard_poisoned(self, poison_id: str, *, actor: str = "operator") -> None:
+        """Gone for good; NotFound if there is no such message (any more)."""
+        if not self._poison_store().discard(poison_id):
+            raise NotFound("no such poisoned message")
+        log.warning("sas.poison_discarded", extra={"poison_id": poison_id, "actor": actor[:100]})
+
+    def _poison_store(self) -> PoisonStore:
+        if self._poison is None:
+            raise ConfigurationError("no poison store is wired to the operator")
+        return self._poison

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -15,6 +16,7 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
+from sas.domain.poison import PoisonedMessage
 
 
 class StateStore(Protocol):
@@ -92,4 +94,23 @@ class RemoteService(Protocol):
         """Apply one effect at most once per key.
 
         Raises TransientRemoteError or PermanentRemoteError."""
+        ...
+
+
+class PoisonStore(Protocol):
+    """Messages the Functions host gave up on, in every queue the app consumes: Storage
+    ``<queue>-poison`` queues or Service Bus dead-letter sub-queues."""
+
+    def list(self, limit: int = 100) -> builtins.list[PoisonedMessage]:
+        """At most ``limit`` messages, oldest first (a Storage queue shows its first 32)."""
+        ...
+
+    def replay(self, poison_id: str) -> bool:
+        """Send the original body back to its source queue unchanged, then remove it here.
+
+        False if there is no such message (any more); NotFound if the source queue is gone."""
+        ...
+
+    def discard(self, poison_id: str) -> bool:
+        """Remove it for good; False if there is no such message (any more)."""
         ...

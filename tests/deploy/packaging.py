@@ -1,0 +1,124 @@
+"""Test tooling: build the deployment zip the way azd and Core Tools do, and a venv to index it.
+
+`azd deploy` and `func azure functionapp publish` both zip the project directory minus the
+paths `.funcignore` denies (gitignore syntax; Core Tools does not honour `!` re-includes).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import pathspec
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+RUNTIME_VERSION = "1.3.0"
+"""azure-functions-runtime: the Python worker's function registry, installed test-only."""
+
+APP_FILES = frozenset({"function_app.py", "host.json", "requirements.txt"})
+
+# What pip prints when it cannot reach the index at all (DNS, no route, refused, timed out).
+NETWORK_ERRORS = (
+    "NewConnectionError",
+    "Failed to establish a new connection",
+    "Temporary failure in name resolution",
+    "Name or service not known",
+    "Network is unreachable",
+    "ConnectTimeoutError",
+    "ReadTimeoutError",
+    "Connection refused",
+    "ProxyError",
+    "Max retries exceeded",
+)
+
+
+def funcignore_spec(text: str) -> pathspec.PathSpec[pathspec.Pattern]:
+    # "gitignore" is pathspec 1.x's name for the gitwildmatch patterns ("gitwildmatch" is
+    # deprecated there): gitignore semantics, no Git-specific re-include edge cases.
+    return pathspec.PathSpec.from_lines("gitignore", text.splitlines())
+
+
+def package_paths(root: Path, funcignore: str | None = None) -> list[str]:
+    """The files of `root` that the package holds: every file `.funcignore` does not deny."""
+    if funcignore is None:
+        funcignore = (root / ".funcignore").read_text()
+    spec = funcignore_spec(funcignore)
+    kept: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if here == "." else f"{here}/"
+        # A denied directory is not entered (nothing below it can be re-included).
+        dirnames[:] = sorted(d for d in dirnames if not spec.match_file(f"{prefix}{d}/"))
+        kept.extend(
+            f"{prefix}{name}" for name in sorted(filenames) if not spec.match_file(prefix + name)
+        )
+    return sorted(kept)
+
+
+def build_package(root: Path, zip_path: Path, funcignore: str | None = None) -> set[str]:
+    """Write the deployment zip of `root` to `zip_path`; return the names it holds."""
+    paths = package_paths(root, funcignore)
+    with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as package:
+        for path in paths:
+            package.write(root / path, path)
+    with zipfile.ZipFile(zip_path) as package:
+        return set(package.namelist())
+
+
+def project_files(root: Path = ROOT) -> list[str]:
+    """The project's files as they are: tracked ones plus new ones not yet committed (but
+    not git-ignored), that exist in the working tree."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=root,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    return sorted({p for p in listed.split("\0") if p and (root / p).is_file()})
+
+
+def expected_package(files: Iterable[str]) -> set[str]:
+    """What the package must hold, exactly: the entry point, host.json, requirements.txt
+    and the sas package's modules."""
+    return set(APP_FILES) | {p for p in files if p.startswith("sas/") and p.endswith(".py")}
+
+
+def copy_files(files: Iterable[str], source: Path, target: Path) -> None:
+    for path in files:
+        (target / path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source / path, target / path)
+
+
+def python311() -> str:
+    found = shutil.which("python3.11")
+    if found:
+        return found
+    if sys.version_info[:2] == (3, 11):
+        return sys.executable
+    pytest.fail("python3.11 is not on PATH: the deployment tests need the app's Python")
+
+
+def pip_install(python: Path, *args: str, what: str) -> None:
+    """pip install into `python`'s venv; skip only if the package index cannot be reached."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    env.pop("VIRTUAL_ENV", None)
+    done = subprocess.run(
+        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "--quiet", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode == 0:
+        return
+    output = f"{done.stdout}\n{done.stderr}"
+    if any(marker in output for marker in NETWORK_ERRORS):
+        pytest.skip(f"PyPI unreachable while installing {what}: {output.strip()[-600:]}")
+    pytest.fail(f"installing {what} failed (exit {done.returncode}):\n{output[-4000:]}")

@@ -1,0 +1,232 @@
+"""Poison messages in the operator view, against Azurite: list (age, reason, body), replay,
+discard, through the HTTP API and the CLI, and end to end through the local dev host's poison
+path (the Functions host's behaviour: the raw message text moved to ``<queue>-poison``)."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import threading
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from azure.core.exceptions import ResourceExistsError
+from azure.storage.queue import QueueClient, QueueServiceClient
+from fastapi.testclient import TestClient
+from rich.console import Console
+
+from sas import bootstrap
+from sas.adapters.storage_queues import StorageQueueTransport
+from sas.domain.poison import poison_id
+from sas.domain.wire import POISON_SUFFIX
+from sas.entrypoints.http_api import api
+from sas_cli import commands
+from sas_cli.commands import run
+from sas_local.devhost.config import QueueOptions
+from sas_local.devhost.loader import QueueFunction
+from sas_local.devhost.queues import QueuePoller
+from tests.fakes import FakeClock
+from tests.unit.test_services import submitted
+
+pytestmark = pytest.mark.integration
+
+BODY = b'{"type": "OrderSubmitted", "order_id": "poisoned-1"}'
+RAW = base64.b64encode(BODY).decode()  # what the host moves: the Base64 text as it was
+NOT_BASE64 = "this is {not} base64!"
+
+
+class Poison:
+    """Puts messages where the host puts them, and reads the app's queues raw."""
+
+    def __init__(self, service: QueueServiceClient) -> None:
+        self.service = service
+
+    def raw(self, queue: str) -> QueueClient:
+        return self.service.get_queue_client(queue)  # no encode policy: text as it is
+
+    def put(self, queue: str, content: str) -> str:
+        """Like the host: the raw text to ``<queue>-poison``; returns the operator id."""
+        sent = self.raw(queue + POISON_SUFFIX).send_message(content)
+        return poison_id(queue, sent.id)
+
+    def peek(self, queue: str) -> list[str]:
+        return [m.content for m in self.raw(queue).peek_messages(max_messages=32)]
+
+
+@pytest.fixture
+def poison(app_env, queue_service) -> Poison:
+    # Poison queues outlive a test (Azurite is shared by the session): start each one empty.
+    for name in bootstrap.settings().queues.values():
+        client = queue_service.get_queue_client(name + POISON_SUFFIX)
+        with contextlib.suppress(ResourceExistsError):
+            client.create_queue()
+        client.clear_messages()
+    return Poison(queue_service)
+
+
+@pytest.fixture
+def client() -> TestClient:
+    return TestClient(api)
+
+
+def listed(client: TestClient) -> dict[str, dict[str, Any]]:
+    response = client.get("/api/poison")
+    assert response.status_code == 200
+    return {p["id"]: p for p in response.json()}
+
+
+def test_poisoned_messages_are_listed_with_queue_age_reason_and_body(client, poison, monkeypatch):
+    later = FakeClock(bootstrap.clock().now() + timedelta(hours=1))
+    monkeypatch.setattr(bootstrap, "clock", lambda: later)  # the operator's injected now
+    first = poison.put("sas-orders", RAW)
+    second = poison.put("sas-agent-payment", NOT_BASE64)
+    poison.put("sas-alerts", RAW)  # the app consumes no alerts: not its poison
+
+    found = listed(client)
+
+    assert set(found) == {first, second}
+    orders, payment = found[first], found[second]
+    assert (orders["queue"], orders["function"], orders["transport"]) == (
+        "sas-orders",
+        "submit",
+        "storage",
+    )
+    assert orders["body_text"] == BODY.decode() and orders["body_base64"] == RAW
+    assert "sas-orders-poison" in orders["reason"] and "maxDequeueCount" in orders["reason"]
+    assert 3590 < orders["age_seconds"] < 3700 and orders["moved_at"] is not None
+    assert payment["function"] == "agent_payment"
+    assert payment["body_text"] == NOT_BASE64
+    assert "not valid Base64" in payment["reason"]
+    assert client.get("/api/poison", params={"limit": 1}).json()[0]["id"] == first  # oldest
+
+
+def test_replay_puts_the_identical_content_back_and_removes_it(client, poison):
+    before = poison.put("sas-orders", "b3RoZXI=")
+    target = poison.put("sas-orders", RAW)
+    after = poison.put("sas-orders", "YWZ0ZXI=")
+
+    response = client.post(f"/api/poison/{target}/replay")
+
+    assert response.status_code == 200, response.text
+    assert poison.peek("sas-orders") == [RAW]  # unchanged: not encoded twice
+    # The others it received on the way were handed back at once, not after a lease.
+    assert set(listed(client)) == {before, after}
+    assert client.post(f"/api/poison/{target}/replay").status_code == 404
+    assert poison.peek("sas-orders") == [RAW]
+
+
+def test_an_undecodable_body_is_replayed_as_it_was(client, poison):
+    target = poison.put("sas-scheduler", NOT_BASE64)
+    assert client.post(f"/api/poison/{target}/replay").status_code == 200
+    assert poison.peek("sas-scheduler") == [NOT_BASE64]
+    assert listed(client) == {}
+
+
+def test_discard_removes_it_for_good(client, poison):
+    target = poison.put("sas-replies", RAW)
+    kept = poison.put("sas-replies", NOT_BASE64)
+
+    assert client.delete(f"/api/poison/{target}").status_code == 200
+
+    assert set(listed(client)) == {kept}
+    assert poison.peek("sas-replies") == []
+    assert client.delete(f"/api/poison/{target}").status_code == 404
+
+
+def test_unknown_ids_and_queues_the_app_does_not_consume_are_404(client, poison):
+    alerts = poison.put("sas-alerts", RAW)  # a valid id, but not a queue the app consumes
+    real = poison.put("sas-orders", RAW)
+    missing = poison_id("sas-orders", "00000000-0000-0000-0000-000000000000")
+    for unknown in (missing, alerts, "nope", real + "x", real[:-1]):
+        assert client.post(f"/api/poison/{unknown}/replay").status_code == 404, unknown
+        assert client.delete(f"/api/poison/{unknown}").status_code == 404, unknown
+    assert poison.peek("sas-alerts-poison") == [RAW]
+    assert set(listed(client)) == {real}
+
+
+def test_the_cli_lists_replays_and_discards(client, poison, capsys, monkeypatch):
+    monkeypatch.setattr(commands, "console", Console(width=200))
+    replayed = poison.put("sas-agent-shipping", RAW)
+    discarded = poison.put("sas-agent-inventory", NOT_BASE64)
+
+    assert run(["--json", "poison", "list"], client=client) == 0
+    assert {p["id"] for p in json.loads(capsys.readouterr().out)} == {replayed, discarded}
+    assert run(["poison", "list"], client=client) == 0
+    table = capsys.readouterr().out
+    assert "sas-agent-shipping" in table and "sas-agent-inventory" in table
+    assert f" {replayed}\n" in table and f" {discarded}\n" in table  # whole, to copy
+
+    assert run(["poison", "replay", replayed], client=client) == 0
+    assert "replayed" in capsys.readouterr().out
+    assert poison.peek("sas-agent-shipping") == [RAW]
+    assert run(["--json", "poison", "discard", discarded], client=client) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "discarded"
+    assert listed(client) == {}
+
+    assert run(["poison", "discard", discarded], client=client) == 1
+    assert "404" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#"])
+def test_the_cli_never_lets_an_id_address_another_route(client, poison, hostile, capsys):
+    target = poison.put("sas-orders", RAW)
+    assert run(["poison", "discard", target + hostile], client=client) == 1
+    assert run(["poison", "replay", target + hostile], client=client) == 1
+    assert set(listed(client)) == {target}
+    assert poison.peek("sas-orders") == []
+
+
+def test_the_dev_host_poisons_and_replay_brings_the_message_back(client, poison, azurite):
+    """End to end: the dev host gives up on a message exactly like the Functions host, the
+    operator sees it, and replay hands the function the very same message again."""
+    seen: list[bytes] = []
+    failing = threading.Event()
+    failing.set()
+
+    def agent_payment(msg) -> None:
+        seen.append(msg.get_body())
+        if failing.is_set():
+            raise RuntimeError("the remote service is down")
+
+    function = QueueFunction(
+        name="agent_payment",
+        arg_name="msg",
+        fn=agent_payment,
+        queue_name="sas-agent-payment",
+        connection_setting="SasStorage",
+        connection_string=azurite.connection_string,
+    )
+    options = QueueOptions(max_polling_interval=0.1, visibility_timeout=0, max_dequeue_count=2)
+    order = submitted("poison-e2e")
+    StorageQueueTransport(poison.service).send(
+        "sas-agent-payment", order, message_id="m", correlation_id="poison-e2e"
+    )
+    poller = QueuePoller(function, options, Path())
+    poller.start()
+    try:
+        found = _wait_for(lambda: list(listed(client).values()))
+        (poisoned,) = found
+        assert len(seen) == 2 and seen[0] == seen[1]  # tried maxDequeueCount times
+        assert poisoned["queue"] == "sas-agent-payment"
+        assert poisoned["body_base64"] == base64.b64encode(seen[0]).decode()
+        failing.clear()  # the remote service is back
+        assert client.post(f"/api/poison/{poisoned['id']}/replay").status_code == 200
+        _wait_for(lambda: len(seen) == 3)
+        assert seen[2] == seen[0]
+        assert listed(client) == {}
+    finally:
+        poller.stop()
+        poller.wait_idle(time.monotonic() + 10)
+
+
+def _wait_for(check, timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := check():
+            return value
+        time.sleep(0.1)
+    raise AssertionError("timed out")
