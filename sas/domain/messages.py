@@ -159,13 +159,24 @@ M = TypeVar("M", bound=Message)
 
 def decode(model: type[M], body: bytes | str) -> M:
     """Parse and validate one message; raise InvalidMessage with a reason fit for an operator."""
-    raw = body.encode() if isinstance(body, str) else body
+    try:
+        raw = body.encode() if isinstance(body, str) else body
+    except UnicodeEncodeError:  # a str with a lone surrogate: no UTF-8 body could hold it
+        raise InvalidMessage("body is not UTF-8") from None
     if len(raw) > MAX_MESSAGE_BYTES:
         raise InvalidMessage(f"oversize: {len(raw)} bytes > {MAX_MESSAGE_BYTES}")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise InvalidMessage("body is not UTF-8") from None
+    try:
+        # NaN and Infinity are not JSON; the parser below would accept them in free-form
+        # fields (payload, result) and forward them as null.
+        json.loads(text, parse_constant=_refuse_constant)
+    except (ValueError, RecursionError):
+        pass  # malformed or absurdly deep: the model's own parse below says what is wrong
+    except _NonFinite:
+        raise InvalidMessage("body holds NaN or Infinity, which JSON does not allow") from None
     try:
         return model.model_validate_json(text)
     except ValidationError as exc:
@@ -174,3 +185,11 @@ def decode(model: type[M], body: bytes | str) -> M:
             for err in exc.errors(include_input=False, include_url=False)[:5]
         )
         raise InvalidMessage(f"invalid {model.__name__}: {problems}"[:1000]) from None
+
+
+class _NonFinite(Exception):
+    pass
+
+
+def _refuse_constant(name: str) -> object:
+    raise _NonFinite(name)

@@ -1,0 +1,671 @@
+"""A Hypothesis state machine over the whole pattern: submitters, several Schedulers, two
+Supervisors, the agents, a remote service with an idempotency ledger and the operator, joined
+by an in-memory bus whose messages are delivered, dropped, duplicated and reordered at will,
+under a fake clock. The invariants of docs/architecture.md are checked after every step:
+
+- every order's record is consistent (deadline iff live, failures bounded, attempt monotone,
+  every live order indexed);
+- I3: a reply is applied only for the attempt running when it is applied;
+- I4: a remote effect is applied at most once per step, and never after its undo;
+- one alert id per Error episode, never more copies than claims on it;
+- Processed orders applied every step once, Compensated ones undid every effect;
+and, after draining with supervision, I1: nothing is lost, every Error alerted.
+
+The store is a class attribute, so tests/integration/test_stateful_azurite.py runs this same
+machine over the real Table store on Azurite.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, ClassVar
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from sas.domain.errors import IllegalTransition, PermanentRemoteError, TransientRemoteError
+from sas.domain.messages import (
+    Message,
+    OperatorAlert,
+    OrderDetails,
+    OrderLine,
+    OrderSubmitted,
+    ScheduleRequest,
+    StepReply,
+    StepRequest,
+)
+from sas.domain.model import (
+    HistoryEntry,
+    LiveMarker,
+    OrderRecord,
+    OrderState,
+    ProcessState,
+    StepRecord,
+    Versioned,
+)
+from sas.domain.transitions import RetryPolicy
+from sas.domain.wire import alert_message_id
+from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, Workflow, workflow_named
+from sas.services.agent import AgentRunner
+from sas.services.operator import Operator
+from sas.services.ports import StateStore
+from sas.services.scheduler import Scheduler
+from sas.services.submission import Submission
+from sas.services.supervisor import Supervisor
+from tests.fakes import FakeClock, InMemoryStore
+from tests.harness import BUDGET, ROUTES, Bus, Envelope, LedgerRemote
+
+pytestmark = pytest.mark.unit
+
+StoreFactory = Callable[[], tuple[StateStore, Callable[[], None]]]
+
+STRICT = Workflow(
+    "strict",
+    ORDER_WORKFLOW.steps[:2],
+    pickup_budget=ORDER_WORKFLOW.pickup_budget,
+    on_failure="error",
+)
+"""Stops in Error for an operator where the order workflow compensates."""
+WORKFLOW_OF = {"o1": ORDER_WORKFLOW, "o2": ORDER_WORKFLOW, "o3": STRICT}
+ORDER_IDS = tuple(WORKFLOW_OF)
+WORK_QUEUES = ("orders", "scheduler", *ROUTES.agents.values(), "replies")
+"""Queues someone consumes, in pipeline order (alerts and status queues are only recorded)."""
+AGENT_OF_QUEUE = {queue: agent for agent, queue in ROUTES.agents.items()}
+CRASHABLE = ("scheduler", "replies", "alerts", "status-a", *ROUTES.agents.values())
+"""Queues whose next send can fail (the sender crashes): everything but the test's own sends."""
+SCHEDULERS = ("scheduler-1", "scheduler-2", "scheduler-3")
+MAX_FAILURES = 2
+"""Low, so that runs reach the threshold (compensation, Error) often."""
+REPLY_KINDS = frozenset({"completed", "undone", "refused"})
+LIVE_STATES = frozenset({ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.COMPENSATING})
+REMOTE_ACTIONS = sorted(
+    {(s.agent, s.action) for s in ORDER_WORKFLOW.steps}
+    | {(s.agent, s.undo) for s in ORDER_WORKFLOW.steps if s.undo is not None}
+)
+TRANSIT_DELAY = timedelta(seconds=BUDGET + 5)
+REDELIVERY_DELAY = timedelta(seconds=5)
+"""A consumer that raised: the message is visible again this much later."""
+
+
+MOVES = st.tuples(
+    st.sampled_from(("deliver",) * 6 + ("twice", "copy", "drop", "replay", "delay", "delay")),
+    st.integers(0, 7),
+    st.integers(0, 7),
+    st.integers(0, len(SCHEDULERS) - 1),
+)
+"""One message taken off a queue: (what happens to it, which busy queue, which due message,
+which Scheduler)."""
+FAULTS = st.one_of(
+    st.tuples(st.just("submit"), st.sampled_from(ORDER_IDS), st.sampled_from("aab"), st.just(1)),
+    st.tuples(st.just("crash"), st.sampled_from(CRASHABLE), st.just(""), st.just(1)),
+    st.tuples(
+        st.just("remote"),
+        st.sampled_from(REMOTE_ACTIONS),
+        st.sampled_from(("ok", "slow", "transient", "permanent", "permanent")),
+        st.integers(1, 2),
+    ),
+)
+
+
+def in_memory_store() -> tuple[StateStore, Callable[[], None]]:
+    return InMemoryStore(), lambda: None
+
+
+def order_message(order_id: str, variant: str) -> OrderSubmitted:
+    """Variant "a" and "b" of an order: same id, different orders (a conflicting reuse)."""
+    return OrderSubmitted(
+        order_id=order_id,
+        workflow=WORKFLOW_OF[order_id].name,
+        details=OrderDetails(
+            customer_id="c1",
+            currency="EUR",
+            address="1 Main St" if variant == "a" else "2 Other St",
+            lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
+        ),
+        reply_to="status-a" if variant == "a" else None,
+    )
+
+
+# --- a store that audits every write it forwards ----------------------------------------
+
+
+class AuditingStore:
+    """Forwards to the real store; keeps every history row written and checks, at the moment
+    a reply's transition is persisted, that it answers the attempt running then (I3)."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner = inner
+        self.history: list[HistoryEntry] = []
+        self.violations: list[str] = []
+
+    def create_order(
+        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+    ) -> None:
+        self.inner.create_order(order, state, history)
+        if history is not None:
+            self.history.append(history)
+
+    def get_order(self, order_id: str) -> OrderRecord | None:
+        return self.inner.get_order(order_id)
+
+    def get_state(self, order_id: str) -> Versioned[OrderState] | None:
+        return self.inner.get_state(order_id)
+
+    def update_state(
+        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+    ) -> str:
+        before = self.inner.get_state(state.order_id)
+        new_etag = self.inner.update_state(state, etag, history)
+        # The write succeeded, so ``before`` (read just now, nothing ran in between) is what
+        # it replaced, and it must be what the writer read: one owner per version (I2).
+        assert before is not None
+        if before.etag != etag:
+            self.violations.append(f"I2: a write with a stale ETag succeeded: {state}")
+        previous = before.value
+        if state.attempt < previous.attempt:
+            self.violations.append(f"{state.order_id}: attempt {previous.attempt} -> {state}")
+        if history is not None:
+            self.history.append(history)
+            if history.kind in REPLY_KINDS:
+                running = workflow_named(previous.workflow).step(previous.step_index).name
+                if not (
+                    previous.is_running
+                    and previous.attempt == history.attempt
+                    and previous.mode == history.mode
+                    and running == history.step
+                ):
+                    self.violations.append(
+                        f"I3: {history.kind} for attempt {history.attempt} {history.step} "
+                        f"({history.mode}) applied to {previous}"
+                    )
+        return new_etag
+
+    def add_history(self, entry: HistoryEntry) -> None:
+        self.inner.add_history(entry)
+        self.history.append(entry)
+
+    def get_history(self, order_id: str) -> list[HistoryEntry]:
+        return self.inner.get_history(order_id)
+
+    def touch_live(self, order_id: str, at: datetime) -> None:
+        self.inner.touch_live(order_id, at)
+
+    def list_live(self) -> list[LiveMarker]:
+        return self.inner.list_live()
+
+    def drop_live(self, marker: LiveMarker) -> bool:
+        return self.inner.drop_live(marker)
+
+    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
+        return self.inner.list_states(process_state, limit)
+
+    def record_step(self, step: StepRecord) -> None:
+        self.inner.record_step(step)
+
+    def get_steps(self, order_id: str) -> list[StepRecord]:
+        return self.inner.get_steps(order_id)
+
+    def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
+        return self.inner.park_message(queue, reason, body, at)
+
+    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
+        return self.inner.list_parked(limit)
+
+
+class InterleavingStore(AuditingStore):
+    """A Supervisor's view of the store in which, right after its first read of an order,
+    another Supervisor runs a whole sweep: two sweeps "at once", the first one now stale."""
+
+    def __init__(self, inner: AuditingStore, meanwhile: Callable[[], object]) -> None:
+        super().__init__(inner)
+        self._meanwhile: Callable[[], object] | None = meanwhile
+
+    def get_state(self, order_id: str) -> Versioned[OrderState] | None:
+        found = self.inner.get_state(order_id)
+        meanwhile, self._meanwhile = self._meanwhile, None
+        if meanwhile is not None:
+            meanwhile()
+        return found
+
+    def update_state(
+        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+    ) -> str:
+        return self.inner.update_state(state, etag, history)  # audited by the inner store
+
+    def add_history(self, entry: HistoryEntry) -> None:
+        self.inner.add_history(entry)
+
+
+# --- the bus and the remote service ----------------------------------------------------------
+
+
+class CrashingBus(Bus):
+    """The harness bus, counting the sends that failed (``fail_next_send_to``)."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.crashes = 0
+
+    def send(
+        self,
+        queue: str,
+        message: Message,
+        *,
+        message_id: str,
+        correlation_id: str,
+        delay_seconds: float = 0,
+    ) -> None:
+        try:
+            super().send(
+                queue,
+                message,
+                message_id=message_id,
+                correlation_id=correlation_id,
+                delay_seconds=delay_seconds,
+            )
+        except ConnectionError:
+            self.crashes += 1
+            raise
+
+
+@dataclass
+class ConsistentRemote(LedgerRemote):
+    """The harness's ledger remote, made consistent per idempotency key as a real idempotent
+    API is: the first final answer for a key (its result, or a permanent refusal) is replayed
+    for every later call with that key. Also notes any do applied after its undo (I4)."""
+
+    answered: dict[tuple[str, str, str], dict[str, Any] | PermanentRemoteError] = field(
+        default_factory=dict
+    )
+    undo_asked: set[tuple[str, str, str]] = field(default_factory=set)
+    violations: list[str] = field(default_factory=list)
+
+    def perform(
+        self,
+        agent: str,
+        action: str,
+        *,
+        idempotency_key: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        self.calls.append((agent, action, idempotency_key))
+        behaviour = self.script.get((agent, action), [])
+        outcome = behaviour.pop(0) if behaviour else "ok"
+        if isinstance(outcome, TransientRemoteError):
+            raise outcome
+        key = (agent, action, idempotency_key)
+        first = self.answered.get(key)
+        if first is None:
+            if isinstance(outcome, PermanentRemoteError):
+                self.answered[key] = outcome
+                raise outcome
+            if "original_key" in payload:
+                self.undo_asked.add((agent, payload["original_action"], payload["original_key"]))
+            elif key in self.undo_asked:
+                self.violations.append(f"I4: {key} applied after its undo")
+            first = self.answered[key] = self._apply(agent, action, idempotency_key, payload)
+        if isinstance(first, PermanentRemoteError):
+            raise first
+        if outcome == "slow":
+            self.clock.advance(self.slow_seconds)
+        return first
+
+
+def scripted(outcome: str) -> Any:
+    if outcome == "transient":
+        return TransientRemoteError("HTTP 503")
+    if outcome == "permanent":
+        return PermanentRemoteError("HTTP 422 refused")
+    return outcome  # "ok" or "slow" (applied, answered past the deadline)
+
+
+# --- the machine ---------------------------------------------------------------------------
+
+
+class SasMachine(RuleBasedStateMachine):
+    store_factory: ClassVar[StoreFactory] = staticmethod(in_memory_store)
+
+    def __init__(self) -> None:
+        super().__init__()
+        base, self._close = type(self).store_factory()
+        WORKFLOWS[STRICT.name] = STRICT  # removed again at teardown
+        self.clock = FakeClock()
+        self.bus = CrashingBus(self.clock)
+        self.store = AuditingStore(base)
+        self.remote = ConsistentRemote(self.clock)
+        self.policy = RetryPolicy(max_failures=MAX_FAILURES, base_backoff=timedelta(seconds=2))
+        self.submission = Submission(self.store, self.bus, ROUTES, self.clock)
+        self.schedulers = [
+            Scheduler(self.store, self.bus, ROUTES, self.clock, name) for name in SCHEDULERS
+        ]
+        self.supervisors = [self._supervisor(f"supervisor-{n}", self.store) for n in (1, 2)]
+        self.operator = Operator(self.store, self.bus, ROUTES, self.clock)
+        self.agents = {
+            name: AgentRunner(
+                name, self.remote, self.bus, ROUTES, self.clock, sleep=self.clock.sleep
+            )
+            for name in ROUTES.agents
+        }
+        self.seen: dict[str, OrderState] = {}
+        """Each order's state at the last check."""
+        self.episodes: dict[str, set[tuple[int, datetime]]] = {}
+        """Each order's Error episodes seen: (attempt, finished_at)."""
+        self.fingerprints: dict[str, str] = {}
+        """The fingerprint of the submission that created each order."""
+
+    def _supervisor(self, name: str, store: StateStore) -> Supervisor:
+        return Supervisor(store, self.bus, ROUTES, self.clock, name, self.policy)
+
+    # --- messages ----------------------------------------------------------------------
+
+    def _due(self, queue: str) -> list[Envelope]:
+        now = self.clock.now()
+        return [e for e in self.bus.queues[queue] if e.due <= now]
+
+    def _busy_queues(self) -> list[str]:
+        return [q for q in WORK_QUEUES if self._due(q)]
+
+    def _consume(self, queue: str, envelope: Envelope, scheduler: int) -> None:
+        self.clock.advance(0.001)  # time passes between deliveries
+        message = envelope.message
+        try:
+            if isinstance(message, OrderSubmitted):
+                self._submit(message)
+            elif isinstance(message, ScheduleRequest):
+                self.schedulers[scheduler % len(SCHEDULERS)].schedule(message)
+            elif isinstance(message, StepReply):
+                self.schedulers[scheduler % len(SCHEDULERS)].on_reply(message)
+            elif isinstance(message, StepRequest):
+                self.agents[AGENT_OF_QUEUE[queue]].handle(message)
+            else:
+                raise AssertionError(f"nobody consumes {type(message).__name__} on {queue}")
+        except ConnectionError:
+            # The consumer crashed on a send: the function failed, the host redelivers.
+            due = self.clock.now() + REDELIVERY_DELAY
+            self.bus.queues[queue].append(Envelope(message, envelope.message_id, due))
+
+    def _submit(self, message: OrderSubmitted) -> None:
+        order_id = message.order_id
+        try:
+            self.submission.submit(message)
+        finally:  # the first submission to get in made the order, even if it crashed after
+            if order_id not in self.fingerprints and self.store.get_order(order_id) is not None:
+                self.fingerprints[order_id] = message.fingerprint()
+
+    # --- rules ---------------------------------------------------------------------------
+    # Few rules, each drawing what it does, so that delivery (which makes progress) is drawn
+    # often enough for orders to get somewhere within a run.
+
+    @initialize(orders=st.lists(st.sampled_from(ORDER_IDS), min_size=1, max_size=3, unique=True))
+    def first_orders(self, orders: list[str]) -> None:
+        for order_id in orders:
+            self.submit(order_id, "a")
+
+    def submit(self, order_id: str, variant: str) -> None:
+        """A submitter posts an order: again (a redelivery) or a different one (a conflict)."""
+        message = order_message(order_id, variant)
+        self.bus.send("orders", message, message_id=order_id, correlation_id=order_id)
+
+    @precondition(lambda self: bool(self._busy_queues()))
+    @rule(moves=st.lists(MOVES, min_size=1, max_size=16))
+    def pump(self, moves: list[tuple[str, int, int, int]]) -> None:
+        """Messages taken off the queues one by one: any due message of any queue (so out of
+        order), delivered once, twice in a row, delivered but left queued (to come again
+        later), held up in transit past the deadline, or lost with its crashed consumer; each
+        to any of the Schedulers. Or any message ever sent, delivered again now (a redelivery
+        long after the fact, as when its first handling outlasted the visibility timeout)."""
+        for kind, which, pick, scheduler in moves:
+            if kind == "replay":
+                sent = [(q, e) for q, e in self.bus.sent if q in WORK_QUEUES]
+                queue, envelope = sent[-1 - (which * 8 + pick) % len(sent)]
+                self._consume(queue, envelope, scheduler)
+                continue
+            busy = self._busy_queues()
+            if not busy:
+                return
+            queue = busy[which % len(busy)]
+            due = self._due(queue)
+            envelope = due[pick % len(due)]
+            if kind == "delay":  # slow in transit: due after the deadline it answers
+                envelope.due = self.clock.now() + TRANSIT_DELAY
+                continue
+            if kind != "copy":
+                self.bus.queues[queue].remove(envelope)
+            if kind != "drop":
+                for n in range(2 if kind == "twice" else 1):
+                    self._consume(queue, envelope, scheduler + n)
+
+    @rule(fault=FAULTS)
+    def trouble(self, fault: tuple[str, Any, str, int]) -> None:
+        """A submitter posts an order again (a redelivery) or a different one under a taken
+        id (a conflict); the next send to a queue crashes its sender; or the next calls of
+        one remote action go: ok, slow past the deadline, transient fault, permanent refusal
+        (on an undo action: a refused undo)."""
+        kind, target, outcome, times = fault
+        if kind == "submit":
+            self.submit(target, outcome)
+        elif kind == "crash":
+            self.bus.fail_next_send_to.add(target)
+        else:
+            self.remote.script.setdefault(target, []).extend(
+                scripted(outcome) for _ in range(times)
+            )
+
+    @rule(
+        seconds=st.one_of(
+            st.floats(0.1, 5.0), st.floats(0.1, 5.0), st.sampled_from((BUDGET + 1, 61.0, 180.0))
+        )
+    )
+    def wait(self, seconds: float) -> None:
+        """Time passes: a little, or past step and pickup deadlines."""
+        self.clock.advance(seconds)
+
+    @rule(
+        seconds=st.sampled_from((0.0, 0.0, 3.0, BUDGET + 1, 61.0)),
+        how=st.sampled_from(("one", "other", "doubled", "interleaved")),
+    )
+    def supervise(self, seconds: float, how: str) -> None:
+        """A timer tick: one Supervisor sweeps, or both at the same instant, one after the
+        other or interleaved (the second sweeps entirely between the first's read of an order
+        and its write)."""
+        self.clock.advance(seconds)
+        first, second = self.supervisors
+        if how in ("one", "other"):
+            self._checked_sweep((first if how == "one" else second).sweep)
+        elif how == "doubled":
+            self._checked_sweep(first.sweep)
+            self._checked_sweep(second.sweep)
+        else:
+            racing = self._supervisor(
+                "supervisor-1",
+                InterleavingStore(self.store, lambda: self._checked_sweep(second.sweep)),
+            )
+            self._checked_sweep(racing.sweep)
+
+    def _checked_sweep(self, sweep: Callable[[], Counter[str]]) -> None:
+        crashes = self.bus.crashes
+        report = sweep()
+        # A sweep swallows any error per order: only the injected crashes may cause one.
+        assert report["failed"] <= self.bus.crashes - crashes, report
+
+    @precondition(lambda self: bool(self._seen()))
+    @rule(pick=st.integers(0, 7))
+    def operator_resubmits(self, pick: int) -> None:
+        """An operator resubmits an order: an Error one goes back to Pending, any other is
+        refused and left alone."""
+        order_id = sorted(self.seen)[pick % len(self.seen)]
+        before = self.store.get_state(order_id)
+        assert before is not None
+        if before.value.process_state is not ProcessState.ERROR:
+            with pytest.raises(IllegalTransition):
+                self.operator.resubmit(order_id, actor="bob")
+            assert self.store.get_state(order_id) == before
+            return
+        # A crash on the send after the write: the pickup deadline recovers the order.
+        with contextlib.suppress(ConnectionError):
+            self.operator.resubmit(order_id, actor="alice")
+
+    def _seen(self) -> list[OrderState]:
+        return list(self.seen.values())
+
+    # --- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def invariants_hold(self) -> None:
+        self.check_all()
+
+    def check_all(self) -> None:
+        indexed = {marker.order_id for marker in self.store.list_live()}
+        for order_id in ORDER_IDS:
+            found = self.store.get_state(order_id)
+            if found is not None:
+                self._check_order(found.value, indexed)
+        assert self.store.violations == []
+        assert self.remote.violations == []
+        self._check_replies_applied_once()
+        self._check_effects()
+        self._check_alerts()
+
+    def _check_order(self, state: OrderState, indexed: set[str]) -> None:
+        order_id = state.order_id
+        previous = self.seen.get(order_id)
+        if state.process_state in LIVE_STATES:
+            assert state.complete_by is not None, state
+            assert order_id in indexed, f"live order not indexed: {state}"
+        else:
+            assert state.complete_by is None and state.finished_at is not None, state
+        assert (state.locked_by is not None) == state.is_running, state
+        assert 0 <= state.failure_count <= MAX_FAILURES, state
+        assert previous is None or state.attempt >= previous.attempt, (previous, state)
+        if state.alert_pending:
+            assert state.process_state is ProcessState.ERROR, state
+            assert order_id in indexed, f"an alert is owed but the order is unindexed: {state}"
+        if state.process_state is ProcessState.ERROR:
+            assert state.finished_at is not None
+            self.episodes.setdefault(order_id, set()).add((state.attempt, state.finished_at))
+        applied = self.remote.applied(order_id)
+        if state.process_state is ProcessState.PROCESSED:
+            steps = WORKFLOW_OF[order_id].steps
+            assert applied == {(s.agent, s.action): False for s in steps}, applied
+        if state.process_state is ProcessState.COMPENSATED:
+            assert all(applied.values()), f"an effect was not undone: {applied}"
+        self.seen[order_id] = state
+
+    def _check_replies_applied_once(self) -> None:
+        applied = Counter(
+            (h.order_id, h.attempt) for h in self.store.history if h.kind in REPLY_KINDS
+        )
+        assert all(n == 1 for n in applied.values()), applied
+
+    def _check_effects(self) -> None:
+        """I4: one effect per (order, action), and idempotency keys never shared."""
+        keys = [key for (_, _, key) in self.remote.effects]
+        assert len(keys) == len(set(keys)), keys
+        per_step = Counter(
+            (effect["order_id"], agent, action)
+            for (agent, action, _), effect in self.remote.effects.items()
+        )
+        assert all(n == 1 for n in per_step.values()), per_step
+
+    def _check_alerts(self) -> None:
+        alerts = [m for m in self.bus.all_sent(ROUTES.alerts) if isinstance(m, OperatorAlert)]
+        copies = Counter((alert.order_id, alert.alert_id) for alert in alerts)
+        for (order_id, alert_id), count in copies.items():
+            episodes = {
+                alert_message_id(order_id, attempt, at): (attempt, at)
+                for attempt, at in self.episodes.get(order_id, set())
+            }
+            assert alert_id in episodes, f"alert {alert_id} for no Error episode seen"
+            attempt, error_at = episodes[alert_id]
+            reclaims = sum(
+                1
+                for h in self.store.history
+                if h.order_id == order_id
+                and h.kind == "alert_claimed"
+                and h.attempt == attempt
+                and h.at >= error_at
+            )
+            assert count <= 1 + reclaims, f"{count} copies of {alert_id}, {reclaims} re-claims"
+
+    # --- the end: drain with supervision, then nothing may be lost (I1) ----------------------
+
+    def teardown(self) -> None:
+        try:
+            if sys.exc_info()[1] is None:  # not after a failed step: report that one
+                self._drain()
+                self._check_final()
+        finally:
+            WORKFLOWS.pop(STRICT.name, None)
+            self._close()
+
+    def _drain(self, rounds: int = 120) -> None:
+        self.remote.script.clear()
+        self.bus.fail_next_send_to.clear()
+        for _ in range(rounds):
+            self._deliver_everything_due()
+            if self._settled():
+                return
+            self.clock.advance(10)
+            for supervisor in self.supervisors:
+                self._checked_sweep(supervisor.sweep)
+
+    def _deliver_everything_due(self) -> None:
+        for _ in range(200):
+            busy = self._busy_queues()
+            if not busy:
+                return
+            for queue in busy:
+                for envelope in self._due(queue):
+                    self.bus.queues[queue].remove(envelope)
+                    self._consume(queue, envelope, 0)
+        raise AssertionError("the bus did not settle")
+
+    def _settled(self) -> bool:
+        if any(self.bus.queues[q] for q in WORK_QUEUES):
+            return False
+        states = [self.store.get_state(o) for o in ORDER_IDS]
+        return all(s is None or (s.value.is_terminal and not s.value.alert_pending) for s in states)
+
+    def _check_final(self) -> None:
+        self.check_all()
+        for kind in sorted({h.kind for h in self.store.history}):
+            event(f"history {kind}")
+        now = self.clock.now()
+        alert_ids = {
+            m.alert_id for m in self.bus.all_sent(ROUTES.alerts) if isinstance(m, OperatorAlert)
+        }
+        for order_id in ORDER_IDS:
+            found = self.store.get_state(order_id)
+            order = self.store.get_order(order_id)
+            if found is None:
+                assert order is None and order_id not in self.fingerprints
+                continue
+            state = found.value
+            # I1: terminal, or in flight with a deadline still ahead.
+            assert state.is_terminal or (state.complete_by is not None and state.complete_by > now)
+            assert state.is_terminal, f"still {state.process_state} after draining: {state}"
+            if state.process_state is ProcessState.ERROR:
+                assert not state.alert_pending, state
+                assert state.finished_at is not None
+                assert alert_message_id(order_id, state.attempt, state.finished_at) in alert_ids
+            event(f"ended {state.process_state}")
+            # The first submission stays the order: a conflicting one never replaced it.
+            assert order is not None and order.fingerprint == self.fingerprints[order_id]
+
+
+TestSasMachine = SasMachine.TestCase
+TestSasMachine.settings = settings(
+    max_examples=60,
+    stateful_step_count=40,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
