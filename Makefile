@@ -8,7 +8,7 @@ ORDERS ?= 100
 WORKERS ?= 2
 DEMO_ARGS ?=
 
-.PHONY: setup run test lint format unit integration e2e clean lock hooks
+.PHONY: setup run test lint format unit integration e2e clean lock hooks chaos
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -55,3 +55,12 @@ unit integration e2e: setup
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .sas-run
+
+# A chaos campaign (docs/reliability.md): the whole local stack under a seeded schedule of every
+# fault kind, then an independent checker; exits non-zero on any violation.
+CHAOS_ORDERS ?= 5000
+SEED ?= 42
+CHAOS_ARGS ?=
+
+chaos: setup
+	$(PY) -m sas_local.chaos --orders $(CHAOS_ORDERS) --seed $(SEED) $(CHAOS_ARGS)

@@ -95,12 +95,14 @@ class Consequences:
                 state.reply_to, state.order_id, "compensated", now, detail=state.last_error
             )
         elif state.process_state is ProcessState.ERROR:
-            self.settle_alert(state, etag)
+            self.settle_alert(state, etag, wrote_claim=True)
             self.notify.status(
                 state.reply_to, state.order_id, "failed", now, detail=state.last_error
             )
 
-    def settle_alert(self, state: OrderState, etag: str) -> AlertOutcome:
+    def settle_alert(
+        self, state: OrderState, etag: str, *, wrote_claim: bool = False
+    ) -> AlertOutcome:
         """Send the alert an Error owes, exactly once across instances, then clear the debt.
 
         Claim (a conditional write), send, clear (a conditional write). Whoever loses the
@@ -109,8 +111,11 @@ class Consequences:
         if not state.alert_pending:
             return AlertOutcome.NOT_OWED
         now = self._clock.now()
+        # Only the writer of the claim sends under it: a sweep in the same process shares the
+        # actor name and must not take a live claim for its own.
         mine = (
-            state.alert_claimed_by == self._actor
+            wrote_claim
+            and state.alert_claimed_by == self._actor
             and state.alert_claimed_until is not None
             and now < state.alert_claimed_until
         )

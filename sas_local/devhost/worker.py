@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 
 EXIT_CONFIG = 2  # the user must fix a setting, host.json or the app's declarations
 EXIT_STARTUP = 3  # the app failed to import, or storage/HTTP port unavailable at start
+PRELOAD_ENV = "SAS_DEVHOST_PRELOAD"
+"""Comma-separated modules each worker imports before it loads the app: a local test hook
+(the chaos campaign's fault injection, sas_local/chaos/inject.py); unset in normal runs."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,8 @@ class Started:
 
 
 def _start(options: WorkerOptions) -> Started:
+    for module in filter(None, (m.strip() for m in os.environ.get(PRELOAD_ENV, "").split(","))):
+        importlib.import_module(module)
     app_path = options.app.resolve()
     host = load_host_config(app_path.parent)
     loaded = load_app(app_path)

@@ -1,0 +1,600 @@
+"""A chaos campaign: the whole system under a seeded schedule of every fault, then the checker.
+
+``python -m sas_local.chaos --orders N --seed S [--workers 2] [--supervisors 2] [--report p]``
+
+Starts Azurite, the simulator, a dev host for the core functions (``--workers`` workers, worker
+0 also serves HTTP and sweeps), the agents in a dev host of their own and ``--supervisors - 1``
+extra dev hosts that only run the ``supervise`` timer. Every worker preloads
+``sas_local.chaos.inject``. Orders are submitted to the orders queue with a status queue,
+paced by the in-flight index, while a seeded schedule injects faults. Then the faults stop,
+the system drains (every order terminal, ``~live`` empty, no alert owed; bounded), and the
+independent checker (``checker.py``) judges what is left. Fault kinds: docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import random
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient
+from azure.storage.queue import QueueClient
+
+from sas_local.chaos import checker
+from sas_local.chaos.inject import CALM_FILE, CONFIG_ENV, CRASH_DIR, count_events
+from sas_local.processes import REPO_ROOT, DevHost, pid_alive, start_devhost
+from sas_local.stack import LocalStack
+
+STATUS_QUEUE = "status-chaos"
+PRELOAD = "sas_local.chaos.inject"
+MIN_WORKER_AGE = 20.0
+"""Kill only workers that ran this long, so the pool's crash back-off stays short."""
+
+FAULT_KINDS = (
+    "worker_sigkill",
+    "crash_before_send",
+    "azurite_pause",
+    "remote_transient",
+    "remote_outage",
+    "remote_slow",
+    "remote_refusal",
+    "undo_refused",
+    "duplicate_message",
+    "delayed_message",
+    "clock_skew",
+    "operator_resubmit",
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How hard each fault hits. The defaults are the campaign's; tests tune them."""
+
+    transient_rate: float = 0.08
+    permanent_rate: float = 0.05
+    undo_permanent_rate: float = 0.3
+    slow_rate: float = 0.02
+    slow_seconds: float = 20.0
+    duplicate_rate: float = 0.03
+    delay_rate: float = 0.03
+    delay_max: float = 6.0
+    skew_share: float = 0.45
+    """Each process's clock offset is within +-(share x SAS_CLOCK_SKEW_SECONDS)."""
+    kill_every: float = 12.0
+    crash_every: float = 15.0
+    pause_every: float = 30.0
+    pause_seconds: tuple[float, float] = (1.0, 4.0)
+    outage_every: float = 40.0
+    outage_seconds: tuple[float, float] = (3.0, 8.0)
+    resubmit_share: float = 0.5
+    resubmit_max: int = 2
+    submit_duplicate_rate: float = 0.02
+    window: int = 150
+    """Most orders in flight (in-flight index + orders queue) while submitting."""
+    min_storm: float = 45.0
+    """Faults go on at least this long, even if every order is submitted sooner."""
+    runner_faults: bool = True
+    """Kills, crash tokens, Azurite pauses and outages (off: only the in-process and remote
+    faults, as the broken-build tests want)."""
+
+
+@dataclass
+class Options:
+    orders: int
+    seed: int
+    workers: int = 2
+    supervisors: int = 2
+    report: Path | None = None
+    log_dir: Path | None = None
+    drain_timeout: float | None = None
+    profile: Profile = field(default_factory=Profile)
+    faults: bool = True
+    broken: tuple[str, ...] = ()
+    clock_skew_seconds: float = 2.0
+
+
+@dataclass
+class _Shared:
+    faults: Counter[str] = field(default_factory=Counter)
+    alerts: dict[str, str] = field(default_factory=dict)
+    """Queue message id -> body: a copy whose delete failed comes back, and is one copy."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    resubmits_pending: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def count(self, kind: str, n: int = 1) -> None:
+        with self.lock:
+            self.faults[kind] += n
+
+
+def order_body(order_id: str, index: int) -> str:
+    """An OrderSubmitted as an application posts it (Base64 JSON on the orders queue)."""
+    document = {
+        "type": "OrderSubmitted",
+        "v": 1,
+        "order_id": order_id,
+        "workflow": "order",
+        "details": {
+            "customer_id": f"customer-{index % 17}",
+            "currency": "EUR",
+            "address": f"{index} Chaos Street",
+            "lines": [
+                {"sku": f"sku-{index % 5}", "quantity": 1 + index % 3, "unit_price_cents": 1999}
+            ],
+        },
+        "reply_to": STATUS_QUEUE,
+    }
+    return base64.b64encode(json.dumps(document).encode()).decode()
+
+
+class Campaign:
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        self.profile = options.profile
+        self.rng = random.Random(options.seed)  # noqa: S311 - a seeded schedule
+        self.design = checker.Design.load()
+        self.logs = options.log_dir or Path(
+            tempfile.mkdtemp(prefix=f"sas-chaos-{options.seed}-", dir="/tmp")
+        )
+        self.chaos_dir = self.logs / "chaos"
+        self.shared = _Shared()
+        self.storm_over = threading.Event()
+        self.done = threading.Event()
+        self.stack: LocalStack | None = None
+        self.supervisors: list[DevHost] = []
+        self.crash_tokens = 0
+
+    # --- the stack ---------------------------------------------------------------------
+
+    def chaos_env(self) -> dict[str, str]:
+        p, o = self.profile, self.options
+        faults = o.faults
+        config = {
+            "dir": str(self.chaos_dir),
+            "seed": o.seed,
+            "skew_max": p.skew_share * o.clock_skew_seconds if faults else 0.0,
+            "duplicate_rate": p.duplicate_rate if faults else 0.0,
+            "delay_rate": p.delay_rate if faults else 0.0,
+            "delay_max": p.delay_max,
+            "queues": {
+                "alerts": self.design.alerts_queue,
+                "orders": self.design.orders_queue,
+                "replies": "sas-replies",
+                "scheduler": "sas-scheduler",
+            },
+            "broken": list(o.broken),
+        }
+        return {
+            "SAS_DEVHOST_PRELOAD": PRELOAD,
+            CONFIG_ENV: json.dumps(config),
+            "SAS_CLOCK_SKEW_SECONDS": f"{o.clock_skew_seconds:g}",
+        }
+
+    def start(self) -> LocalStack:
+        (self.chaos_dir / CRASH_DIR).mkdir(parents=True, exist_ok=True)
+        stack = LocalStack.start(
+            workers=self.options.workers,
+            log_dir=self.logs,
+            extra_queues=(STATUS_QUEUE,),
+            env_overrides=self.chaos_env(),
+            agents_apart=True,
+        )
+        self.stack = stack
+        try:
+            for index in range(1, max(self.options.supervisors, 1)):
+                self.supervisors.append(
+                    start_devhost(
+                        REPO_ROOT / "function_app.py",
+                        env=stack.env,
+                        workers=1,
+                        http_port=0,
+                        functions=("supervise",),
+                        timers=True,
+                        settings=self.logs / "local.settings.json",
+                        log_dir=self.logs / f"supervisor{index}",
+                        cwd=REPO_ROOT,
+                        timeout=60,
+                    )
+                )
+            self.set_faults(outage=None)
+        except BaseException:
+            self.stop()
+            raise
+        return stack
+
+    def stop(self) -> None:
+        self.resume_azurite()
+        for host in self.supervisors:
+            host.stop()
+        if self.stack is not None:
+            self.stack.stop()
+
+    def set_faults(self, outage: tuple[str, float] | None) -> None:
+        stack = self.running
+        p = self.profile
+        config: dict[str, Any] = {"seed": self.options.seed}
+        if self.options.faults:
+            config |= {
+                "transient_rate": p.transient_rate,
+                "permanent_rate": p.permanent_rate,
+                "undo_permanent_rate": p.undo_permanent_rate,
+                "slow_rate": p.slow_rate,
+                "slow_seconds": p.slow_seconds,
+            }
+        if outage is not None:
+            config |= {
+                "outage_service": outage[0],
+                "outage_start": 0.0,
+                "outage_seconds": outage[1],
+            }
+        httpx.put(f"{stack.simulator_url}/faults", json=config, timeout=30).raise_for_status()
+
+    @property
+    def running(self) -> LocalStack:
+        if self.stack is None:
+            raise RuntimeError("the stack is not running")
+        return self.stack
+
+    # --- faults ------------------------------------------------------------------------
+
+    def workers(self) -> list[tuple[str, int]]:
+        stack = self.running
+        hosts: list[tuple[str, DevHost | None]] = [
+            ("core", stack.devhost),
+            ("agents", stack.agents),
+            *(("supervisor", host) for host in self.supervisors),
+        ]
+        return [(role, pid) for role, host in hosts if host for pid in host.worker_pids()]
+
+    def kill_worker(self) -> None:
+        eligible = [(r, p) for r, p in self.workers() if _age(p) >= MIN_WORKER_AGE]
+        if not eligible:
+            return
+        role, pid = self.rng.choice(sorted(eligible))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            self.shared.count("worker_sigkill")
+            self.shared.count(f"worker_sigkill.{role}")
+
+    def arm_crash(self) -> None:
+        target = self.rng.choice(("any", "any", "agent", "replies", "scheduler", "alerts"))
+        self.crash_tokens += 1
+        (self.chaos_dir / CRASH_DIR / f"{self.crash_tokens:04d}-{target}").touch()
+
+    def pause_azurite(self) -> None:
+        stack = self.running
+        low, high = self.profile.pause_seconds
+        seconds = self.rng.uniform(low, high)
+        pid = stack.azurite.process.pid
+        try:
+            os.killpg(pid, signal.SIGSTOP)
+            self.shared.count("azurite_pause")
+            self.storm_over.wait(seconds)
+        finally:
+            self.resume_azurite()
+
+    def resume_azurite(self) -> None:
+        if self.stack is not None and pid_alive(self.stack.azurite.process.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.stack.azurite.process.pid, signal.SIGCONT)
+
+    def outage(self) -> None:
+        low, high = self.profile.outage_seconds
+        service = self.rng.choice(("inventory", "payment", "shipping"))
+        self.set_faults(outage=(service, self.rng.uniform(low, high)))
+        self.shared.count("remote_outage")
+
+    def storm(self) -> None:
+        """Inject runner-side faults on a seeded schedule until the storm is over. The first
+        of each kind comes early, so even a short campaign has every kind."""
+        p = self.profile
+        actions = {
+            "kill": (self.kill_worker, p.kill_every),
+            "crash": (self.arm_crash, p.crash_every),
+            "pause": (self.pause_azurite, p.pause_every),
+            "outage": (self.outage, p.outage_every),
+        }
+        start = time.monotonic()
+        due = {name: start + self.rng.uniform(2, 12) for name in actions}
+        while not self.storm_over.is_set():
+            name = min(due, key=lambda n: due[n])
+            if self.storm_over.wait(max(0.0, due[name] - time.monotonic())):
+                break
+            action, every = actions[name]
+            try:
+                action()
+            except Exception as exc:  # a fault that could not be injected is only a note
+                self.shared.notes.append(f"{name} failed: {type(exc).__name__}: {exc}")
+            if name == "kill" and not self.shared.faults["worker_sigkill"]:
+                due[name] = time.monotonic() + 2  # nobody old enough yet: try again soon
+            else:
+                due[name] = time.monotonic() + self.rng.expovariate(1 / every)
+
+    # --- the operator ------------------------------------------------------------------
+
+    def operator(self) -> None:
+        """Reads alerts (keeping every raw copy for the checker) and resubmits a seeded share
+        of the Error orders once their alert is out, racing the Supervisors' sweeps."""
+        stack = self.running
+        rng = random.Random(self.options.seed * 7919 + 1)  # noqa: S311
+        conn = stack.azurite.connection_string
+        alerts = QueueClient.from_connection_string(conn, self.design.alerts_queue)
+        table = TableClient.from_connection_string(conn, self.design.table_name)
+        status = QueueClient.from_connection_string(conn, STATUS_QUEUE)
+        seen: set[str] = set()
+        resubmits: Counter[str] = Counter()
+        queue: list[str] = []
+        cleared = time.monotonic()
+        while not self.done.is_set():
+            if time.monotonic() - cleared > 10:
+                # Status events are best effort and not judged: one call keeps the queue small.
+                with contextlib.suppress(Exception):
+                    status.clear_messages()
+                cleared = time.monotonic()
+            try:
+                batch = list(alerts.receive_messages(messages_per_page=32, max_messages=32))
+            except Exception:
+                batch = []
+            for message in batch:
+                body = checker.decode_body(message.content)
+                with self.shared.lock:
+                    self.shared.alerts[message.id] = body
+                with contextlib.suppress(Exception):
+                    alerts.delete_message(message)
+                try:
+                    alert_id, order_id = _alert_ids(body)
+                except ValueError:
+                    continue
+                if alert_id in seen or self.options.faults is False:
+                    continue
+                seen.add(alert_id)
+                if resubmits[order_id] < self.profile.resubmit_max and (
+                    rng.random() < self.profile.resubmit_share
+                ):
+                    resubmits[order_id] += 1
+                    queue.append(order_id)
+            with self.shared.lock:
+                self.shared.resubmits_pending = len(queue)
+            for order_id in list(queue):
+                if self._resubmit_when_alerted(table, order_id, rng):
+                    queue.remove(order_id)
+            with self.shared.lock:
+                self.shared.resubmits_pending = len(queue)
+            if not batch:
+                self.done.wait(0.5)
+
+    def _resubmit_when_alerted(self, table: TableClient, order_id: str, rng: random.Random) -> bool:
+        stack = self.running
+        try:
+            state = table.get_entity(order_id, self.design.state_row)
+        except ResourceNotFoundError:
+            return True
+        except Exception:
+            return False
+        if state.get("ProcessState") != "Error":
+            return True
+        if state.get("AlertPending"):
+            return False  # an operator acts on an alert that has been sent
+        url = f"{stack.api_url}/api/orders/{order_id}/resubmit"
+        racers = 2 if rng.random() < 0.3 else 1
+        results: list[int] = []
+
+        def post() -> None:
+            try:
+                response = httpx.post(url, json={"actor": "chaos-operator"}, timeout=30)
+                results.append(response.status_code)
+            except httpx.HTTPError:
+                results.append(0)
+
+        threads = [threading.Thread(target=post) for _ in range(racers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if 200 in results:
+            self.shared.count("operator_resubmit")
+            if racers > 1:
+                self.shared.count("operator_resubmit.raced")
+            return True
+        return all(code in (404, 409) for code in results)  # someone else moved it on
+
+    # --- the run -----------------------------------------------------------------------
+
+    def in_flight(self, table: TableClient, orders: QueueClient) -> int:
+        live = sum(
+            1
+            for _ in table.query_entities(
+                "PartitionKey eq @pk",
+                parameters={"pk": self.design.live_partition},
+                select=["RowKey"],
+            )
+        )
+        queued = orders.get_queue_properties().approximate_message_count or 0
+        return live + queued
+
+    def run(self) -> dict[str, Any]:
+        stack = self.start()
+        try:
+            return self._run(stack)
+        finally:
+            self.storm_over.set()
+            self.done.set()
+            self.stop()
+
+    def _run(self, stack: LocalStack) -> dict[str, Any]:
+        o, p = self.options, self.profile
+        conn = stack.azurite.connection_string
+        orders_queue = QueueClient.from_connection_string(conn, self.design.orders_queue)
+        table = TableClient.from_connection_string(conn, self.design.table_name)
+        ids = [f"c{o.seed}-{i:05d}" for i in range(o.orders)]
+        threads = [threading.Thread(target=self.operator, name="chaos-operator", daemon=True)]
+        if o.faults and p.runner_faults:
+            threads.append(threading.Thread(target=self.storm, name="chaos-storm", daemon=True))
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        submit_rng = random.Random(o.seed * 31 + 7)  # noqa: S311
+        for index, order_id in enumerate(ids):
+            while (flying := _safe(lambda: self.in_flight(table, orders_queue), 0)) >= p.window:
+                time.sleep(0.5)
+            if index % 250 == 0:
+                self.progress(f"submitted {index}/{o.orders}, in flight {flying}", started)
+            body = order_body(order_id, index)
+            _retry(lambda body=body: orders_queue.send_message(body))
+            if o.faults and submit_rng.random() < p.submit_duplicate_rate:
+                _retry(lambda body=body: orders_queue.send_message(body))
+                self.shared.count("duplicate_message")
+                self.shared.count("duplicate_message.submission")
+        submitted_in = time.monotonic() - started
+        while o.faults and time.monotonic() - started < p.min_storm:
+            time.sleep(0.5)
+        self.storm_over.set()
+        (self.chaos_dir / CALM_FILE).touch()
+        for token in (self.chaos_dir / CRASH_DIR).iterdir():
+            if "." not in token.name:
+                token.unlink(missing_ok=True)  # armed but never taken: not injected
+        with contextlib.suppress(Exception):
+            self.set_faults(outage=None)
+        storm_seconds = time.monotonic() - started
+        timeout = o.drain_timeout if o.drain_timeout is not None else 300 + o.orders * 0.05
+        drained = self._drain(table, orders_queue, timeout)
+        finished = time.monotonic()
+        self.done.set()
+        threads[0].join(timeout=30)
+        evidence = checker.collect(
+            conn,
+            stack.simulator_url,
+            ids,
+            design=self.design,
+            consumed_alerts=dict(self.shared.alerts),
+        )
+        verdict = checker.check(evidence, self.design)
+        elapsed = finished - started
+        faults = self._fault_counts(evidence)
+        report: dict[str, Any] = {
+            "seed": o.seed,
+            "orders": o.orders,
+            "workers": o.workers,
+            "supervisors": o.supervisors,
+            "broken": list(o.broken),
+            "faults": faults,
+            "recoveries": verdict.recoveries,
+            "outcomes": verdict.outcomes,
+            "alerts": {"raw_copies": verdict.alerts, "error_episodes": verdict.error_episodes},
+            "drained": drained,
+            "seconds": {
+                "submitting": round(submitted_in, 1),
+                "storm": round(storm_seconds, 1),
+                "total": round(elapsed, 1),
+            },
+            "throughput_orders_per_s": round(o.orders / elapsed, 2) if elapsed else None,
+            "violations_by_kind": verdict.by_kind,
+            "violations": [v.as_json() for v in verdict.violations[:200]],
+            "violation_count": len(verdict.violations),
+            "notes": self.shared.notes,
+            "logs": str(self.logs),
+            "command": (
+                f"python -m sas_local.chaos --orders {o.orders} --seed {o.seed} "
+                f"--workers {o.workers} --supervisors {o.supervisors}"
+                + "".join(f" --broken {b}" for b in o.broken)
+            ),
+        }
+        return report
+
+    def progress(self, text: str, started: float) -> None:
+        faults = dict(sorted(self.shared.faults.items()))
+        print(f"chaos +{time.monotonic() - started:.0f}s {text} {faults}", file=sys.stderr)
+
+    def _drain(self, table: TableClient, orders_queue: QueueClient, timeout: float) -> bool:
+        start = time.monotonic()
+        deadline = start + timeout
+        while time.monotonic() < deadline:
+            with self.shared.lock:
+                pending = self.shared.resubmits_pending
+            flying = _safe(lambda: self.in_flight(table, orders_queue), 1)
+            if not pending and flying == 0:
+                return True
+            if int(time.monotonic() - start) % 30 < 2:
+                self.progress(f"draining: in flight {flying}, resubmits owed {pending}", start)
+            time.sleep(2)
+        self.shared.notes.append(f"drain timed out after {timeout:.0f}s")
+        return False
+
+    def _fault_counts(self, evidence: checker.Evidence) -> dict[str, int]:
+        counts: Counter[str] = Counter(self.shared.faults)
+        counts.update(count_events(self.chaos_dir))
+        stats = evidence.ledger.get("stats") or {}
+        totals: Counter[str] = Counter()
+        if isinstance(stats, Mapping):
+            for service in stats.values():
+                if isinstance(service, Mapping):
+                    totals.update({k: v for k, v in service.items() if isinstance(v, int)})
+        counts["remote_transient"] = totals["transient_failures"]
+        counts["remote_slow"] = totals["slow"]
+        counts["remote_outage.rejections"] = totals["outage_rejections"]
+        for entity in evidence.entities:
+            if entity.get("Kind") == "refused":
+                counts["undo_refused" if entity.get("Mode") == "undo" else "remote_refusal"] += 1
+        ordered = {kind: counts.get(kind, 0) for kind in FAULT_KINDS}
+        ordered |= {k: v for k, v in sorted(counts.items()) if k not in ordered}
+        return ordered
+
+
+def _alert_ids(body: str) -> tuple[str, str]:
+    try:
+        document = json.loads(body)
+        return str(document["alert_id"]), str(document["order_id"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError("not an alert") from None
+
+
+def _age(pid: int) -> float:
+    """Seconds since process ``pid`` started (Linux /proc)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+    except OSError:
+        return 0.0
+    start_ticks = int(stat[stat.rfind(")") + 2 :].split()[19])
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _safe(call: Any, default: int) -> int:
+    try:
+        value: int = call()
+    except Exception:
+        return default
+    return value
+
+
+def _retry(call: Any, attempts: int = 10) -> None:
+    for attempt in range(attempts):
+        try:
+            call()
+            return
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1)
+
+
+def run_campaign(options: Options) -> dict[str, Any]:
+    report = Campaign(options).run()
+    if options.report is not None:
+        options.report.parent.mkdir(parents=True, exist_ok=True)
+        options.report.write_text(json.dumps(report, indent=2) + "\n")
+    return report

@@ -1,0 +1,836 @@
+"""The chaos campaign's judge: reads what the system left behind and names every violation.
+
+Independent of the product on purpose: nothing from ``sas`` is imported or called. The
+design it checks against (table layout, workflow, alert id, policy) is written down in
+``design.toml`` next to this file, and the legal transitions are encoded below from the
+documented state machine (docs/architecture.md). Evidence is read raw: every entity of the
+table (azure-data-tables), the alerts queue and every ``-poison`` queue (azure-storage-queue,
+Base64 JSON bodies), and the simulator's ledger (``GET /ledger``).
+
+Violation classes (``Violation.kind``), each with the order id and evidence:
+
+- ``lost_order``: submitted, but neither a state row nor parked in the rejected partition;
+- ``stuck_order``: not terminal, or still in the in-flight index, or still owing its alert;
+- ``effect_applied_twice``: one (order, service, action) applied (or one effect undone) twice;
+- ``compensation_incomplete``: a Compensated order with an effect left applied;
+- ``processed_effect_missing``: a Processed order without a step's effect, or with it undone;
+- ``error_alerts``: an Error episode with no alert, several distinct alert ids, more raw copies
+  than 1 + its ``alert_claimed`` entries, or a claim re-taken before the lease lapsed;
+- ``alert_without_error``: an alert for an order (or an Error episode) that never was;
+- ``stale_reply_applied``: a completed/undone/refused row for an attempt that was not running;
+- ``illegal_transition``: history rows that no legal sequence of transitions explains, or a
+  history that does not end in the state row;
+- ``failure_count_exceeded``: FailureCount (state row or an expiry's count) past the threshold;
+- ``poisoned_message``: any message in a ``-poison`` queue.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+import tomllib
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+DESIGN_PATH = Path(__file__).with_name("design.toml")
+
+KINDS = (
+    "lost_order",
+    "stuck_order",
+    "effect_applied_twice",
+    "compensation_incomplete",
+    "processed_effect_missing",
+    "error_alerts",
+    "alert_without_error",
+    "stale_reply_applied",
+    "illegal_transition",
+    "failure_count_exceeded",
+    "poisoned_message",
+)
+RECOVERY_KINDS = (
+    "expired_retry",
+    "expired_compensate",
+    "expired_compensated",
+    "expired_error",
+    "reply_dropped",
+    "alert_claimed",
+    "resubmitted",
+)
+REPLY_KINDS = frozenset({"completed", "undone", "refused"})
+PENDING, PROCESSING, COMPENSATING = "Pending", "Processing", "Compensating"
+PROCESSED, COMPENSATED, ERROR = "Processed", "Compensated", "Error"
+_FAILURE = re.compile(r"failure (\d+) of (\d+)")
+
+
+# --- the design ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    name: str
+    agent: str
+    action: str
+    undo: str | None
+
+
+@dataclass(frozen=True)
+class Design:
+    table_name: str
+    order_row: str
+    state_row: str
+    step_row_prefix: str
+    history_row_prefix: str
+    live_partition: str
+    rejected_partition: str
+    orders_queue: str
+    alerts_queue: str
+    poison_suffix: str
+    alert_lease_seconds: float
+    alert_id: re.Pattern[str]
+    max_failures: int
+    clock_skew_seconds: float
+    steps: tuple[StepSpec, ...]
+    on_failure: str
+    terminal: frozenset[str]
+
+    @classmethod
+    def load(cls, path: Path = DESIGN_PATH) -> Design:
+        doc = tomllib.loads(path.read_text())
+        table, queues, alerts, policy, flow = (
+            doc["table"],
+            doc["queues"],
+            doc["alerts"],
+            doc["policy"],
+            doc["workflow"],
+        )
+        return cls(
+            table_name=table["name"],
+            order_row=table["order_row"],
+            state_row=table["state_row"],
+            step_row_prefix=table["step_row_prefix"],
+            history_row_prefix=table["history_row_prefix"],
+            live_partition=table["live_partition"],
+            rejected_partition=table["rejected_partition"],
+            orders_queue=queues["orders"],
+            alerts_queue=queues["alerts"],
+            poison_suffix=queues["poison_suffix"],
+            alert_lease_seconds=float(alerts["lease_seconds"]),
+            alert_id=re.compile(alerts["id_pattern"]),
+            max_failures=int(policy["max_failures"]),
+            clock_skew_seconds=float(policy["clock_skew_seconds"]),
+            steps=tuple(
+                StepSpec(s["name"], s["agent"], s["action"], s.get("undo")) for s in flow["steps"]
+            ),
+            on_failure=flow["on_failure"],
+            terminal=frozenset(flow["terminal"]),
+        )
+
+    def next_undo(self, index: int) -> int | None:
+        """The highest step at or below ``index`` that has an undo action."""
+        for candidate in range(min(index, len(self.steps) - 1), -1, -1):
+            if self.steps[candidate].undo is not None:
+                return candidate
+        return None
+
+    def step_name(self, index: int) -> str | None:
+        return self.steps[index].name if 0 <= index < len(self.steps) else None
+
+
+# --- evidence and verdicts -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    order_id: str | None
+    detail: str
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "order_id": self.order_id,
+            "detail": self.detail,
+            "evidence": _jsonable(self.evidence),
+        }
+
+
+@dataclass
+class Evidence:
+    """Everything the checker judges, as read from the outside."""
+
+    entities: Sequence[Mapping[str, Any]]
+    """Every entity of the table, as azure-data-tables returns them (or synthetic dicts)."""
+    alerts: Sequence[str]
+    """Raw alert bodies (JSON text), every copy that reached the alerts queue."""
+    poison: dict[str, list[str]]
+    """``<queue>-poison`` -> the bodies found there (Base64-decoded where possible)."""
+    ledger: Mapping[str, Any]
+    """The simulator's ``GET /ledger`` document."""
+    submitted: Sequence[str]
+    """The order ids the campaign submitted."""
+
+
+@dataclass
+class Verdict:
+    violations: list[Violation]
+    outcomes: dict[str, int]
+    recoveries: dict[str, int]
+    alerts: int
+    error_episodes: int
+
+    @property
+    def by_kind(self) -> dict[str, int]:
+        return dict(Counter(v.kind for v in self.violations))
+
+
+# --- reading the evidence ------------------------------------------------------------------
+
+
+def collect(
+    connection_string: str,
+    simulator_url: str,
+    submitted: Sequence[str],
+    *,
+    design: Design,
+    consumed_alerts: Mapping[str, str] | None = None,
+) -> Evidence:
+    """Read the table, drain the alerts queue (receive + delete), peek every poison queue and
+    fetch the ledger. ``consumed_alerts``: queue message id -> body of the alerts an operator
+    already took off the queue (one copy per message id: a copy whose delete failed returns)."""
+    import httpx
+    from azure.data.tables import TableClient
+    from azure.storage.queue import QueueServiceClient
+
+    with TableClient.from_connection_string(connection_string, design.table_name) as table:
+        entities: list[Mapping[str, Any]] = [dict(e) for e in table.list_entities()]
+    service = QueueServiceClient.from_connection_string(connection_string)
+    alerts = dict(consumed_alerts or {})
+    alerts_queue = service.get_queue_client(design.alerts_queue)
+    while True:
+        batch = list(alerts_queue.receive_messages(messages_per_page=32, max_messages=32))
+        if not batch:
+            break
+        for message in batch:
+            alerts[message.id] = decode_body(message.content)
+            alerts_queue.delete_message(message)
+    poison: dict[str, list[str]] = {}
+    for queue in service.list_queues():
+        if queue.name.endswith(design.poison_suffix):
+            client = service.get_queue_client(queue.name)
+            count = client.get_queue_properties().approximate_message_count or 0
+            bodies = [decode_body(m.content) for m in client.peek_messages(max_messages=32)]
+            if count or bodies:
+                poison[queue.name] = bodies + ["<more>"] * max(0, count - len(bodies))
+    response = httpx.get(f"{simulator_url}/ledger", timeout=60)
+    response.raise_for_status()
+    return Evidence(entities, list(alerts.values()), poison, response.json(), list(submitted))
+
+
+def decode_body(content: object) -> str:
+    """A queue body as text: Base64 JSON as the app sends it, or the text itself."""
+    text = content.decode() if isinstance(content, bytes) else str(content or "")
+    try:
+        return base64.b64decode(text, validate=True).decode("utf-8")
+    except (binascii.Error, ValueError):
+        return text
+
+
+# --- the checks ----------------------------------------------------------------------------
+
+
+@dataclass
+class _State:
+    ps: str
+    step: int
+    mode: str
+    attempt: int
+    failures: int = 0
+
+
+@dataclass
+class _Episode:
+    attempt: int
+    at: float
+    row: str
+    claims: list[float] = field(default_factory=list)
+    ended_by: str | None = None
+
+
+@dataclass(frozen=True)
+class _Row:
+    key: str
+    at: float
+    kind: str
+    attempt: int
+    step: str | None
+    mode: str
+    detail: str
+
+    def show(self) -> str:
+        return f"{self.kind}@{self.attempt} {self.step or '-'}/{self.mode} at {self.at:.3f}"
+
+
+def check(evidence: Evidence, design: Design | None = None) -> Verdict:
+    design = design or Design.load()
+    by_order: dict[str, dict[str, Mapping[str, Any]]] = defaultdict(dict)
+    live: set[str] = set()
+    parked: set[str] = set()
+    for entity in evidence.entities:
+        pk, rk = str(entity["PartitionKey"]), str(entity["RowKey"])
+        if pk == design.live_partition:
+            live.add(rk)
+        elif pk == design.rejected_partition:
+            order_id = _parked_order_id(entity)
+            if order_id:
+                parked.add(order_id)
+        elif not pk.startswith("~"):
+            by_order[pk][rk] = entity
+
+    violations: list[Violation] = []
+    outcomes: Counter[str] = Counter()
+    recoveries: Counter[str] = Counter()
+    episodes: dict[str, list[_Episode]] = {}
+    unexplained: set[str] = set()
+    for order_id in evidence.submitted:
+        rows = by_order.get(order_id, {})
+        state = rows.get(design.state_row)
+        if state is None:
+            if order_id in parked:
+                outcomes["parked"] += 1
+            else:
+                outcomes["lost"] += 1
+                violations.append(
+                    Violation(
+                        "lost_order",
+                        order_id,
+                        "submitted, but no state row and not parked",
+                        {"rows": sorted(rows)},
+                    )
+                )
+            continue
+        ps = str(state.get("ProcessState"))
+        outcomes[ps] += 1
+        history = _history(rows, design)
+        recoveries.update(r.kind for r in history if r.kind in RECOVERY_KINDS)
+        violations += _stuck(order_id, state, ps, order_id in live, design)
+        violations += _failure_counts(order_id, state, history, design)
+        found, replay_violations, explained = _replay(order_id, state, history, design)
+        if explained:  # otherwise its episodes are unknown: the replay violation says why
+            episodes[order_id] = found
+        else:
+            unexplained.add(order_id)
+        violations += replay_violations
+    violations += _ledger(evidence, by_order, design)
+    alert_violations, alert_count = _alerts(evidence.alerts, episodes, design, unexplained)
+    violations += alert_violations
+    violations += _poison(evidence.poison)
+    return Verdict(
+        violations,
+        dict(outcomes),
+        {kind: recoveries.get(kind, 0) for kind in RECOVERY_KINDS},
+        alert_count,
+        sum(len(found) for found in episodes.values()),
+    )
+
+
+def _parked_order_id(entity: Mapping[str, Any]) -> str | None:
+    chunks = sorted(k for k in entity if k.startswith("Body") and k[4:].isdigit())
+    body = b"".join(_bytes(entity[k]) for k in chunks)
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    order_id = document.get("order_id") if isinstance(document, dict) else None
+    return order_id if isinstance(order_id, str) else None
+
+
+def _bytes(value: object) -> bytes:
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    return str(value).encode()
+
+
+def _ts(value: object) -> float:
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, int | float):
+        return float(value)
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+
+
+def _history(rows: Mapping[str, Mapping[str, Any]], design: Design) -> list[_Row]:
+    found = []
+    for key, entity in rows.items():
+        if key.startswith(design.history_row_prefix):
+            found.append(
+                _Row(
+                    key=key,
+                    at=_ts(entity.get("At")),
+                    kind=str(entity.get("Kind")),
+                    attempt=int(entity.get("Attempt", -1)),
+                    step=entity.get("Step"),
+                    mode="undo" if entity.get("Mode") == "undo" else "do",
+                    detail=str(entity.get("Detail") or ""),
+                )
+            )
+    return sorted(found, key=lambda r: (r.attempt, r.at, r.key))
+
+
+def _stuck(
+    order_id: str, state: Mapping[str, Any], ps: str, indexed: bool, design: Design
+) -> list[Violation]:
+    why = []
+    if ps not in design.terminal:
+        why.append(f"not terminal ({ps})")
+    if indexed:
+        why.append("still in the in-flight index")
+    if state.get("AlertPending"):
+        why.append("still owes its operator alert")
+    if not why:
+        return []
+    evidence = {
+        k: state.get(k) for k in ("ProcessState", "Attempt", "StepIndex", "Mode", "CompleteBy")
+    }
+    return [Violation("stuck_order", order_id, "; ".join(why), evidence)]
+
+
+def _failure_counts(
+    order_id: str, state: Mapping[str, Any], history: list[_Row], design: Design
+) -> list[Violation]:
+    found = []
+    count = int(state.get("FailureCount", 0))
+    if count > design.max_failures:
+        found.append(
+            Violation(
+                "failure_count_exceeded",
+                order_id,
+                f"state FailureCount {count} > threshold {design.max_failures}",
+                {"FailureCount": count},
+            )
+        )
+    for row in history:
+        match = _FAILURE.search(row.detail) if row.kind.startswith("expired_") else None
+        if match and int(match.group(1)) > design.max_failures:
+            found.append(
+                Violation(
+                    "failure_count_exceeded",
+                    order_id,
+                    f"{row.kind} counted failure {match.group(1)} > {design.max_failures}",
+                    {"row": row.show(), "detail": row.detail},
+                )
+            )
+    return found
+
+
+def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
+    """The state after row ``r`` if it is a legal transition from ``s``; otherwise why not."""
+    if r.kind == "submitted":
+        if s is not None or r.attempt != 0:
+            return "a second submission, or one not at attempt 0"
+        return _State(PENDING, 0, "do", 0)
+    if s is None:
+        return "a transition before the order was submitted"
+    here = design.step_name(s.step)
+    same_step = r.step == here and r.mode == s.mode
+    running = PROCESSING if s.mode == "do" else COMPENSATING
+    last = len(design.steps) - 1
+    if r.kind == "claimed":
+        if s.ps != PENDING or r.attempt != s.attempt + 1 or not same_step:
+            return "claim of an order that is not Pending at that step, or not attempt+1"
+        return _State(running, s.step, s.mode, r.attempt, s.failures)
+    if r.kind in REPLY_KINDS:
+        if s.ps != running or r.attempt != s.attempt or not same_step:
+            return "reply applied for an attempt that is not the one running"
+        if r.kind == "completed" and s.mode == "do":
+            if s.step == last:
+                return _State(PROCESSED, s.step, "do", s.attempt)
+            return _State(PROCESSING, s.step + 1, "do", s.attempt + 1)
+        if r.kind == "undone" and s.mode == "undo":
+            following = design.next_undo(s.step - 1)
+            if following is None:
+                return _State(COMPENSATED, s.step, "undo", s.attempt)
+            return _State(COMPENSATING, following, "undo", s.attempt + 1)
+        if r.kind == "refused":
+            if s.mode == "undo" or design.on_failure != "compensate":
+                return _State(ERROR, s.step, s.mode, s.attempt, s.failures)
+            first = design.next_undo(s.step - 1)
+            if first is None:
+                return _State(COMPENSATED, s.step, s.mode, s.attempt)
+            return _State(PENDING, first, "undo", s.attempt)
+        return f"{r.kind} in mode {s.mode}"
+    if r.kind.startswith("expired_"):
+        if s.ps not in (PENDING, running) or r.attempt != s.attempt or not same_step:
+            return "expiry of a record that is not live at that attempt and step"
+        match = _FAILURE.search(r.detail)
+        failures = int(match.group(1)) if match else s.failures + 1
+        if failures != s.failures + 1:
+            return f"expiry counted failure {failures}, expected {s.failures + 1}"
+        at_threshold = failures >= design.max_failures
+        compensate = s.mode == "do" and design.on_failure == "compensate"
+        if r.kind == "expired_retry" and not at_threshold:
+            return _State(PENDING, s.step, s.mode, s.attempt, failures)
+        if r.kind in ("expired_compensate", "expired_compensated") and at_threshold and compensate:
+            first = design.next_undo(s.step)
+            if first is None and r.kind == "expired_compensated":
+                return _State(COMPENSATED, s.step, s.mode, s.attempt)
+            if first is not None and r.kind == "expired_compensate":
+                return _State(PENDING, first, "undo", s.attempt)
+        if r.kind == "expired_error" and at_threshold and not compensate:
+            return _State(ERROR, s.step, s.mode, s.attempt, failures)
+        return f"{r.kind} does not follow from failure {failures} in mode {s.mode}"
+    if r.kind == "alert_claimed":
+        if s.ps != ERROR or r.attempt != s.attempt:
+            return "alert claimed for an order not in Error at that attempt"
+        return s
+    if r.kind == "resubmitted":
+        if s.ps != ERROR or r.attempt != s.attempt or not same_step:
+            return "resubmit of an order not in Error"
+        return _State(PENDING, s.step, s.mode, s.attempt)
+    return f"unknown history kind {r.kind!r}"
+
+
+_SEARCH_BUDGET = 20_000
+
+
+@dataclass
+class _Search:
+    """The deepest point a search for a legal order reached, if it found none."""
+
+    path: list[tuple[_Row, _State]] = field(default_factory=list)
+    stuck: list[_Row] = field(default_factory=list)
+    budget: int = _SEARCH_BUDGET
+
+
+def _legal_order(
+    s: _State | None, remaining: list[_Row], design: Design, path: list[tuple[_Row, _State]],
+    deepest: _Search,
+) -> list[tuple[_Row, _State]] | None:  # fmt: skip
+    """A legal order of ``remaining`` after ``s``: rows by attempt (monotonic per order); within
+    an attempt any legal row, earliest ``At`` first, backtracking when a choice dead-ends (two
+    rows a few hundred ms apart may be swapped by skewed clocks)."""
+    if not remaining:
+        return path
+    deepest.budget -= 1
+    lowest = min(r.attempt for r in remaining)
+    candidates = [r for r in remaining if r.attempt == lowest]
+    for row in candidates:
+        after = _apply(s, row, design)
+        if not isinstance(after, _State):
+            continue
+        rest = [r for r in remaining if r is not row]
+        found = _legal_order(after, rest, design, [*path, (row, after)], deepest)
+        if found is not None:
+            return found
+        if deepest.budget <= 0:
+            break
+    if len(path) > len(deepest.path) or not deepest.stuck:
+        deepest.path, deepest.stuck = path, candidates
+    return None
+
+
+def _replay(
+    order_id: str, state: Mapping[str, Any], history: list[_Row], design: Design
+) -> tuple[list[_Episode], list[Violation], bool]:
+    """Find a legal order for the rows and walk it through the state machine; report the first
+    row that no legal order explains. The flag: whether the whole history was explained."""
+    rows = [r for r in history if r.kind != "reply_dropped"]
+    deepest = _Search()
+    found = _legal_order(None, rows, design, [], deepest)
+    path = found if found is not None else deepest.path
+    s: _State | None = None
+    trail: list[str] = []
+    episodes: list[_Episode] = []
+    lease = design.alert_lease_seconds - 2 * design.clock_skew_seconds
+    violations: list[Violation] = []
+    for row, after in path:
+        trail.append(row.show())
+        if after.ps == ERROR and (s is None or s.ps != ERROR):
+            episodes.append(_Episode(after.attempt, row.at, row.key))
+        elif row.kind == "alert_claimed" and episodes:
+            episode = episodes[-1]
+            since = max([episode.at, *episode.claims])
+            if row.at - since < lease:
+                violations.append(
+                    Violation(
+                        "error_alerts",
+                        order_id,
+                        f"alert re-claimed {row.at - since:.1f}s after the previous claim; the "
+                        f"lease is {design.alert_lease_seconds:g}s",
+                        {"trail": list(trail)},
+                    )
+                )
+            episode.claims.append(row.at)
+        elif row.kind == "resubmitted" and episodes:
+            episodes[-1].ended_by = row.key
+        s = after
+    if found is None:
+        candidates = deepest.stuck
+        reasons = [f"{r.show()}: {_why(s, r, design)}" for r in candidates]
+        # A reply row nothing can explain is a reply applied although it was not current.
+        at = next((i for i, r in enumerate(candidates) if r.kind in REPLY_KINDS), 0)
+        stale = bool(candidates) and candidates[at].kind in REPLY_KINDS
+        violations.append(
+            Violation(
+                "stale_reply_applied" if stale else "illegal_transition",
+                order_id,
+                reasons[at] if reasons else "no legal order of the history",
+                {"state_before": _show(s), "trail": trail, "rejected": reasons},
+            )
+        )
+        return episodes, violations, False
+    if s is None:
+        violations.append(
+            Violation("illegal_transition", order_id, "a state row without any history", {})
+        )
+        return episodes, violations, False
+    expected = (s.ps, s.attempt, s.step, s.mode)
+    actual = (
+        str(state.get("ProcessState")),
+        int(state.get("Attempt", -1)),
+        int(state.get("StepIndex", -1)),
+        "undo" if state.get("Mode") == "undo" else "do",
+    )
+    if expected != actual:
+        violations.append(
+            Violation(
+                "illegal_transition",
+                order_id,
+                f"history ends in {expected} but the state row is {actual}",
+                {"trail": trail},
+            )
+        )
+        return episodes, violations, False
+    return episodes, violations, True
+
+
+def _why(s: _State | None, row: _Row, design: Design) -> str:
+    after = _apply(s, row, design)
+    return after if isinstance(after, str) else "legal here, but no legal order follows"
+
+
+def _show(s: _State | None) -> str:
+    if s is None:
+        return "-"
+    return f"{s.ps} step {s.step} {s.mode} attempt {s.attempt} failures {s.failures}"
+
+
+def _ledger(
+    evidence: Evidence, by_order: Mapping[str, Mapping[str, Mapping[str, Any]]], design: Design
+) -> list[Violation]:
+    effects = evidence.ledger.get("effects") or []
+    entries = [e for e in effects if isinstance(e, Mapping)]
+    dos: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    undone: Counter[tuple[str, str, str]] = Counter()
+    for entry in entries:
+        order_id = str(entry.get("order_id"))
+        if entry.get("kind", "do") == "do":
+            dos[order_id].append(entry)
+        elif entry.get("outcome") == "undone":
+            undone[(order_id, str(entry.get("service")), str(entry.get("original_key")))] += 1
+    found = []
+    for order_id, applied in dos.items():
+        per_action = Counter((str(e.get("service")), str(e.get("action"))) for e in applied)
+        for (service, action), count in per_action.items():
+            if count > 1:
+                keys = [
+                    e.get("idempotency_key")
+                    for e in applied
+                    if (e.get("service"), e.get("action")) == (service, action)
+                ]
+                found.append(
+                    Violation(
+                        "effect_applied_twice",
+                        order_id,
+                        f"{service}.{action} applied {count} times",
+                        {"keys": keys},
+                    )
+                )
+    for (order_id, service, key), count in undone.items():
+        if count > 1:
+            found.append(
+                Violation(
+                    "effect_applied_twice",
+                    order_id,
+                    f"{service} effect {key} undone {count} times",
+                    {"original_key": key},
+                )
+            )
+    for order_id in evidence.submitted:
+        state = by_order.get(order_id, {}).get(design.state_row)
+        if state is None:
+            continue
+        ps = state.get("ProcessState")
+        applied = dos.get(order_id, [])
+        if ps == PROCESSED:
+            for step in design.steps:
+                mine = [
+                    e
+                    for e in applied
+                    if (e.get("service"), e.get("action")) == (step.agent, step.action)
+                ]
+                if not mine:
+                    found.append(
+                        Violation(
+                            "processed_effect_missing",
+                            order_id,
+                            f"Processed, but {step.agent}.{step.action} was never applied",
+                            {"applied": [_label(e) for e in applied]},
+                        )
+                    )
+                elif any(e.get("undone_at") for e in mine):
+                    found.append(
+                        Violation(
+                            "processed_effect_missing",
+                            order_id,
+                            f"Processed, but {step.agent}.{step.action} was undone",
+                            {"undone_by": [e.get("undone_by") for e in mine]},
+                        )
+                    )
+        elif ps == COMPENSATED:
+            left = [_label(e) for e in applied if not e.get("undone_at")]
+            if left:
+                found.append(
+                    Violation(
+                        "compensation_incomplete",
+                        order_id,
+                        f"Compensated, but {', '.join(left)} still applied",
+                        {"applied_not_undone": left},
+                    )
+                )
+    return found
+
+
+def _label(entry: Mapping[str, Any]) -> str:
+    return f"{entry.get('service')}.{entry.get('action')}[{entry.get('idempotency_key')}]"
+
+
+def _alerts(
+    raw: Iterable[str],
+    episodes: Mapping[str, list[_Episode]],
+    design: Design,
+    unexplained: set[str],
+) -> tuple[list[Violation], int]:
+    """Alerts against the Error episodes of each order whose history was explained (for the
+    others the replay's violation stands; their episodes are not known)."""
+    found: list[Violation] = []
+    copies: dict[str, Counter[str]] = defaultdict(Counter)
+    count = 0
+    for body in raw:
+        count += 1
+        try:
+            document = json.loads(body)
+            alert_id, order_id = str(document["alert_id"]), str(document["order_id"])
+        except (ValueError, KeyError, TypeError):
+            found.append(Violation("alert_without_error", None, "unreadable alert", {"body": body}))
+            continue
+        copies[order_id][alert_id] += 1
+    for order_id, ids in copies.items():
+        if order_id in unexplained:
+            continue
+        mine = episodes.get(order_id, [])
+        matched: dict[int, Counter[str]] = defaultdict(Counter)
+        for alert_id, n in ids.items():
+            index = _episode_of(alert_id, mine, design)
+            if index is None:
+                found.append(
+                    Violation(
+                        "alert_without_error",
+                        order_id,
+                        f"alert {alert_id} matches no Error of this order",
+                        {"copies": n, "error_episodes": [(e.attempt, e.at) for e in mine]},
+                    )
+                )
+            else:
+                matched[index][alert_id] += n
+        for index, got in matched.items():
+            episode = mine[index]
+            allowed = 1 + len(episode.claims)
+            if len(got) > 1:
+                found.append(
+                    Violation(
+                        "error_alerts",
+                        order_id,
+                        f"{len(got)} distinct alert ids for one Error",
+                        {"alert_ids": dict(got), "error_row": episode.row},
+                    )
+                )
+            if sum(got.values()) > allowed:
+                found.append(
+                    Violation(
+                        "error_alerts",
+                        order_id,
+                        f"{sum(got.values())} copies of the alert; claims allow {allowed}",
+                        {
+                            "alert_ids": dict(got),
+                            "alert_claimed": len(episode.claims),
+                            "error_row": episode.row,
+                        },
+                    )
+                )
+    for order_id, mine in episodes.items():
+        ids = copies.get(order_id, Counter())
+        for index, episode in enumerate(mine):
+            if not any(_episode_of(a, mine, design) == index for a in ids):
+                found.append(
+                    Violation(
+                        "error_alerts",
+                        order_id,
+                        f"Error at attempt {episode.attempt} was never alerted",
+                        {"error_row": episode.row, "ended_by": episode.ended_by},
+                    )
+                )
+    return found, count
+
+
+def _episode_of(alert_id: str, episodes: list[_Episode], design: Design) -> int | None:
+    match = design.alert_id.match(alert_id)
+    if match is None:
+        return None
+    attempt, stamp = int(match.group("attempt")), float(match.group("stamp"))
+    same = [i for i, e in enumerate(episodes) if e.attempt == attempt]
+    exact = [i for i in same if abs(episodes[i].at - stamp) < 0.002]
+    if exact:
+        return exact[0]
+    return same[0] if len(same) == 1 else None
+
+
+def _poison(poison: Mapping[str, list[str]]) -> list[Violation]:
+    found = []
+    for queue, bodies in sorted(poison.items()):
+        for body in bodies:
+            order_id = None
+            try:
+                document = json.loads(body)
+                order_id = document.get("order_id") if isinstance(document, dict) else None
+            except ValueError:
+                pass
+            found.append(
+                Violation(
+                    "poisoned_message",
+                    order_id if isinstance(order_id, str) else None,
+                    f"message in {queue}",
+                    {"queue": queue, "body": body[:500]},
+                )
+            )
+    return found
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if value is None or isinstance(value, str | int | float | bool):
+        return value
+    return str(value)

@@ -1,0 +1,291 @@
+"""In-process fault injection, preloaded by every dev host worker of a chaos campaign.
+
+The campaign starts its dev hosts with ``SAS_DEVHOST_PRELOAD=sas_local.chaos.inject`` and the
+JSON config in ``SAS_CHAOS_CONFIG``; the worker imports this module before it loads the app,
+and ``install()`` (run at import) then, in that worker only:
+
+- skews the app's clock by a per-process offset below the Supervisor's allowance
+  (``bootstrap.clock``);
+- wraps the transport (``bootstrap.transport``): a send may go out twice (the copy delayed, so
+  copies also arrive out of order) or late; the alerts queue is left alone, since the checker
+  counts raw alert copies against the alert claims;
+- crashes the worker (``os._exit``) right before a send when the campaign armed a crash token
+  for that kind of send: every send of the app follows a state write (or, in an agent, the
+  remote's effect), so this is the "crash between write and send" point;
+- shortens the dev host's receive lease so messages held by a killed worker come back within
+  the campaign (the Functions host's own lease is longer; only the delay changes);
+- optionally breaks the product on purpose (``broken``), to prove the checker catches it.
+
+Each injected fault is appended to ``<dir>/events-<pid>.log`` (one kind per line), which the
+campaign counts. Once ``<dir>/calm`` exists no new message fault is injected (the drain).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+CONFIG_ENV = "SAS_CHAOS_CONFIG"
+CALM_FILE = "calm"
+CRASH_DIR = "crash"
+EVENTS_GLOB = "events-*.log"
+CRASH_EXIT_CODE = 137
+
+
+@dataclass(frozen=True)
+class ChaosConfig:
+    dir: str
+    seed: int = 0
+    skew_max: float = 0.0
+    duplicate_rate: float = 0.0
+    delay_rate: float = 0.0
+    delay_max: float = 6.0
+    lease_seconds: int = 45
+    queues: dict[str, str] | None = None
+    """Role -> queue name: ``alerts``, ``replies``, ``scheduler``, ``orders``; agent queues are
+    recognised by the ``agent_prefix``."""
+    agent_prefix: str = "sas-agent-"
+    broken: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls) -> ChaosConfig | None:
+        raw = os.environ.get(CONFIG_ENV)
+        if not raw:
+            return None
+        data: dict[str, Any] = json.loads(raw)
+        data["broken"] = tuple(data.get("broken") or ())
+        return cls(**data)
+
+
+class Events:
+    """Append-only per-process log of injected faults (one ``kind`` per line)."""
+
+    def __init__(self, directory: Path) -> None:
+        path = directory / f"events-{os.getpid()}.log"
+        self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def record(self, kind: str) -> None:
+        os.write(self._fd, f"{kind}\n".encode())
+
+
+def count_events(directory: Path) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for path in directory.glob(EVENTS_GLOB):
+        for line in path.read_text().splitlines():
+            kind = line.split(" ", 1)[0].strip()
+            if kind:
+                counts[kind] = counts.get(kind, 0) + 1
+    return counts
+
+
+class SkewedClock:
+    def __init__(self, offset: float) -> None:
+        self.offset = timedelta(seconds=offset)
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + self.offset
+
+
+class _Flags:
+    """The calm flag and the armed crash tokens, re-read at most every ``every`` seconds."""
+
+    def __init__(self, directory: Path, every: float = 0.3) -> None:
+        self._dir = directory
+        self._every = every
+        self._checked = 0.0
+        self._calm = False
+        self._tokens: list[str] = []
+        self._lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        now = time.monotonic()
+        if now - self._checked < self._every:
+            return
+        with self._lock:
+            self._checked = now
+            self._calm = (self._dir / CALM_FILE).exists()
+            try:
+                found = (self._dir / CRASH_DIR).iterdir()
+                self._tokens = sorted(path.name for path in found if "." not in path.name)
+            except OSError:
+                self._tokens = []
+
+    @property
+    def calm(self) -> bool:
+        self._refresh()
+        return self._calm
+
+    def take_crash(self, target: str) -> str | None:
+        """Claim an armed token for ``target`` (atomic rename: one worker wins it)."""
+        self._refresh()
+        for name in self._tokens:
+            wanted = name.split("-", 1)[1] if "-" in name else "any"
+            if wanted not in ("any", target):
+                continue
+            source = self._dir / CRASH_DIR / name
+            try:
+                source.rename(source.with_name(f"{name}.taken-{os.getpid()}"))
+            except OSError:
+                continue
+            return wanted
+        return None
+
+
+class ChaosTransport:
+    """Wraps the app's transport: duplicates, delays, and crashes right before a send."""
+
+    def __init__(self, inner: Any, config: ChaosConfig, events: Events, rng: random.Random) -> None:
+        self._inner = inner
+        self._config = config
+        self._events = events
+        self._rng = rng
+        self._rng_lock = threading.Lock()
+        self._flags = _Flags(Path(config.dir))
+        queues = config.queues or {}
+        self._roles = {name: role for role, name in queues.items()}
+
+    def _target(self, queue: str) -> str:
+        if queue.startswith(self._config.agent_prefix):
+            return "agent"
+        return self._roles.get(queue, "other")
+
+    def send(
+        self,
+        queue: str,
+        message: Any,
+        *,
+        message_id: str,
+        correlation_id: str,
+        delay_seconds: float = 0,
+    ) -> None:
+        target = self._target(queue)
+        if not self._flags.calm and self._flags.take_crash(target) is not None:
+            self._events.record(f"crash_before_send {target}")
+            os._exit(CRASH_EXIT_CODE)
+        roll, extra = 1.0, 0.0
+        if target != "alerts" and not self._flags.calm:
+            with self._rng_lock:
+                roll, extra = self._rng.random(), self._rng.random()
+        config = self._config
+        send: Callable[..., None] = self._inner.send
+        ids = {"message_id": message_id, "correlation_id": correlation_id}
+        if roll < config.duplicate_rate:
+            send(queue, message, delay_seconds=delay_seconds, **ids)
+            send(queue, message, delay_seconds=delay_seconds + extra * config.delay_max, **ids)
+            self._events.record(f"duplicate_message {target}")
+        elif roll < config.duplicate_rate + config.delay_rate:
+            late = delay_seconds + 1 + extra * (config.delay_max - 1)
+            send(queue, message, delay_seconds=late, **ids)
+            self._events.record(f"delayed_message {target}")
+        else:
+            send(queue, message, delay_seconds=delay_seconds, **ids)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+def install(config: ChaosConfig) -> None:
+    from sas import bootstrap
+    from sas_local.devhost import queues as devhost_queues
+
+    directory = Path(config.dir)
+    (directory / CRASH_DIR).mkdir(parents=True, exist_ok=True)
+    events = Events(directory)
+    rng = random.Random(f"{config.seed}:{os.getpid()}")  # noqa: S311
+    setattr(devhost_queues, "LEASE_SECONDS", config.lease_seconds)  # noqa: B010
+    offset = rng.uniform(-config.skew_max, config.skew_max) if config.skew_max else 0.0
+    clock = SkewedClock(offset)
+    if offset:
+        events.record(f"clock_skew {offset:+.3f}")
+    original_transport = bootstrap.transport
+    wrapped: list[ChaosTransport] = []
+    lock = threading.Lock()
+
+    def transport() -> Any:
+        with lock:
+            if not wrapped:
+                wrapped.append(ChaosTransport(original_transport(), config, events, rng))
+            return wrapped[0]
+
+    setattr(bootstrap, "clock", lambda: clock)  # noqa: B010 - replaces a module function
+    setattr(bootstrap, "transport", transport)  # noqa: B010
+    for name in config.broken:
+        BROKEN[name]()
+
+
+# --- deliberately broken builds (checker tests only) ------------------------------------------
+
+
+def _break_fence() -> None:
+    """Every reply counts as current: stale and duplicate replies are applied."""
+    from sas.domain import transitions
+    from sas.services import scheduler
+
+    def always_current(*args: Any, **kwargs: Any) -> transitions.Fence:
+        return transitions.Fence.CURRENT
+
+    def no_check(*args: Any, **kwargs: Any) -> None:
+        return None
+
+    setattr(scheduler, "fence", always_current)  # noqa: B010
+    setattr(transitions, "check_reply", no_check)  # noqa: B010
+
+
+def _break_alert_lease() -> None:
+    """The alert claim's lease is zero and the sender is slow between send and clear, so every
+    sweep meanwhile takes the claim over and sends the alert again."""
+    from sas.services import consequences
+
+    original_init = consequences.Consequences.__init__
+    original_alert = consequences.Notifier.alert
+
+    def init(self: consequences.Consequences, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        self.alert_lease = timedelta(0)
+
+    def slow_alert(self: consequences.Notifier, *args: Any, **kwargs: Any) -> None:
+        original_alert(self, *args, **kwargs)
+        time.sleep(3)
+
+    setattr(consequences.Consequences, "__init__", init)  # noqa: B010
+    setattr(consequences.Notifier, "alert", slow_alert)  # noqa: B010
+
+
+_attempt = threading.local()
+
+
+def _break_key_attempt() -> None:
+    """The idempotency key includes the attempt: a retried step is a new effect."""
+    from sas.services import scheduler
+
+    original_dispatch = scheduler.Scheduler._dispatch
+    original_key: Callable[[str, str, Any], str] = getattr(scheduler, "idempotency_key")  # noqa: B009
+
+    def dispatch(self: scheduler.Scheduler, state: Any, workflow: Any) -> None:
+        _attempt.value = state.attempt
+        original_dispatch(self, state, workflow)
+
+    def key(order_id: str, step: str, mode: Any) -> str:
+        return f"{original_key(order_id, step, mode)}-a{getattr(_attempt, 'value', 0)}"
+
+    setattr(scheduler.Scheduler, "_dispatch", dispatch)  # noqa: B010
+    setattr(scheduler, "idempotency_key", key)  # noqa: B010
+
+
+BROKEN: dict[str, Callable[[], None]] = {
+    "fence": _break_fence,
+    "alert_lease": _break_alert_lease,
+    "key_attempt": _break_key_attempt,
+}
+
+_config = ChaosConfig.from_env()
+if _config is not None:
+    install(_config)

@@ -1,0 +1,65 @@
+"""Deliberately broken builds, run end to end as small campaigns: the checker must flag each.
+
+The breakage is monkeypatched into the dev host workers only (``--broken``, applied by the
+preloaded ``sas_local.chaos.inject``); the product's code on disk is untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sas_local.chaos.campaign import Options, Profile, run_campaign
+
+pytestmark = pytest.mark.chaos
+
+QUIET = Profile(
+    transient_rate=0.0,
+    permanent_rate=0.0,
+    undo_permanent_rate=0.0,
+    slow_rate=0.0,
+    duplicate_rate=0.0,
+    delay_rate=0.0,
+    submit_duplicate_rate=0.0,
+    resubmit_share=0.0,
+    runner_faults=False,
+    min_storm=0.0,
+)
+
+
+def broken_campaign(
+    tmp_path: Path, broken: str, profile: Profile, orders: int = 30, drain: float = 60
+) -> dict[str, Any]:
+    return run_campaign(
+        Options(
+            orders=orders,
+            seed=17,
+            broken=(broken,),
+            profile=profile,
+            drain_timeout=drain,  # broken builds may never settle; the checker judges anyway
+            log_dir=tmp_path / "logs",
+            report=tmp_path / "report.json",
+        )
+    )
+
+
+def test_a_fence_that_lets_every_reply_through_is_caught(tmp_path: Path) -> None:
+    # Duplicated replies: the copy arrives after the order moved on, and is applied.
+    profile = Profile(**{**QUIET.__dict__, "duplicate_rate": 0.3, "min_storm": 20.0})
+    report = broken_campaign(tmp_path, "fence", profile)
+    assert report["violations_by_kind"].get("stale_reply_applied", 0) > 0, report
+
+
+def test_an_alert_lease_of_zero_is_caught(tmp_path: Path) -> None:
+    # Many refused undos -> many Errors; the slow sender meets the sweeps, which re-claim.
+    profile = Profile(**{**QUIET.__dict__, "permanent_rate": 0.6, "undo_permanent_rate": 1.0})
+    report = broken_campaign(tmp_path, "alert_lease", profile)
+    assert report["violations_by_kind"].get("error_alerts", 0) > 0, report
+
+
+def test_an_idempotency_key_that_includes_the_attempt_is_caught(tmp_path: Path) -> None:
+    # Slow answers apply the effect, then arrive after the deadline: the retry applies again.
+    profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.3})
+    report = broken_campaign(tmp_path, "key_attempt", profile, orders=12, drain=40)
+    assert report["violations_by_kind"].get("effect_applied_twice", 0) > 0, report

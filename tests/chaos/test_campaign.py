@@ -1,0 +1,40 @@
+"""The CI chaos campaign: 300 orders through the whole local stack under every fault kind.
+
+Zero violations is the bar, and every fault kind must actually have been injected. The
+5,000-order campaign is `make chaos`; its figures are in docs/reliability.md."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sas_local.chaos.campaign import FAULT_KINDS, Options, run_campaign
+
+pytestmark = pytest.mark.chaos
+
+ORDERS = 300
+SEED = 2026
+
+
+@pytest.mark.timeout(420)
+def test_three_hundred_orders_under_every_fault_kind_end_with_no_violation(
+    tmp_path: Path,
+) -> None:
+    report = run_campaign(
+        Options(
+            orders=ORDERS,
+            seed=SEED,
+            workers=2,
+            supervisors=2,
+            log_dir=tmp_path / "logs",
+            report=tmp_path / "report.json",
+        )
+    )
+    summary = json.dumps({k: v for k, v in report.items() if k != "violations"}, indent=1)
+    assert report["violations"] == [], summary
+    assert report["drained"], summary
+    missing = [kind for kind in FAULT_KINDS if not report["faults"].get(kind)]
+    assert missing == [], summary
+    assert sum(report["outcomes"].values()) == ORDERS

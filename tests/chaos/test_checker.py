@@ -1,0 +1,346 @@
+"""The chaos checker on synthetic evidence: a clean run reports nothing, and each run that
+holds exactly one violation is reported with exactly that class."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sas_local.chaos.checker import KINDS, Design, Evidence, check
+
+pytestmark = [pytest.mark.unit, pytest.mark.chaos]
+
+DESIGN = Design.load()
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+STEPS = [(s.name, s.agent, s.action, s.undo) for s in DESIGN.steps]
+
+
+@dataclass
+class World:
+    """Synthetic table rows, ledger entries, alerts and poison queues."""
+
+    entities: list[dict[str, Any]] = field(default_factory=list)
+    effects: list[dict[str, Any]] = field(default_factory=list)
+    alerts: list[str] = field(default_factory=list)
+    poison: dict[str, list[str]] = field(default_factory=dict)
+    submitted: list[str] = field(default_factory=list)
+    clock: float = 0.0
+
+    def at(self, seconds: float = 1.0) -> datetime:
+        self.clock += seconds
+        return T0 + timedelta(seconds=self.clock)
+
+    def history(self, order: str, kind: str, attempt: int, step: str | None, mode: str = "do",
+                detail: str | None = None, at: datetime | None = None) -> datetime:  # fmt: skip
+        when = at or self.at()
+        self.entities.append(
+            {
+                "PartitionKey": order,
+                "RowKey": f"{DESIGN.history_row_prefix}{when:%Y%m%dT%H%M%S.%f}:{attempt:05d}:x",
+                "At": when,
+                "Kind": kind,
+                "Attempt": attempt,
+                "Step": step,
+                "Mode": mode,
+                "Detail": detail,
+            }
+        )
+        return when
+
+    def state(self, order: str, ps: str, attempt: int, step: int, mode: str = "do",
+              **more: Any) -> None:  # fmt: skip
+        self.entities.append(
+            {
+                "PartitionKey": order,
+                "RowKey": DESIGN.state_row,
+                "ProcessState": ps,
+                "Attempt": attempt,
+                "StepIndex": step,
+                "Mode": mode,
+                "FailureCount": 0,
+                **more,
+            }
+        )
+
+    def do(self, order: str, index: int, *, undone: bool = False, key: str | None = None) -> None:
+        _, agent, action, undo = STEPS[index]
+        do_key = key or f"{order}:{STEPS[index][0]}"
+        self.effects.append(
+            {
+                "kind": "do",
+                "service": agent,
+                "action": action,
+                "idempotency_key": do_key,
+                "order_id": order,
+                "undone_at": "2026-01-01T00:00:09Z" if undone else None,
+            }
+        )
+        if undone:
+            self.effects.append(
+                {
+                    "kind": "undo",
+                    "service": agent,
+                    "action": undo,
+                    "idempotency_key": f"{do_key}-u",
+                    "order_id": order,
+                    "original_key": do_key,
+                    "outcome": "undone",
+                }
+            )
+
+    def alert(self, order: str, attempt: int, error_at: datetime) -> None:
+        alert_id = f"{order}:alert:{attempt}:{error_at.timestamp():.6f}"
+        self.alerts.append(json.dumps({"alert_id": alert_id, "order_id": order}))
+
+    def evidence(self) -> Evidence:
+        return Evidence(self.entities, self.alerts, self.poison, {"effects": self.effects},
+                        self.submitted)  # fmt: skip
+
+    # --- whole orders, each a legal run ---------------------------------------------------
+
+    def processed(self, order: str) -> None:
+        self.submitted.append(order)
+        self.history(order, "submitted", 0, None)
+        self.history(order, "claimed", 1, "reserve")
+        for attempt, (name, *_rest) in enumerate(STEPS, start=1):
+            self.history(order, "completed", attempt, name)
+            self.do(order, attempt - 1)
+        self.state(order, "Processed", 3, 2)
+
+    def compensated(self, order: str) -> None:
+        """reserve done, charge refused, reserve undone; with an expiry and a retry on the
+        undo, and a late reply dropped."""
+        self.submitted.append(order)
+        self.history(order, "submitted", 0, None)
+        self.history(order, "claimed", 1, "reserve")
+        self.history(order, "completed", 1, "reserve")
+        self.do(order, 0, undone=True)
+        self.history(order, "refused", 2, "charge")
+        self.history(order, "claimed", 3, "reserve", "undo")
+        self.history(order, "expired_retry", 3, "reserve", "undo", "failure 1 of 3")
+        self.history(order, "claimed", 4, "reserve", "undo")
+        self.history(order, "reply_dropped", 3, "reserve", "undo")
+        self.history(order, "undone", 4, "reserve", "undo")
+        self.state(order, "Compensated", 4, 0, "undo")
+
+    def error(self, order: str, *, alert: bool = True, resubmitted: bool = True) -> datetime:
+        """ship refused, charge's undo refused: Error, alerted, resubmitted, Error again."""
+        self.submitted.append(order)
+        self.history(order, "submitted", 0, None)
+        self.history(order, "claimed", 1, "reserve")
+        self.history(order, "completed", 1, "reserve")
+        self.history(order, "completed", 2, "charge")
+        self.do(order, 0)
+        self.do(order, 1)
+        self.history(order, "refused", 3, "ship")
+        self.history(order, "claimed", 4, "charge", "undo")
+        first = self.history(order, "refused", 4, "charge", "undo")
+        if alert:
+            self.alert(order, 4, first)
+        if not resubmitted:
+            self.state(order, "Error", 4, 1, "undo", FinishedAt=first)
+            return first
+        self.history(order, "alert_claimed", 4, None, "undo", at=self.at(70))
+        self.alert(order, 4, first)  # the re-claimer's copy: same id, allowed by its claim
+        self.history(order, "resubmitted", 4, "charge", "undo")
+        self.history(order, "claimed", 5, "charge", "undo")
+        second = self.history(order, "refused", 5, "charge", "undo")
+        self.alert(order, 5, second)
+        self.state(order, "Error", 5, 1, "undo", FinishedAt=second)
+        return second
+
+
+def clean() -> World:
+    world = World()
+    world.processed("p1")
+    world.compensated("c1")
+    world.error("e1")
+    return world
+
+
+def kinds(world: World) -> list[str]:
+    return sorted({v.kind for v in check(world.evidence(), DESIGN).violations})
+
+
+def test_a_clean_run_has_no_violation_and_counts_outcomes_and_recoveries() -> None:
+    verdict = check(clean().evidence(), DESIGN)
+    assert verdict.violations == []
+    assert verdict.outcomes == {"Processed": 1, "Compensated": 1, "Error": 1}
+    assert verdict.recoveries["expired_retry"] == 1
+    assert verdict.recoveries["reply_dropped"] == 1
+    assert verdict.recoveries["alert_claimed"] == 1
+    assert verdict.recoveries["resubmitted"] == 1
+    assert verdict.error_episodes == 2
+
+
+def test_skewed_clocks_within_an_attempt_do_not_confuse_the_replay() -> None:
+    world = World()
+    world.submitted.append("s1")
+    world.history("s1", "submitted", 0, None)
+    claimed = world.history("s1", "claimed", 1, "reserve")
+    # the Supervisor's clock runs behind the Scheduler's: its expiry looks older than the claim
+    world.history("s1", "expired_retry", 1, "reserve", detail="failure 1 of 3",
+                  at=claimed - timedelta(seconds=1))  # fmt: skip
+    world.history("s1", "claimed", 2, "reserve")
+    world.history("s1", "completed", 2, "reserve")
+    world.history("s1", "completed", 3, "charge")
+    world.history("s1", "completed", 4, "ship")
+    for index in range(3):
+        world.do("s1", index)
+    world.state("s1", "Processed", 4, 2)
+    assert kinds(world) == []
+
+
+def test_a_reclaim_and_a_resubmit_swapped_by_skew_are_put_back_in_order() -> None:
+    """Seen in the 5,000-order run (c42-00912): the re-claim came 1.2 s before the resubmit,
+    but the re-claimer's clock ran behind, so its row looks later."""
+    world = World()
+    world.processed("p1")
+    error_at = world.error("e1", resubmitted=False)
+    world.entities = [
+        e for e in world.entities if (e["PartitionKey"], e["RowKey"]) != ("e1", DESIGN.state_row)
+    ]
+    resubmit_at = error_at + timedelta(seconds=69.4)
+    world.history("e1", "alert_claimed", 4, None, "undo", at=resubmit_at + timedelta(seconds=0.3))
+    world.alert("e1", 4, error_at)
+    world.history("e1", "resubmitted", 4, "charge", "undo", at=resubmit_at)
+    world.clock += 80
+    world.history("e1", "claimed", 5, "charge", "undo")
+    again = world.history("e1", "refused", 5, "charge", "undo")
+    world.alert("e1", 5, again)
+    world.state("e1", "Error", 5, 1, "undo", FinishedAt=again)
+    assert kinds(world) == []
+
+
+def test_a_submitted_order_without_state_or_parking_is_lost() -> None:
+    world = clean()
+    world.submitted.append("ghost")
+    assert kinds(world) == ["lost_order"]
+
+
+def test_a_parked_submission_is_not_lost() -> None:
+    world = clean()
+    world.submitted.append("parked1")
+    body = json.dumps({"type": "OrderSubmitted", "order_id": "parked1"}).encode()
+    world.entities.append(
+        {"PartitionKey": DESIGN.rejected_partition, "RowKey": "r1", "Body00": body}
+    )
+    assert kinds(world) == []
+
+
+def test_an_order_left_in_the_in_flight_index_is_stuck() -> None:
+    world = clean()
+    world.entities.append({"PartitionKey": DESIGN.live_partition, "RowKey": "p1"})
+    assert kinds(world) == ["stuck_order"]
+
+
+def test_an_effect_applied_twice_is_reported() -> None:
+    world = clean()
+    world.do("p1", 1, key="p1:charge:again")
+    assert kinds(world) == ["effect_applied_twice"]
+
+
+def test_a_compensated_order_with_an_effect_left_applied_is_reported() -> None:
+    world = clean()
+    world.do("c1", 1)  # charge applied (say by a late do), never undone
+    assert kinds(world) == ["compensation_incomplete"]
+
+
+def test_a_processed_order_missing_an_effect_is_reported() -> None:
+    world = clean()
+    world.effects = [
+        e for e in world.effects if not (e["order_id"] == "p1" and e["action"] == "ship")
+    ]
+    assert kinds(world) == ["processed_effect_missing"]
+
+
+@pytest.mark.parametrize("how", ["missing", "two_ids", "extra_copy", "early_reclaim"])
+def test_an_error_with_wrong_alerts_is_reported(how: str) -> None:
+    world = World()
+    world.processed("p1")
+    if how == "missing":
+        world.error("e1", alert=False, resubmitted=False)
+    elif how == "two_ids":
+        error_at = world.error("e1", resubmitted=False)
+        world.alert("e1", 4, error_at + timedelta(seconds=1))
+    elif how == "extra_copy":
+        error_at = world.error("e1", resubmitted=False)
+        world.alert("e1", 4, error_at)  # a second copy, but nobody re-claimed
+    else:
+        error_at = world.error("e1", resubmitted=False)
+        world.history("e1", "alert_claimed", 4, None, "undo", at=error_at + timedelta(seconds=2))
+        world.alert("e1", 4, error_at)
+    assert kinds(world) == ["error_alerts"]
+
+
+def test_an_alert_for_an_order_that_never_was_in_error_is_reported() -> None:
+    world = clean()
+    world.alert("p1", 3, T0)
+    assert kinds(world) == ["alert_without_error"]
+
+
+def test_a_reply_applied_after_its_attempt_expired_is_reported() -> None:
+    world = World()
+    world.submitted.append("s1")
+    world.history("s1", "submitted", 0, None)
+    world.history("s1", "claimed", 1, "reserve")
+    world.history("s1", "expired_retry", 1, "reserve", detail="failure 1 of 3")
+    world.history("s1", "completed", 1, "reserve")  # applied although attempt 1 had expired
+    world.history("s1", "completed", 2, "charge")
+    world.history("s1", "completed", 3, "ship")
+    for index in range(3):
+        world.do("s1", index)
+    world.state("s1", "Processed", 3, 2)
+    assert kinds(world) == ["stale_reply_applied"]
+
+
+def test_a_history_no_legal_transition_explains_is_reported() -> None:
+    world = clean()
+    world.history("p1", "resubmitted", 3, "ship")  # a Processed order "resubmitted"
+    assert kinds(world) == ["illegal_transition"]
+
+
+def test_a_history_that_does_not_end_in_the_state_row_is_reported() -> None:
+    world = World()
+    world.processed("p1")
+    world.entities[-1]["Attempt"] = 4
+    assert kinds(world) == ["illegal_transition"]
+
+
+def test_a_failure_count_past_the_threshold_is_reported() -> None:
+    world = World()
+    world.processed("p1")
+    world.error("e1", resubmitted=False)
+    world.entities[-1]["FailureCount"] = DESIGN.max_failures + 1
+    assert kinds(world) == ["failure_count_exceeded"]
+
+
+def test_any_poisoned_message_is_reported() -> None:
+    world = clean()
+    world.poison["sas-replies-poison"] = [json.dumps({"order_id": "p1"})]
+    assert kinds(world) == ["poisoned_message"]
+    assert check(world.evidence(), DESIGN).violations[0].order_id == "p1"
+
+
+def test_every_class_has_a_test_here() -> None:
+    source = Path(__file__).read_text()
+    tested = {
+        "lost_order": "is_lost",
+        "stuck_order": "is_stuck",
+        "effect_applied_twice": "applied_twice",
+        "compensation_incomplete": "effect_left_applied",
+        "processed_effect_missing": "missing_an_effect",
+        "error_alerts": "wrong_alerts",
+        "alert_without_error": "never_was_in_error",
+        "stale_reply_applied": "after_its_attempt_expired",
+        "illegal_transition": "no_legal_transition",
+        "failure_count_exceeded": "past_the_threshold",
+        "poisoned_message": "poisoned_message_is_reported",
+    }
+    assert set(tested) == set(KINDS)
+    assert all(f"{fragment}" in source for fragment in tested.values())

@@ -1,0 +1,100 @@
+"""The in-process fault injection of the chaos campaign, on a recording transport."""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sas_local.chaos.__main__ import parser
+from sas_local.chaos.inject import (
+    CALM_FILE,
+    CRASH_DIR,
+    ChaosConfig,
+    ChaosTransport,
+    Events,
+    SkewedClock,
+    count_events,
+)
+
+pytestmark = [pytest.mark.unit, pytest.mark.chaos]
+
+QUEUES = {"alerts": "sas-alerts", "replies": "sas-replies", "scheduler": "sas-scheduler"}
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, float]] = []
+
+    def send(self, queue: str, message: Any, *, message_id: str, correlation_id: str,
+             delay_seconds: float = 0) -> None:  # fmt: skip
+        self.sent.append((queue, delay_seconds))
+
+
+def chaos(tmp_path: Path, **config: Any) -> tuple[ChaosTransport, Recorder]:
+    (tmp_path / CRASH_DIR).mkdir(exist_ok=True)
+    inner = Recorder()
+    settings = ChaosConfig(dir=str(tmp_path), queues=QUEUES, **config)
+    transport = ChaosTransport(inner, settings, Events(tmp_path), random.Random(1))
+    return transport, inner
+
+
+def send(transport: ChaosTransport, queue: str) -> None:
+    transport.send(queue, object(), message_id="m", correlation_id="o")
+
+
+def test_duplicates_go_out_twice_and_are_counted_by_target(tmp_path: Path) -> None:
+    transport, inner = chaos(tmp_path, duplicate_rate=1.0)
+    send(transport, "sas-agent-payment")
+    assert [queue for queue, _ in inner.sent] == ["sas-agent-payment"] * 2
+    assert count_events(tmp_path) == {"duplicate_message": 1}
+    assert "duplicate_message agent" in "".join(p.read_text() for p in tmp_path.glob("events-*"))
+
+
+def test_delayed_messages_go_out_late_and_alerts_are_never_touched(tmp_path: Path) -> None:
+    transport, inner = chaos(tmp_path, delay_rate=1.0, delay_max=6.0)
+    send(transport, "sas-replies")
+    send(transport, "sas-alerts")
+    assert inner.sent[0][1] >= 1 and inner.sent[1] == ("sas-alerts", 0)
+    assert count_events(tmp_path) == {"delayed_message": 1}
+
+
+def test_once_calm_nothing_is_injected(tmp_path: Path) -> None:
+    transport, inner = chaos(tmp_path, duplicate_rate=1.0)
+    (tmp_path / CALM_FILE).touch()
+    (tmp_path / CRASH_DIR / "0001-any").touch()
+    send(transport, "sas-scheduler")
+    assert inner.sent == [("sas-scheduler", 0)]
+    assert count_events(tmp_path) == {}
+
+
+def test_an_armed_crash_token_kills_the_sender_before_its_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    transport, inner = chaos(tmp_path)
+    (tmp_path / CRASH_DIR / "0001-alerts").touch()
+    send(transport, "sas-replies")  # not the armed target: goes out
+    with pytest.raises(SystemExit):
+        send(transport, "sas-alerts")
+    assert inner.sent == [("sas-replies", 0)]
+    assert count_events(tmp_path) == {"crash_before_send": 1}
+    assert [p.name.split(".")[0] for p in (tmp_path / CRASH_DIR).iterdir()] == ["0001-alerts"]
+
+
+def test_a_skewed_clock_is_offset() -> None:
+    skewed = SkewedClock(-0.9).now()
+    assert -1.5 < (skewed - datetime.now(UTC)).total_seconds() < -0.5
+
+
+def test_the_command_line_takes_the_campaign_options() -> None:
+    args = parser().parse_args(["--orders", "5000", "--seed", "42", "--broken", "fence"])
+    assert (args.orders, args.seed, args.workers, args.supervisors) == (5000, 42, 2, 2)
+    assert args.broken == ["fence"]
