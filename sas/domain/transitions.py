@@ -331,13 +331,16 @@ def claim_alert(
     """Take the right to send the alert an Error owes, for ``lease``.
 
     Persisted (conditionally) *before* the alert is sent, so of several Supervisors and the
-    Scheduler that just wrote Error exactly one sends it. A claim whose lease ran out (its
-    holder died between the claim and the send) may be taken over: the alert then goes out
-    again with the same alert id, which is what consumers de-duplicate on."""
+    Scheduler that just wrote Error exactly one sends it. A live claim excludes everyone,
+    its own holder's instance included: the Scheduler and a Supervisor share one instance id
+    in a Functions host, so "same instance" never means "the caller that wrote the claim".
+    A claim whose lease ran out (its holder died between the claim and the send) may be
+    taken over: the alert then goes out again with the same alert id, which is what
+    consumers de-duplicate on."""
     if not state.alert_pending:
         raise IllegalTransition(f"order {state.order_id} owes no alert")
     held = state.alert_claimed_until is not None and now < state.alert_claimed_until
-    if held and state.alert_claimed_by != instance_id:
+    if held:
         raise IllegalTransition(
             f"alert of {state.order_id} is being sent by {state.alert_claimed_by!r}"
         )

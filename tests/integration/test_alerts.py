@@ -103,3 +103,19 @@ def test_a_sender_that_died_is_replaced_after_the_lease_with_the_same_alert_id(t
     assert sent.message_id == alert.alert_id  # the id a consumer de-duplicates on
     world.tick(ALERT_LEASE.total_seconds() + 1)
     assert len(alerts_for(world, oid)) == 1
+
+
+def test_a_sweep_in_the_scheduler_own_instance_does_not_send_under_its_claim(table, strict):
+    """The Scheduler and the ``supervise`` timer share one instance id in a Functions host (the
+    CI campaign caught a sweep re-claiming its own process's live claim 0.4 s after it was
+    written, and sending the alert a second time)."""
+    world = World(table)
+    oid = order(world, refused_for_good(world), workflow=strict)
+    same_instance = world.new_supervisor("scheduler-1")
+    sweeps: list[Any] = []
+    during_first_alert_send(world, lambda: sweeps.append(same_instance.sweep()))
+    world.run()
+    assert world.state(oid).process_state is ProcessState.ERROR
+    assert len(alerts_for(world, oid)) == 1
+    assert sweeps[0]["alert_claimed_elsewhere"] == 1
+    assert "alert_claimed" not in world.history(oid)  # nobody re-claimed a live claim
