@@ -67,7 +67,7 @@ param supervisorSchedule string = '*/15 * * * * *'
 @maxValue(100)
 param maxFailures int = 3
 
-@description('Seconds two instances\' clocks may differ; a deadline counts as passed only this long after it (SAS_CLOCK_SKEW_SECONDS, 0-60).')
+@description('Seconds two instances\' clocks may differ; a deadline counts as passed only this long after it (SAS_CLOCK_SKEW_SECONDS, 0-10).')
 param clockSkewSeconds string = '2'
 
 @description('Comma-separated prefixes a submitter\'s status (reply_to) queue must start with; the app\'s own queues are always refused (SAS_REPLY_TO_PREFIXES).')

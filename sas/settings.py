@@ -55,7 +55,7 @@ DEFAULT_QUEUES: dict[str, str] = {
 }
 DEFAULT_TABLE = "sasorders"
 DEFAULT_CLOCK_SKEW_SECONDS = 2.0
-MAX_CLOCK_SKEW_SECONDS = 60.0
+MAX_CLOCK_SKEW_SECONDS = 10.0
 DEFAULT_REPLY_TO_PREFIXES: tuple[str, ...] = ("status-",)
 
 

@@ -326,7 +326,12 @@ def to_error(state: OrderState, *, now: datetime, reason: str) -> OrderState:
 
 
 def claim_alert(
-    state: OrderState, *, instance_id: str, now: datetime, lease: timedelta
+    state: OrderState,
+    *,
+    instance_id: str,
+    now: datetime,
+    lease: timedelta,
+    clock_skew: timedelta = timedelta(0),
 ) -> OrderState:
     """Take the right to send the alert an Error owes, for ``lease``.
 
@@ -336,10 +341,11 @@ def claim_alert(
     in a Functions host, so "same instance" never means "the caller that wrote the claim".
     A claim whose lease ran out (its holder died between the claim and the send) may be
     taken over: the alert then goes out again with the same alert id, which is what
-    consumers de-duplicate on."""
+    consumers de-duplicate on. ``clock_skew``: the claim was timed by another instance's
+    clock, so it counts as lapsed only that much later by ours."""
     if not state.alert_pending:
         raise IllegalTransition(f"order {state.order_id} owes no alert")
-    held = state.alert_claimed_until is not None and now < state.alert_claimed_until
+    held = state.alert_claimed_until is not None and now < state.alert_claimed_until + clock_skew
     if held:
         raise IllegalTransition(
             f"alert of {state.order_id} is being sent by {state.alert_claimed_by!r}"
@@ -357,6 +363,11 @@ def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderSt
     """An operator fixed the cause: run the failed step (or undo) again from a clean count."""
     if state.process_state is not ProcessState.ERROR:
         raise IllegalTransition(f"order {state.order_id} is {state.process_state}, not Error")
+    if state.alert_pending:
+        # Resubmitting now would cancel the episode's one alert before it went out.
+        raise IllegalTransition(
+            f"order {state.order_id}: its operator alert is still being sent; try again shortly"
+        )
     return replace(
         state,
         process_state=ProcessState.PENDING,

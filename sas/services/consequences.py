@@ -28,8 +28,10 @@ log = logging.getLogger(__name__)
 
 
 ALERT_LEASE = timedelta(seconds=60)
-"""How long a claim to send an alert excludes other senders: far longer than one send (the
-Service Bus send timeout is 10 s), so only a sender that died is ever replaced."""
+"""How long a claim to send an alert excludes other senders: far longer than one send, retries
+included (Service Bus: 10 s; Storage Queues: bounded in ``adapters.clients``), plus twice the
+largest clock-skew allowance (``settings.MAX_CLOCK_SKEW_SECONDS``), so only a sender that died
+is ever replaced."""
 
 
 class AlertOutcome(StrEnum):
@@ -50,6 +52,7 @@ class Consequences:
         *,
         actor: str,
         alert_lease: timedelta = ALERT_LEASE,
+        clock_skew: timedelta = timedelta(0),
     ) -> None:
         self._store = store
         self._transport = transport
@@ -57,6 +60,7 @@ class Consequences:
         self._clock = clock
         self._actor = actor
         self.alert_lease = alert_lease
+        self._clock_skew = clock_skew
         self.notify = Notifier(transport, routes)
 
     def claiming_alert(self, state: OrderState) -> OrderState:
@@ -112,7 +116,7 @@ class Consequences:
             return AlertOutcome.NOT_OWED
         now = self._clock.now()
         # Only the writer of the claim sends under it: a sweep in the same process shares the
-        # actor name and must not take a live claim for its own.
+        # actor name, and claim_alert refuses it any live claim.
         mine = (
             wrote_claim
             and state.alert_claimed_by == self._actor
@@ -122,7 +126,11 @@ class Consequences:
         if not mine:
             try:
                 claimed = claim_alert(
-                    state, instance_id=self._actor, now=now, lease=self.alert_lease
+                    state,
+                    instance_id=self._actor,
+                    now=now,
+                    lease=self.alert_lease,
+                    clock_skew=self._clock_skew,
                 )
             except IllegalTransition:
                 return AlertOutcome.CLAIMED_ELSEWHERE

@@ -43,7 +43,9 @@ class Supervisor:
         self._instance_id = instance_id
         self._policy = policy
         self._orphan_grace = orphan_grace
-        self._then = Consequences(store, transport, routes, clock, actor=instance_id)
+        self._then = Consequences(
+            store, transport, routes, clock, actor=instance_id, clock_skew=policy.clock_skew
+        )
 
     def sweep(self) -> Counter[str]:
         """One pass over the in-flight index; returns what it did, by outcome."""

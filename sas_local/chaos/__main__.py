@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,8 +37,13 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # unwinds through Campaign.run, which stops every process it began
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
     if args.orders < 1 or args.workers < 1 or args.supervisors < 1:
         parser().error("--orders, --workers and --supervisors must be at least 1")
     report = run_campaign(

@@ -54,6 +54,7 @@ from sas.domain.transitions import RetryPolicy
 from sas.domain.wire import alert_message_id
 from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, Workflow, workflow_named
 from sas.services.agent import AgentRunner
+from sas.services.consequences import ALERT_LEASE
 from sas.services.operator import Operator
 from sas.services.ports import StateStore
 from sas.services.scheduler import Scheduler
@@ -346,7 +347,11 @@ class SasMachine(RuleBasedStateMachine):
         self.schedulers = [
             Scheduler(self.store, self.bus, ROUTES, self.clock, name) for name in SCHEDULERS
         ]
-        self.supervisors = [self._supervisor(f"supervisor-{n}", self.store) for n in (1, 2)]
+        # The first Supervisor shares the first Scheduler's instance id, as the `supervise`
+        # timer and the queue functions do in one Functions host.
+        self.supervisors = [
+            self._supervisor(name, self.store) for name in (SCHEDULERS[0], "supervisor-2")
+        ]
         self.operator = Operator(self.store, self.bus, ROUTES, self.clock)
         self.agents = {
             name: AgentRunner(
@@ -485,7 +490,7 @@ class SasMachine(RuleBasedStateMachine):
             self._checked_sweep(second.sweep)
         else:
             racing = self._supervisor(
-                "supervisor-1",
+                SCHEDULERS[0],
                 InterleavingStore(self.store, lambda: self._checked_sweep(second.sweep)),
             )
             self._checked_sweep(racing.sweep)
@@ -504,7 +509,8 @@ class SasMachine(RuleBasedStateMachine):
         order_id = sorted(self.seen)[pick % len(self.seen)]
         before = self.store.get_state(order_id)
         assert before is not None
-        if before.value.process_state is not ProcessState.ERROR:
+        if before.value.process_state is not ProcessState.ERROR or before.value.alert_pending:
+            # Not Error, or an Error whose alert is still owed (resubmitting would cancel it).
             with pytest.raises(IllegalTransition):
                 self.operator.resubmit(order_id, actor="bob")
             assert self.store.get_state(order_id) == before
@@ -585,15 +591,18 @@ class SasMachine(RuleBasedStateMachine):
             }
             assert alert_id in episodes, f"alert {alert_id} for no Error episode seen"
             attempt, error_at = episodes[alert_id]
-            reclaims = sum(
-                1
+            reclaims = sorted(
+                h.at
                 for h in self.store.history
                 if h.order_id == order_id
                 and h.kind == "alert_claimed"
                 and h.attempt == attempt
                 and h.at >= error_at
             )
-            assert count <= 1 + reclaims, f"{count} copies of {alert_id}, {reclaims} re-claims"
+            assert count <= 1 + len(reclaims), f"{count} copies of {alert_id}, {reclaims}"
+            # A claim is only ever taken over once its lease has lapsed.
+            for previous, reclaim in zip([error_at, *reclaims], reclaims, strict=False):
+                assert reclaim - previous >= ALERT_LEASE, (alert_id, previous, reclaim)
 
     # --- the end: drain with supervision, then nothing may be lost (I1) ----------------------
 

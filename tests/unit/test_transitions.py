@@ -13,6 +13,7 @@ from sas.domain.transitions import (
     Then,
     alert_sent,
     claim,
+    claim_alert,
     complete_step,
     decide_reply,
     expire,
@@ -308,7 +309,7 @@ def test_resubmit_takes_an_error_back_to_pending_with_a_clean_count():
     error = refuse_step(
         running_at(0, ERROR_WF), attempt=1, step_index=0, now=NOW, reason="r", workflow=ERROR_WF
     )
-    again = resubmit(error, now=NOW, workflow=ERROR_WF)
+    again = resubmit(alert_sent(error), now=NOW, workflow=ERROR_WF)
     assert (again.process_state, again.failure_count, again.locked_by, again.step_index) == (
         ProcessState.PENDING,
         0,
@@ -432,3 +433,41 @@ def test_without_an_allowance_the_deadline_itself_expires_and_a_negative_one_is_
     assert RetryPolicy().expired(running, running.complete_by)
     with pytest.raises(ValueError, match="clock_skew"):
         RetryPolicy(clock_skew=timedelta(seconds=-1))
+
+
+def error_owing_an_alert():
+    return refuse_step(
+        running_at(0, ERROR_WF), attempt=1, step_index=0, now=NOW, reason="r", workflow=ERROR_WF
+    )
+
+
+def test_a_resubmit_while_the_alert_is_owed_is_refused():
+    """It would cancel the episode's only alert before it went out."""
+    error = error_owing_an_alert()
+    with pytest.raises(IllegalTransition, match="alert"):
+        resubmit(error, now=NOW, workflow=ERROR_WF)
+    assert resubmit(alert_sent(error), now=NOW, workflow=ERROR_WF).alert_pending is False
+
+
+LEASE = timedelta(seconds=60)
+SKEW = timedelta(seconds=2)
+
+
+def test_a_live_alert_claim_excludes_every_caller_its_own_instance_included():
+    claimed = claim_alert(error_owing_an_alert(), instance_id="host-1", now=NOW, lease=LEASE)
+    assert (claimed.alert_claimed_by, claimed.alert_claimed_until) == ("host-1", NOW + LEASE)
+    for instance in ("host-1", "host-2"):
+        with pytest.raises(IllegalTransition):
+            claim_alert(claimed, instance_id=instance, now=NOW + LEASE / 2, lease=LEASE)
+
+
+def test_a_lapsed_alert_claim_is_taken_over_only_after_the_skew_allowance():
+    claimed = claim_alert(error_owing_an_alert(), instance_id="host-1", now=NOW, lease=LEASE)
+    lapsed = NOW + LEASE
+    with pytest.raises(IllegalTransition):
+        claim_alert(claimed, instance_id="host-2", now=lapsed, lease=LEASE, clock_skew=SKEW)
+    taken = claim_alert(
+        claimed, instance_id="host-2", now=lapsed + SKEW, lease=LEASE, clock_skew=SKEW
+    )
+    assert taken.alert_claimed_by == "host-2"
+    assert taken.alert_claimed_until == lapsed + SKEW + LEASE
