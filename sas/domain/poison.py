@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import base64
 import binascii
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from sas.domain.wire import APP_QUEUE_NAME, POISON_SUFFIX
+from sas.domain.wire import POISON_SUFFIX
+from sas.domain.wire import parse_poison_id as parse_poison_id
+from sas.domain.wire import poison_id as poison_id
 
 PoisonTransport = Literal["storage", "servicebus"]
 
 BODY_DISPLAY_LIMIT = 64 * 1024
 """At most this many body bytes are kept for display (a Storage message is at most 64 KiB)."""
-
-_ID_PREFIX = "p1."
-_ID_KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
-"""A transport message id: a Storage message id (a GUID) or a Service Bus sequence number."""
 
 
 @dataclass(frozen=True)
@@ -56,33 +53,6 @@ class PoisonedMessage:
         if since is None:
             return None
         return max(now - since, timedelta(0))
-
-
-def poison_id(queue: str, key: str) -> str:
-    """The operator-facing id of message ``key`` (transport message id) poisoned from ``queue``.
-
-    Base64url without padding, so it is safe in a URL path segment as it is."""
-    if not APP_QUEUE_NAME.matches(queue) or not _ID_KEY.fullmatch(key):
-        raise ValueError("not a poisoned message's queue and id")
-    raw = f"{queue}/{key}".encode("ascii")
-    return _ID_PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
-
-
-def parse_poison_id(value: str) -> tuple[str, str] | None:
-    """``(queue, key)`` of an id made by ``poison_id``; None for anything else."""
-    if not value.startswith(_ID_PREFIX) or len(value) > 300:
-        return None
-    encoded = value[len(_ID_PREFIX) :]
-    try:
-        raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("ascii")
-    except (binascii.Error, ValueError):
-        return None
-    queue, _, key = raw.partition("/")
-    if not APP_QUEUE_NAME.matches(queue) or not _ID_KEY.fullmatch(key):
-        return None
-    if poison_id(queue, key) != value:  # one spelling per message: no aliases
-        return None
-    return queue, key
 
 
 def bounded(body: bytes, limit: int = BODY_DISPLAY_LIMIT) -> tuple[bytes, bool]:

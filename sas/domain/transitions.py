@@ -115,16 +115,16 @@ def fence(
     return Fence.CURRENT
 
 
-def check_reply(state: OrderState, *, attempt: int, step_index: int, mode: Mode = "do") -> None:
-    """Precondition of the reply transitions: StaleReply unless the reply is current.
+def check_reply(
+    state: OrderState, workflow: Workflow, *, attempt: int, step_index: int, mode: Mode = "do"
+) -> None:
+    """Precondition of the reply transitions: StaleReply unless ``fence`` says CURRENT.
 
     Callers decide with ``fence`` first; this guards the transitions against misuse."""
-    if (
-        not state.is_running
-        or state.attempt != attempt
-        or state.step_index != step_index
-        or state.mode != mode
-    ):
+    in_range = 0 <= step_index < len(workflow.steps)
+    step = workflow.steps[step_index].name if in_range else ""
+    verdict = fence(state, workflow, step_index=step_index, step=step, attempt=attempt, mode=mode)
+    if verdict is not Fence.CURRENT:
         raise StaleReply(
             f"reply for attempt {attempt} step {step_index} ({mode}); order {state.order_id} is "
             f"{state.process_state} at attempt {state.attempt} step {state.step_index}"
@@ -202,7 +202,7 @@ def complete_step(
     mode: Mode = "do",
 ) -> OrderState:
     """The current step (or undo) succeeded: claim the next one at once, or finish."""
-    check_reply(state, attempt=attempt, step_index=step_index, mode=mode)
+    check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode)
     if mode == "undo":
         following = workflow.next_undo(step_index - 1)
         if following is None:
@@ -230,7 +230,7 @@ def refuse_step(
     A refused step had no effect, so compensation starts below it. A refused undo cannot be
     retried into success: an operator must look.
     """
-    check_reply(state, attempt=attempt, step_index=step_index, mode=mode)
+    check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode)
     if mode == "do" and workflow.on_failure == "compensate":
         return begin_compensation(
             state, from_index=step_index - 1, now=now, workflow=workflow, reason=reason

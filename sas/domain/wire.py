@@ -6,6 +6,8 @@ Why each rule is what it is: docs/architecture.md, "Wire rules".
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -167,3 +169,37 @@ def prefix_range(prefix: str) -> tuple[str, str]:
 
 def _utc_stamp(at: datetime) -> str:
     return f"{at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}"
+
+
+# --- operator-facing ids ------------------------------------------------------------------
+
+POISON_ID_PREFIX = "p1."
+POISON_KEY = re.compile(r"[A-Za-z0-9._-]{1,128}")
+"""A transport message id: a Storage message id (a GUID) or a Service Bus sequence number."""
+
+
+def poison_id(queue: str, key: str) -> str:
+    """The operator-facing id of message ``key`` (transport message id) poisoned from ``queue``.
+
+    Base64url without padding, so it is safe in a URL path segment as it is."""
+    if not APP_QUEUE_NAME.matches(queue) or not POISON_KEY.fullmatch(key):
+        raise ValueError("not a poisoned message's queue and id")
+    raw = f"{queue}/{key}".encode("ascii")
+    return POISON_ID_PREFIX + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def parse_poison_id(value: str) -> tuple[str, str] | None:
+    """``(queue, key)`` of an id made by ``poison_id``; None for anything else."""
+    if not value.startswith(POISON_ID_PREFIX) or len(value) > 300:
+        return None
+    encoded = value[len(POISON_ID_PREFIX) :]
+    try:
+        raw = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).decode("ascii")
+    except (binascii.Error, ValueError):
+        return None
+    queue, _, key = raw.partition("/")
+    if not APP_QUEUE_NAME.matches(queue) or not POISON_KEY.fullmatch(key):
+        return None
+    if poison_id(queue, key) != value:  # one spelling per message: no aliases
+        return None
+    return queue, key

@@ -1,7 +1,7 @@
 """Session fixtures: the package as deployed now, and one requirements-only venv to index it.
 
 The venv and the runtime wheel cost 30-90 s, so they are made once per session (pip's own
-cache is reused). The tests skip only when PyPI cannot be reached; any other failure fails.
+cache is reused). Outside CI the tests skip when PyPI cannot be reached; any other failure fails.
 """
 
 from __future__ import annotations

@@ -119,6 +119,7 @@ def pip_install(python: Path, *args: str, what: str) -> None:
     if done.returncode == 0:
         return
     output = f"{done.stdout}\n{done.stderr}"
-    if any(marker in output for marker in NETWORK_ERRORS):
+    # CI (CI=true) reaches PyPI by construction: there a network error fails, never hides.
+    if any(marker in output for marker in NETWORK_ERRORS) and not os.environ.get("CI"):
         pytest.skip(f"PyPI unreachable while installing {what}: {output.strip()[-600:]}")
     pytest.fail(f"installing {what} failed (exit {done.returncode}):\n{output[-4000:]}")

@@ -1,0 +1,55 @@
+"""The checker's design file agrees with the product it judges.
+
+The checker restates the product's wire rules and workflow in ``sas_local/chaos/design.toml``
+instead of importing them (it must judge from the outside). This test is the one place where
+the two meet: a change to a wire rule in ``sas/`` fails here until the design file is updated
+on purpose, so the checker never silently judges against a stale design."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from sas import settings
+from sas.domain import wire
+from sas.domain.model import TERMINAL_STATES
+from sas.domain.workflow import ORDER_WORKFLOW
+from sas.services.consequences import ALERT_LEASE
+from sas_local import stack
+from sas_local.chaos.checker import Design
+
+pytestmark = pytest.mark.unit
+
+DESIGN = Design.load()
+
+
+def test_table_keys_are_the_product_wire_rules() -> None:
+    assert DESIGN.table_name == settings.DEFAULT_TABLE
+    assert (DESIGN.order_row, DESIGN.state_row) == (wire.ORDER_ROW, wire.STATE_ROW)
+    assert DESIGN.step_row_prefix == wire.STEP_ROW_PREFIX
+    assert DESIGN.history_row_prefix == wire.HISTORY_ROW_PREFIX
+    assert DESIGN.live_partition == wire.LIVE_PARTITION
+    assert DESIGN.rejected_partition == wire.REJECTED_PARTITION
+    assert wire.step_row_key(0, "reserve").startswith(DESIGN.step_row_prefix)
+
+
+def test_queues_and_alerts_are_the_product_defaults() -> None:
+    assert DESIGN.orders_queue == settings.DEFAULT_QUEUES[settings.QUEUE_ORDERS]
+    assert DESIGN.alerts_queue == settings.DEFAULT_QUEUES[settings.QUEUE_ALERTS]
+    assert DESIGN.poison_suffix == wire.POISON_SUFFIX
+    assert DESIGN.alert_lease_seconds == ALERT_LEASE.total_seconds()
+    alert_id = wire.alert_message_id("o-1", 7, datetime(2026, 11, 22, 12, 0, 1, 5, tzinfo=UTC))
+    parsed = DESIGN.alert_id.fullmatch(alert_id)
+    assert parsed is not None and (parsed["order"], parsed["attempt"]) == ("o-1", "7")
+
+
+def test_policy_and_workflow_are_the_local_stack_s() -> None:
+    local = stack.app_env("UseDevelopmentStorage=true", "http://127.0.0.1:1")
+    assert DESIGN.max_failures == int(local[settings.MAX_FAILURES])
+    assert DESIGN.clock_skew_seconds == settings.DEFAULT_CLOCK_SKEW_SECONDS
+    assert DESIGN.on_failure == ORDER_WORKFLOW.on_failure
+    assert [(s.name, s.agent, s.action, s.undo) for s in DESIGN.steps] == [
+        (s.name, s.agent, s.action, s.undo) for s in ORDER_WORKFLOW.steps
+    ]
+    assert DESIGN.terminal == {str(s) for s in TERMINAL_STATES}
