@@ -3,7 +3,7 @@
   sas [--url URL] [--key KEY] orders list --state Error
   sas orders show ORDER_ID
   sas orders resubmit ORDER_ID [--actor NAME]
-  sas rejected list
+  sas rejected list | replay ID | discard ID
   sas poison list | replay ID | discard ID
 
 --url defaults to $SAS_API_URL or http://127.0.0.1:7071; --key to $SAS_API_KEY (sent as the
@@ -57,10 +57,7 @@ def run(argv: Sequence[str] | None = None, client: httpx.Client | None = None) -
     again = orders.add_parser("resubmit", help="run a failed (Error) order again")
     again.add_argument("order_id")
     again.add_argument("--actor", default=os.environ.get("USER", "operator"))
-    rejected = nouns.add_parser("rejected").add_subparsers(dest="verb", required=True)
-    rejected.add_parser("list", help="messages parked as unprocessable").add_argument(
-        "--limit", type=int, default=100
-    )
+    _add_rejected(nouns)
     _add_poison(nouns)
     args = parser.parse_args(argv)
     http = client or _client(args.url, args.key)
@@ -83,7 +80,7 @@ def run(argv: Sequence[str] | None = None, client: httpx.Client | None = None) -
 
 def _request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
     if args.noun == "rejected":
-        return http.get("/api/rejected", params={"limit": args.limit})
+        return _rejected_request(http, args)
     if args.noun == "poison":
         return _poison_request(http, args)
     if args.verb == "list":
@@ -97,10 +94,7 @@ def _request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
 
 def _render(args: argparse.Namespace, body: Any) -> None:
     if args.noun == "rejected":
-        parked = [
-            (r["at"], r["queue"], r["reason"], (r["body_text"] or "<binary>")[:60]) for r in body
-        ]
-        console.print(_table("rejected messages", ("at", "queue", "reason", "body"), parked))
+        _render_rejected(args, body)
     elif args.noun == "poison":
         _render_poison(args, body)
     elif args.verb == "list":
@@ -128,6 +122,50 @@ def _render(args: argparse.Namespace, body: Any) -> None:
         console.print(_table("history", events, history))
     else:
         console.print(f"resubmitted {body['order_id']}: now {body['process_state']}")
+
+
+def _add_rejected(nouns: Any) -> None:
+    rejected = nouns.add_parser("rejected", help="messages the app parked").add_subparsers(
+        dest="verb", required=True
+    )
+    rejected.add_parser("list", help="messages parked as unprocessable").add_argument(
+        "--limit", type=int, default=100
+    )
+    rejected.add_parser("replay", help="send one back to its queue as it was").add_argument(
+        "parked_id"
+    )
+    rejected.add_parser("discard", help="delete one for good").add_argument("parked_id")
+
+
+def _rejected_request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
+    if args.verb == "list":
+        return http.get("/api/rejected", params={"limit": args.limit})
+    # Quoted whole, like an order id: an id must never address another route.
+    parked = quote(args.parked_id, safe="")
+    if args.verb == "replay":
+        return http.post(f"/api/rejected/{parked}/replay")
+    return http.delete(f"/api/rejected/{parked}")
+
+
+def _render_rejected(args: argparse.Namespace, body: Any) -> None:
+    if args.verb != "list":
+        console.print(f"{body['status']} {body['id']}")
+        return
+    rows = [
+        (
+            number,
+            r["at"],
+            r["queue"],
+            _age(r["age_seconds"]),
+            r["reason"],
+            (r["body_text"] if r["body_text"] is not None else "<binary>")[:60],
+        )
+        for number, r in enumerate(body, 1)
+    ]
+    columns = ("#", "at", "queue", "age", "reason", "body")
+    console.print(_table("rejected messages", columns, rows))
+    for number, r in enumerate(body, 1):  # ids in full, never wrapped: to copy into replay
+        console.print(f"#{number} {r['id']}", soft_wrap=True, highlight=False)
 
 
 def _add_poison(nouns: Any) -> None:

@@ -18,6 +18,7 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
+from sas.domain.wire import rejected_row_key
 
 
 class FakeClock:
@@ -71,10 +72,11 @@ class InMemoryStore:
 
     def __init__(self) -> None:
         self._etags = (f"W/{n}" for n in itertools.count(1))
+        self._parked_ids = itertools.count(1)
         self.orders: dict[str, OrderRecord] = {}
         self.states: dict[str, tuple[OrderState, str]] = {}
         self.steps: dict[tuple[str, int], StepRecord] = {}
-        self.parked: list[tuple[str, str, bytes]] = []
+        self.parked: dict[str, dict[str, Any]] = {}
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
 
@@ -139,14 +141,26 @@ class InMemoryStore:
         return [s for (oid, _), s in sorted(self.steps.items()) if oid == order_id]
 
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
-        self.parked.append((queue, reason, body))
-        return str(len(self.parked))
+        parked_id = rejected_row_key(at, f"{next(self._parked_ids):012x}")
+        self.parked[parked_id] = {
+            "id": parked_id,
+            "queue": queue,
+            "reason": reason,
+            "at": at,
+            "body": body,
+            "body_truncated": False,
+        }
+        return parked_id
 
     def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [
-            {"id": str(n), "queue": q, "reason": r, "body": b, "body_truncated": False}
-            for n, (q, r, b) in enumerate(self.parked[:limit], 1)
-        ]
+        return [dict(self.parked[key]) for key in sorted(self.parked)[:limit]]
+
+    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
+        found = self.parked.get(parked_id)
+        return None if found is None else dict(found)
+
+    def drop_parked(self, parked_id: str) -> bool:
+        return self.parked.pop(parked_id, None) is not None
 
 
 @dataclass

@@ -13,9 +13,13 @@ duplicate detection window after the original was first enqueued (infra/modules/
 10 minutes by default), Service Bus would drop the copy silently and the message would be lost,
 so replay refuses (IllegalTransition) until the window is over.
 
+Requeue (an operator replaying a message the app parked) sends a new message with the raw body
+to a source queue, under the message id it is given.
+
 Errors: a missing queue (``MessagingEntityNotFoundError``) is skipped when listing, False for
-replay or discard of its dead letters, and ``NotFound`` when a replay's source queue is gone;
-every other ``ServiceBusError`` propagates. Nothing here logs message bodies or secrets.
+replay or discard of its dead letters, and ``NotFound`` when a replay's or requeue's source
+queue is gone; every other ``ServiceBusError`` propagates. Nothing here logs message bodies or
+secrets.
 """
 
 from __future__ import annotations
@@ -189,6 +193,13 @@ class ServiceBusDeadLetters:
     def discard(self, poison_id: str) -> bool:
         return self._take(poison_id, replay=False)
 
+    def requeue(self, queue: str, body: bytes, *, message_id: str) -> None:
+        """A new message carrying ``body`` (what the function reads), labelled ``message_id``."""
+        if queue not in self._sources:
+            raise IllegalTransition(f"{queue} is not a queue the app consumes")
+        self._send(queue, ServiceBusMessage(body, message_id=message_id))
+        log.info("servicebus.requeued queue=%s message_id=%s", queue, message_id)
+
     def close(self) -> None:
         with self._lock:
             client, self._client = self._client, None
@@ -280,9 +291,12 @@ class ServiceBusDeadLetters:
             subject=message.subject,
             application_properties=properties or None,
         )
+        self._send(queue, copy)
+
+    def _send(self, queue: str, message: ServiceBusMessage) -> None:
         sender = self._get_client().get_queue_sender(queue_name=queue)
         try:
-            sender.send_messages(copy, timeout=self._send_timeout)
+            sender.send_messages(message, timeout=self._send_timeout)
         except MessagingEntityNotFoundError:
             raise NotFound(f"Service Bus queue {queue!r} does not exist") from None
         finally:

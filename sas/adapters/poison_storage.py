@@ -6,12 +6,15 @@ Listing peeks (Storage shows at most the first 32 messages of a queue); replay a
 receive with a short visibility timeout until the message is found, and hand every other one
 they received back at once (visibility 0). Replay sends the raw text back to the source queue
 unchanged, through a client without an encode policy, then deletes the poison copy.
+Requeue (an operator replaying a message the app parked) sends a raw body Base64-encoded, as
+the queue trigger expects.
 
 Nothing here logs message bodies or connection strings.
 """
 
 from __future__ import annotations
 
+import base64
 import builtins
 import logging
 import threading
@@ -23,7 +26,7 @@ from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
 from sas.domain.clock import require_utc
-from sas.domain.errors import NotFound
+from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.poison import (
     PoisonedMessage,
     bounded,
@@ -85,6 +88,17 @@ class StoragePoisonQueues:
 
     def discard(self, poison_id: str) -> bool:
         return self._take(poison_id, replay=False)
+
+    def requeue(self, queue: str, body: bytes, *, message_id: str) -> None:
+        """``body`` as Base64 text, which the queue trigger decodes back to exactly ``body``
+        (host.json messageEncoding; what StorageQueueTransport's encode policy does)."""
+        if queue not in self._sources:
+            raise IllegalTransition(f"{queue} is not a queue the app consumes")
+        try:
+            self._client(queue).send_message(base64.b64encode(body).decode("ascii"))
+        except ResourceNotFoundError:
+            raise NotFound(f"queue {queue} does not exist") from None
+        log.info("sas.storage_requeued queue=%s message_id=%s", queue, message_id)
 
     def _take(self, poison_id: str, *, replay: bool) -> bool:
         parsed = parse_poison_id(poison_id)

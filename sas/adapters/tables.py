@@ -240,20 +240,34 @@ class TableStateStore:
         )
         parked: list[dict[str, Any]] = []
         for entity in entities:
-            chunks = sorted(key for key in entity if key.startswith("Body") and key[4:].isdigit())
-            parked.append(
-                {
-                    "id": entity["RowKey"],
-                    "queue": entity["Queue"],
-                    "reason": entity["Reason"],
-                    "at": utc(entity["At"]),
-                    "body": b"".join(bytes(entity[key]) for key in chunks),
-                    "body_truncated": entity["BodyTruncated"],
-                }
-            )
+            parked.append(_parked_from(entity))
             if len(parked) >= limit:
                 break
         return parked
+
+    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
+        entity = self._get(REJECTED_PARTITION, parked_id)
+        return None if entity is None else _parked_from(entity)
+
+    def drop_parked(self, parked_id: str) -> bool:
+        """Delete a parked message if unchanged since read; False if it is gone (or changed).
+
+        A one-operation transaction, not ``delete_entity``: the SDK's delete treats 404 as
+        success, so two operators dropping the same message would both be told they did."""
+        entity = self._get(REJECTED_PARTITION, parked_id)
+        if entity is None:
+            return False
+        conditional = {
+            "etag": entity.metadata["etag"],
+            "match_condition": MatchConditions.IfNotModified,
+        }
+        try:
+            self._table.submit_transaction([("delete", entity, conditional)])
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):
+                return False
+            raise
+        return True
 
     def _get(self, partition: str, row: str) -> Any:
         try:
@@ -282,6 +296,18 @@ def utc(value: Any) -> datetime:
 
 def optional_utc(value: Any) -> datetime | None:
     return None if value is None else utc(value)
+
+
+def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
+    chunks = sorted(key for key in entity if key.startswith("Body") and key[4:].isdigit())
+    return {
+        "id": entity["RowKey"],
+        "queue": entity["Queue"],
+        "reason": entity["Reason"],
+        "at": utc(entity["At"]),
+        "body": b"".join(bytes(entity[key]) for key in chunks),
+        "body_truncated": entity["BodyTruncated"],
+    }
 
 
 def _order_entity(order: OrderRecord) -> dict[str, Any]:

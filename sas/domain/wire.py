@@ -162,13 +162,32 @@ def rejected_row_key(at: datetime, tail: str) -> str:
     return f"{_utc_stamp(at)}-{tail}"
 
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def is_rejected_row_key(value: str) -> bool:
+    """Only a key ``rejected_row_key`` makes (a UTC stamp, '-', a lowercase hex tail), in its
+    one spelling: an operator-supplied id that is anything else never reaches the store."""
+    stamp, _, tail = value.partition("-")
+    if len(value) > 64 or not 1 <= len(tail) <= 32 or not set(tail) <= _HEX:
+        return False
+    try:
+        at = datetime.strptime(stamp, _UTC_STAMP).replace(tzinfo=UTC)
+    except ValueError:
+        return False
+    return rejected_row_key(at, tail) == value
+
+
 def prefix_range(prefix: str) -> tuple[str, str]:
     """RowKey bounds ``lo <= key < hi`` of every key starting with ``prefix``."""
     return prefix, prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
+_UTC_STAMP = "%Y%m%dT%H%M%S.%fZ"
+
+
 def _utc_stamp(at: datetime) -> str:
-    return f"{at.astimezone(UTC):%Y%m%dT%H%M%S.%fZ}"
+    return at.astimezone(UTC).strftime(_UTC_STAMP)
 
 
 # --- operator-facing ids ------------------------------------------------------------------

@@ -7,6 +7,7 @@ In Azure every route needs a function key (the app is registered with AuthLevel.
 from __future__ import annotations
 
 import base64
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -91,12 +92,31 @@ class OrderView(StateView):
 
 class RejectedView(BaseModel):
     id: str
-    queue: str
+    queue: str = Field(description="the queue it was received on")
     reason: str
     at: datetime
+    age_seconds: float = Field(description="how long it has been parked")
     body_base64: str
     body_text: str | None = Field(description="the body as UTF-8, when it is valid UTF-8")
     body_truncated: bool
+
+    @classmethod
+    def of(cls, parked: Mapping[str, Any], age_seconds: float) -> RejectedView:
+        body: bytes = parked["body"]
+        try:
+            text: str | None = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        return cls(
+            id=parked["id"],
+            queue=parked["queue"],
+            reason=parked["reason"],
+            at=parked["at"],
+            age_seconds=round(age_seconds, 3),
+            body_base64=base64.b64encode(body).decode(),
+            body_text=text,
+            body_truncated=parked["body_truncated"],
+        )
 
 
 class ResubmitRequest(BaseModel):
@@ -142,25 +162,38 @@ def resubmit_order(order_id: OrderIdPath, request: ResubmitRequest | None = None
 @api.get("/api/rejected", response_model=list[RejectedView])
 def list_rejected(limit: Limit = 100) -> list[RejectedView]:
     """Messages that could never be processed, with the reason and the original body."""
-    views = []
-    for parked in bootstrap.operator().rejected(limit):
-        body: bytes = parked["body"]
-        try:
-            text: str | None = body.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        views.append(
-            RejectedView(
-                id=parked["id"],
-                queue=parked["queue"],
-                reason=parked["reason"],
-                at=parked["at"],
-                body_base64=base64.b64encode(body).decode(),
-                body_text=text,
-                body_truncated=parked["body_truncated"],
-            )
-        )
-    return views
+    operator = bootstrap.operator()
+    return [
+        RejectedView.of(parked, operator.rejected_age_seconds(parked))
+        for parked in operator.rejected(limit)
+    ]
+
+
+RejectedIdPath = Annotated[str, Path(min_length=1, max_length=100)]
+
+
+@api.post("/api/rejected/{parked_id}/replay")
+def replay_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
+    """Send the original body back to the queue it came from, and remove it from rejected.
+
+    409 if the body was kept only in part, or the queue is not one the app consumes."""
+    try:
+        bootstrap.operator().replay_rejected(parked_id, actor="operator")
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    except IllegalTransition as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return {"id": parked_id, "status": "replayed"}
+
+
+@api.delete("/api/rejected/{parked_id}")
+def discard_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
+    """Remove a rejected message for good."""
+    try:
+        bootstrap.operator().discard_rejected(parked_id, actor="operator")
+    except NotFound as exc:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    return {"id": parked_id, "status": "discarded"}
 
 
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)

@@ -1,16 +1,21 @@
-"""What an operator can do: look at orders and rejected messages, resubmit an Error order."""
+"""What an operator can do: look at orders, resubmit an Error order; list, replay and discard
+rejected (parked) and poisoned messages."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sas.domain.clock import Clock
-from sas.domain.errors import ConfigurationError, NotFound
+from sas.domain.errors import ConfigurationError, IllegalTransition, NotFound
+from sas.domain.messages import MAX_MESSAGE_BYTES
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
-from sas.domain.poison import PoisonedMessage
+from sas.domain.poison import PoisonedMessage, consumed_queues
 from sas.domain.transitions import resubmit
+from sas.domain.wire import is_rejected_row_key
 from sas.domain.workflow import workflow_named
 from sas.services.consequences import Consequences
 from sas.services.ports import PoisonStore, StateStore, Transport
@@ -39,6 +44,12 @@ class Operator:
         self._store = store
         self._clock = clock
         self._poison = poison
+        self._consumed = consumed_queues(
+            orders=routes.orders,
+            scheduler=routes.scheduler,
+            replies=routes.replies,
+            agents=routes.agents,
+        )
         self._then = Consequences(store, transport, routes, clock, actor="operator")
 
     def detail(self, order_id: str) -> OrderDetail:
@@ -54,6 +65,62 @@ class Operator:
 
     def rejected(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._store.list_parked(limit)
+
+    def rejected_age_seconds(self, parked: Mapping[str, Any]) -> float:
+        """How long a message has been parked, by the injected clock, never negative."""
+        at: datetime = parked["at"]
+        return max((self._clock.now() - at).total_seconds(), 0.0)
+
+    def replay_rejected(self, parked_id: str, *, actor: str) -> None:
+        """Send a parked message's original body back to the queue it came from, then forget it.
+
+        NotFound if there is no such message (any more) or its queue is gone; IllegalTransition
+        if only part of the body was kept, the body is over what the app accepts, or the queue
+        is not one the app consumes. A message that is still bad is simply parked again."""
+        parked = self._parked(parked_id)
+        queue: str = parked["queue"]
+        body: bytes = parked["body"]
+        if queue not in self._consumed:
+            raise IllegalTransition(f"{queue} is not a queue the app consumes: nothing to replay")
+        if parked["body_truncated"]:
+            raise IllegalTransition("only the start of the body was kept: it cannot be replayed")
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise IllegalTransition(
+                f"the body is over {MAX_MESSAGE_BYTES} bytes: the app would only park it again"
+            )
+        # Send first, then drop: a crash in between leaves it parked, and a second replay sends
+        # it again, which the app handles idempotently (on Service Bus the same message id even
+        # lets duplicate detection drop it). Dropping first could lose it.
+        self._poison_store().requeue(queue, body, message_id=parked_id)
+        if not self._store.drop_parked(parked_id):
+            log.warning(
+                "sas.rejected_drop_lost parked_id=%s queue=%s",
+                parked_id,
+                queue,
+                extra={"parked_id": parked_id, "queue": queue},
+            )
+        log.warning(
+            "sas.rejected_replayed parked_id=%s queue=%s",
+            parked_id,
+            queue,
+            extra={"parked_id": parked_id, "queue": queue, "actor": actor[:100]},
+        )
+
+    def discard_rejected(self, parked_id: str, *, actor: str) -> None:
+        """Gone for good; NotFound if there is no such message (any more)."""
+        if not is_rejected_row_key(parked_id) or not self._store.drop_parked(parked_id):
+            raise NotFound("no such rejected message")
+        log.warning(
+            "sas.rejected_discarded parked_id=%s",
+            parked_id,
+            extra={"parked_id": parked_id, "actor": actor[:100]},
+        )
+
+    def _parked(self, parked_id: str) -> dict[str, Any]:
+        parked = self._store.get_parked(parked_id) if is_rejected_row_key(parked_id) else None
+        if parked is None:
+            raise NotFound("no such rejected message")
+        return parked
 
     def resubmit(self, order_id: str, *, actor: str) -> OrderState:
         """Error -> Pending (failure count reset), audited; IllegalTransition if not Error.

@@ -64,7 +64,19 @@ class StateStore(Protocol):
         """Keep a rejected message (reason + original body) for an operator; returns its id."""
         ...
 
-    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]: ...
+    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
+        """At most ``limit`` parked messages, oldest first: id, queue, reason, at, body,
+        body_truncated."""
+        ...
+
+    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
+        """One parked message, as ``list_parked`` shows it; None if there is no such id."""
+        ...
+
+    def drop_parked(self, parked_id: str) -> bool:
+        """Remove a parked message for good (conditionally on the version read); False if
+        there is no such message (any more)."""
+        ...
 
 
 class Transport(Protocol):
@@ -113,4 +125,12 @@ class PoisonStore(Protocol):
 
     def discard(self, poison_id: str) -> bool:
         """Remove it for good; False if there is no such message (any more)."""
+        ...
+
+    def requeue(self, queue: str, body: bytes, *, message_id: str) -> None:
+        """Send a raw body to one of the app's source queues as the transport expects, so the
+        function sees exactly ``body`` (Storage: Base64 text; Service Bus: the message body).
+
+        ``message_id`` labels the message (Service Bus duplicate detection; logged on Storage).
+        IllegalTransition if ``queue`` is not a queue the app consumes; NotFound if it is gone."""
         ...

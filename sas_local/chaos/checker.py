@@ -20,7 +20,8 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
 - ``stale_reply_applied``: a completed/undone/refused row for an attempt that was not running;
 - ``illegal_transition``: history rows that no legal sequence of transitions explains, or a
   history that does not end in the state row;
-- ``failure_count_exceeded``: FailureCount (state row or an expiry's count) past the threshold;
+- ``failure_count_exceeded``: FailureCount (state row or an expiry's count) past the threshold,
+  a retry at the threshold, or an expiry judged against another threshold;
 - ``poisoned_message``: any message in a ``-poison`` queue.
 """
 
@@ -417,15 +418,22 @@ def _failure_counts(
         )
     for row in history:
         match = _FAILURE.search(row.detail) if row.kind.startswith("expired_") else None
-        if match and int(match.group(1)) > design.max_failures:
-            found.append(
-                Violation(
-                    "failure_count_exceeded",
-                    order_id,
-                    f"{row.kind} counted failure {match.group(1)} > {design.max_failures}",
-                    {"row": row.show(), "detail": row.detail},
-                )
+        if match is None:
+            continue
+        failures, threshold, limit = int(match.group(1)), int(match.group(2)), design.max_failures
+        if failures > limit:
+            why = f"{row.kind} counted failure {failures} > {limit}"
+        elif row.kind == "expired_retry" and failures >= limit:
+            why = f"retried at failure {failures}: the threshold {limit} was reached"
+        elif threshold != limit:
+            why = f"{row.kind} judged against threshold {threshold}, configured {limit}"
+        else:
+            continue
+        found.append(
+            Violation(
+                "failure_count_exceeded", order_id, why, {"row": row.show(), "detail": row.detail}
             )
+        )
     return found
 
 

@@ -27,8 +27,9 @@ import os
 import random
 import threading
 import time
+import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -280,10 +281,140 @@ def _break_key_attempt() -> None:
     setattr(scheduler, "idempotency_key", key)  # noqa: B010
 
 
+def _picked(order_id: str, one_in: int = 3) -> bool:
+    """A fixed share of the orders, the same in every process (no per-process dice)."""
+    return zlib.crc32(order_id.encode()) % one_in == 0
+
+
+def _break_lose_submission() -> None:
+    """The submission acknowledges a share of the orders without writing anything."""
+    from sas.services import submission
+
+    original = submission.Submission.submit
+
+    def submit(self: submission.Submission, message: Any) -> submission.SubmissionOutcome:
+        if _picked(message.order_id, 4):
+            return submission.SubmissionOutcome.ACCEPTED
+        return original(self, message)
+
+    setattr(submission.Submission, "submit", submit)  # noqa: B010
+
+
+def _break_alert_on_processed() -> None:
+    """A share of the Processed orders also raise an operator alert."""
+    from sas.domain.model import ProcessState
+    from sas.domain.wire import alert_message_id
+    from sas.services import consequences
+
+    original = consequences.Consequences.finished
+
+    def finished(self: consequences.Consequences, state: Any, etag: str) -> None:
+        original(self, state, etag)
+        if state.process_state is ProcessState.PROCESSED and _picked(state.order_id):
+            alert_id = alert_message_id(state.order_id, state.attempt, state.updated_at)
+            self.notify.alert(state.order_id, "broken build", state.updated_at, alert_id=alert_id)
+
+    setattr(consequences.Consequences, "finished", finished)  # noqa: B010
+
+
+def _skipping_remote(skip: Callable[[Any], bool]) -> None:
+    """Agents answer the requests ``skip`` picks as done without calling the remote service."""
+    from sas.services import agent
+
+    original = agent.AgentRunner._call_with_retries
+
+    def call(self: agent.AgentRunner, request: Any) -> dict[str, Any]:
+        if skip(request):
+            return {}
+        return original(self, request)
+
+    setattr(agent.AgentRunner, "_call_with_retries", call)  # noqa: B010
+
+
+def _break_skip_undo() -> None:
+    """Undos are answered as done without undoing anything."""
+    _skipping_remote(lambda request: request.mode == "undo")
+
+
+def _break_skip_ship() -> None:
+    """For a share of the orders, the last step is answered as done without being applied."""
+    _skipping_remote(
+        lambda request: (
+            request.mode == "do" and request.step == "ship" and _picked(request.order_id)
+        )
+    )
+
+
+def _break_failure_threshold() -> None:
+    """The Supervisor retries three times more than the configured threshold allows."""
+    from sas import bootstrap
+
+    original = bootstrap.settings
+
+    def settings() -> Any:
+        loaded = original()
+        return replace(loaded, max_failures=loaded.max_failures + 3)
+
+    setattr(bootstrap, "settings", settings)  # noqa: B010
+
+
+def _break_no_expiry() -> None:
+    """The Supervisor never finds a deadline passed: a step that got no reply waits forever."""
+    from sas.domain import transitions
+
+    setattr(transitions.RetryPolicy, "expired", lambda self, state, now: False)  # noqa: B010
+
+
+def _break_poison_schedule() -> None:
+    """The Scheduler fails on every delivery of a share of the orders: the host poisons them."""
+    from sas.services import scheduler
+
+    original = scheduler.Scheduler.schedule
+
+    def schedule(self: scheduler.Scheduler, request: Any) -> Any:
+        if _picked(request.order_id, 5):
+            raise RuntimeError("broken build: this order always fails")
+        return original(self, request)
+
+    setattr(scheduler.Scheduler, "schedule", schedule)  # noqa: B010
+
+
+def _break_skip_to_processed() -> None:
+    """A completed first step finishes a share of the orders, skipping the steps after it."""
+    from sas.domain import transitions
+    from sas.domain.model import ProcessState
+
+    original = transitions.complete_step
+
+    def complete_step(state: Any, **kwargs: Any) -> Any:
+        if (
+            kwargs["step_index"] == 0
+            and kwargs.get("mode", "do") == "do"
+            and _picked(state.order_id)
+        ):
+            transitions.check_reply(
+                state, kwargs["workflow"], attempt=kwargs["attempt"], step_index=0
+            )
+            return transitions._finish(
+                state, ProcessState.PROCESSED, kwargs["now"], last_error=None
+            )
+        return original(state, **kwargs)
+
+    setattr(transitions, "complete_step", complete_step)  # noqa: B010
+
+
 BROKEN: dict[str, Callable[[], None]] = {
     "fence": _break_fence,
     "alert_lease": _break_alert_lease,
     "key_attempt": _break_key_attempt,
+    "lose_submission": _break_lose_submission,
+    "alert_on_processed": _break_alert_on_processed,
+    "skip_undo": _break_skip_undo,
+    "skip_ship": _break_skip_ship,
+    "failure_threshold": _break_failure_threshold,
+    "no_expiry": _break_no_expiry,
+    "poison_schedule": _break_poison_schedule,
+    "skip_to_processed": _break_skip_to_processed,
 }
 
 _config = ChaosConfig.from_env()

@@ -29,13 +29,17 @@ QUIET = Profile(
 
 
 def broken_campaign(
-    tmp_path: Path, broken: str, profile: Profile, orders: int = 30, drain: float = 60
+    tmp_path: Path,
+    broken: str | tuple[str, ...],
+    profile: Profile,
+    orders: int = 30,
+    drain: float = 60,
 ) -> dict[str, Any]:
     return run_campaign(
         Options(
             orders=orders,
             seed=17,
-            broken=(broken,),
+            broken=(broken,) if isinstance(broken, str) else broken,
             profile=profile,
             drain_timeout=drain,  # broken builds may never settle; the checker judges anyway
             log_dir=tmp_path / "logs",
@@ -63,3 +67,41 @@ def test_an_idempotency_key_that_includes_the_attempt_is_caught(tmp_path: Path) 
     profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.3})
     report = broken_campaign(tmp_path, "key_attempt", profile, orders=12, drain=40)
     assert report["violations_by_kind"].get("effect_applied_twice", 0) > 0, report
+
+
+# The other classes, several breaks to a campaign (each break picks its own share of the
+# orders by id, so each class has orders that show it).
+
+
+def test_lost_submissions_alerts_without_error_and_skipped_undos_are_caught(
+    tmp_path: Path,
+) -> None:
+    profile = Profile(**{**QUIET.__dict__, "permanent_rate": 0.4})
+    broken = ("lose_submission", "alert_on_processed", "skip_undo")
+    report = broken_campaign(tmp_path, broken, profile, drain=45)
+    found = report["violations_by_kind"]
+    for kind in ("lost_order", "alert_without_error", "compensation_incomplete"):
+        assert found.get(kind, 0) > 0, (kind, report)
+
+
+def test_a_failure_count_past_the_threshold_and_a_missing_effect_are_caught(
+    tmp_path: Path,
+) -> None:
+    # Slow answers arrive past the deadline: the step expires, again and again.
+    profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.6, "slow_seconds": 17.0})
+    broken = ("failure_threshold", "skip_ship")
+    report = broken_campaign(tmp_path, broken, profile, drain=60)
+    found = report["violations_by_kind"]
+    for kind in ("failure_count_exceeded", "processed_effect_missing"):
+        assert found.get(kind, 0) > 0, (kind, report)
+
+
+def test_stuck_orders_poisoned_messages_and_illegal_transitions_are_caught(
+    tmp_path: Path,
+) -> None:
+    profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.3})
+    broken = ("no_expiry", "poison_schedule", "skip_to_processed")
+    report = broken_campaign(tmp_path, broken, profile, drain=40)
+    found = report["violations_by_kind"]
+    for kind in ("stuck_order", "poisoned_message", "illegal_transition"):
+        assert found.get(kind, 0) > 0, (kind, report)

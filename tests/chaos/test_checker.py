@@ -320,6 +320,28 @@ def test_a_failure_count_past_the_threshold_is_reported() -> None:
     assert kinds(world) == ["failure_count_exceeded"]
 
 
+@pytest.mark.parametrize(
+    "detail", ["failure 3 of 3", "failure 1 of 6"], ids=["retry-at-threshold", "other-threshold"]
+)
+def test_a_retry_past_the_threshold_or_against_another_threshold_is_reported(detail: str) -> None:
+    world = World()
+    world.processed("p1")
+    world.submitted.append("s1")
+    world.history("s1", "submitted", 0, None)
+    world.history("s1", "claimed", 1, "reserve")
+    world.history("s1", "expired_retry", 1, "reserve", detail=detail)
+    world.history("s1", "claimed", 2, "reserve")
+    world.history("s1", "completed", 2, "reserve")
+    world.history("s1", "completed", 3, "charge")
+    world.history("s1", "completed", 4, "ship")
+    for index in range(3):
+        world.do("s1", index)
+    world.state("s1", "Processed", 4, 2)
+    # A retry at the threshold is also a transition the replay cannot explain.
+    assert "failure_count_exceeded" in kinds(world)
+    assert set(kinds(world)) <= {"failure_count_exceeded", "illegal_transition"}
+
+
 def test_any_poisoned_message_is_reported() -> None:
     world = clean()
     world.poison["sas-replies-poison"] = [json.dumps({"order_id": "p1"})]

@@ -1,19 +1,31 @@
-"""The operator's HTTP API and CLI against Azurite: list by state, history, resubmit, rejected."""
+"""The operator's HTTP API and CLI against Azurite: list by state, history, resubmit, and
+rejected messages (list with age, replay, discard)."""
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from azure.data.tables import UpdateMode
 from fastapi.testclient import TestClient
+from rich.console import Console
 
 from sas import bootstrap
 from sas.adapters.clients import queue_service_client
+from sas.domain.errors import NotFound
+from sas.domain.messages import MAX_MESSAGE_BYTES
 from sas.domain.model import ProcessState
+from sas.domain.wire import REJECTED_PARTITION, rejected_row_key
 from sas.entrypoints.http_api import api
+from sas_cli import commands
 from sas_cli.commands import run
+from sas_local.devhost.queues import decode_body
 from tests.harness import World, permanent
+from tests.integration.test_bad_input import VALID_ORDER, body, deliver
 from tests.integration.test_failure_modes import order
 
 pytestmark = pytest.mark.integration
@@ -104,3 +116,244 @@ def test_the_cli_never_lets_an_order_id_address_another_order(
     assert "card declined" not in out
     assert run(["orders", "resubmit", failed_order + hostile], client=client) == 1
     assert client.get(f"/api/orders/{failed_order}").json()["process_state"] == "Error"
+
+
+# --- rejected messages: age, replay, discard ----------------------------------------------
+
+
+def park(body: bytes, *, queue: str = "sas-orders", reason: str = "invalid", ago: float = 0) -> str:
+    at = datetime.now(UTC) - timedelta(seconds=ago)
+    return bootstrap.store().park_message(queue, reason, body, at)
+
+
+def rejected(client: TestClient) -> dict[str, dict[str, Any]]:
+    response = client.get("/api/rejected")
+    assert response.status_code == 200
+    return {r["id"]: r for r in response.json()}
+
+
+def deliver_from_queue(queue: str, function: str) -> int:
+    """What the Functions host does: take each message of ``queue``, decode it as host.json
+    says (Base64), hand the bytes to ``function``, and delete the message once it returns."""
+    raw = queue_service_client(bootstrap.settings().storage).get_queue_client(queue)
+    delivered = 0
+    for message in raw.receive_messages(max_messages=32):
+        deliver(function, decode_body(message.content, "base64"))
+        raw.delete_message(message)
+        delivered += 1
+    return delivered
+
+
+def raw_contents(queue: str) -> list[str]:
+    raw = queue_service_client(bootstrap.settings().storage).get_queue_client(queue)
+    return [m.content for m in raw.peek_messages(max_messages=32)]
+
+
+def test_rejected_messages_show_their_age(client, app_env):
+    old = park(b"{}", ago=3600)
+    new = park(b"{}", ago=0)
+    found = rejected(client)
+    assert 3590 < found[old]["age_seconds"] < 3700
+    assert 0 <= found[new]["age_seconds"] < 60
+
+
+def test_discard_removes_a_rejected_message_for_good(client, app_env):
+    gone, kept = park(b'{"a": 1}'), park(b'{"b": 2}')
+
+    response = client.delete(f"/api/rejected/{gone}")
+
+    assert response.status_code == 200, response.text
+    assert response.json() == {"id": gone, "status": "discarded"}
+    assert set(rejected(client)) == {kept}
+    assert bootstrap.store().get_parked(gone) is None
+    assert client.delete(f"/api/rejected/{gone}").status_code == 404
+    assert client.post(f"/api/rejected/{gone}/replay").status_code == 404
+    assert raw_contents("sas-orders") == []
+
+
+def test_replaying_a_still_malformed_order_parks_it_again_under_a_new_id(client, app_env):
+    payload = b"{this is not json"
+    deliver("submit", payload)
+    ((old, first),) = rejected(client).items()
+
+    response = client.post(f"/api/rejected/{old}/replay")
+
+    assert response.status_code == 200, response.text
+    assert response.json() == {"id": old, "status": "replayed"}
+    assert rejected(client) == {}  # gone from rejected before the app has seen it again
+    # On the wire exactly as an application's message: Base64 of the original bytes.
+    assert raw_contents("sas-orders") == [base64.b64encode(payload).decode()]
+    assert deliver_from_queue("sas-orders", "submit") == 1
+    ((new, again),) = rejected(client).items()
+    assert new != old
+    assert again["body_base64"] == first["body_base64"]
+    assert (again["queue"], again["reason"]) == (first["queue"], first["reason"])
+    assert client.post(f"/api/rejected/{old}/replay").status_code == 404
+
+
+def test_a_replayed_valid_order_is_processed_by_the_app(client, app_env):
+    # Parked by hand: say the submitter's status queue was refused before it was allowed.
+    payload = body(order_id="replayed-1")
+    parked = park(payload, reason="reply_to must match status-*")
+
+    assert client.post(f"/api/rejected/{parked}/replay").status_code == 200
+
+    assert bootstrap.store().get_order("replayed-1") is None  # not yet: it is on the queue
+    assert deliver_from_queue("sas-orders", "submit") == 1
+    order = bootstrap.store().get_order("replayed-1")
+    assert order is not None and order.details == VALID_ORDER["details"]
+    state = bootstrap.store().get_state("replayed-1")
+    assert state is not None and state.value.process_state is ProcessState.PENDING
+    assert rejected(client) == {}
+
+
+def test_a_replayed_reply_reaches_its_order_once_the_order_exists(client, app_env):
+    # The reply came before its order was known (parked); replayed once the order exists, the
+    # app takes it: the scheduler fences it off (no step runs) and records it, parks nothing.
+    reply = {
+        "type": "StepReply",
+        "order_id": "late-1",
+        "step": "charge",
+        "step_index": 1,
+        "attempt": 1,
+        "outcome": "ok",
+    }
+    deliver("on_reply", json.dumps(reply).encode())
+    ((parked, first),) = rejected(client).items()
+    assert first["queue"] == "sas-replies" and "unknown order" in first["reason"]
+    deliver("submit", body(order_id="late-1"))
+
+    assert client.post(f"/api/rejected/{parked}/replay").status_code == 200
+
+    assert deliver_from_queue("sas-replies", "on_reply") == 1
+    assert rejected(client) == {}
+    kinds = [entry.kind for entry in bootstrap.store().get_history("late-1")]
+    assert kinds == ["submitted", "reply_dropped"]
+
+
+def test_a_truncated_body_cannot_be_replayed(client, app_env):
+    huge = b"x" * (60 * 1024 * 14 + 1)  # one byte more than a parked entity keeps
+    parked = park(huge, reason="oversize")
+    assert rejected(client)[parked]["body_truncated"] is True
+
+    response = client.post(f"/api/rejected/{parked}/replay")
+
+    assert response.status_code == 409 and "body" in response.json()["detail"]
+    assert parked in rejected(client) and raw_contents("sas-orders") == []
+    assert client.delete(f"/api/rejected/{parked}").status_code == 200
+
+
+def test_an_oversize_body_is_not_replayed_only_to_be_parked_again(client, app_env):
+    parked = park(b" " * (MAX_MESSAGE_BYTES + 1), reason="oversize")
+    assert client.post(f"/api/rejected/{parked}/replay").status_code == 409
+    assert parked in rejected(client) and raw_contents("sas-orders") == []
+
+
+@pytest.mark.parametrize("queue", ["sas-alerts", "someone-elses-queue", "sas-orders-poison"])
+def test_replay_goes_only_to_a_queue_the_app_consumes(client, app_env, queue):
+    parked = park(body(), queue=queue)
+    response = client.post(f"/api/rejected/{parked}/replay")
+    assert response.status_code == 409 and "not a queue the app consumes" in response.text
+    assert parked in rejected(client)
+    assert raw_contents("sas-alerts") == []
+
+
+def test_a_failed_send_leaves_the_message_parked(client, app_env, monkeypatch):
+    parked = park(body())
+
+    def gone(queue: str, body: bytes, *, message_id: str) -> None:
+        raise NotFound(f"queue {queue} does not exist")
+
+    monkeypatch.setattr(bootstrap.poison(), "requeue", gone)
+    response = client.post(f"/api/rejected/{parked}/replay")
+    assert response.status_code == 404 and "does not exist" in response.text
+    assert parked in rejected(client)  # sent first, dropped after: nothing lost
+
+
+def test_unknown_and_malformed_rejected_ids_are_404_and_only_real_ids_reach_the_store(
+    client, app_env, monkeypatch
+):
+    real = park(body())
+    missing = rejected_row_key(datetime.now(UTC), "0" * 12)
+    store = bootstrap.store()
+    asked: list[str] = []
+
+    def recorded(method: Callable[[str], Any]) -> Callable[[str], Any]:
+        def call(parked_id: str) -> Any:
+            asked.append(parked_id)
+            return method(parked_id)
+
+        return call
+
+    monkeypatch.setattr(store, "get_parked", recorded(store.get_parked))
+    monkeypatch.setattr(store, "drop_parked", recorded(store.drop_parked))
+    malformed = (
+        "nope",
+        real + "x",
+        real[:-1] + "G",
+        real.upper(),
+        real + "%0A",  # a trailing newline
+        "%20" + real,
+        real.replace("T", "t", 1),  # strptime would take it; one spelling per id
+        real.replace("-", "--", 1),
+        "a%27b",
+        "%23",
+    )
+    for unknown in (missing, *malformed):
+        for response in (
+            client.post(f"/api/rejected/{unknown}/replay"),
+            client.delete(f"/api/rejected/{unknown}"),
+        ):
+            assert response.status_code == 404, unknown
+            assert response.json()["detail"] == "no such rejected message", unknown
+    assert set(asked) == {missing}  # nothing malformed was ever looked up
+    assert set(rejected(client)) == {real}
+    assert client.delete(f"/api/rejected/{real}").status_code == 200
+
+
+def test_dropping_a_parked_message_is_conditional_on_what_was_read(app_env, table, monkeypatch):
+    store = bootstrap.store()
+    parked = park(body())
+    stale = table.get_entity(REJECTED_PARTITION, parked)
+    table.update_entity(
+        {"PartitionKey": REJECTED_PARTITION, "RowKey": parked, "Reason": "changed"},
+        mode=UpdateMode.MERGE,
+    )
+    monkeypatch.setattr(store, "_get", lambda partition, row: stale)  # read before the change
+    assert store.drop_parked(parked) is False
+    monkeypatch.undo()
+    assert store.get_parked(parked) is not None  # the change won
+    assert store.drop_parked(parked) is True
+    assert store.drop_parked(parked) is False and store.get_parked(parked) is None
+
+
+def test_the_cli_lists_replays_and_discards_rejected_messages(client, app_env, capsys, monkeypatch):
+    monkeypatch.setattr(commands, "console", Console(width=200))
+    replayed = park(body(order_id="cli-1"), ago=7200)
+    discarded = park(b"\xff\x00", reason="not UTF-8")
+
+    assert run(["rejected", "list"], client=client) == 0
+    table = capsys.readouterr().out
+    assert "age" in table and "2h" in table and "not UTF-8" in table and "<binary>" in table
+    assert f" {replayed}\n" in table and f" {discarded}\n" in table  # whole, to copy
+
+    assert run(["rejected", "replay", replayed], client=client) == 0
+    assert f"replayed {replayed}" in capsys.readouterr().out
+    assert raw_contents("sas-orders") == [base64.b64encode(body(order_id="cli-1")).decode()]
+    assert run(["--json", "rejected", "discard", discarded], client=client) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "discarded"
+    assert rejected(client) == {}
+
+    assert run(["rejected", "discard", discarded], client=client) == 1
+    assert "404" in capsys.readouterr().out
+    assert run(["rejected", "replay", replayed], client=client) == 1
+    assert "404" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#"])
+def test_the_cli_never_lets_a_rejected_id_address_another_route(client, app_env, hostile):
+    target = park(body())
+    assert run(["rejected", "discard", target + hostile], client=client) == 1
+    assert run(["rejected", "replay", target + hostile], client=client) == 1
+    assert set(rejected(client)) == {target}
+    assert raw_contents("sas-orders") == []

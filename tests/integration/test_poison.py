@@ -1,6 +1,7 @@
 """Poison messages in the operator view, against Azurite: list (age, reason, body), replay,
 discard, through the HTTP API and the CLI, and end to end through the local dev host's poison
-path (the Functions host's behaviour: the raw message text moved to ``<queue>-poison``)."""
+path (the Functions host's behaviour: the raw message text moved to ``<queue>-poison``); and the
+Storage adapter's requeue of a raw body, which replays a rejected (parked) message."""
 
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ from fastapi.testclient import TestClient
 from rich.console import Console
 
 from sas import bootstrap
+from sas.adapters.poison_storage import StoragePoisonQueues
 from sas.adapters.storage_queues import StorageQueueTransport
+from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.poison import poison_id
 from sas.domain.wire import POISON_SUFFIX
 from sas.entrypoints.http_api import api
@@ -28,7 +31,8 @@ from sas_cli import commands
 from sas_cli.commands import run
 from sas_local.devhost.config import QueueOptions
 from sas_local.devhost.loader import QueueFunction
-from sas_local.devhost.queues import QueuePoller
+from sas_local.devhost.queues import QueuePoller, decode_body
+from tests.conftest import unique_queue
 from tests.fakes import FakeClock
 from tests.unit.test_services import submitted
 
@@ -230,3 +234,34 @@ def _wait_for(check, timeout: float = 20.0):
             return value
         time.sleep(0.1)
     raise AssertionError("timed out")
+
+
+# --- requeue: an operator replaying a message the app parked (rejected) --------------------
+
+
+def test_requeue_sends_the_raw_body_as_the_queue_trigger_expects(poison, queue_service):
+    store = StoragePoisonQueues(queue_service, {"sas-orders": "submit"})
+    raw_body = b"\xff\x00 not even UTF-8"
+
+    store.requeue("sas-orders", raw_body, message_id="20261122T120000.000000Z-0123456789ab")
+    store.requeue("sas-orders", BODY, message_id="20261122T120000.000000Z-0123456789ac")
+
+    contents = poison.peek("sas-orders")
+    assert contents == [base64.b64encode(raw_body).decode(), RAW]
+    # What the host hands the function: exactly the bytes that were parked.
+    assert [decode_body(content, "base64") for content in contents] == [raw_body, BODY]
+
+
+def test_requeue_goes_only_to_a_queue_the_app_consumes(poison, queue_service):
+    store = StoragePoisonQueues(queue_service, {"sas-orders": "submit"})
+    for queue in ("sas-alerts", "sas-scheduler", "sas-orders-poison"):
+        with pytest.raises(IllegalTransition):
+            store.requeue(queue, BODY, message_id="m")
+        assert poison.peek(queue) == []
+
+
+def test_requeue_to_a_missing_queue_is_not_found(queue_service):
+    missing = unique_queue("gone")
+    store = StoragePoisonQueues(queue_service, {missing: "submit"})
+    with pytest.raises(NotFound):
+        store.requeue(missing, BODY, message_id="m")

@@ -390,3 +390,47 @@ def test_from_connection_connects_on_first_use_only(monkeypatch, broker, clock):
     assert dead.list() == []
     dead.list()
     assert len(made) == 1
+
+
+# --- requeue: an operator replaying a message the app parked (rejected) --------------------
+
+PARKED_ID = "20261122T120000.000000Z-0123456789ab"
+
+
+def test_requeue_sends_the_raw_body_under_the_given_message_id(dead, broker, client):
+    dead.requeue("sas-agent-payment", SECRET_BODY, message_id=PARKED_ID)
+
+    (sent,) = client.sent()
+    assert client.senders[0].queue == "sas-agent-payment"
+    assert body_of(sent) == SECRET_BODY  # what the function's get_body() returns
+    assert sent.message_id == PARKED_ID  # a crash before the drop re-sends a duplicate
+    assert client.senders[0].timeouts == [DEFAULT_SEND_TIMEOUT] and client.senders[0].closed
+    assert client.receivers == []  # no dead-letter queue is touched
+    assert broker.events == [("send", "sas-agent-payment", None)]
+
+
+def test_requeue_of_a_binary_body_keeps_every_byte(dead, client):
+    dead.requeue("sas-orders", b"\xff\x00\xfe", message_id=PARKED_ID)
+    (sent,) = client.sent()
+    assert body_of(sent) == b"\xff\x00\xfe"
+
+
+@pytest.mark.parametrize("queue", ["sas-alerts", "sas-orders/$DeadLetterQueue", "elsewhere"])
+def test_requeue_goes_only_to_a_queue_the_app_consumes(dead, client, queue):
+    with pytest.raises(IllegalTransition):
+        dead.requeue(queue, SECRET_BODY, message_id=PARKED_ID)
+    assert client.senders == [] and client.sent() == []
+
+
+def test_requeue_to_a_missing_queue_is_not_found(dead, broker, client):
+    broker.missing_senders.add("sas-orders")
+    with pytest.raises(NotFound):
+        dead.requeue("sas-orders", SECRET_BODY, message_id=PARKED_ID)
+    assert client.senders[0].closed
+
+
+def test_requeue_logs_never_carry_the_body(dead, caplog):
+    caplog.set_level(logging.DEBUG)
+    dead.requeue("sas-orders", SECRET_BODY, message_id=PARKED_ID)
+    assert "sas-orders" in caplog.text and PARKED_ID in caplog.text
+    assert "secret" not in caplog.text and "4111" not in caplog.text

@@ -219,6 +219,12 @@ class AuditingStore:
     def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
         return self.inner.list_parked(limit)
 
+    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
+        return self.inner.get_parked(parked_id)
+
+    def drop_parked(self, parked_id: str) -> bool:
+        return self.inner.drop_parked(parked_id)
+
 
 class InterleavingStore(AuditingStore):
     """A Supervisor's view of the store in which, right after its first read of an order,
