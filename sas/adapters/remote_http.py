@@ -57,7 +57,7 @@ class HttpRemoteService:
             raise PermanentRemoteError(f"{agent}.{action}: HTTP {status} {_detail(response)}")
         try:
             body = response.json()
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than json can parse
             raise TransientRemoteError(f"{agent}.{action}: reply is not JSON") from None
         if not isinstance(body, dict):
             raise TransientRemoteError(f"{agent}.{action}: reply is not a JSON object")
@@ -83,7 +83,7 @@ def _retry_after(response: httpx.Response) -> float | None:
 def _detail(response: httpx.Response) -> str:
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         return ""
     detail = body.get("detail") if isinstance(body, dict) else None
     return str(detail)[:200] if detail else ""

@@ -308,3 +308,34 @@ def test_non_finite_numbers_are_refused_not_forwarded_as_null(token: str) -> Non
     body = json.dumps({**VALID[StepReply], "result": {"x": 0.5}}).replace("0.5", token)
     with pytest.raises(InvalidMessage, match="NaN or Infinity"):
         decode(StepReply, body.encode())
+
+
+# --- the operator-facing ids and poison bodies: parsed from URLs and queues ------------------
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.text() | st.from_regex(r"p1\.[A-Za-z0-9_-]{0,80}", fullmatch=True))
+def test_any_poison_id_parses_to_a_queue_and_key_that_spell_it_again_or_to_none(value):
+    from sas.domain.wire import parse_poison_id, poison_id
+
+    parsed = parse_poison_id(value)
+    if parsed is not None:
+        assert poison_id(*parsed) == value
+
+
+@settings(max_examples=500, deadline=None)
+@given(value=st.text() | st.from_regex(r"\d{8}T\d{6}\.\d{6}Z-[0-9a-f]{1,40}", fullmatch=True))
+def test_any_rejected_id_is_recognised_only_in_its_one_spelling(value):
+    from sas.domain.wire import is_rejected_row_key
+
+    if is_rejected_row_key(value):
+        assert len(value) <= 64 and value.isascii() and "\n" not in value
+
+
+@settings(max_examples=500, deadline=None)
+@given(content=st.text())
+def test_any_storage_poison_body_is_shown_as_bytes(content):
+    from sas.domain.poison import storage_body
+
+    body, was_base64 = storage_body(content)
+    assert isinstance(body, bytes) and isinstance(was_base64, bool)

@@ -1,5 +1,7 @@
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sas.adapters.remote_http import MAX_RETRY_AFTER, HttpRemoteService
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
@@ -50,3 +52,35 @@ def test_a_reply_that_is_not_an_object_is_transient():
 
 def test_success_returns_the_body():
     assert call(remote(200, body={"effect_id": "e1"})) == {"effect_id": "e1"}
+
+
+def raw_remote(status: int, content: bytes) -> HttpRemoteService:
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, content=content)
+
+    return HttpRemoteService(
+        {"payment": "http://remote/payment"}, httpx.Client(transport=httpx.MockTransport(handler))
+    )
+
+
+@pytest.mark.parametrize("status", [200, 402])
+def test_an_answer_nested_deeper_than_json_parses_is_classified_not_raised(status):
+    """A deeply nested body raised RecursionError out of the agent: the host then retried
+    the message until it was poisoned."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    if status == 200:
+        with pytest.raises(TransientRemoteError, match="not JSON"):
+            call(raw_remote(status, deep))
+    else:
+        with pytest.raises(PermanentRemoteError):
+            call(raw_remote(status, deep))
+
+
+@settings(max_examples=200, deadline=None)
+@given(status=st.sampled_from([200, 201, 400, 402, 409, 429, 500]), content=st.binary())
+def test_any_answer_is_a_result_or_a_classified_error(status, content):
+    try:
+        result = call(raw_remote(status, content))
+    except (TransientRemoteError, PermanentRemoteError):
+        return
+    assert isinstance(result, dict)
