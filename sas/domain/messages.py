@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -17,13 +18,31 @@ from pydantic import (
     Field,
     StringConstraints,
     ValidationError,
+    field_validator,
 )
 
 from sas.domain.errors import InvalidMessage
-from sas.domain.wire import BUSINESS_ID, CURRENCY, ORDER_ID, QUEUE_NAME, STEP_NAME, Mode
+from sas.domain.wire import (
+    BUSINESS_ID,
+    CURRENCY,
+    IDEMPOTENCY_KEY,
+    MAX_ATTEMPT,
+    ORDER_ID,
+    QUEUE_NAME,
+    STEP_NAME,
+    Mode,
+)
 
 MAX_MESSAGE_BYTES = 48 * 1024
 """Storage Queues cap a message at 64 KiB after Base64 (4/3 growth); stay under it."""
+
+MAX_RESULT_BYTES = 8 * 1024
+"""What a step keeps of the remote's answer (for its undo), as compact JSON: small, to fit a
+message and a Table property with room to spare."""
+
+MAX_RESULT_DEPTH = 16
+"""Nesting a step's result may have: far more than any provider's answer needs, far less than
+the JSON parsers' limits (pydantic-core stops near 200)."""
 
 # The models below validate with Python's `re` (for the look-ahead in queue names), hence the
 # `.python` form of each rule.
@@ -91,11 +110,13 @@ class StepRequest(Message):
     order_id: OrderId
     step: StepName
     step_index: int = Field(ge=0, le=99)
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT)
     mode: Mode = "do"
     action: StepName
     complete_by: AwareDatetime
-    idempotency_key: Annotated[str, StringConstraints(min_length=3, max_length=200)]
+    idempotency_key: Annotated[
+        str, StringConstraints(max_length=200, pattern=IDEMPOTENCY_KEY.python)
+    ]
     payload: dict[str, Any]
 
 
@@ -106,11 +127,50 @@ class StepReply(Message):
     order_id: OrderId
     step: StepName
     step_index: int = Field(ge=0, le=99)
-    attempt: int = Field(ge=1)
+    attempt: int = Field(ge=1, le=MAX_ATTEMPT)
     mode: Mode = "do"
     outcome: Literal["ok", "error"]
     result: dict[str, Any] = Field(default_factory=dict)
     error: Annotated[str, StringConstraints(max_length=1000)] | None = None
+
+    @field_validator("result")
+    @classmethod
+    def _storable_result(cls, value: dict[str, Any]) -> dict[str, Any]:
+        problem = result_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
+        return value
+
+
+def result_problem(result: dict[str, Any]) -> str | None:
+    """Why a step's result cannot be kept (recorded with the step, sent in a reply), if so."""
+    if _depth(result) > MAX_RESULT_DEPTH:
+        return f"nested deeper than {MAX_RESULT_DEPTH}"
+    try:
+        text = json.dumps(result, separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError:  # before ValueError, its base class
+        return "holds a lone surrogate"
+    except (TypeError, ValueError):  # not JSON data, or NaN / Infinity
+        return "not plain JSON data"
+    if size > MAX_RESULT_BYTES:
+        return f"{size} bytes > {MAX_RESULT_BYTES}"
+    return None
+
+
+def _depth(value: object, limit: int = MAX_RESULT_DEPTH + 1) -> int:
+    """How deeply ``value`` nests, counted no further than ``limit`` (never recursing past it)."""
+    depth, level = 0, [value]
+    while level and depth < limit:
+        children: list[object] = []
+        for item in level:
+            if isinstance(item, dict):
+                children.extend(item.values())
+            elif isinstance(item, list):
+                children.extend(item)
+        depth += 1
+        level = children
+    return depth
 
 
 StatusKind = Literal[
@@ -172,7 +232,7 @@ def decode(model: type[M], body: bytes | str) -> M:
     try:
         # NaN and Infinity are not JSON; the parser below would accept them in free-form
         # fields (payload, result) and forward them as null.
-        json.loads(text, parse_constant=_refuse_constant)
+        json.loads(text, parse_constant=_refuse_constant, parse_float=_finite_float)
     except (ValueError, RecursionError):
         pass  # malformed or absurdly deep: the model's own parse below says what is wrong
     except _NonFinite:
@@ -193,3 +253,10 @@ class _NonFinite(Exception):
 
 def _refuse_constant(name: str) -> object:
     raise _NonFinite(name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: a finite literal that no double can hold
+        raise _NonFinite(text)
+    return value

@@ -60,6 +60,14 @@ STEP_NAME = NameRule("step name", r"[a-z][a-z0-9]{1,30}")
 
 CURRENCY = NameRule("currency code", r"[A-Z]{3}")
 
+IDEMPOTENCY_KEY = NameRule(
+    "idempotency key", rf"(?:{ORDER_ID.body}):(?:{STEP_NAME.body})(?::undo)?"
+)
+"""What ``idempotency_key`` makes: ASCII only, since it travels in an HTTP header."""
+
+MAX_ATTEMPT = 2**31 - 1
+"""Attempts are stored as Table Storage Int32 properties."""
+
 _QUEUE_NAME_BODY = r"(?!.*--)[a-z0-9][a-z0-9-]{{1,{inner}}}[a-z0-9]"
 POISON_SUFFIX = "-poison"
 """What the Functions host appends to a Storage queue's name for messages that failed too

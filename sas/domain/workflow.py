@@ -88,6 +88,12 @@ AGENTS: tuple[str, ...] = tuple(
 )
 
 
+def longest_step_budget() -> timedelta:
+    """No attempt of any step may take longer: an agent never works past it, whatever
+    deadline a (forged or corrupted) request names."""
+    return max(workflow.longest_budget for workflow in WORKFLOWS.values())
+
+
 def workflow_named(name: str) -> Workflow:
     try:
         return WORKFLOWS[name]

@@ -11,7 +11,6 @@ the same backoff waits for it and the same deadline check gives up in time.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -23,8 +22,9 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 
 from sas.domain.clock import Clock
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
-from sas.domain.messages import StepReply, StepRequest
+from sas.domain.messages import StepReply, StepRequest, result_problem
 from sas.domain.wire import step_reply_message_id
+from sas.domain.workflow import longest_step_budget
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, Transport
 from sas.services.routes import Routes
@@ -105,8 +105,8 @@ class AgentRunner:
             attempt=request.attempt,
             mode=request.mode,
             outcome="ok" if error is None else "error",
-            result=_bounded_result(result or {}, extra),
-            error=None if error is None else error[:1000],
+            result=_usable_result(result or {}, extra),
+            error=None if error is None else _printable(error),
         )
         self._transport.send(
             self._routes.replies,
@@ -123,7 +123,9 @@ class AgentRunner:
         return AgentOutcome.REFUSED
 
     def _call_with_retries(self, request: StepRequest) -> dict[str, Any]:
-        deadline = request.complete_by - self._margin
+        deadline = (
+            min(request.complete_by, self._clock.now() + longest_step_budget()) - self._margin
+        )
         extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
 
         def call() -> dict[str, Any]:
@@ -182,17 +184,19 @@ class AgentRunner:
         return result
 
 
-MAX_RESULT_BYTES = 8 * 1024
-"""What a step keeps of the remote's answer (for its undo): small, to fit a message and a
-Table property with room to spare."""
-
-
-def _bounded_result(result: dict[str, Any], extra: dict[str, object]) -> dict[str, Any]:
-    size = len(json.dumps(result, separators=(",", ":"), default=str))
-    if size <= MAX_RESULT_BYTES:
+def _usable_result(result: dict[str, Any], extra: dict[str, object]) -> dict[str, Any]:
+    """The remote's answer if a reply can carry it and the step record keep it; else a
+    stand-in that says why (a reply that could not be sent or parsed would lose the step)."""
+    problem = result_problem(result)
+    if problem is None:
         return result
-    log.warning("sas.remote_result_truncated", extra={**extra, "bytes": size})
-    return {"truncated": True, "bytes": size}
+    log.warning("sas.remote_result_unusable", extra={**extra, "problem": problem})
+    return {"truncated": True, "reason": problem}
+
+
+def _printable(reason: str) -> str:
+    """A refusal's reason as text any message can carry (a lone surrogate cannot)."""
+    return reason.encode("utf-8", "replace").decode("utf-8")[:1000]
 
 
 def _would_pass(now: datetime, sleep_seconds: float, deadline: datetime) -> bool:

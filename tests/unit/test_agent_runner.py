@@ -3,7 +3,8 @@ from datetime import timedelta
 import pytest
 
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
-from sas.domain.messages import StepReply, StepRequest
+from sas.domain.messages import StepReply, StepRequest, decode, encode
+from sas.domain.workflow import longest_step_budget
 from sas.services.agent import AgentOutcome, AgentRunner
 from sas.services.routes import Routes
 from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
@@ -118,4 +119,40 @@ def test_a_huge_remote_result_is_truncated_before_it_travels():
     assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.REPLIED
     (sent,) = transport.sent
     assert isinstance(sent.message, StepReply)
-    assert sent.message.result == {"truncated": True, "bytes": 100_011}
+    assert sent.message.result == {"truncated": True, "reason": "100011 bytes > 8192"}
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        {"reservation": [[[[[[[[[[[[[[[[[[["deep"]]]]]]]]]]]]]]]]]]]},
+        {"reservation": "a\ud800b"},
+    ],
+    ids=["nested", "lone-surrogate"],
+)
+def test_a_remote_result_no_reply_could_carry_is_replaced_by_a_stand_in(answer):
+    """Found by a hostile review: the reply failed to encode (or to parse on arrival), the
+    exception escaped the agent and the message was retried into the poison queue."""
+    clock, transport = FakeClock(), RecordingTransport()
+    remote = ScriptedRemote([answer])
+    assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.REPLIED
+    (sent,) = transport.sent
+    assert isinstance(sent.message, StepReply) and sent.message.result["truncated"] is True
+    assert decode(StepReply, encode(sent.message)) == sent.message
+
+
+def test_a_refusal_reason_with_a_lone_surrogate_is_still_sent():
+    clock, transport = FakeClock(), RecordingTransport()
+    remote = ScriptedRemote([PermanentRemoteError("declined \ud800")])
+    assert runner(remote, transport, clock).handle(request(clock)) is AgentOutcome.REFUSED
+    (sent,) = transport.sent
+    assert isinstance(sent.message, StepReply) and sent.message.error == "declined ?"
+
+
+def test_a_deadline_far_in_the_future_is_capped_at_the_longest_step_budget():
+    clock, transport = FakeClock(), RecordingTransport()
+    started = clock.now()
+    far = request(clock).model_copy(update={"complete_by": started + timedelta(days=365 * 900)})
+    remote = ScriptedRemote([TransientRemoteError("503")] * 10_000)
+    assert runner(remote, transport, clock).handle(far) is AgentOutcome.GAVE_UP
+    assert clock.now() - started <= longest_step_budget()

@@ -1,0 +1,41 @@
+"""Bad input (I8), found by a hostile review.
+
+A StepReply for the current attempt whose result is under MAX_MESSAGE_BYTES but over
+what one Table property holds: record_step's write fails and the exception escapes on_reply."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from azure.functions.queue import QueueMessage
+
+from sas import bootstrap
+from tests.integration.test_bad_input import VALID_ORDER, user_function
+
+pytestmark = pytest.mark.integration
+
+
+def run(function: str, payload: bytes) -> None:
+    user_function(function)(QueueMessage(id="m1", body=payload, dequeue_count=1))
+
+
+def test_a_current_reply_with_a_40_kib_result_is_settled(app_env, table):
+    run("submit", json.dumps(VALID_ORDER).encode())
+    run("schedule", b'{"type": "ScheduleRequest", "order_id": "o1"}')
+    found = bootstrap.store().get_state("o1")
+    assert found is not None
+    state = found.value
+    assert state.attempt == 1 and state.step_index == 0
+    reply = {
+        "type": "StepReply",
+        "order_id": "o1",
+        "step": "reserve",
+        "step_index": 0,
+        "attempt": 1,
+        "outcome": "ok",
+        "result": {"note": "\u00e9" * 20_000},  # 40 KB of UTF-8, 20k chars -> 120 KB escaped
+    }
+    body = json.dumps(reply, ensure_ascii=False).encode()
+    assert len(body) < 48 * 1024
+    run("on_reply", body)  # must return normally
