@@ -8,7 +8,7 @@ ORDERS ?= 100
 WORKERS ?= 2
 DEMO_ARGS ?=
 
-.PHONY: setup run test lint format unit integration e2e clean lock hooks chaos
+.PHONY: setup run test lint format unit integration e2e clean lock hooks chaos bench
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -64,3 +64,12 @@ CHAOS_ARGS ?=
 
 chaos: setup
 	$(PY) -m sas_local.chaos --orders $(CHAOS_ORDERS) --seed $(SEED) $(CHAOS_ARGS)
+
+# The storage benchmark (docs/benchmarks.md): raw Azurite rates, exact requests per order and the
+# limit they imply, end-to-end throughput and latency per worker count, the supervisor's sweep.
+# Writes docs/benchmarks.{md,json,png}. BENCH_ARGS=--quick for the CI-sized run,
+# BENCH_ARGS="--compare <rev>" to measure another commit side by side.
+BENCH_ARGS ?=
+
+bench: setup
+	$(PY) -m sas_local.bench $(BENCH_ARGS)

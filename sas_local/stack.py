@@ -60,7 +60,10 @@ class LocalStack:
         extra_queues: tuple[str, ...] = (),
         env_overrides: Mapping[str, str] | None = None,
         agents_apart: bool = False,
+        app_root: Path = REPO_ROOT,
     ) -> LocalStack:
+        """``app_root``: the checkout whose function_app.py (and dev host) runs; another
+        commit's worktree when the benchmark compares two commits."""
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
         # The env below is the whole config: an empty settings file keeps a developer's
@@ -85,7 +88,7 @@ class LocalStack:
             for functions, count, name in groups if agents_apart else [((), workers, "devhost")]:
                 hosts.append(
                     start_devhost(
-                        REPO_ROOT / "function_app.py",
+                        app_root / "function_app.py",
                         env=env,
                         workers=count,
                         http_port=0 if name == "agents" else free_port(),
@@ -93,7 +96,7 @@ class LocalStack:
                         timers=name != "agents",
                         settings=no_local_settings,
                         log_dir=logs / name,
-                        cwd=REPO_ROOT,
+                        cwd=app_root,
                         timeout=60,
                     )
                 )

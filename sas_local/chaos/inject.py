@@ -275,7 +275,8 @@ def _break_key_attempt() -> None:
         original_dispatch(self, state, workflow)
 
     def key(order_id: str, step: str, mode: Any) -> str:
-        return f"{original_key(order_id, step, mode)}-a{getattr(_attempt, 'value', 0)}"
+        # Still a well-formed key (the step request's schema checks it), one per attempt.
+        return original_key(order_id, f"{step}a{getattr(_attempt, 'value', 0)}", mode)
 
     setattr(scheduler.Scheduler, "_dispatch", dispatch)  # noqa: B010
     setattr(scheduler, "idempotency_key", key)  # noqa: B010

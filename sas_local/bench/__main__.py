@@ -1,0 +1,211 @@
+"""`python -m sas_local.bench`: the storage benchmark (docs/benchmarks.md).
+
+In one run on one Azurite: the raw rates of the operations an order uses; the exact requests
+one order costs (1- and 3-step workflow, with and without a status subscriber) and the
+orders/s the raw rates allow for them; end-to-end throughput and latency per dev-host worker
+count; the supervisor's sweep over in-flight orders, alone and beside finished history.
+``--compare REV`` runs the counts and the end-to-end runs for another commit too (from a git
+worktree), side by side. ``--quick`` (CI) keeps it under two minutes. Figures are reported,
+never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sas import settings as settings_module
+from sas_local.azurite import Azurite, free_port
+from sas_local.bench import e2e, rates, report, sweep
+from sas_local.processes import REPO_ROOT, start_process
+from sas_local.provision import provision
+from sas_local.stack import app_env
+
+COUNT_SCRIPT = Path(__file__).with_name("count.py")
+STATUS_QUEUE = "status-bench"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m sas_local.bench", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="the CI run: small and under 2 minutes")
+    p.add_argument("--compare", metavar="REV", help="also measure this commit, side by side")
+    p.add_argument("--workers", default=None, help="comma-separated worker counts")
+    p.add_argument("--orders", default=None, help="comma-separated batch sizes")
+    p.add_argument("--finished", type=int, default=None, help="finished orders beside the sweep")
+    p.add_argument("--out", type=Path, default=REPO_ROOT / "docs", help="where to write")
+    p.add_argument("--name", default="benchmarks", help="file stem of the outputs")
+    return p
+
+
+def commit_of(root: Path) -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
+    )
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    return (done.stdout.strip() or "unknown") + ("+dirty" if dirty else "")
+
+
+@contextmanager
+def worktree(rev: str) -> Iterator[Path]:
+    target = Path(tempfile.mkdtemp(prefix="sas-bench-"))
+    subprocess.run(
+        ["git", "worktree", "add", "--detach", str(target), rev],
+        cwd=REPO_ROOT,
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield target
+    finally:
+        subprocess.run(
+            ["git", "worktree", "remove", "--force", str(target)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+        )
+
+
+@contextmanager
+def store_and_remote(log_dir: Path) -> Iterator[tuple[Azurite, str]]:
+    with Azurite.start() as azurite:
+        port = free_port()
+        simulator = start_process(
+            [sys.executable, "-m", "sas_local.simulator", "--port", str(port)],
+            log_dir=log_dir / "simulator",
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            simulator.wait_for_http(f"{url}/health")
+            yield azurite, url
+        finally:
+            simulator.stop()
+
+
+def count(app_root: Path, log_dir: Path, orders: int) -> dict[str, Any]:
+    """The exact requests per order, for the app at ``app_root``, on a fresh Azurite."""
+    with store_and_remote(log_dir) as (azurite, simulator_url):
+        env = app_env(azurite.connection_string, simulator_url)
+        provision(settings_module.load(env), (STATUS_QUEUE,))
+        env_file = log_dir / "count-env.json"
+        env_file.write_text(json.dumps(env))
+        out = log_dir / "counts.json"
+        subprocess.run(
+            [
+                sys.executable,
+                str(COUNT_SCRIPT),
+                "--app-root",
+                str(app_root),
+                "--connection-string",
+                azurite.connection_string,
+                "--env",
+                str(env_file),
+                "--orders",
+                str(orders),
+                "--out",
+                str(out),
+            ],
+            check=True,
+            cwd=app_root,
+        )
+        result: dict[str, Any] = json.loads(out.read_text())
+        return result
+
+
+def progress(message: str, started: float) -> None:
+    print(f"bench +{time.monotonic() - started:.0f}s {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    quick = args.quick
+    workers = [int(w) for w in (args.workers or ("1,2" if quick else "1,2,4")).split(",")]
+    batches = [int(n) for n in (args.orders or ("40" if quick else "100,1000")).split(",")]
+    finished = args.finished if args.finished is not None else (2_000 if quick else 100_000)
+    started = time.monotonic()
+    logs = Path(tempfile.mkdtemp(prefix="sas-bench-logs-"))
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {platform.python_version()}, {_cpus()} cores (shared)",
+        "quick": quick,
+        "commits": {},
+    }
+    head = commit_of(REPO_ROOT)
+
+    with store_and_remote(logs / "rates") as (azurite, _):
+        progress("raw rates", started)
+        results["rates"] = rates.measure(
+            azurite.connection_string, concurrency=8, seconds=1.5 if quick else 6.0
+        )
+        progress("sweep", started)
+        results["sweep"] = sweep.measure(
+            azurite.connection_string,
+            live=100,
+            finished=finished,
+            more_live=None if quick else 1_000,
+            log=progress,
+            started=started,
+        )
+
+    def measure_commit(name: str, root: Path) -> None:
+        progress(f"{name}: requests per order", started)
+        counted = count(root, logs / f"count-{name}", orders=2 if quick else 3)
+        for variant in counted["variants"].values():
+            variant["limit_orders_per_s"] = rates.order_limit(
+                variant["per_order"], results["rates"]
+            )
+        runs = []
+        for batch in batches:
+            for count_of_workers in workers:
+                progress(f"{name}: {batch} orders, {count_of_workers} worker(s)", started)
+                runs.append(
+                    e2e.run(
+                        commit=name,
+                        app_root=root,
+                        workers=count_of_workers,
+                        orders=batch,
+                        timeout=60 + batch * 1.0,
+                        log_dir=logs / f"e2e-{name}-{batch}-{count_of_workers}",
+                    ).as_dict()
+                )
+        results["commits"][name] = {"counts": counted, "e2e": runs}
+
+    measure_commit(head, REPO_ROOT)
+    if args.compare:
+        with worktree(args.compare) as other:
+            measure_commit(commit_of(other), other)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    json_path = args.out / f"{args.name}.json"
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    chart = report.chart(results, args.out / f"{args.name}.png")
+    markdown = report.markdown(results, chart_name=chart.name if chart else None)
+    document = args.out / f"{args.name}.md"
+    if not document.exists():
+        document.write_text(f"# Benchmark results\n\n{report.BEGIN}\n{report.END}\n")
+    report.into_document(document, markdown)
+    print(markdown)
+    progress(f"done: {json_path}", started)
+    return 0
+
+
+def _cpus() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,317 @@
+"""Count the storage requests one order costs, exactly, by running the app in this process.
+
+Run as a script (``python sas_local/bench/count.py --app-root DIR ...``), not as a module:
+it imports ``sas`` and ``function_app`` from ``--app-root`` only, so the same counter measures
+any commit of the app (the benchmark's side-by-side comparison runs it on a git worktree).
+Azurite and the remote simulator are started by the caller and passed in.
+
+Every HTTP request the Azure SDK sends is classified at the transport (one entity-group
+transaction is one request, a retry is another). Orders run one at a time; queue functions
+are invoked the way the host does (receive, call, delete), so each message costs one delete,
+and one receive per message is reported (a host batch may share one). Empty polls are not
+counted: they are the host's idle cost, not an order's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import importlib.util
+import json
+import os
+import re
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+STATUS_QUEUE = "status-bench"
+
+
+class RequestCounter:
+    """Counts requests by kind while ``counting`` is set (thread-safe)."""
+
+    def __init__(self, table_port: int, queue_port: int) -> None:
+        self._ports = {table_port: "table", queue_port: "queue"}
+        self._lock = threading.Lock()
+        self.counts: Counter[str] = Counter()
+        self.counting = False
+
+    def record(self, method: str, url: str, headers: Any, response_text: str | None) -> None:
+        if not self.counting:
+            return
+        parts = urlsplit(url)
+        service = self._ports.get(parts.port or 0)
+        if service is None:
+            return
+        kind = (
+            _table_kind(method, unquote(parts.path), parts.query, headers)
+            if service == "table"
+            else _queue_kind(method, parts.path, parts.query, response_text)
+        )
+        if kind is None:
+            return
+        with self._lock:
+            self.counts[kind] += 1
+
+    @contextmanager
+    def window(self) -> Iterator[Counter[str]]:
+        before = Counter(self.counts)
+        self.counting = True
+        measured: Counter[str] = Counter()
+        try:
+            yield measured
+        finally:
+            self.counting = False
+            measured.update(self.counts)
+            measured.subtract(before)
+
+
+def _table_kind(method: str, path: str, query: str, headers: Any) -> str | None:
+    if path.endswith("/$batch"):
+        return "table.transaction"
+    if path.endswith("/Tables") or "Tables(" in path:
+        return None  # provisioning
+    keyed = re.search(r"\(PartitionKey='.*',RowKey='.*'\)$", path) is not None
+    if method == "GET":
+        return "table.point_read" if keyed else "table.query"
+    if method == "POST":
+        return "table.insert"
+    if method in ("PUT", "MERGE", "PATCH"):
+        conditional = headers.get("If-Match", "*") != "*"
+        return "table.update" if conditional else "table.upsert"
+    if method == "DELETE":
+        return "table.delete"
+    return f"table.{method.lower()}"
+
+
+def _queue_kind(method: str, path: str, query: str, response_text: str | None) -> str | None:
+    if not path.endswith("/messages") and "/messages/" not in path:
+        return None  # create/list queues: provisioning
+    if method == "POST":
+        return "queue.send"
+    if method == "GET":
+        if "peekonly=true" in query:
+            return "queue.peek"
+        if response_text is not None and "<QueueMessage>" not in response_text:
+            return None  # an empty poll: the host's idle cost
+        return "queue.receive"
+    if method == "DELETE":
+        return "queue.delete"
+    if method == "PUT":
+        return "queue.update"
+    return f"queue.{method.lower()}"
+
+
+def install(counter: RequestCounter) -> None:
+    """Wrap azure-core's requests transport: every SDK request passes through ``send``."""
+    from azure.core.pipeline.transport import RequestsTransport
+
+    original = RequestsTransport.send
+
+    def send(self: Any, request: Any, **kwargs: Any) -> Any:
+        response = original(self, request, **kwargs)
+        text = None
+        if request.method == "GET" and "/messages" in request.url:
+            try:
+                text = response.text()
+            except Exception:  # counting must never break the request
+                text = None
+        counter.record(request.method, request.url, request.headers, text)
+        return response
+
+    RequestsTransport.send = send
+
+
+def load_functions(app_root: Path) -> dict[str, tuple[str, Callable[..., Any], str]]:
+    """``{queue name: (function name, callable, argument name)}`` of every queue function."""
+    sys.path.insert(0, str(app_root))
+    spec = importlib.util.spec_from_file_location("function_app", app_root / "function_app.py")
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"no function_app.py in {app_root}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["function_app"] = module
+    spec.loader.exec_module(module)
+    found = {}
+    for function in module.app.get_functions():
+        trigger = function.get_trigger()
+        if trigger is None or str(trigger.type) != "queueTrigger":
+            continue
+        queue = str(trigger.queue_name)
+        setting = re.fullmatch(r"%(.+)%", queue)
+        if setting:
+            queue = os.environ[setting.group(1)]
+        found[queue] = (function.get_function_name(), function.get_user_function(), trigger.name)
+    return found
+
+
+def order_body(order_id: str, workflow: str, reply_to: str | None) -> str:
+    order: dict[str, Any] = {
+        "type": "OrderSubmitted",
+        "order_id": order_id,
+        "workflow": workflow,
+        "details": {
+            "customer_id": "bench",
+            "currency": "EUR",
+            "address": "1 Bench Street",
+            "lines": [{"sku": "sku-1", "quantity": 1, "unit_price_cents": 1999}],
+        },
+    }
+    if reply_to is not None:
+        order["reply_to"] = reply_to
+    return base64.b64encode(json.dumps(order).encode()).decode()
+
+
+class InProcessHost:
+    """Delivers every visible message of the app's queues to its function, like the host."""
+
+    def __init__(self, connection_string: str, functions: dict[str, Any]) -> None:
+        from azure.storage.queue import QueueClient
+
+        self._functions = functions
+        self._clients = {
+            queue: QueueClient.from_connection_string(connection_string, queue)
+            for queue in functions
+        }
+
+    def deliver_once(self) -> int:
+        from azure.functions.queue import QueueMessage
+
+        delivered = 0
+        for queue, (_, fn, arg) in self._functions.items():
+            client = self._clients[queue]
+            for message in client.receive_messages(max_messages=32, visibility_timeout=60):
+                body = base64.b64decode(message.content)
+                fn(**{arg: QueueMessage(id=message.id, body=body, dequeue_count=1)})  # type: ignore[no-untyped-call]
+                client.delete_message(message)
+                delivered += 1
+        return delivered
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--app-root", type=Path, required=True)
+    parser.add_argument("--connection-string", required=True)
+    parser.add_argument("--env", type=Path, required=True, help="the app settings, as JSON")
+    parser.add_argument("--orders", type=int, default=3, help="orders per variant (default 3)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    conn = args.connection_string
+    ports = {
+        name: int(re.search(rf"{name}Endpoint=http://127\.0\.0\.1:(\d+)", conn).group(1))  # type: ignore[union-attr]
+        for name in ("Table", "Queue")
+    }
+    counter = RequestCounter(ports["Table"], ports["Queue"])
+    install(counter)
+
+    # The app reads its settings from the environment, as in the Functions host.
+    os.environ.update(json.loads(args.env.read_text()))
+    functions = load_functions(args.app_root.resolve())
+
+    from azure.data.tables import TableClient
+    from azure.storage.queue import QueueClient
+
+    from sas import bootstrap
+    from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, Workflow
+
+    single = Workflow(name="single", steps=ORDER_WORKFLOW.steps[:1])
+    WORKFLOWS.setdefault(single.name, single)
+    settings = bootstrap.settings()
+    table = TableClient.from_connection_string(conn, settings.table_name)
+    orders_queue = QueueClient.from_connection_string(conn, settings.queues["SAS_QUEUE_ORDERS"])
+    status = QueueClient.from_connection_string(conn, STATUS_QUEUE)
+    host = InProcessHost(conn, functions)
+    supervisor = bootstrap.supervisor()
+
+    variants = {}
+    for workflow, steps in (("single", 1), ("order", 3)):
+        for subscriber in (False, True):
+            name = f"{steps}-step, {'with' if subscriber else 'no'} status subscriber"
+            on_path: Counter[str] = Counter()
+            off_path: Counter[str] = Counter()
+            for n in range(args.orders):
+                order_id = f"bench-{workflow}-{int(subscriber)}-{n}"
+
+                body = order_body(order_id, workflow, STATUS_QUEUE if subscriber else None)
+                with counter_paused(counter):
+                    orders_queue.send_message(body)  # the application's send: counted below
+                with counter.window() as measured:
+                    while not _done(table, order_id, counter):
+                        if host.deliver_once() == 0:
+                            time.sleep(0.05)
+                measured["queue.send"] += 1  # the submission the application sent
+                on_path.update(measured)
+                with counter.window() as swept:
+                    supervisor.sweep()  # ends the order's in-flight marker: off the order's path
+                off_path.update(swept)
+                with counter_paused(counter):
+                    for message in status.receive_messages(max_messages=32):
+                        status.delete_message(message)
+            variants[name] = {
+                "workflow": workflow,
+                "steps": steps,
+                "status_subscriber": subscriber,
+                "per_order": {k: v / args.orders for k, v in sorted(on_path.items()) if v},
+                "supervisor_at_end": {k: v / args.orders for k, v in sorted(off_path.items()) if v},
+            }
+    sweep = _sweep_cost(counter, supervisor, bootstrap, settings, table)
+    args.out.write_text(json.dumps({"variants": variants, "sweep_per_live_order": sweep}, indent=2))
+    return 0
+
+
+def _done(table: Any, order_id: str, counter: RequestCounter) -> bool:
+    from azure.core.exceptions import ResourceNotFoundError
+
+    with counter_paused(counter):
+        try:
+            state = table.get_entity(order_id, "state")
+        except ResourceNotFoundError:  # not inserted yet
+            return False
+    return state["ProcessState"] in ("Processed", "Compensated", "Error")
+
+
+@contextmanager
+def counter_paused(counter: RequestCounter) -> Iterator[None]:
+    was = counter.counting
+    counter.counting = False
+    try:
+        yield
+    finally:
+        counter.counting = was
+
+
+def _sweep_cost(
+    counter: RequestCounter, supervisor: Any, bootstrap: Any, settings: Any, table: Any
+) -> dict[str, float]:
+    """What one sweep costs per live order: orders left Pending and indexed, swept once."""
+    from datetime import UTC, datetime
+
+    from sas.domain.model import HistoryEntry, OrderRecord
+    from sas.domain.transitions import initial_state
+    from sas.domain.workflow import ORDER_WORKFLOW
+
+    store = bootstrap.store()
+    live = 20
+    now = datetime.now(UTC)
+    with counter_paused(counter):
+        for n in range(live):
+            order_id = f"bench-live-{n}"
+            store.touch_live(order_id, now)
+            store.create_order(
+                OrderRecord(order_id, ORDER_WORKFLOW.name, {}, "bench", now),
+                initial_state(order_id, ORDER_WORKFLOW, reply_to=None, now=now),
+                HistoryEntry(order_id, now, "submitted", attempt=0),
+            )
+    with counter.window() as swept:
+        supervisor.sweep()
+    return {k: round(v / live, 3) for k, v in sorted(swept.items()) if v}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

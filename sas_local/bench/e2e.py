@@ -1,0 +1,116 @@
+"""End to end: N orders through the whole local stack, happy path, no status subscriber.
+
+Orders are queued at once (a burst), then the run waits until the in-flight index is empty.
+Latency is each order's ``FinishedAt`` (state row) minus its ``SubmittedAt`` (order row), both
+written by the app; throughput is N over the span from the first submission to the last
+finish. Nothing here is asserted: the figures are reported.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableClient
+from azure.storage.queue import QueueClient
+
+from sas_local.stack import LocalStack
+
+TERMINAL = ("Processed", "Compensated", "Error")
+
+
+@dataclass(frozen=True)
+class E2EResult:
+    commit: str
+    workers: int
+    orders: int
+    finished: int
+    processed: int
+    seconds: float
+    orders_per_s: float
+    p50_s: float
+    p95_s: float
+    p99_s: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _body(order_id: str) -> str:
+    order = {
+        "type": "OrderSubmitted",
+        "order_id": order_id,
+        "details": {
+            "customer_id": "bench",
+            "currency": "EUR",
+            "address": "1 Bench Street",
+            "lines": [{"sku": "sku-1", "quantity": 1, "unit_price_cents": 1999}],
+        },
+    }
+    return base64.b64encode(json.dumps(order).encode()).decode()
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))
+    return round(ordered[index], 3)
+
+
+def run(
+    *, commit: str, app_root: Path, workers: int, orders: int, timeout: float, log_dir: Path
+) -> E2EResult:
+    with LocalStack.start(workers=workers, log_dir=log_dir, app_root=app_root) as stack:
+        conn = stack.azurite.connection_string
+        settings = stack.settings
+        queue = QueueClient.from_connection_string(conn, settings.queues["SAS_QUEUE_ORDERS"])
+        table = TableClient.from_connection_string(conn, settings.table_name)
+        ids = [f"b{workers}w-{n:05d}" for n in range(orders)]
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(lambda order_id: queue.send_message(_body(order_id)), ids))
+        deadline = time.monotonic() + timeout
+        time.sleep(1.0)
+        while time.monotonic() < deadline:
+            live = list(
+                table.query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": "~live"}, select=["RowKey"]
+                )
+            )
+            queued = queue.get_queue_properties().approximate_message_count
+            if not live and not queued:
+                break
+            time.sleep(1.0)
+        latencies, first, last, processed = [], None, None, 0
+        for order_id in ids:
+            try:
+                state = table.get_entity(order_id, "state")
+            except ResourceNotFoundError:  # not accepted yet when the timeout struck
+                continue
+            if state.get("ProcessState") not in TERMINAL or state.get("FinishedAt") is None:
+                continue
+            submitted, finished = state["SubmittedAt"], state["FinishedAt"]
+            latencies.append((finished - submitted).total_seconds())
+            first = submitted if first is None else min(first, submitted)
+            last = finished if last is None else max(last, finished)
+            processed += state["ProcessState"] == "Processed"
+    span = (last - first).total_seconds() if first is not None and last is not None else 0.0
+    return E2EResult(
+        commit=commit,
+        workers=workers,
+        orders=orders,
+        finished=len(latencies),
+        processed=processed,
+        seconds=round(span, 2),
+        orders_per_s=round(len(latencies) / span, 2) if span else 0.0,
+        p50_s=round(statistics.median(latencies), 3) if latencies else float("nan"),
+        p95_s=_percentile(latencies, 95),
+        p99_s=_percentile(latencies, 99),
+    )

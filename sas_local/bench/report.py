@@ -1,0 +1,164 @@
+"""The benchmark's results as a markdown section and a PNG chart."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+KINDS = (
+    "table.transaction",
+    "table.point_read",
+    "table.query",
+    "table.insert",
+    "table.upsert",
+    "table.update",
+    "table.delete",
+    "queue.send",
+    "queue.receive",
+    "queue.delete",
+)
+BEGIN, END = "<!-- bench:begin -->", "<!-- bench:end -->"
+
+
+def _table_requests(per_order: dict[str, float]) -> float:
+    return round(sum(v for k, v in per_order.items() if k.startswith("table.")), 2)
+
+
+def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
+    measured_kinds = [k for k in KINDS if k in results["rates"]]
+    lines = [
+        f"Measured {results['when']} on {results['machine']}"
+        + (" — `--quick` run" if results["quick"] else "")
+        + ".",
+        "",
+        "**Raw rates** (requests/s, 8 threads, this run's Azurite):",
+        "",
+        "| " + " | ".join(measured_kinds) + " |",
+        "|" + "---|" * len(measured_kinds),
+        "| " + " | ".join(f"{results['rates'][k]:g}" for k in measured_kinds) + " |",
+        "",
+    ]
+    for commit, measured in results["commits"].items():
+        lines += [
+            f"**Requests per order, commit `{commit}`** (exact; receives: one per message "
+            "delivered; the sweep's share is off the order's path):",
+            "",
+            "| Workflow | Table requests | of which | Queue sends | Deletes | Receives "
+            "| Supervisor at the end | Limit from raw rates (orders/s) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for name, variant in measured["counts"]["variants"].items():
+            per = variant["per_order"]
+            detail = ", ".join(
+                f"{per[k]:g} {k.split('.')[1].replace('_', ' ')}"
+                for k in KINDS
+                if k.startswith("table.") and k in per
+            )
+            at_end = ", ".join(
+                f"{v:g} {k.split('.')[1].replace('_', ' ')}"
+                for k, v in variant["supervisor_at_end"].items()
+            )
+            lines.append(
+                f"| {name} | **{_table_requests(per):g}** | {detail} "
+                f"| {per.get('queue.send', 0):g} | {per.get('queue.delete', 0):g} "
+                f"| {per.get('queue.receive', 0):g} | {at_end} "
+                f"| {variant['limit_orders_per_s']} |"
+            )
+        sweep = measured["counts"].get("sweep_per_live_order", {})
+        lines += [
+            "",
+            "A sweep costs, per in-flight order and tick: "
+            + ", ".join(f"{v:g} {k}" for k, v in sweep.items())
+            + ".",
+            "",
+            f"**End to end, commit `{commit}`** (a burst of N orders, happy path, no status "
+            "subscriber):",
+            "",
+            "| Orders | Workers | Finished | Orders/s | p50 s | p95 s | p99 s "
+            "| % of the 3-step limit |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        limit = (
+            measured["counts"]["variants"]
+            .get("3-step, no status subscriber", {})
+            .get("limit_orders_per_s")
+        )
+        for run in measured["e2e"]:
+            share = f"{100 * run['orders_per_s'] / limit:.0f} %" if limit else "-"
+            lines.append(
+                f"| {run['orders']} | {run['workers']} | {run['finished']} "
+                f"| {run['orders_per_s']:g} | {run['p50_s']:g} | {run['p95_s']:g} "
+                f"| {run['p99_s']:g} | {share} |"
+            )
+        lines.append("")
+    sweep = results.get("sweep")
+    if sweep:
+        lines += [
+            "**Supervisor sweep** (median of 3): "
+            f"{sweep['live']} in flight alone {sweep['sweep_s_live_only']} s; "
+            f"beside {sweep['finished']:,} finished orders {sweep['sweep_s_with_finished']} s "
+            f"(ratio {sweep['ratio']})"
+            + "".join(
+                f"; {k.split('_')[2]} in flight {v} s"
+                for k, v in sweep.items()
+                if k.startswith("sweep_s_") and k.endswith("_live")
+            )
+            + ".",
+            "",
+        ]
+    if chart_name:
+        lines += [f"![Throughput and latency per worker count]({chart_name})", ""]
+    return "\n".join(lines)
+
+
+def chart(results: dict[str, Any], path: Path) -> Path | None:
+    """Throughput and p50 latency per worker count, per commit and batch, with the limit."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 4))
+    for commit, measured in results["commits"].items():
+        batches = sorted({run["orders"] for run in measured["e2e"]})
+        for batch in batches:
+            runs = [run for run in measured["e2e"] if run["orders"] == batch]
+            workers = [run["workers"] for run in runs]
+            label = f"{commit}, {batch} orders"
+            throughput.plot(workers, [run["orders_per_s"] for run in runs], "o-", label=label)
+            latency.plot(workers, [run["p50_s"] for run in runs], "o-", label=label)
+        limit = measured["counts"]["variants"]["3-step, no status subscriber"]["limit_orders_per_s"]
+        if limit:
+            throughput.axhline(limit, linestyle="--", label=f"{commit}: limit from raw rates")
+    throughput.set_xlabel("dev-host workers")
+    throughput.set_ylabel("orders/s")
+    throughput.set_title("Throughput (3-step orders)")
+    latency.set_xlabel("dev-host workers")
+    latency.set_ylabel("p50 latency, s")
+    latency.set_title("Latency of a burst")
+    every_workers = sorted(
+        {run["workers"] for measured in results["commits"].values() for run in measured["e2e"]}
+    )
+    for axis in (throughput, latency):
+        axis.grid(alpha=0.3)
+        axis.legend(fontsize=7)
+        axis.set_ylim(bottom=0)
+        axis.set_xticks(every_workers)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def into_document(document: Path, section: str) -> None:
+    """Replace the generated section of ``document`` (between the bench markers)."""
+    text = document.read_text()
+    head, found, rest = text.partition(BEGIN)
+    if not found:
+        raise ValueError(f"{document} has no {BEGIN} marker")
+    _, found_end, tail = rest.partition(END)
+    if not found_end:
+        raise ValueError(f"{document} has no {END} marker")
+    document.write_text(f"{head}{BEGIN}\n{section}\n{END}{tail}")

@@ -1,0 +1,71 @@
+"""The benchmark runs (``--quick``, as in CI) and reports every part; nothing is timed here.
+
+Its figures are read by people (docs/benchmarks.md); this test only keeps it from rotting and
+checks what it reports is shaped right and self-consistent."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sas_local.bench import rates, report
+from sas_local.processes import REPO_ROOT
+
+pytestmark = pytest.mark.bench
+
+
+@pytest.mark.timeout(600)
+def test_the_quick_benchmark_reports_every_part(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "sas_local.bench", "--quick", "--out", str(tmp_path)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=580,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert set(results["rates"]) >= {"table.transaction", "table.point_read", "queue.send"}
+    assert all(rate > 0 for rate in results["rates"].values())
+    (measured,) = results["commits"].values()
+    variants = measured["counts"]["variants"]
+    one, three = variants["1-step, no status subscriber"], variants["3-step, no status subscriber"]
+    table = report._table_requests
+    # Each step adds requests; a status subscriber adds sends, never table requests.
+    assert table(three["per_order"]) > table(one["per_order"]) > 0
+    subscribed = variants["3-step, with status subscriber"]["per_order"]
+    assert subscribed["queue.send"] > three["per_order"]["queue.send"]
+    assert three["limit_orders_per_s"] > 0
+    assert {run["workers"] for run in measured["e2e"]} == {1, 2}
+    assert all(run["finished"] == run["orders"] for run in measured["e2e"])
+    assert results["sweep"]["live"] == 100 and results["sweep"]["sweep_s_live_only"] > 0
+    document = (tmp_path / "benchmarks.md").read_text()
+    assert report.BEGIN in document and "Requests per order" in document
+    assert (tmp_path / "benchmarks.png").stat().st_size > 0
+
+
+def test_the_limit_adds_up_each_request_s_share_of_the_store() -> None:
+    limit = rates.order_limit({"table.point_read": 2, "queue.send": 1}, {
+        "table.point_read": 100.0, "queue.send": 50.0
+    })  # fmt: skip
+    assert limit == 25.0  # 2/100 + 1/50 = 0.04 s of store time per order
+    assert rates.order_limit({"table.merge": 1}, {"table.update": 10.0}) == 10.0
+    assert rates.order_limit({"table.point_read": 1}, {}) is None
+
+
+def test_the_generated_section_replaces_only_what_lies_between_the_markers(
+    tmp_path: Path,
+) -> None:
+    document = tmp_path / "doc.md"
+    document.write_text(f"# Title\n\nkept\n\n{report.BEGIN}\nold\n{report.END}\n\nalso kept\n")
+    report.into_document(document, "new figures")
+    assert document.read_text() == (
+        f"# Title\n\nkept\n\n{report.BEGIN}\nnew figures\n{report.END}\n\nalso kept\n"
+    )
+    document.write_text("no markers")
+    with pytest.raises(ValueError, match="marker"):
+        report.into_document(document, "x")
