@@ -77,6 +77,10 @@ def _table_kind(method: str, path: str, query: str, headers: Any) -> str | None:
         return "table.transaction"
     if path.endswith("/Tables") or "Tables(" in path:
         return None  # provisioning
+    if "PartitionKey='~breaker'" in path:
+        # The circuit breaker's shared state: read at most once per cache period per process,
+        # so its share per order depends on timing. Counted apart from the order's own rows.
+        return "breaker.read" if method == "GET" else "breaker.write"
     keyed = re.search(r"\(PartitionKey='.*',RowKey='.*'\)$", path) is not None
     if method == "GET":
         return "table.point_read" if keyed else "table.query"

@@ -175,14 +175,22 @@ def measure(connection_string: str, *, concurrency: int, seconds: float) -> dict
     return {kind: round(rate, 1) for kind, rate in rates.items()}
 
 
+_SAME_COST_AS = {
+    "table": "table.update",
+    "breaker.read": "table.point_read",
+    "breaker.write": "table.update",
+}
+"""A kind whose rate was not measured costs about what this measured kind costs."""
+
+
 def order_limit(per_order: dict[str, float], rates: dict[str, float]) -> float | None:
     """Orders/s the raw rates allow for one order's requests: 1 / sum(count / rate)."""
     seconds = 0.0
     for kind, count in per_order.items():
         rate = rates.get(kind)
         if rate is None:
-            fallback = "table.update" if kind.startswith("table.") else "queue.send"
-            rate = rates.get(fallback)
+            rate = rates.get(_SAME_COST_AS.get(kind.split(".")[0], "queue.send"))
+            rate = rates.get(_SAME_COST_AS.get(kind, ""), rate)
         if not rate:
             return None
         seconds += count / rate
