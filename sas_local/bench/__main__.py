@@ -146,9 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with store_and_remote(logs / "rates") as (azurite, _):
         progress("raw rates", started)
-        results["rates"] = rates.measure(
-            azurite.connection_string, concurrency=8, seconds=1.5 if quick else 6.0
-        )
+        results["rates"] = rates.measure(azurite.connection_string, seconds=1.5 if quick else 5.0)
         progress("sweep", started)
         results["sweep"] = sweep.measure(
             azurite.connection_string,

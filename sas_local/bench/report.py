@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from sas_local.bench import rates as rates_module
+
 KINDS = (
     "table.transaction",
     "table.point_read",
@@ -31,7 +33,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
         + (" — `--quick` run" if results["quick"] else "")
         + ".",
         "",
-        "**Raw rates** (requests/s, 8 threads, this run's Azurite):",
+        "**Raw rates** (requests/s from 4 processes of 4 threads, this run's Azurite):",
         "",
         "| " + " | ".join(measured_kinds) + " |",
         "|" + "---|" * len(measured_kinds),
@@ -41,7 +43,8 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
     for commit, measured in results["commits"].items():
         lines += [
             f"**Requests per order, commit `{commit}`** (exact; receives: one per message "
-            "delivered; the sweep's share is off the order's path):",
+            "delivered, which the limit counts at the host's batch of "
+            f"{rates_module.HOST_BATCH}; the sweep's share is off the order's path):",
             "",
             "| Workflow | Table requests | of which | Queue sends | Deletes | Receives "
             "| Supervisor at the end | Limit from raw rates (orders/s) |",
