@@ -43,6 +43,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--finished", type=int, default=None, help="finished orders beside the sweep")
     p.add_argument("--out", type=Path, default=REPO_ROOT / "docs", help="where to write")
     p.add_argument("--name", default="benchmarks", help="file stem of the outputs")
+    p.add_argument(
+        "--report-only", action="store_true", help="rewrite the page and chart from the JSON"
+    )
     return p
 
 
@@ -130,6 +133,9 @@ def progress(message: str, started: float) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.report_only:
+        write(json.loads((args.out / f"{args.name}.json").read_text()), args.out, args.name)
+        return 0
     quick = args.quick
     workers = [int(w) for w in (args.workers or ("1,2" if quick else "1,2,4")).split(",")]
     batches = [int(n) for n in (args.orders or ("40" if quick else "100,1000")).split(",")]
@@ -188,15 +194,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"{args.name}.json"
     json_path.write_text(json.dumps(results, indent=2) + "\n")
-    chart = report.chart(results, args.out / f"{args.name}.png")
+    print(write(results, args.out, args.name))
+    progress(f"done: {json_path}", started)
+    return 0
+
+
+def write(results: dict[str, Any], out: Path, name: str) -> str:
+    """The chart and the generated section of ``<name>.md`` (created if missing)."""
+    chart = report.chart(results, out / f"{name}.png")
     markdown = report.markdown(results, chart_name=chart.name if chart else None)
-    document = args.out / f"{args.name}.md"
+    document = out / f"{name}.md"
     if not document.exists():
         document.write_text(f"# Benchmark results\n\n{report.BEGIN}\n{report.END}\n")
     report.into_document(document, markdown)
-    print(markdown)
-    progress(f"done: {json_path}", started)
-    return 0
+    return markdown
 
 
 def _cpus() -> int:

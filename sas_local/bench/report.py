@@ -63,7 +63,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             )
             breaker = per.get("breaker.read", 0) + per.get("breaker.write", 0)
             if breaker:
-                detail += f" (+ {breaker:g} circuit-breaker reads, cached per process)"
+                detail += f" (+ {breaker:.2g} circuit-breaker reads, cached per process)"
             lines.append(
                 f"| {name} | **{_table_requests(per):g}** | {detail} "
                 f"| {per.get('queue.send', 0):g} | {per.get('queue.delete', 0):g} "
