@@ -21,6 +21,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
+from sas.domain.wire import LIVE_PARTITION
 from sas_local.stack import LocalStack
 
 TERMINAL = ("Processed", "Compensated", "Error")
@@ -81,7 +82,7 @@ def run(
         while time.monotonic() < deadline:
             live = list(
                 table.query_entities(
-                    "PartitionKey eq @pk", parameters={"pk": "~live"}, select=["RowKey"]
+                    "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}, select=["RowKey"]
                 )
             )
             queued = queue.get_queue_properties().approximate_message_count
