@@ -57,8 +57,8 @@ def run(argv: Sequence[str] | None = None, client: httpx.Client | None = None) -
     again = orders.add_parser("resubmit", help="run a failed (Error) order again")
     again.add_argument("order_id")
     again.add_argument("--actor", default=os.environ.get("USER", "operator"))
-    _add_rejected(nouns)
-    _add_poison(nouns)
+    for noun in MESSAGE_NOUNS:
+        _add_message_noun(nouns, noun)
     args = parser.parse_args(argv)
     http = client or _client(args.url, args.key)
     try:
@@ -79,10 +79,8 @@ def run(argv: Sequence[str] | None = None, client: httpx.Client | None = None) -
 
 
 def _request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
-    if args.noun == "rejected":
-        return _rejected_request(http, args)
-    if args.noun == "poison":
-        return _poison_request(http, args)
+    if args.noun in MESSAGE_NOUNS:
+        return _message_request(http, args)
     if args.verb == "list":
         return http.get("/api/orders", params={"state": args.state, "limit": args.limit})
     # Quoted whole: an id with '#', '?' or '/' must never address another order or route.
@@ -93,10 +91,8 @@ def _request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
 
 
 def _render(args: argparse.Namespace, body: Any) -> None:
-    if args.noun == "rejected":
-        _render_rejected(args, body)
-    elif args.noun == "poison":
-        _render_poison(args, body)
+    if args.noun in MESSAGE_NOUNS:
+        _render_messages(args, body)
     elif args.verb == "list":
         orders = [
             (o["order_id"], o["process_state"], o["step"], o["attempt"], o["failure_count"],
@@ -124,92 +120,60 @@ def _render(args: argparse.Namespace, body: Any) -> None:
         console.print(f"resubmitted {body['order_id']}: now {body['process_state']}")
 
 
-def _add_rejected(nouns: Any) -> None:
-    rejected = nouns.add_parser("rejected", help="messages the app parked").add_subparsers(
-        dest="verb", required=True
-    )
-    rejected.add_parser("list", help="messages parked as unprocessable").add_argument(
-        "--limit", type=int, default=100
-    )
-    rejected.add_parser("replay", help="send one back to its queue as it was").add_argument(
-        "parked_id"
-    )
-    rejected.add_parser("discard", help="delete one for good").add_argument("parked_id")
+# Parked (rejected) and poisoned messages are two stores with the same three verbs.
+MESSAGE_NOUNS = {
+    "rejected": (
+        "/api/rejected",
+        "messages the app parked",
+        "send one back to its queue as it was",
+    ),
+    "poison": (
+        "/api/poison",
+        "messages the host gave up on",
+        "send one back to its queue unchanged",
+    ),
+}
 
 
-def _rejected_request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
+def _add_message_noun(nouns: Any, noun: str) -> None:
+    _, about, replay = MESSAGE_NOUNS[noun]
+    verbs = nouns.add_parser(noun, help=about).add_subparsers(dest="verb", required=True)
+    verbs.add_parser("list", help=about).add_argument("--limit", type=int, default=100)
+    verbs.add_parser("replay", help=replay).add_argument("message_id")
+    verbs.add_parser("discard", help="delete one for good").add_argument("message_id")
+
+
+def _message_request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
+    path = MESSAGE_NOUNS[args.noun][0]
     if args.verb == "list":
-        return http.get("/api/rejected", params={"limit": args.limit})
+        return http.get(path, params={"limit": args.limit})
     # Quoted whole, like an order id: an id must never address another route.
-    parked = quote(args.parked_id, safe="")
+    message = quote(args.message_id, safe="")
     if args.verb == "replay":
-        return http.post(f"/api/rejected/{parked}/replay")
-    return http.delete(f"/api/rejected/{parked}")
+        return http.post(f"{path}/{message}/replay")
+    return http.delete(f"{path}/{message}")
 
 
-def _render_rejected(args: argparse.Namespace, body: Any) -> None:
+def _render_messages(args: argparse.Namespace, body: Any) -> None:
     if args.verb != "list":
         console.print(f"{body['status']} {body['id']}")
         return
+    if args.noun == "rejected":
+        title, columns = "rejected messages", ("#", "at", "queue", "age", "reason", "body")
+        cells = [(m["at"], m["queue"], _age(m["age_seconds"]), m["reason"]) for m in body]
+    else:
+        title = "poison and dead-lettered messages"
+        columns = ("#", "queue", "age", "deliveries", "reason", "body")
+        cells = [
+            (m["queue"], _age(m["age_seconds"]), m["delivery_count"], m["reason"]) for m in body
+        ]
     rows = [
-        (
-            number,
-            r["at"],
-            r["queue"],
-            _age(r["age_seconds"]),
-            r["reason"],
-            (r["body_text"] if r["body_text"] is not None else "<binary>")[:60],
-        )
-        for number, r in enumerate(body, 1)
+        (number, *cell, (m["body_text"] if m["body_text"] is not None else "<binary>")[:60])
+        for number, (cell, m) in enumerate(zip(cells, body, strict=True), 1)
     ]
-    columns = ("#", "at", "queue", "age", "reason", "body")
-    console.print(_table("rejected messages", columns, rows))
-    for number, r in enumerate(body, 1):  # ids in full, never wrapped: to copy into replay
-        console.print(f"#{number} {r['id']}", soft_wrap=True, highlight=False)
-
-
-def _add_poison(nouns: Any) -> None:
-    poison = nouns.add_parser("poison", help="messages the host gave up on").add_subparsers(
-        dest="verb", required=True
-    )
-    poison.add_parser("list", help="poison and dead-lettered messages").add_argument(
-        "--limit", type=int, default=100
-    )
-    poison.add_parser("replay", help="send one back to its queue unchanged").add_argument(
-        "poison_id"
-    )
-    poison.add_parser("discard", help="delete one for good").add_argument("poison_id")
-
-
-def _poison_request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
-    if args.verb == "list":
-        return http.get("/api/poison", params={"limit": args.limit})
-    # Quoted whole, like an order id: an id must never address another route.
-    poisoned = quote(args.poison_id, safe="")
-    if args.verb == "replay":
-        return http.post(f"/api/poison/{poisoned}/replay")
-    return http.delete(f"/api/poison/{poisoned}")
-
-
-def _render_poison(args: argparse.Namespace, body: Any) -> None:
-    if args.verb != "list":
-        console.print(f"{body['status']} {body['id']}")
-        return
-    rows = [
-        (
-            number,
-            p["queue"],
-            _age(p["age_seconds"]),
-            p["delivery_count"],
-            p["reason"],
-            (p["body_text"] if p["body_text"] is not None else "<binary>")[:60],
-        )
-        for number, p in enumerate(body, 1)
-    ]
-    columns = ("#", "queue", "age", "deliveries", "reason", "body")
-    console.print(_table("poison and dead-lettered messages", columns, rows))
-    for number, p in enumerate(body, 1):  # ids in full, never wrapped: to copy into replay
-        console.print(f"#{number} {p['id']}", soft_wrap=True, highlight=False)
+    console.print(_table(title, columns, rows))
+    for number, m in enumerate(body, 1):  # ids in full, never wrapped: to copy into replay
+        console.print(f"#{number} {m['id']}", soft_wrap=True, highlight=False)
 
 
 def _age(seconds: float | None) -> str:

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Path, Query, status
+from fastapi import FastAPI, HTTPException, Path, Query, Request, status
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from sas import bootstrap
@@ -23,6 +24,20 @@ from sas.domain.wire import ORDER_ID, submission_message_id
 from sas.domain.workflow import workflow_named
 
 api = FastAPI(title="sas", version="0.1.0", docs_url="/api/docs", openapi_url="/api/openapi.json")
+
+
+# Domain errors mean the same on every route: no such thing (404), or not now / not in this
+# state / someone else got there first (409).
+@api.exception_handler(NotFound)
+def _not_found(request: Request, exc: NotFound) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
+
+
+@api.exception_handler(IllegalTransition)
+@api.exception_handler(ConcurrencyConflict)
+def _conflict(request: Request, exc: Exception) -> JSONResponse:
+    return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
+
 
 OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
 Limit = Annotated[int, Query(ge=1, le=1000)]
@@ -135,10 +150,7 @@ def list_orders(state: ProcessState, limit: Limit = 100) -> list[StateView]:
 
 @api.get("/api/orders/{order_id}", response_model=OrderView)
 def get_order(order_id: OrderIdPath) -> OrderView:
-    try:
-        detail = bootstrap.operator().detail(order_id)
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    detail = bootstrap.operator().detail(order_id)
     return OrderView(
         **StateView.of(detail.state).model_dump(),
         details=detail.order.details,
@@ -151,12 +163,7 @@ def get_order(order_id: OrderIdPath) -> OrderView:
 def resubmit_order(order_id: OrderIdPath, request: ResubmitRequest | None = None) -> StateView:
     """Run a failed (Error) order's failed step again, from a clean failure count."""
     actor = (request or ResubmitRequest()).actor
-    try:
-        return StateView.of(bootstrap.operator().resubmit(order_id, actor=actor))
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    except (IllegalTransition, ConcurrencyConflict) as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    return StateView.of(bootstrap.operator().resubmit(order_id, actor=actor))
 
 
 @api.get("/api/rejected", response_model=list[RejectedView])
@@ -177,22 +184,14 @@ def replay_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
     """Send the original body back to the queue it came from, and remove it from rejected.
 
     409 if the body was kept only in part, or the queue is not one the app consumes."""
-    try:
-        bootstrap.operator().replay_rejected(parked_id, actor="operator")
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    except IllegalTransition as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    bootstrap.operator().replay_rejected(parked_id, actor="operator")
     return {"id": parked_id, "status": "replayed"}
 
 
 @api.delete("/api/rejected/{parked_id}")
 def discard_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
     """Remove a rejected message for good."""
-    try:
-        bootstrap.operator().discard_rejected(parked_id, actor="operator")
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    bootstrap.operator().discard_rejected(parked_id, actor="operator")
     return {"id": parked_id, "status": "discarded"}
 
 
@@ -266,20 +265,12 @@ def list_poison(limit: Limit = 100) -> list[PoisonedView]:
 @api.post("/api/poison/{poison_id}/replay")
 def replay_poison(poison_id: PoisonIdPath) -> dict[str, str]:
     """Send the original message back to its queue unchanged, and remove it from poison."""
-    try:
-        bootstrap.operator().replay_poisoned(poison_id)
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
-    except IllegalTransition as exc:
-        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
+    bootstrap.operator().replay_poisoned(poison_id)
     return {"id": poison_id, "status": "replayed"}
 
 
 @api.delete("/api/poison/{poison_id}")
 def discard_poison(poison_id: PoisonIdPath) -> dict[str, str]:
     """Remove a poisoned message for good."""
-    try:
-        bootstrap.operator().discard_poisoned(poison_id)
-    except NotFound as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, str(exc)) from None
+    bootstrap.operator().discard_poisoned(poison_id)
     return {"id": poison_id, "status": "discarded"}

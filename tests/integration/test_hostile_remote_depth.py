@@ -12,19 +12,15 @@ import json
 
 import httpx
 import pytest
-from azure.functions.queue import QueueMessage
 from azure.storage.queue import QueueServiceClient
 
 from sas import bootstrap, settings
 from sas.adapters.remote_http import HttpRemoteService
 from sas.domain.model import ProcessState
-from tests.integration.test_bad_input import VALID_ORDER, user_function
+from tests.integration.test_bad_input import VALID_ORDER
+from tests.integration.test_hostile_queue_escapes import run
 
 pytestmark = pytest.mark.integration
-
-
-def run(function: str, payload: bytes) -> None:
-    user_function(function)(QueueMessage(id="m1", body=payload, dequeue_count=1))
 
 
 def take(azurite, setting: str) -> list[bytes]:

@@ -8,16 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from azure.functions.queue import QueueMessage
 
 from sas import bootstrap
-from tests.integration.test_bad_input import VALID_ORDER, user_function
+from tests.integration.test_bad_input import VALID_ORDER
+from tests.integration.test_hostile_queue_escapes import parked_reasons, run
 
 pytestmark = pytest.mark.integration
-
-
-def run(function: str, payload: bytes) -> None:
-    user_function(function)(QueueMessage(id="m1", body=payload, dequeue_count=1))
 
 
 def test_a_current_reply_with_a_40_kib_result_is_settled(app_env, table):
@@ -38,4 +34,7 @@ def test_a_current_reply_with_a_40_kib_result_is_settled(app_env, table):
     }
     body = json.dumps(reply, ensure_ascii=False).encode()
     assert len(body) < 48 * 1024
-    run("on_reply", body)  # must return normally
+    run("on_reply", body)  # must return normally, parked, the order unchanged
+    assert any("result" in reason for reason in parked_reasons())
+    after = bootstrap.store().get_state("o1")
+    assert after is not None and after.value == state
