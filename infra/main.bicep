@@ -42,9 +42,9 @@ param principalType string = 'User'
 ])
 param transport string = 'servicebus'
 
-@description('Table holding orders, state and steps (SAS_TABLE_NAME).')
+@description('Table holding orders, state and steps (SAS_TABLE_NAME); its in-flight table is this name + "live".')
 @minLength(3)
-@maxLength(63)
+@maxLength(59)
 param tableName string = 'sasorders'
 
 @description('Base URL of the remote inventory service (SAS_REMOTE_INVENTORY_URL).')
@@ -133,6 +133,8 @@ var alertsQueueName = queueSettings.SAS_QUEUE_ALERTS
 // operators read. Receive-side roles are scoped to exactly these queues.
 var triggerQueueNames = filter(queueNames, queue => queue != alertsQueueName)
 var useServiceBus = transport == 'servicebus'
+// The in-flight table's name is the orders table's + this (sas/domain/wire.py, live_table_name).
+var liveTableSuffix = 'live'
 
 var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
 var tags = {
@@ -176,6 +178,7 @@ module storage 'modules/storage.bicep' = {
     location: location
     tags: tags
     tableName: tableName
+    liveTableName: '${tableName}${liveTableSuffix}'
     deploymentContainerName: deploymentContainerName
     queueNames: useServiceBus ? [] : queueNames
   }

@@ -24,6 +24,10 @@ from sas.services.scheduler import Scheduler
 from sas.services.submission import Submission
 from sas.services.supervisor import Supervisor
 
+SUPERVISOR_PARALLELISM = 8
+"""Due orders a sweep examines at once: each costs a read or two, mostly waiting on the
+network, so a few threads keep a sweep over a thousand in-flight orders inside one period."""
+
 _lock = threading.RLock()
 _cached: list[Callable[..., Any]] = []
 T = TypeVar("T")
@@ -85,10 +89,19 @@ def _table() -> Any:
 
 
 @_once
+def _live_table() -> Any:
+    """The in-flight table (the Supervisor's index), beside the orders table."""
+    from sas.adapters.clients import table_client
+
+    s = settings()
+    return table_client(s.storage, s.live_table_name)
+
+
+@_once
 def store() -> StateStore:
     from sas.adapters.tables import TableStateStore
 
-    return TableStateStore(_table())
+    return TableStateStore(_table(), _live_table())
 
 
 @_once
@@ -126,8 +139,14 @@ def poison() -> PoisonStore:
 
 @_once
 def submission() -> Submission:
+    s = settings()
     return Submission(
-        store(), transport(), routes(), clock(), reply_to_prefixes=settings().reply_to_prefixes
+        store(),
+        transport(),
+        routes(),
+        clock(),
+        instance_id=s.instance_id,
+        reply_to_prefixes=s.reply_to_prefixes,
     )
 
 
@@ -142,7 +161,15 @@ def supervisor() -> Supervisor:
     policy = RetryPolicy(
         max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
     )
-    return Supervisor(store(), transport(), routes(), clock(), s.instance_id, policy)
+    return Supervisor(
+        store(),
+        transport(),
+        routes(),
+        clock(),
+        s.instance_id,
+        policy,
+        parallelism=SUPERVISOR_PARALLELISM,
+    )
 
 
 @_once

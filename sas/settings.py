@@ -17,7 +17,7 @@ from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
 from sas.domain.errors import ConfigurationError
-from sas.domain.wire import APP_QUEUE_NAME, REPLY_TO_PREFIX, TABLE_NAME_RULE
+from sas.domain.wire import APP_QUEUE_NAME, REPLY_TO_PREFIX, TABLE_NAME_RULE, live_table_name
 from sas.domain.workflow import AGENTS
 
 TransportKind = Literal["servicebus", "storage"]
@@ -96,6 +96,16 @@ class Settings:
     deadline before it calls a step expired."""
     reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
     """A submitter's status queue must start with one of these (the app's own never may)."""
+
+    @property
+    def live_table_name(self) -> str:
+        """The in-flight table (the Supervisor's index) beside the orders table."""
+        return live_table_name(self.table_name)
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """Every table the app uses: what provisioning (Bicep, or locally) creates."""
+        return (self.table_name, self.live_table_name)
 
     def queue(self, key: str) -> str:
         return self.queues[key]

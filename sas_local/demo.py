@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from sas.adapters.clients import queue_service_client, table_client
+from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import InvalidMessage
@@ -137,7 +137,7 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
     status_queue = queue_service_client(settings.storage).get_queue_client(
         STATUS_QUEUE, message_decode_policy=TextBase64DecodePolicy()
     )
-    store = TableStateStore(table_client(settings.storage, settings.table_name))
+    store = TableStateStore.connect(settings.storage, settings.table_name)
     tracker = Tracker()
     batch = [demo_order(i, run_id) for i in range(orders)]
     crash = "none"

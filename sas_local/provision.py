@@ -1,4 +1,4 @@
-"""Create the table and queues the app uses (locally; in Azure the Bicep creates them).
+"""Create the tables and queues the app uses (locally; in Azure the Bicep creates them).
 
 Run: `python -m sas_local.provision` with the same settings as the app.
 """
@@ -18,7 +18,9 @@ from sas_local.devhost.config import load_settings
 
 
 def provision(settings: settings_module.Settings, extra_queues: tuple[str, ...] = ()) -> None:
-    table_service_client(settings.storage).create_table_if_not_exists(settings.table_name)
+    tables = table_service_client(settings.storage)
+    for table in settings.tables:
+        tables.create_table_if_not_exists(table)
     queues = queue_service_client(settings.storage)
     for name in (*settings.queues.values(), *extra_queues):
         with suppress(ResourceExistsError):
@@ -37,7 +39,7 @@ def main() -> None:
     values = load_settings(args.settings, os.environ, explicit=args.settings is not None)
     settings = settings_module.load(values)
     provision(settings)
-    print(f"provisioned table {settings.table_name} and {len(settings.queues)} queues")
+    print(f"provisioned tables {', '.join(settings.tables)} and {len(settings.queues)} queues")
 
 
 if __name__ == "__main__":

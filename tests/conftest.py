@@ -9,6 +9,7 @@ import pytest
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import QueueServiceClient
 
+from sas.domain.wire import live_table_name
 from sas_local.azurite import Azurite
 
 
@@ -23,8 +24,10 @@ def table(azurite: Azurite) -> Iterator[TableClient]:
     service = TableServiceClient.from_connection_string(azurite.connection_string)
     name = f"t{uuid.uuid4().hex[:16]}"
     client = service.create_table(name)
+    service.create_table(live_table_name(name))  # the in-flight table that goes with it
     yield client
     service.delete_table(name)
+    service.delete_table(live_table_name(name))
 
 
 @pytest.fixture

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -49,6 +50,13 @@ class Sent:
 class RecordingTransport:
     sent: list[Sent] = field(default_factory=list)
     missing_queues: set[str] = field(default_factory=set)
+    waiting_since: dict[str, datetime] = field(default_factory=dict)
+    """What ``oldest_waiting`` answers, per queue (nothing waits by default)."""
+    peeks: list[str] = field(default_factory=list)
+
+    def oldest_waiting(self, queue: str) -> datetime | None:
+        self.peeks.append(queue)
+        return self.waiting_since.get(queue)
 
     def send(
         self,
@@ -81,14 +89,16 @@ class InMemoryStore:
         self.live: dict[str, LiveMarker] = {}
 
     def create_order(
-        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+        self,
+        order: OrderRecord,
+        state: OrderState,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
     ) -> None:
         if order.order_id in self.orders or state.order_id in self.states:
             raise AlreadyExists(order.order_id)
         self.orders[order.order_id] = order
         self.states[state.order_id] = (state, next(self._etags))
-        if history is not None:
-            self.history.append(history)
+        self.history.extend([history] if isinstance(history, HistoryEntry) else history or ())
 
     def get_order(self, order_id: str) -> OrderRecord | None:
         return self.orders.get(order_id)
@@ -98,7 +108,12 @@ class InMemoryStore:
         return None if found is None else Versioned(*found)
 
     def update_state(
-        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+        self,
+        state: OrderState,
+        etag: str,
+        history: HistoryEntry | None = None,
+        *,
+        step: StepRecord | None = None,
     ) -> str:
         found = self.states.get(state.order_id)
         if found is None:
@@ -109,6 +124,8 @@ class InMemoryStore:
         self.states[state.order_id] = (state, new)
         if history is not None:
             self.history.append(history)
+        if step is not None:
+            self.steps[(step.order_id, step.index)] = step
         return new
 
     def add_history(self, entry: HistoryEntry) -> None:
@@ -117,11 +134,21 @@ class InMemoryStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return [h for h in self.history if h.order_id == order_id]
 
-    def touch_live(self, order_id: str, at: datetime) -> None:
-        self.live[order_id] = LiveMarker(order_id, at, next(self._etags))
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
+        self.live[order_id] = LiveMarker(order_id, at, next(self._etags), due_at)
 
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())
+
+    def list_due(self, at: datetime) -> list[LiveMarker]:
+        return [m for m in self.live.values() if m.due_at <= at]
+
+    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
+        current = self.live.get(marker.order_id)
+        if current is None or current.etag != marker.etag:
+            return False
+        self.live[marker.order_id] = replace(current, etag=next(self._etags), due_at=due_at)
+        return True
 
     def drop_live(self, marker: LiveMarker) -> bool:
         current = self.live.get(marker.order_id)
@@ -133,9 +160,6 @@ class InMemoryStore:
     def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
         found = [s for s, _ in self.states.values() if s.process_state is process_state]
         return found[:limit]
-
-    def record_step(self, step: StepRecord) -> None:
-        self.steps[(step.order_id, step.index)] = step
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
         return [s for (oid, _), s in sorted(self.steps.items()) if oid == order_id]

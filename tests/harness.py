@@ -12,11 +12,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from azure.data.tables import TableClient
+
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import NotFound, PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import Message, OrderSubmitted, ScheduleRequest, StepReply, StepRequest
 from sas.domain.model import OrderState
 from sas.domain.transitions import RetryPolicy
+from sas.domain.wire import live_table_name
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.agent import AgentRunner
 from sas.services.operator import Operator
@@ -71,6 +74,12 @@ class Bus:
         )
         self.queues[queue].append(envelope)
         self.sent.append((queue, envelope))
+
+    def oldest_waiting(self, queue: str) -> datetime | None:
+        """As a peek sees it: the visible (due) messages only."""
+        now = self.clock.now()
+        due = [e.due for e in self.queues[queue] if e.due <= now]
+        return min(due) if due else None
 
     def take(self, queue: str) -> list[Message]:
         """Remove and return the messages of ``queue`` that are due."""
@@ -140,11 +149,24 @@ class LedgerRemote:
         }
 
 
+def live_table_of(table: TableClient) -> TableClient:
+    """The in-flight table beside ``table`` (the ``table`` fixture creates both)."""
+    return TableClient(
+        endpoint=table.url,
+        table_name=live_table_name(table.table_name),
+        credential=table.credential,
+    )
+
+
+def store_on(table: TableClient) -> TableStateStore:
+    return TableStateStore(table, live_table_of(table))
+
+
 class World:
     def __init__(self, table: Any, *, max_failures: int = 3) -> None:
         self.clock = FakeClock()
         self.bus = Bus(self.clock)
-        self.store = TableStateStore(table)
+        self.store = store_on(table)
         self.remote = LedgerRemote(self.clock)
         self.policy = RetryPolicy(max_failures=max_failures, base_backoff=timedelta(seconds=2))
         self.submission = Submission(self.store, self.bus, ROUTES, self.clock)
@@ -204,6 +226,11 @@ class World:
             if not delivered:
                 return
         raise AssertionError("the world did not settle")
+
+    def make_due(self, order_id: str) -> None:
+        """Mark the order's in-flight marker due now, as time would (a sweep lists only due
+        markers): for tests that sweep at a moment of their choosing."""
+        self.store.touch_live(order_id, self.clock.now(), self.clock.now())
 
     def tick(self, advance_seconds: float = 0) -> Any:
         self.clock.advance(advance_seconds)

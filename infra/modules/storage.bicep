@@ -1,11 +1,14 @@
 // One storage account for the Functions host (AzureWebJobsStorage), the deployment package
-// and the app (orders table; Storage Queues when the storage transport is selected).
+// and the app (orders table and its in-flight table; Storage Queues when the storage transport
+// is selected).
 // Shared keys are off: every client, the host included, uses Entra ID.
 
 param name string
 param location string
 param tags object = {}
 param tableName string
+@description('The in-flight table beside the orders table: the Supervisor\'s index, kept apart so its query never passes finished history.')
+param liveTableName string
 param deploymentContainerName string
 @description('Queues of the storage transport; a "<name>-poison" queue is added for each (the Functions host moves a message there after maxDequeueCount failures). Empty for the Service Bus transport.')
 param queueNames array = []
@@ -59,6 +62,11 @@ resource tableServices 'Microsoft.Storage/storageAccounts/tableServices@2023-05-
 resource ordersTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
   parent: tableServices
   name: tableName
+}
+
+resource liveTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = {
+  parent: tableServices
+  name: liveTableName
 }
 
 resource queueServices 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {

@@ -22,8 +22,8 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable
-from datetime import timedelta
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 from uuid import UUID
 
@@ -57,10 +57,25 @@ class SenderLike(Protocol):
     def close(self) -> None: ...
 
 
+class PeekedLike(Protocol):
+    @property
+    def enqueued_time_utc(self) -> datetime | None: ...
+
+
+class ReceiverLike(Protocol):
+    """The part of ``azure.servicebus.ServiceBusReceiver`` this adapter uses (peek only)."""
+
+    def peek_messages(self, max_message_count: int = 1) -> Sequence[PeekedLike]: ...
+
+    def close(self) -> None: ...
+
+
 class ClientLike(Protocol):
     """The part of ``azure.servicebus.ServiceBusClient`` this adapter uses."""
 
     def get_queue_sender(self, queue_name: str) -> SenderLike: ...
+
+    def get_queue_receiver(self, queue_name: str) -> ReceiverLike: ...
 
     def close(self) -> None: ...
 
@@ -136,6 +151,25 @@ class ServiceBusTransport:
             outgoing.subject,
             delay_seconds,
         )
+
+    def oldest_waiting(self, queue: str) -> datetime | None:
+        """The enqueue time of the queue's first active message, by a peek (it locks nothing;
+        a message being processed under a lock is still seen, which is what a caller holding
+        off for it wants)."""
+        with self._lock:
+            if self._client is None:
+                self._client = self._client_factory()
+                log.info("servicebus.client_created endpoint=%s", self._endpoint)
+            client = self._client
+        receiver = client.get_queue_receiver(queue_name=queue)
+        try:
+            peeked = receiver.peek_messages(max_message_count=1)
+        except MessagingEntityNotFoundError as exc:
+            raise NotFound(f"Service Bus queue {queue!r} does not exist") from exc
+        finally:
+            _close_quietly(receiver, "receiver")
+        enqueued = peeked[0].enqueued_time_utc if peeked else None
+        return None if enqueued is None else enqueued.astimezone(UTC)
 
     def close(self) -> None:
         """Close every sender, the client and (via ``on_close``) the credential. Idempotent.
@@ -274,7 +308,7 @@ def _endpoint_of(connection_string: str) -> str:
     return "servicebus"
 
 
-def _close_quietly(closeable: SenderLike | ClientLike, what: str) -> None:
+def _close_quietly(closeable: SenderLike | ReceiverLike | ClientLike, what: str) -> None:
     try:
         closeable.close()
     except Exception as exc:  # closing is best effort; the link may already be broken

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64EncodePolicy
@@ -48,6 +49,16 @@ class StorageQueueTransport:
             "sas.message_sent",
             extra={"queue": queue, "message_id": message_id, "order_id": correlation_id},
         )
+
+    def oldest_waiting(self, queue: str) -> datetime | None:
+        """From a peek at the front of the queue (up to 32 messages: a Storage queue is only
+        roughly first-in first-out, so the oldest of them)."""
+        try:
+            peeked = self._client(queue).peek_messages(max_messages=32)
+        except ResourceNotFoundError:
+            raise NotFound(f"queue {queue} does not exist") from None
+        times = [m.inserted_on for m in peeked if m.inserted_on is not None]
+        return min(times).astimezone(UTC) if times else None
 
     def _client(self, queue: str) -> QueueClient:
         client = self._clients.get(queue)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
 )
@@ -41,36 +40,53 @@ from sas.domain.wire import (
     STATE_ROW,
     STEP_ROW_PREFIX,
     history_row_key,
+    live_table_name,
     prefix_range,
     rejected_row_key,
 )
+from sas.settings import Connection
 
 log = logging.getLogger(__name__)
 
-# The in-flight index (LIVE_PARTITION): one marker per order that may be in flight. The
-# Supervisor sweeps this partition, so a sweep costs in proportion to in-flight work, never to
-# history. A marker is written *before* its order can become live and removed only *after* it
-# is terminal, so a lost write leaves an extra marker (swept away later), never a live order
-# without one.
+# The in-flight index (LIVE_PARTITION of the in-flight table): one marker per order that may
+# be in flight, with the time it is due for a look. The Supervisor queries the due markers, so
+# a sweep costs in proportion to in-flight work that needs a look, never to history. A marker
+# is written *before* its order can become live and removed only *after* it is terminal, so a
+# lost write leaves an extra marker (swept away later), never a live order without one; its
+# due time is never later than the order's deadline (transitions.look_again_at).
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 
 
 class TableStateStore:
-    def __init__(self, table: TableClient) -> None:
+    def __init__(self, table: TableClient, live_table: TableClient) -> None:
         self._table = table
+        self._live = live_table
+
+    @classmethod
+    def connect(cls, connection: Connection, table_name: str) -> TableStateStore:
+        """The store on the orders table ``table_name`` and its in-flight table."""
+        from sas.adapters.clients import table_client
+
+        return cls(
+            table_client(connection, table_name),
+            table_client(connection, live_table_name(table_name)),
+        )
 
     # --- orders and state -------------------------------------------------------------
 
     def create_order(
-        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+        self,
+        order: OrderRecord,
+        state: OrderState,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
     ) -> None:
+        entries = [history] if isinstance(history, HistoryEntry) else list(history or ())
         operations: list[tuple[str, dict[str, Any]]] = [
             ("create", _order_entity(order)),
             ("create", _state_entity(state)),
+            *(("create", _history_entity(entry)) for entry in entries),
         ]
-        if history is not None:
-            operations.append(("create", _history_entity(history)))
         try:
             self._table.submit_transaction(operations)
         except TableTransactionError as exc:
@@ -89,12 +105,18 @@ class TableStateStore:
         return Versioned(_state_from(entity), entity.metadata["etag"])
 
     def update_state(
-        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+        self,
+        state: OrderState,
+        etag: str,
+        history: HistoryEntry | None = None,
+        *,
+        step: StepRecord | None = None,
     ) -> str:
-        """Replace the state if unchanged since ``etag``; with ``history``, in one transaction
-        (same partition), so the audit trail records exactly the transitions that happened."""
-        if history is not None:
-            return self._update_with_history(state, etag, history)
+        """Replace the state if unchanged since ``etag``; with ``history`` and ``step``, in one
+        transaction (same partition), so the audit trail records exactly the transitions that
+        happened and a step counts as done exactly when what its undo needs is kept."""
+        if history is not None or step is not None:
+            return self._update_in_transaction(state, etag, history, step)
         try:
             metadata = self._table.update_entity(
                 _state_entity(state),
@@ -109,16 +131,25 @@ class TableStateStore:
         new_etag: str = metadata["etag"]
         return new_etag
 
-    def _update_with_history(self, state: OrderState, etag: str, history: HistoryEntry) -> str:
+    def _update_in_transaction(
+        self,
+        state: OrderState,
+        etag: str,
+        history: HistoryEntry | None,
+        step: StepRecord | None,
+    ) -> str:
         conditional = {
             "mode": UpdateMode.REPLACE,
             "etag": etag,
             "match_condition": MatchConditions.IfNotModified,
         }
-        operations: list[Any] = [
-            ("update", _state_entity(state), conditional),
-            ("create", _history_entity(history)),
-        ]
+        operations: list[Any] = [("update", _state_entity(state), conditional)]
+        if history is not None:
+            operations.append(("create", _history_entity(history)))
+        if step is not None:
+            # An upsert: the record of a step run again (an operator's resubmit) replaces the
+            # earlier one, and only together with the state write the fence allowed.
+            operations.append(("upsert", _step_entity(step), {"mode": UpdateMode.REPLACE}))
         try:
             results = self._table.submit_transaction(operations)
         except TableTransactionError as exc:
@@ -144,24 +175,53 @@ class TableStateStore:
 
     # --- in-flight index --------------------------------------------------------------
 
-    def touch_live(self, order_id: str, at: datetime) -> None:
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
         """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
         re-touching changes its ETag so a concurrent drop_live of an older read fails."""
-        entity = {"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "TouchedAt": at}
-        self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        entity = {
+            "PartitionKey": LIVE_PARTITION,
+            "RowKey": order_id,
+            "TouchedAt": at,
+            "DueAt": due_at,
+        }
+        self._live.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
     def list_live(self) -> list[LiveMarker]:
-        entities = self._table.query_entities(
+        entities = self._live.query_entities(
             "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}
         )
-        return [
-            LiveMarker(e["RowKey"], utc(e["TouchedAt"]), str(e.metadata["etag"])) for e in entities
-        ]
+        return [_marker_from(e) for e in entities]
+
+    def list_due(self, at: datetime) -> list[LiveMarker]:
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk and DueAt le @at",
+            parameters={"pk": LIVE_PARTITION, "at": at},
+            results_per_page=1000,
+        )
+        return [_marker_from(e) for e in entities]
+
+    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
+        entity = {
+            "PartitionKey": LIVE_PARTITION,
+            "RowKey": marker.order_id,
+            "TouchedAt": marker.touched_at,
+            "DueAt": due_at,
+        }
+        try:
+            self._live.update_entity(
+                entity,
+                mode=UpdateMode.REPLACE,
+                etag=marker.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except (ResourceModifiedError, ResourceNotFoundError):
+            return False
+        return True
 
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""
         try:
-            self._table.delete_entity(
+            self._live.delete_entity(
                 LIVE_PARTITION,
                 marker.order_id,
                 etag=marker.etag,
@@ -187,26 +247,6 @@ class TableStateStore:
         return found
 
     # --- steps ------------------------------------------------------------------------
-
-    def record_step(self, step: StepRecord) -> None:
-        entity = _step_entity(step)
-        try:
-            self._table.create_entity(entity)
-            return
-        except ResourceExistsError:
-            pass
-        existing = self._get(step.order_id, step.row_key)
-        if existing is None or existing.get("Attempt") == step.attempt:
-            return  # a redelivery of the same completion: nothing to change
-        try:
-            self._table.update_entity(
-                entity,
-                mode=UpdateMode.REPLACE,
-                etag=existing.metadata["etag"],
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except (ResourceModifiedError, ResourceNotFoundError):
-            raise ConcurrencyConflict(f"step {step.row_key} of {step.order_id} changed") from None
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
         query = "PartitionKey eq @pk and RowKey ge @lo and RowKey lt @hi"
@@ -310,6 +350,16 @@ def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _marker_from(entity: Any) -> LiveMarker:
+    touched = utc(entity["TouchedAt"])
+    return LiveMarker(
+        entity["RowKey"],
+        touched,
+        str(entity.metadata["etag"]),
+        optional_utc(entity.get("DueAt")) or touched,
+    )
+
+
 def _order_entity(order: OrderRecord) -> dict[str, Any]:
     return _without_none(
         {
@@ -357,6 +407,10 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "UpdatedAt": state.updated_at,
             "FinishedAt": state.finished_at,
             "LastError": state.last_error,
+            "StatusEvents": state.status_events if state.status_events != "outcome" else None,
+            "Details": None
+            if state.details is None
+            else json.dumps(state.details, separators=(",", ":")),
         }
     )
 
@@ -381,6 +435,8 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         updated_at=utc(entity["UpdatedAt"]),
         finished_at=optional_utc(entity.get("FinishedAt")),
         last_error=entity.get("LastError"),
+        status_events="steps" if entity.get("StatusEvents") == "steps" else "outcome",
+        details=None if entity.get("Details") is None else json.loads(entity["Details"]),
     )
 
 

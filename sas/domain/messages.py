@@ -31,6 +31,7 @@ from sas.domain.wire import (
     QUEUE_NAME,
     STEP_NAME,
     Mode,
+    StatusLevel,
 )
 
 MAX_MESSAGE_BYTES = 48 * 1024
@@ -89,10 +90,17 @@ class OrderSubmitted(Message):
     details: OrderDetails
     reply_to: QueueName | None = None
     """The submitter's private status queue, for StatusEvents."""
+    status_events: StatusLevel = "outcome"
+    """``outcome``: how the order ends and whether it is being undone; ``steps``: every
+    step's progress as well (``STEP_EVENTS``)."""
 
     def fingerprint(self) -> str:
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        # The default level is left out, so an order's fingerprint is what it was before the
+        # field existed: a redelivery across an upgrade is still a redelivery.
+        unset = {"status_events"} if self.status_events == "outcome" else set()
+        document = self.model_dump(mode="json", exclude=unset)
+        canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -186,6 +194,16 @@ StatusKind = Literal[
     "compensated",
     "resubmitted",
 ]
+
+STEP_EVENTS: frozenset[str] = frozenset(
+    {"received", "step_started", "step_completed", "step_retry", "step_undone"}
+)
+"""Sent only to submitters who asked for ``status_events="steps"``; every other kind is an
+outcome (or a turn toward one) and always sent."""
+
+
+def wants_status(level: StatusLevel, status: StatusKind) -> bool:
+    return level == "steps" or status not in STEP_EVENTS
 
 
 class StatusEvent(Message):

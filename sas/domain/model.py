@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
-from sas.domain.wire import Mode, step_row_key
+from sas.domain.wire import Mode, StatusLevel, step_row_key
 
 
 class ProcessState(StrEnum):
@@ -61,6 +62,12 @@ class OrderState:
     """Who is sending the owed alert; nobody else sends it while the claim holds."""
     alert_claimed_until: datetime | None = None
     """When the claim lapses: a sender that died is replaced, with the same alert id."""
+    status_events: StatusLevel = "outcome"
+    """Which status events the submitter asked for (``reply_to``)."""
+    details: Mapping[str, Any] | None = field(default=None, hash=False)
+    """The order's details, as the agents need them in every step request: kept with the
+    state so dispatching a step reads nothing else. None in rows written before it was kept
+    (the order row then has them)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -116,11 +123,16 @@ class HistoryEntry:
 
 @dataclass(frozen=True)
 class LiveMarker:
-    """Index entry: this order may be in flight. The Supervisor sweeps these, not history."""
+    """Index entry: this order may be in flight. The Supervisor sweeps these, not history.
+
+    ``due_at``: the Supervisor must look at the order by then. It is never later than the
+    order's deadline, nor than any deadline a later transition can set (see
+    ``transitions.look_again_at``), so a sweep that lists only due markers misses nothing."""
 
     order_id: str
     touched_at: datetime
     etag: str
+    due_at: datetime
 
 
 T = TypeVar("T")

@@ -6,14 +6,16 @@ a write conditional on the ETag it read, so of two concurrent transitions one lo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
+from typing import Any
 
 from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.messages import StepReply
 from sas.domain.model import OrderState, ProcessState
-from sas.domain.wire import Mode
+from sas.domain.wire import Mode, StatusLevel
 from sas.domain.workflow import Workflow
 
 MAX_ERROR_LENGTH = 1000
@@ -35,12 +37,18 @@ class RetryPolicy:
     """How far apart instances' clocks may be. A deadline counts as passed only this long
     after it passed by the Supervisor's clock, so a Supervisor running ahead never expires a
     step its agent is still allowed to finish; recovery comes that much later."""
+    reply_hold: timedelta = timedelta(seconds=30)
+    """How long past its deadline a running step is not expired while a reply enqueued by the
+    deadline still waits in the replies queue (it may be this step's: expiring would run a
+    finished step again). Only a backlog of replies delays recovery, by at most this."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
             raise ValueError("max_failures must be at least 1")
         if self.clock_skew < timedelta(0):
             raise ValueError("clock_skew must not be negative")
+        if self.reply_hold < timedelta(0):
+            raise ValueError("reply_hold must not be negative")
 
     def expired(self, state: OrderState, now: datetime) -> bool:
         """A live record whose deadline (plus the skew allowance) has passed."""
@@ -55,7 +63,13 @@ class RetryPolicy:
 
 
 def initial_state(
-    order_id: str, workflow: Workflow, *, reply_to: str | None, now: datetime
+    order_id: str,
+    workflow: Workflow,
+    *,
+    reply_to: str | None,
+    now: datetime,
+    details: Mapping[str, Any] | None = None,
+    status_events: StatusLevel = "outcome",
 ) -> OrderState:
     """Pending, unlocked, attempt 0, with a pickup deadline."""
     return OrderState(
@@ -66,7 +80,26 @@ def initial_state(
         updated_at=now,
         complete_by=now + workflow.pickup_budget,
         reply_to=reply_to,
+        status_events=status_events,
+        details=details,
     )
+
+
+def look_again_at(state: OrderState, *, now: datetime, workflow: Workflow) -> datetime:
+    """When the Supervisor must look at this order next (its in-flight marker's ``due_at``).
+
+    The earlier of the order's own deadline and ``now`` + the workflow's shortest budget: any
+    transition made after ``now`` sets a deadline at least that far from its own time, so the
+    marker is due no later than any deadline the order can have until it is looked at again.
+    By another instance's clock that transition's time may read up to the skew allowance
+    earlier, but the Supervisor judges a deadline only that much after it passed, so the bound
+    still holds. A terminal order is due now: its marker is to be dropped."""
+    horizon = now + workflow.shortest_budget
+    if state.is_terminal:
+        return now
+    if state.complete_by is None:
+        return horizon
+    return min(state.complete_by, horizon)
 
 
 def claim(state: OrderState, *, instance_id: str, now: datetime, workflow: Workflow) -> OrderState:

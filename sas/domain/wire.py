@@ -81,13 +81,18 @@ APP_QUEUE_NAME = NameRule("app queue name", _QUEUE_NAME_BODY.format(inner=61 - l
 REPLY_TO_PREFIX = NameRule("reply-to prefix", r"[a-z0-9][a-z0-9-]{0,40}")
 """A prefix that a submitter's status queue must start with (SAS_REPLY_TO_PREFIXES)."""
 
-TABLE_NAME_RULE = NameRule("table name", r"[A-Za-z][A-Za-z0-9]{2,62}")
+TABLE_NAME_RULE = NameRule("table name", r"[A-Za-z][A-Za-z0-9]{2,58}")
+"""Table Storage allows 63 characters; 4 are kept for the in-flight table's suffix."""
 
 
 # --- step modes -------------------------------------------------------------------------
 
 Mode = Literal["do", "undo"]
 """``undo`` runs a completed step's compensating action (compensation walks steps backwards)."""
+
+StatusLevel = Literal["outcome", "steps"]
+"""Which status events a submitter asked for: ``outcome`` (the default) is how the order ends
+and whether it is being undone; ``steps`` adds every step's progress."""
 
 
 # --- idempotency keys and message ids ----------------------------------------------------
@@ -141,15 +146,26 @@ def _stamp(at: datetime) -> str:
 
 
 # --- table keys ----------------------------------------------------------------------------
-# One table. PartitionKey = OrderID for an order's rows, so they change together in one
+# The orders table. PartitionKey = OrderID for an order's rows, so they change together in one
 # entity-group transaction; a few '~' partitions (sorted after every order id) hold the rest.
+# Beside it, the in-flight table holds only the in-flight index, so the Supervisor's query
+# over it never passes finished history (Azurite scans a whole table for any query).
 
 ORDER_ROW = "order"
 STATE_ROW = "state"
 STEP_ROW_PREFIX = "step:"
 HISTORY_ROW_PREFIX = "hist:"
 LIVE_PARTITION = "~live"
-"""The in-flight index: one row per order that may be live, RowKey = OrderID."""
+"""The in-flight index (in the in-flight table): one row per order that may be live, RowKey =
+OrderID, with the time by which the Supervisor must look at it (``DueAt``)."""
+LIVE_TABLE_SUFFIX = "live"
+
+
+def live_table_name(table_name: str) -> str:
+    """The in-flight table that goes with the orders table ``table_name``."""
+    return f"{TABLE_NAME_RULE.check(table_name)}{LIVE_TABLE_SUFFIX}"
+
+
 REJECTED_PARTITION = "~rejected"
 """Messages parked as unprocessable, RowKey = time + random tail."""
 BREAKER_PARTITION = "~breaker"

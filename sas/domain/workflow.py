@@ -69,6 +69,11 @@ class Workflow:
     def longest_budget(self) -> timedelta:
         return max(step.budget for step in self.steps)
 
+    @property
+    def shortest_budget(self) -> timedelta:
+        """No transition sets a deadline nearer than this to its own time."""
+        return min(self.pickup_budget, *(step.budget for step in self.steps))
+
 
 _BUDGET = timedelta(seconds=15)
 

@@ -12,10 +12,17 @@ from enum import StrEnum
 
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
-from sas.domain.messages import OperatorAlert, ScheduleRequest, StatusEvent, StatusKind
+from sas.domain.messages import (
+    OperatorAlert,
+    ScheduleRequest,
+    StatusEvent,
+    StatusKind,
+    wants_status,
+)
 from sas.domain.model import HistoryEntry, OrderState, ProcessState
 from sas.domain.transitions import alert_sent, claim_alert
 from sas.domain.wire import (
+    StatusLevel,
     alert_message_id,
     schedule_message_id,
     schedule_wakeup_message_id,
@@ -93,16 +100,12 @@ class Consequences:
         """Status for a terminal state; for Error, the one operator alert it is owed."""
         now = state.updated_at
         if state.process_state is ProcessState.PROCESSED:
-            self.notify.status(state.reply_to, state.order_id, "completed", now)
+            self.notify.about(state, "completed", now)
         elif state.process_state is ProcessState.COMPENSATED:
-            self.notify.status(
-                state.reply_to, state.order_id, "compensated", now, detail=state.last_error
-            )
+            self.notify.about(state, "compensated", now, detail=state.last_error)
         elif state.process_state is ProcessState.ERROR:
             self.settle_alert(state, etag, wrote_claim=True)
-            self.notify.status(
-                state.reply_to, state.order_id, "failed", now, detail=state.last_error
-            )
+            self.notify.about(state, "failed", now, detail=state.last_error)
 
     def settle_alert(
         self, state: OrderState, etag: str, *, wrote_claim: bool = False
@@ -175,6 +178,26 @@ class Notifier:
         self._transport = transport
         self._routes = routes
 
+    def about(
+        self,
+        state: OrderState,
+        status: StatusKind,
+        at: datetime,
+        *,
+        step: str | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """``status`` to the order's submitter, if it asked for that kind of event."""
+        self.status(
+            state.reply_to,
+            state.order_id,
+            status,
+            at,
+            level=state.status_events,
+            step=step,
+            detail=detail,
+        )
+
     def status(
         self,
         reply_to: str | None,
@@ -182,10 +205,11 @@ class Notifier:
         status: StatusKind,
         at: datetime,
         *,
+        level: StatusLevel,
         step: str | None = None,
         detail: str | None = None,
     ) -> None:
-        if reply_to is None:
+        if reply_to is None or not wants_status(level, status):
             return
         event = StatusEvent(order_id=order_id, status=status, at=at, step=step, detail=detail)
         try:

@@ -14,7 +14,7 @@ from sas.domain.errors import ConfigurationError, IllegalTransition, NotFound
 from sas.domain.messages import MAX_MESSAGE_BYTES
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
 from sas.domain.poison import PoisonedMessage, consumed_queues
-from sas.domain.transitions import resubmit
+from sas.domain.transitions import look_again_at, resubmit
 from sas.domain.wire import is_rejected_row_key
 from sas.domain.workflow import workflow_named
 from sas.services.consequences import Consequences
@@ -132,7 +132,8 @@ class Operator:
         now = self._clock.now()
         workflow = workflow_named(current.value.workflow)
         again = resubmit(current.value, now=now, workflow=workflow)
-        self._store.touch_live(order_id, now)  # indexed before it is live again
+        due = look_again_at(again, now=now, workflow=workflow)
+        self._store.touch_live(order_id, now, due)  # indexed before it is live again
         entry = HistoryEntry(
             order_id=order_id,
             at=now,
@@ -146,10 +147,10 @@ class Operator:
         self._store.update_state(again, current.etag, entry)
         # Again after the write: a sweep that listed the first touch and saw Error may have
         # dropped the marker in between; this re-creates it (or makes that drop fail).
-        self._store.touch_live(order_id, now)
+        self._store.touch_live(order_id, now, due)
         log.warning("sas.order_resubmitted", extra={"order_id": order_id, "actor": actor[:100]})
         self._then.request_schedule(again)
-        self._then.notify.status(again.reply_to, order_id, "resubmitted", now)
+        self._then.notify.about(again, "resubmitted", now)
         return again
 
     # --- poison and dead-lettered messages ----------------------------------------------

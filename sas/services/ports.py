@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -21,7 +22,10 @@ from sas.domain.poison import PoisonedMessage
 
 class StateStore(Protocol):
     def create_order(
-        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+        self,
+        order: OrderRecord,
+        state: OrderState,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
     ) -> None:
         """Insert order, state (and history) together or not at all; AlreadyExists if taken."""
         ...
@@ -31,32 +35,45 @@ class StateStore(Protocol):
     def get_state(self, order_id: str) -> Versioned[OrderState] | None: ...
 
     def update_state(
-        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+        self,
+        state: OrderState,
+        etag: str,
+        history: HistoryEntry | None = None,
+        *,
+        step: StepRecord | None = None,
     ) -> str:
         """Write if unchanged since ``etag`` was read; ConcurrencyConflict otherwise.
 
-        With ``history``, the entry is written in the same transaction. Returns the new ETag."""
+        With ``history`` and ``step`` (a completed step's record, replacing any earlier one),
+        both are written in the same transaction. Returns the new ETag."""
         ...
 
     def add_history(self, entry: HistoryEntry) -> None: ...
 
     def get_history(self, order_id: str) -> list[HistoryEntry]: ...
 
-    def touch_live(self, order_id: str, at: datetime) -> None:
-        """Index the order as possibly in flight (before it can become live)."""
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
+        """Index the order as possibly in flight (before it can become live), due by
+        ``due_at``."""
         ...
 
-    def list_live(self) -> list[LiveMarker]: ...
+    def list_live(self) -> list[LiveMarker]:
+        """Every marker (operators and tests; the Supervisor lists only due ones)."""
+        ...
+
+    def list_due(self, at: datetime) -> list[LiveMarker]:
+        """The markers due at or before ``at``: one query, whatever else is in flight."""
+        ...
+
+    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
+        """Move a marker's due time, unless it was touched since it was read."""
+        ...
 
     def drop_live(self, marker: LiveMarker) -> bool:
         """Unindex, unless the marker was touched since it was read."""
         ...
 
     def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]: ...
-
-    def record_step(self, step: StepRecord) -> None:
-        """Record a completed step (idempotent for the same attempt)."""
-        ...
 
     def get_steps(self, order_id: str) -> list[StepRecord]: ...
 
@@ -90,6 +107,12 @@ class Transport(Protocol):
         delay_seconds: float = 0,
     ) -> None:
         """Send one message; NotFound if the queue does not exist."""
+        ...
+
+    def oldest_waiting(self, queue: str) -> datetime | None:
+        """When the oldest message still waiting in ``queue`` was enqueued (None if none is
+        visible). Approximate, as the transports' peek is: for holding off decisions, never
+        for making them."""
         ...
 
 

@@ -13,19 +13,12 @@ from enum import StrEnum
 
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition
-from sas.domain.messages import (
-    Message,
-    ScheduleRequest,
-    StatusKind,
-    StepReply,
-    StepRequest,
-    encode,
-)
+from sas.domain.messages import Message, ScheduleRequest, StatusKind, StepReply, encode
 from sas.domain.model import HistoryEntry, OrderState, StepRecord
 from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
-from sas.domain.wire import idempotency_key, step_request_message_id
 from sas.domain.workflow import Workflow, workflow_named
 from sas.services.consequences import Consequences
+from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 
@@ -65,6 +58,7 @@ class Scheduler:
         self._clock = clock
         self._instance_id = instance_id
         self._then = Consequences(store, transport, routes, clock, actor=instance_id)
+        self._dispatcher = Dispatcher(store, transport, routes, clock)
 
     def schedule(self, request: ScheduleRequest) -> ScheduleOutcome:
         extra: dict[str, object] = {"order_id": request.order_id}
@@ -142,19 +136,20 @@ class Scheduler:
             state, reply, instance_id=self._instance_id, now=now, workflow=workflow
         )
         decision = replace(decision, state=self._then.claiming_alert(decision.state))
-        if reply.outcome == "ok" and reply.mode == "do":
-            # Recorded before the state moves on, so what the undo needs is durable before the
-            # step counts as done; a redelivery after a crash here writes the same record.
-            self._store.record_step(
-                StepRecord(
-                    order_id=reply.order_id,
-                    index=reply.step_index,
-                    name=reply.step,
-                    attempt=reply.attempt,
-                    completed_at=now,
-                    result=reply.result,
-                )
+        # What the undo will need is kept in the transaction that makes the step count as
+        # done: never one without the other.
+        done = (
+            StepRecord(
+                order_id=reply.order_id,
+                index=reply.step_index,
+                name=reply.step,
+                attempt=reply.attempt,
+                completed_at=now,
+                result=reply.result,
             )
+            if reply.outcome == "ok" and reply.mode == "do"
+            else None
+        )
         history = HistoryEntry(
             order_id=reply.order_id,
             at=now,
@@ -165,11 +160,11 @@ class Scheduler:
             actor=self._instance_id,
             detail=reply.error,
         )
-        etag = self._store.update_state(decision.state, current.etag, history)
+        etag = self._store.update_state(decision.state, current.etag, history, step=done)
         log.info("sas.step_%s", decision.history_kind, extra=extra)
         if reply.outcome == "ok":  # best effort: Notifier.status never raises
             status: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
-            self._then.notify.status(state.reply_to, reply.order_id, status, now, step=reply.step)
+            self._then.notify.about(state, status, now, step=reply.step)
         return self._follow(decision, etag, workflow)
 
     def _follow(self, decision: ReplyDecision, etag: str, workflow: Workflow) -> ReplyOutcome:
@@ -184,12 +179,8 @@ class Scheduler:
         if decision.then is Then.COMPENSATE:
             log.warning("sas.compensation_started", extra={"order_id": state.order_id})
             self._then.request_schedule(state)
-            self._then.notify.status(
-                state.reply_to,
-                state.order_id,
-                "compensating",
-                state.updated_at,
-                detail=state.last_error,
+            self._then.notify.about(
+                state, "compensating", state.updated_at, detail=state.last_error
             )
             return ReplyOutcome.COMPENSATING
         self._dispatch(state, workflow)
@@ -227,46 +218,7 @@ class Scheduler:
         return ReplyOutcome.STALE
 
     def _dispatch(self, state: OrderState, workflow: Workflow) -> None:
-        """Send the StepRequest for the state's current attempt (already persisted)."""
-        step = workflow.step(state.step_index)
-        order = self._store.get_order(state.order_id)
-        if order is None or state.complete_by is None:
-            raise IllegalTransition(f"order {state.order_id} cannot be dispatched")
-        payload = {"order_id": state.order_id, **order.details}
-        action, key = step.action, idempotency_key(state.order_id, step.name, state.mode)
-        if state.mode == "undo":
-            if step.undo is None:
-                raise IllegalTransition(f"step {step.name} has no undo action")
-            done = {s.index: s for s in self._store.get_steps(state.order_id)}.get(state.step_index)
-            payload |= {
-                "original_action": step.action,
-                "original_key": idempotency_key(state.order_id, step.name, "do"),
-                "original_result": done.result if done else None,
-            }
-            action = step.undo
-        request = StepRequest(
-            order_id=state.order_id,
-            step=step.name,
-            step_index=state.step_index,
-            attempt=state.attempt,
-            mode=state.mode,
-            action=action,
-            complete_by=state.complete_by,
-            idempotency_key=key,
-            payload=payload,
-        )
-        self._transport.send(
-            self._routes.agent(step.agent),
-            request,
-            message_id=step_request_message_id(
-                state.order_id, step.name, state.mode, state.attempt
-            ),
-            correlation_id=state.order_id,
-        )
-        if state.mode == "do":
-            self._then.notify.status(
-                state.reply_to, state.order_id, "step_started", self._clock.now(), step=step.name
-            )
+        self._dispatcher.dispatch(state, workflow)
 
     def _history(self, state: OrderState, kind: str, workflow: Workflow) -> HistoryEntry:
         return HistoryEntry(

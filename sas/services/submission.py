@@ -1,4 +1,9 @@
-"""Submission: the order and its state inserted together (or not at all), then scheduled."""
+"""Submission: the order and its state inserted together (or not at all), its first step
+claimed in the same transaction, and that step's request sent.
+
+Claiming here costs nothing extra: the insert already holds the order's partition, so the
+claim rides in the same entity-group transaction, and no ScheduleRequest hop is needed.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +13,12 @@ from enum import StrEnum
 from sas.domain.clock import Clock
 from sas.domain.errors import AlreadyExists, InvalidMessage
 from sas.domain.messages import OrderSubmitted, encode
-from sas.domain.model import HistoryEntry, OrderRecord, ProcessState
-from sas.domain.transitions import initial_state
+from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
+from sas.domain.transitions import claim, initial_state, look_again_at
 from sas.domain.wire import POISON_SUFFIX
-from sas.domain.workflow import WORKFLOWS
+from sas.domain.workflow import WORKFLOWS, Workflow
 from sas.services.consequences import Consequences
+from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 
@@ -36,11 +42,14 @@ class Submission:
         routes: Routes,
         clock: Clock,
         *,
+        instance_id: str = "submit",
         reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES,
     ) -> None:
         self._store = store
         self._clock = clock
+        self._instance_id = instance_id
         self._then = Consequences(store, transport, routes, clock, actor="submit")
+        self._dispatcher = Dispatcher(store, transport, routes, clock)
         self._routes = routes
         self._reply_to_prefixes = reply_to_prefixes
         own = (
@@ -72,33 +81,68 @@ class Submission:
         self.check(message)
         workflow = WORKFLOWS[message.workflow]
         now = self._clock.now()
+        details = message.details.model_dump(mode="json")
         order = OrderRecord(
             order_id=message.order_id,
             workflow=workflow.name,
-            details=message.details.model_dump(mode="json"),
+            details=details,
             fingerprint=message.fingerprint(),
             submitted_at=now,
             reply_to=message.reply_to,
         )
         extra = {"order_id": message.order_id}
-        state = initial_state(order.order_id, workflow, reply_to=message.reply_to, now=now)
+        pending = initial_state(
+            order.order_id,
+            workflow,
+            reply_to=message.reply_to,
+            now=now,
+            details=details,
+            status_events=message.status_events,
+        )
+        claimed = claim(pending, instance_id=self._instance_id, now=now, workflow=workflow)
         # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps
         # away, never an order the Supervisor cannot see.
-        self._store.touch_live(order.order_id, now)
-        history = HistoryEntry(order.order_id, now, "submitted", attempt=0, actor="submit")
+        self._store.touch_live(
+            order.order_id, now, look_again_at(claimed, now=now, workflow=workflow)
+        )
+        history = [
+            HistoryEntry(order.order_id, now, "submitted", attempt=0, actor="submit"),
+            HistoryEntry(
+                order.order_id,
+                now,
+                "claimed",
+                attempt=claimed.attempt,
+                step=workflow.step(claimed.step_index).name,
+                mode=claimed.mode,
+                actor=self._instance_id,
+            ),
+        ]
         try:
-            self._store.create_order(order, state, history)
+            self._store.create_order(order, claimed, history)
         except AlreadyExists:
             return self._resubmitted(order, message)
         log.info("sas.order_accepted", extra=extra)
-        self._then.request_schedule(state)
-        self._then.notify.status(order.reply_to, order.order_id, "received", now)
+        log.info(
+            "sas.step_claimed",
+            extra={**extra, "step": history[1].step, "attempt": claimed.attempt, "mode": "do"},
+        )
+        self._then.notify.about(claimed, "received", now)
+        self._dispatcher.dispatch(claimed, workflow)
         return SubmissionOutcome.ACCEPTED
 
     def _resubmitted(self, order: OrderRecord, message: OrderSubmitted) -> SubmissionOutcome:
         """A redelivery changes nothing; a different order under a taken id is refused, and
         kept where an operator sees it (the original order is untouched)."""
         extra = {"order_id": order.order_id}
+        current = self._store.get_state(order.order_id)
+        if current is not None:
+            # This delivery's index touch moved the marker's due time to its own clock; put
+            # it back where the existing order needs it (never after its deadline).
+            workflow = WORKFLOWS.get(current.value.workflow)
+            if workflow is not None:
+                now = self._clock.now()
+                due = look_again_at(current.value, now=now, workflow=workflow)
+                self._store.touch_live(order.order_id, now, due)
         existing = self._store.get_order(order.order_id)
         if existing is None or existing.fingerprint != order.fingerprint:
             parked_id = self._store.park_message(
@@ -113,14 +157,27 @@ class Submission:
                 order.order_id,
                 "rejected",
                 self._clock.now(),
+                level=message.status_events,
                 detail="order id already used for a different order",
             )
             return SubmissionOutcome.CONFLICT
         log.info("sas.order_duplicate", extra=extra)
-        current = self._store.get_state(order.order_id)
-        if current is not None and current.value.process_state is ProcessState.PENDING:
-            # The first delivery may have died between the insert and the send: ask again
-            # (same message id, so a send that did happen is a duplicate). Harmless otherwise,
-            # since a claim is a conditional write.
-            self._then.request_schedule(current.value)
+        if current is not None:
+            self._resume(current.value, WORKFLOWS[order.workflow])
         return SubmissionOutcome.DUPLICATE
+
+    def _resume(self, state: OrderState, workflow: Workflow) -> None:
+        """The first delivery may have died between the insert and the send: send again what
+        it would have sent (the same message id, so a send that did happen is a duplicate on
+        Service Bus; on Storage Queues the agent's call repeats under the same idempotency
+        key and the second reply is fenced off). Only while the order still stands where the
+        submission left it."""
+        if state.process_state is ProcessState.PENDING:  # written by an earlier version
+            self._then.request_schedule(state)
+        elif (
+            state.process_state is ProcessState.PROCESSING
+            and state.attempt == 1
+            and state.step_index == 0
+            and self._clock.now() < (state.complete_by or state.updated_at)
+        ):
+            self._dispatcher.dispatch(state, workflow)

@@ -1,23 +1,33 @@
 """The Supervisor: finds expired records and requests recovery (docs/architecture.md, "Recovery").
 
-It sweeps the in-flight index (never the order history), and for each live order whose
-deadline passed it counts a failure and either asks for a retry after a backoff, starts
-compensation, or sets Error with one operator alert. It changes state only through writes
-conditional on the ETag it read, so several Supervisors, doubled or missed ticks, and a late
-reply arriving at the same moment cannot double a recovery. It never calls an agent itself.
+It queries the in-flight index for the markers that are due (never the order history, never
+every live order), and for each order whose deadline passed it counts a failure and either
+asks for a retry after a backoff, starts compensation, or sets Error with one operator alert.
+A marker that is due but whose order is healthy is re-armed to the order's next deadline. It
+changes state only through writes conditional on the ETag it read, so several Supervisors,
+doubled or missed ticks, and a late reply arriving at the same moment cannot double a
+recovery. It never calls an agent itself.
+
+A running step whose reply may still be waiting in the replies queue (a reply enqueued no
+later than the step's deadline is still there) is not expired yet, for at most
+``RetryPolicy.reply_hold``: expiring it would throw away a step that finished in time and
+run it again. Nothing is applied late by waiting: the agent sent that reply before its
+deadline, and the fence still decides whether it applies.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, NotFound
-from sas.domain.model import HistoryEntry, LiveMarker
-from sas.domain.transitions import ExpiryAction, RetryPolicy, expire
+from sas.domain.model import HistoryEntry, LiveMarker, OrderState
+from sas.domain.transitions import ExpiryAction, RetryPolicy, expire, look_again_at
 from sas.domain.workflow import workflow_named
 from sas.services.consequences import AlertOutcome, Consequences
 from sas.services.ports import StateStore, Transport
@@ -37,30 +47,44 @@ class Supervisor:
         policy: RetryPolicy,
         *,
         orphan_grace: timedelta = timedelta(minutes=5),
+        parallelism: int = 1,
     ) -> None:
         self._store = store
+        self._transport = transport
+        self._replies = routes.replies
         self._clock = clock
         self._instance_id = instance_id
         self._policy = policy
         self._orphan_grace = orphan_grace
+        self._parallelism = max(parallelism, 1)
         self._then = Consequences(
             store, transport, routes, clock, actor=instance_id, clock_skew=policy.clock_skew
         )
 
     def sweep(self) -> Counter[str]:
-        """One pass over the in-flight index; returns what it did, by outcome."""
+        """One pass over the due markers; returns what it did, by outcome."""
+        now = self._clock.now()
+        due = self._store.list_due(now)
+        replies = _OldestReply(self._transport, self._replies)
         report: Counter[str] = Counter()
-        for marker in self._store.list_live():
+
+        def examine(marker: LiveMarker) -> str:
             try:
-                report[self._examine(marker)] += 1
+                return self._examine(marker, replies)
             except Exception:  # one broken order must not hide every order after it
                 log.exception("sas.supervisor_examine_failed", extra={"order_id": marker.order_id})
-                report["failed"] += 1
+                return "failed"
+
+        if self._parallelism == 1 or len(due) < 2:
+            report.update(examine(marker) for marker in due)
+        else:
+            with ThreadPoolExecutor(min(self._parallelism, len(due))) as pool:
+                report.update(pool.map(examine, due))
         if report.total() - report["healthy"]:
             log.info("sas.supervisor_sweep", extra={"report": dict(report)})
         return report
 
-    def _examine(self, marker: LiveMarker) -> str:
+    def _examine(self, marker: LiveMarker, replies: _OldestReply) -> str:
         now = self._clock.now()
         current = self._store.get_state(marker.order_id)
         if current is None:
@@ -68,18 +92,48 @@ class Supervisor:
             # id): wait out a generous grace in case the insert is still in flight.
             if now - marker.touched_at > self._orphan_grace and self._store.drop_live(marker):
                 return "orphan_dropped"
+            self._store.rearm_live(marker, marker.touched_at + self._orphan_grace)
             return "orphan_waiting"
         state = current.value
         if state.is_terminal:
             alert = self._then.settle_alert(state, current.etag)
             if alert is AlertOutcome.CLAIMED_ELSEWHERE:
-                return "alert_claimed_elsewhere"  # stays indexed until the alert is sent
+                # Stays indexed until the alert is sent: looked at again once the claim lapses.
+                lapses = (state.alert_claimed_until or now) + self._policy.clock_skew
+                self._store.rearm_live(marker, max(lapses, now))
+                return "alert_claimed_elsewhere"
             dropped = self._store.drop_live(marker)
             if alert is AlertOutcome.SENT:
                 return "alert_resent"
             return "unindexed" if dropped else "retouched"
         if state.complete_by is None or not self._policy.expired(state, now):
+            self._store.rearm_live(marker, self._next_look(state, now))
             return "healthy"
+        if state.is_running and self._reply_may_wait(state, now, replies):
+            log.info(
+                "sas.expiry_held_for_reply",
+                extra={"order_id": state.order_id, "attempt": state.attempt},
+            )
+            return "held_for_reply"  # still due: the next sweep looks again
+        return self._expire(marker, current.etag, state, now)
+
+    def _next_look(self, state: OrderState, now: datetime) -> datetime:
+        due = look_again_at(state, now=now, workflow=workflow_named(state.workflow))
+        if due <= now and state.complete_by is not None:
+            # Within the skew allowance of its deadline: judged expired only this much later.
+            return state.complete_by + self._policy.clock_skew
+        return due
+
+    def _reply_may_wait(self, state: OrderState, now: datetime, replies: _OldestReply) -> bool:
+        if state.complete_by is None:
+            return False
+        deadline = state.complete_by + self._policy.clock_skew
+        if now >= deadline + self._policy.reply_hold:
+            return False
+        oldest = replies.get()
+        return oldest is not None and oldest <= deadline
+
+    def _expire(self, marker: LiveMarker, etag: str, state: OrderState, now: datetime) -> str:
         workflow = workflow_named(state.workflow)
         decided = expire(state, now=now, workflow=workflow, policy=self._policy)
         decided = replace(decided, state=self._then.claiming_alert(decided.state))
@@ -93,10 +147,12 @@ class Supervisor:
             mode=state.mode,
             actor=self._instance_id,
             detail=f"{state.process_state} past {state.complete_by.isoformat()}, "
-            f"failure {state.failure_count + 1} of {self._policy.max_failures}",
+            f"failure {state.failure_count + 1} of {self._policy.max_failures}"
+            if state.complete_by
+            else None,
         )
         try:
-            etag = self._store.update_state(decided.state, current.etag, history)
+            etag = self._store.update_state(decided.state, etag, history)
         except (ConcurrencyConflict, NotFound):
             return "lost_race"  # another Supervisor, or the step finished just now
         extra = {
@@ -108,14 +164,37 @@ class Supervisor:
         }
         log.warning("sas.step_expired", extra=extra)
         new = decided.state
+        if not new.is_terminal:
+            self._store.rearm_live(marker, self._next_look(new, now))
         if decided.action is ExpiryAction.RETRY:
             self._then.request_schedule(new, delay_seconds=decided.delay.total_seconds())
-            self._then.notify.status(new.reply_to, new.order_id, "step_retry", now, step=step)
+            self._then.notify.about(new, "step_retry", now, step=step)
         elif decided.action is ExpiryAction.COMPENSATE:
             self._then.request_schedule(new)
-            self._then.notify.status(
-                new.reply_to, new.order_id, "compensating", now, detail=new.last_error
-            )
+            self._then.notify.about(new, "compensating", now, detail=new.last_error)
         else:
             self._then.finished(new, etag)
         return decided.action
+
+
+class _OldestReply:
+    """The replies queue's oldest waiting message, peeked at most once per sweep and only if
+    some running step has expired (so a quiet sweep costs the transport nothing)."""
+
+    def __init__(self, transport: Transport, queue: str) -> None:
+        self._transport = transport
+        self._queue = queue
+        self._lock = threading.Lock()
+        self._known = False
+        self._value: datetime | None = None
+
+    def get(self) -> datetime | None:
+        with self._lock:
+            if not self._known:
+                try:
+                    self._value = self._transport.oldest_waiting(self._queue)
+                except Exception:  # a failed peek must not stop recovery: hold off nothing
+                    log.warning("sas.replies_peek_failed", exc_info=True)
+                    self._value = None
+                self._known = True
+            return self._value

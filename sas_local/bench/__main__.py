@@ -3,10 +3,11 @@
 In one run on one Azurite: the raw rates of the operations an order uses; the exact requests
 one order costs (1- and 3-step workflow, with and without a status subscriber) and the
 orders/s the raw rates allow for them; end-to-end throughput and latency per dev-host worker
-count; the supervisor's sweep over in-flight orders, alone and beside finished history.
-``--compare REV`` runs the counts and the end-to-end runs for another commit too (from a git
-worktree), side by side. ``--quick`` (CI) keeps it under two minutes. Figures are reported,
-never asserted.
+count, with the expiries and thrown-away replies of each run; the supervisor's sweep over
+in-flight orders, alone and beside finished history; the recovery latency after an agent dies.
+``--compare REV`` runs the counts, the end-to-end runs and the recovery for another commit too
+(from a git worktree), side by side. ``--quick`` (CI) keeps it short. Figures are reported, never
+asserted.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 
 from sas import settings as settings_module
 from sas_local.azurite import Azurite, free_port
-from sas_local.bench import e2e, rates, report, sweep
+from sas_local.bench import e2e, rates, recovery, report, sweep
 from sas_local.processes import REPO_ROOT, start_process
 from sas_local.provision import provision
 from sas_local.stack import app_env
@@ -184,7 +185,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         log_dir=logs / f"e2e-{name}-{batch}-{count_of_workers}",
                     ).as_dict()
                 )
-        results["commits"][name] = {"counts": counted, "e2e": runs}
+        progress(f"{name}: recovery latency", started)
+        recovered = recovery.measure(
+            orders=2 if quick else 5, log_dir=logs / f"recovery-{name}", app_root=root
+        )
+        results["commits"][name] = {"counts": counted, "e2e": runs, "recovery": recovered}
 
     measure_commit(head, REPO_ROOT)
     if args.compare:

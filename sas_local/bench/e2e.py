@@ -21,7 +21,6 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
-from sas.domain.wire import LIVE_PARTITION
 from sas_local.stack import LocalStack
 
 TERMINAL = ("Processed", "Compensated", "Error")
@@ -39,6 +38,10 @@ class E2EResult:
     p50_s: float
     p95_s: float
     p99_s: float
+    expiries: int = 0
+    """Steps the Supervisor expired (none are needed on the happy path)."""
+    replies_dropped: int = 0
+    """Replies sent in time and thrown away (fenced after an expiry): finished steps run again."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -77,17 +80,19 @@ def run(
         ids = [f"b{workers}w-{n:05d}" for n in range(orders)]
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda order_id: queue.send_message(_body(order_id)), ids))
+        # Done when every queue the app consumes is empty twice in a row (the count includes
+        # invisible and delayed messages): it holds for any commit, whatever its index.
+        consumed = [
+            QueueClient.from_connection_string(conn, name)
+            for key, name in settings.queues.items()
+            if key != "SAS_QUEUE_ALERTS"
+        ]
         deadline = time.monotonic() + timeout
         time.sleep(1.0)
-        while time.monotonic() < deadline:
-            live = list(
-                table.query_entities(
-                    "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}, select=["RowKey"]
-                )
-            )
-            queued = queue.get_queue_properties().approximate_message_count
-            if not live and not queued:
-                break
+        quiet = 0
+        while time.monotonic() < deadline and quiet < 2:
+            queued = sum(q.get_queue_properties().approximate_message_count or 0 for q in consumed)
+            quiet = quiet + 1 if queued == 0 else 0
             time.sleep(1.0)
         latencies, first, last, processed = [], None, None, 0
         for order_id in ids:
@@ -102,6 +107,7 @@ def run(
             first = submitted if first is None else min(first, submitted)
             last = finished if last is None else max(last, finished)
             processed += state["ProcessState"] == "Processed"
+        kinds = _history_kinds(table)
     span = (last - first).total_seconds() if first is not None and last is not None else 0.0
     return E2EResult(
         commit=commit,
@@ -114,4 +120,16 @@ def run(
         p50_s=round(statistics.median(latencies), 3) if latencies else float("nan"),
         p95_s=_percentile(latencies, 95),
         p99_s=_percentile(latencies, 99),
+        expiries=sum(n for kind, n in kinds.items() if kind.startswith("expired_")),
+        replies_dropped=kinds.get("reply_dropped", 0),
     )
+
+
+def _history_kinds(table: TableClient) -> dict[str, int]:
+    """Recovery and fencing rows of the run (one scan after it, off the clock)."""
+    wanted = ("expired_retry", "expired_compensate", "expired_compensated", "expired_error")
+    query = " or ".join(f"Kind eq '{kind}'" for kind in (*wanted, "reply_dropped"))
+    counts: dict[str, int] = {}
+    for entity in table.query_entities(query, select=["Kind"]):
+        counts[entity["Kind"]] = counts.get(entity["Kind"], 0) + 1
+    return counts

@@ -71,18 +71,25 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 f"| {variant['limit_orders_per_s']} |"
             )
         sweep = measured["counts"].get("sweep_per_live_order", {})
+        due = measured["counts"].get("sweep_per_due_live_order")
         lines += [
             "",
             "A sweep costs, per in-flight order and tick: "
             + ", ".join(f"{v:g} {k}" for k, v in sweep.items())
+            + (
+                "; per in-flight order whose marker is due (a read and a re-arm): "
+                + ", ".join(f"{v:g} {k}" for k, v in due.items())
+                if due
+                else ""
+            )
             + ".",
             "",
             f"**End to end, commit `{commit}`** (a burst of N orders, happy path, no status "
             "subscriber):",
             "",
             "| Orders | Workers | Finished | Orders/s | p50 s | p95 s | p99 s "
-            "| % of the 3-step limit |",
-            "|---|---|---|---|---|---|---|---|",
+            "| % of the 3-step limit | Expiries | Replies thrown away |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         limit = (
             measured["counts"]["variants"]
@@ -94,9 +101,23 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             lines.append(
                 f"| {run['orders']} | {run['workers']} | {run['finished']} "
                 f"| {run['orders_per_s']:g} | {run['p50_s']:g} | {run['p95_s']:g} "
-                f"| {run['p99_s']:g} | {share} |"
+                f"| {run['p99_s']:g} | {share} | {run.get('expiries', '-')} "
+                f"| {run.get('replies_dropped', '-')} |"
             )
         lines.append("")
+        recovered = measured.get("recovery")
+        if recovered:
+            lines += [
+                f"**Recovery, commit `{commit}`**: an agent dies holding a step's request; "
+                "from that step's deadline to its re-dispatch, over "
+                f"{recovered['recovered']} of {recovered['orders']} orders: median "
+                f"{recovered['p50_s']} s, worst {recovered['max_s']} s (target: at most the "
+                f"step budget {recovered['budget_s']:g} s + the period {recovered['period_s']:g}"
+                f" s + 1 s = {recovered['target_s']:g} s; it is the skew allowance "
+                f"{recovered['clock_skew_s']:g} s + up to one period + the first retry's "
+                "backoff + one hop).",
+                "",
+            ]
     sweep = results.get("sweep")
     if sweep:
         lines += [
@@ -109,7 +130,21 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 for k, v in sweep.items()
                 if k.startswith("sweep_s_") and k.endswith("_live")
             )
-            + ".",
+            + "."
+            + (
+                " **With every marker due** (each order read and re-armed): "
+                f"{sweep['live']} alone {sweep['sweep_s_live_only_all_due']} s, beside the "
+                f"finished {sweep['sweep_s_with_finished_all_due']} s "
+                f"(ratio {sweep['ratio_all_due']})"
+                + "".join(
+                    f"; {k.split('_')[2]} in flight {v} s"
+                    for k, v in sweep.items()
+                    if k.startswith("sweep_s_") and k.endswith("_live_all_due")
+                )
+                + f". The Supervisor's period here: {sweep.get('period_s', '?')} s."
+                if "sweep_s_live_only_all_due" in sweep
+                else ""
+            ),
             "",
         ]
     if chart_name:

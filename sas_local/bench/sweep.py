@@ -1,10 +1,10 @@
 """The Supervisor's sweep: its time over N in-flight orders, alone and beside finished history.
 
-In-flight orders are written as the submission writes them (order, state Pending with a pickup
-deadline in the future, history, and the in-flight marker), so a sweep reads each and finds it
-healthy: the steady-state cost of a tick. Finished orders are written as a finished order's
-partition looks (order, a Processed state, history) with no marker. The sweep is the product's
-own ``Supervisor.sweep`` (median of 3 runs).
+In-flight orders are written with a deadline an hour ahead (order, state, history, and the
+in-flight marker), so a sweep finds them healthy. Two cases: their markers not due (a tick's
+usual work: one query), and all due (the sweep reads each and re-arms it). Finished orders are
+written as a finished order's partition looks (order, a Processed state, history) with no
+marker. The sweep is the product's own ``Supervisor.sweep`` (median of 3 runs).
 """
 
 from __future__ import annotations
@@ -26,16 +26,29 @@ from sas.domain.workflow import ORDER_WORKFLOW
 from sas_local.stack import app_env
 
 
-def _timed_sweeps(runs: int = 3) -> float:
+def _timed_sweeps(make_due: Callable[[], None] | None = None, runs: int = 3) -> float:
+    """Median seconds of one sweep; ``make_due``: run before each (untimed), so every
+    in-flight marker is due (the sweep re-arms what it finds healthy)."""
     supervisor = bootstrap.supervisor()
     times = []
     for _ in range(runs):
+        if make_due is not None:
+            make_due()
         started = time.perf_counter()
         report = supervisor.sweep()
         times.append(time.perf_counter() - started)
         if report.total() - report["healthy"]:
             raise RuntimeError(f"the benchmark's orders should all be healthy: {dict(report)}")
     return round(statistics.median(times), 3)
+
+
+_LIVE_IDS: list[str] = []
+
+
+def _all_due(threads: int = 16) -> None:
+    store, now = bootstrap.store(), datetime.now(UTC)
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(lambda order_id: store.touch_live(order_id, now, now), _LIVE_IDS))
 
 
 def _write(count: int, prefix: str, *, finished: bool, threads: int = 16) -> None:
@@ -55,9 +68,11 @@ def _write(count: int, prefix: str, *, finished: bool, threads: int = 16) -> Non
                 attempt=3,
             )
         else:
-            # A pickup deadline far enough ahead that no sweep of the benchmark expires it.
+            # A pickup deadline far enough ahead that no sweep of the benchmark expires it;
+            # its marker due as late (made due on purpose where a part says so).
             state = replace(state, complete_by=now + timedelta(hours=1))
-            store.touch_live(order_id, now)
+            store.touch_live(order_id, now, now + timedelta(hours=1))
+            _LIVE_IDS.append(order_id)
         store.create_order(
             OrderRecord(order_id, ORDER_WORKFLOW.name, {"bench": True}, "bench", now),
             state,
@@ -77,24 +92,40 @@ def measure(
     started: float,
     more_live: int | None = None,
 ) -> dict[str, Any]:
+    """Each sweep twice: as a tick mostly finds the index (no marker due: one query), and with
+    every in-flight marker due (a read and a re-arm each: the most a sweep does without
+    recovering anything)."""
     os.environ.update(app_env(connection_string, "http://127.0.0.1:9"))
     bootstrap.reset()
     from sas_local.provision import provision
 
     provision(settings_module.load(dict(os.environ)))
+    _LIVE_IDS.clear()
     _write(live, "live", finished=False)
-    alone = _timed_sweeps()
-    log(f"sweep: {live} in flight alone {alone}s; writing {finished} finished orders", started)
+    alone, alone_due = _timed_sweeps(), _timed_sweeps(_all_due)
+    log(f"sweep: {live} in flight alone {alone}s ({alone_due}s all due)", started)
     _write(finished, "done", finished=True)
-    beside = _timed_sweeps()
+    beside, beside_due = _timed_sweeps(), _timed_sweeps(_all_due)
     result: dict[str, Any] = {
         "live": live,
         "finished": finished,
         "sweep_s_live_only": alone,
         "sweep_s_with_finished": beside,
         "ratio": round(beside / alone, 2) if alone else None,
+        "sweep_s_live_only_all_due": alone_due,
+        "sweep_s_with_finished_all_due": beside_due,
+        "ratio_all_due": round(beside_due / alone_due, 2) if alone_due else None,
+        "period_s": _period_seconds(),
     }
     if more_live:
         _write(more_live - live, "more", finished=False)
         result[f"sweep_s_{more_live}_live"] = _timed_sweeps()
+        result[f"sweep_s_{more_live}_live_all_due"] = _timed_sweeps(_all_due)
     return result
+
+
+def _period_seconds() -> float:
+    """The Supervisor's period in the local stack (a six-field cron: ``*/N * * * * *``)."""
+    schedule = os.environ.get(settings_module.SUPERVISOR_SCHEDULE, "")
+    head = schedule.split(" ")[0]
+    return float(head[2:]) if head.startswith("*/") else float("nan")

@@ -7,7 +7,7 @@ Starts Azurite, the simulator, a dev host for the core functions (``--workers`` 
 extra dev hosts that only run the ``supervise`` timer. Every worker preloads
 ``sas_local.chaos.inject``. Orders are submitted to the orders queue with a status queue,
 paced by the in-flight index, while a seeded schedule injects faults. Then the faults stop,
-the system drains (every order terminal, ``~live`` empty, no alert owed; bounded), and the
+the system drains (every order terminal, the in-flight index empty, no alert owed; bounded), and the
 independent checker (``checker.py``) judges what is left. Fault kinds: docs/reliability.md.
 """
 
@@ -415,6 +415,7 @@ class Campaign:
     # --- the run -----------------------------------------------------------------------
 
     def in_flight(self, table: TableClient, orders: QueueClient) -> int:
+        """Orders still indexed as in flight (``table``: the in-flight table) or not taken."""
         live = sum(
             1
             for _ in table.query_entities(
@@ -439,7 +440,7 @@ class Campaign:
         o, p = self.options, self.profile
         conn = stack.azurite.connection_string
         orders_queue = QueueClient.from_connection_string(conn, self.design.orders_queue)
-        table = TableClient.from_connection_string(conn, self.design.table_name)
+        live = TableClient.from_connection_string(conn, self.design.live_table)
         ids = [f"c{o.seed}-{i:05d}" for i in range(o.orders)]
         threads = [threading.Thread(target=self.operator, name="chaos-operator", daemon=True)]
         if o.faults and p.runner_faults:
@@ -449,7 +450,7 @@ class Campaign:
             thread.start()
         submit_rng = random.Random(o.seed * 31 + 7)  # noqa: S311
         for index, order_id in enumerate(ids):
-            while (flying := _safe(lambda: self.in_flight(table, orders_queue), 0)) >= p.window:
+            while (flying := _safe(lambda: self.in_flight(live, orders_queue), 0)) >= p.window:
                 time.sleep(0.5)
             if index % 250 == 0:
                 self.progress(f"submitted {index}/{o.orders}, in flight {flying}", started)
@@ -471,7 +472,7 @@ class Campaign:
             self.set_faults(outage=None)
         storm_seconds = time.monotonic() - started
         timeout = o.drain_timeout if o.drain_timeout is not None else 300 + o.orders * 0.05
-        drained = self._drain(table, orders_queue, timeout)
+        drained = self._drain(live, orders_queue, timeout)
         finished = time.monotonic()
         self.done.set()
         threads[0].join(timeout=30)

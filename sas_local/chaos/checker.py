@@ -87,6 +87,7 @@ class Design:
     state_row: str
     step_row_prefix: str
     history_row_prefix: str
+    live_table: str
     live_partition: str
     rejected_partition: str
     orders_queue: str
@@ -116,6 +117,7 @@ class Design:
             state_row=table["state_row"],
             step_row_prefix=table["step_row_prefix"],
             history_row_prefix=table["history_row_prefix"],
+            live_table=table["live_table"],
             live_partition=table["live_partition"],
             rejected_partition=table["rejected_partition"],
             orders_queue=queues["orders"],
@@ -202,15 +204,17 @@ def collect(
     design: Design,
     consumed_alerts: Mapping[str, str] | None = None,
 ) -> Evidence:
-    """Read the table, drain the alerts queue (receive + delete), peek every poison queue and
+    """Read the tables, drain the alerts queue (receive + delete), peek every poison queue and
     fetch the ledger. ``consumed_alerts``: queue message id -> body of the alerts an operator
     already took off the queue (one copy per message id: a copy whose delete failed returns)."""
     import httpx
     from azure.data.tables import TableClient
     from azure.storage.queue import QueueServiceClient
 
-    with TableClient.from_connection_string(connection_string, design.table_name) as table:
-        entities: list[Mapping[str, Any]] = [dict(e) for e in table.list_entities()]
+    entities: list[Mapping[str, Any]] = []
+    for name in (design.table_name, design.live_table):  # the in-flight markers live apart
+        with TableClient.from_connection_string(connection_string, name) as table:
+            entities += [dict(e) for e in table.list_entities()]
     service = QueueServiceClient.from_connection_string(connection_string)
     alerts = dict(consumed_alerts or {})
     alerts_queue = service.get_queue_client(design.alerts_queue)

@@ -265,12 +265,12 @@ _attempt = threading.local()
 
 def _break_key_attempt() -> None:
     """The idempotency key includes the attempt: a retried step is a new effect."""
-    from sas.services import scheduler
+    from sas.services import dispatch as dispatching
 
-    original_dispatch = scheduler.Scheduler._dispatch
-    original_key: Callable[[str, str, Any], str] = getattr(scheduler, "idempotency_key")  # noqa: B009
+    original_dispatch = dispatching.Dispatcher.dispatch
+    original_key: Callable[[str, str, Any], str] = getattr(dispatching, "idempotency_key")  # noqa: B009
 
-    def dispatch(self: scheduler.Scheduler, state: Any, workflow: Any) -> None:
+    def dispatch(self: dispatching.Dispatcher, state: Any, workflow: Any) -> None:
         _attempt.value = state.attempt
         original_dispatch(self, state, workflow)
 
@@ -278,8 +278,8 @@ def _break_key_attempt() -> None:
         # Still a well-formed key (the step request's schema checks it), one per attempt.
         return original_key(order_id, f"{step}a{getattr(_attempt, 'value', 0)}", mode)
 
-    setattr(scheduler.Scheduler, "_dispatch", dispatch)  # noqa: B010
-    setattr(scheduler, "idempotency_key", key)  # noqa: B010
+    setattr(dispatching.Dispatcher, "dispatch", dispatch)  # noqa: B010
+    setattr(dispatching, "idempotency_key", key)  # noqa: B010
 
 
 def _picked(order_id: str, one_in: int = 3) -> bool:
@@ -366,18 +366,18 @@ def _break_no_expiry() -> None:
     setattr(transitions.RetryPolicy, "expired", lambda self, state, now: False)  # noqa: B010
 
 
-def _break_poison_schedule() -> None:
-    """The Scheduler fails on every delivery of a share of the orders: the host poisons them."""
+def _break_poison_reply() -> None:
+    """The Scheduler fails on every reply of a share of the orders: the host poisons them."""
     from sas.services import scheduler
 
-    original = scheduler.Scheduler.schedule
+    original = scheduler.Scheduler.on_reply
 
-    def schedule(self: scheduler.Scheduler, request: Any) -> Any:
-        if _picked(request.order_id, 5):
+    def on_reply(self: scheduler.Scheduler, reply: Any) -> Any:
+        if _picked(reply.order_id, 5):
             raise RuntimeError("broken build: this order always fails")
-        return original(self, request)
+        return original(self, reply)
 
-    setattr(scheduler.Scheduler, "schedule", schedule)  # noqa: B010
+    setattr(scheduler.Scheduler, "on_reply", on_reply)  # noqa: B010
 
 
 def _break_skip_to_processed() -> None:
@@ -414,7 +414,7 @@ BROKEN: dict[str, Callable[[], None]] = {
     "skip_ship": _break_skip_ship,
     "failure_threshold": _break_failure_threshold,
     "no_expiry": _break_no_expiry,
-    "poison_schedule": _break_poison_schedule,
+    "poison_reply": _break_poison_reply,
     "skip_to_processed": _break_skip_to_processed,
 }
 

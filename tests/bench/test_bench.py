@@ -43,6 +43,12 @@ def test_the_quick_benchmark_reports_every_part(tmp_path: Path) -> None:
     assert {run["workers"] for run in measured["e2e"]} == {1, 2}
     assert all(run["finished"] == run["orders"] for run in measured["e2e"])
     assert results["sweep"]["live"] == 100 and results["sweep"]["sweep_s_live_only"] > 0
+    assert results["sweep"]["sweep_s_live_only_all_due"] > 0
+    assert all("replies_dropped" in run and "expiries" in run for run in measured["e2e"])
+    recovery = measured["recovery"]
+    assert recovery["recovered"] == recovery["orders"] and recovery["max_s"] > 0
+    steps = variants["3-step, with status subscriber (steps events)"]["per_order"]
+    assert steps["queue.send"] > subscribed["queue.send"]  # every step's events cost sends
     document = (tmp_path / "benchmarks.md").read_text()
     assert report.BEGIN in document and "Requests per order" in document
     assert (tmp_path / "benchmarks.png").stat().st_size > 0

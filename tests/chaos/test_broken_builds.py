@@ -100,7 +100,7 @@ def test_stuck_orders_poisoned_messages_and_illegal_transitions_are_caught(
     tmp_path: Path,
 ) -> None:
     profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.3})
-    broken = ("no_expiry", "poison_schedule", "skip_to_processed")
+    broken = ("no_expiry", "poison_reply", "skip_to_processed")
     report = broken_campaign(tmp_path, broken, profile, drain=40)
     found = report["violations_by_kind"]
     for kind in ("stuck_order", "poisoned_message", "illegal_transition"):

@@ -29,6 +29,7 @@ def test_table_keys_are_the_product_wire_rules() -> None:
     assert (DESIGN.order_row, DESIGN.state_row) == (wire.ORDER_ROW, wire.STATE_ROW)
     assert DESIGN.step_row_prefix == wire.STEP_ROW_PREFIX
     assert DESIGN.history_row_prefix == wire.HISTORY_ROW_PREFIX
+    assert DESIGN.live_table == wire.live_table_name(settings.DEFAULT_TABLE)
     assert DESIGN.live_partition == wire.LIVE_PARTITION
     assert DESIGN.rejected_partition == wire.REJECTED_PARTITION
     assert wire.step_row_key(0, "reserve").startswith(DESIGN.step_row_prefix)

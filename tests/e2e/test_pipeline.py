@@ -12,7 +12,7 @@ import pytest
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import TextBase64DecodePolicy
 
-from sas.adapters.clients import queue_service_client, table_client
+from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.tables import TableStateStore
 from sas.domain.messages import StatusEvent, StepReply, decode
@@ -39,7 +39,7 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
 
 @pytest.fixture(scope="module")
 def store(stack) -> TableStateStore:
-    return TableStateStore(table_client(stack.settings.storage, stack.settings.table_name))
+    return TableStateStore.connect(stack.settings.storage, stack.settings.table_name)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +49,10 @@ def transport(stack) -> StorageQueueTransport:
 
 @pytest.fixture(scope="module")
 def processed_batch(stack, store, transport) -> list[str]:
-    orders = [demo_order(i, "e2e", reply_to=STATUS_QUEUE) for i in range(ORDERS)]
+    orders = [  # this submitter asks for every step's progress, not only the outcome
+        demo_order(i, "e2e", reply_to=STATUS_QUEUE).model_copy(update={"status_events": "steps"})
+        for i in range(ORDERS)
+    ]
     for order in orders:
         transport.send(
             stack.settings.queue(QUEUE_ORDERS),

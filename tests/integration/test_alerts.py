@@ -53,7 +53,13 @@ def test_supervisors_sweeping_while_the_scheduler_sends_add_no_alert(table, stri
     for instance in instances:
         instance._then.alert_lease = lease
     sweeps: list[Any] = []
-    during_first_alert_send(world, lambda: sweeps.extend(s.sweep() for s in others))
+
+    def sweep_all() -> None:
+        for other in others:
+            world.make_due(oid)  # each sweeps as if its marker were due (one re-arms it)
+            sweeps.append(other.sweep())
+
+    during_first_alert_send(world, sweep_all)
     world.run()
     assert world.state(oid).process_state is ProcessState.ERROR
     alerts = alerts_for(world, oid)
@@ -92,6 +98,7 @@ def test_a_sender_that_died_is_replaced_after_the_lease_with_the_same_alert_id(t
         world.run()  # Error and the claim written, then the process died before the send
     state = world.state(oid)
     assert state.alert_pending and state.alert_claimed_by == "scheduler-1"
+    world.make_due(oid)
     assert world.tick(1)["alert_claimed_elsewhere"] == 1  # the claim holds: nobody else sends
     assert alerts_for(world, oid) == []
     assert [m.order_id for m in world.store.list_live()] == [oid]  # still watched
@@ -113,7 +120,12 @@ def test_a_sweep_in_the_scheduler_own_instance_does_not_send_under_its_claim(tab
     oid = order(world, refused_for_good(world), workflow=strict)
     same_instance = world.new_supervisor("scheduler-1")
     sweeps: list[Any] = []
-    during_first_alert_send(world, lambda: sweeps.append(same_instance.sweep()))
+
+    def sweep() -> None:
+        world.make_due(oid)
+        sweeps.append(same_instance.sweep())
+
+    during_first_alert_send(world, sweep)
     world.run()
     assert world.state(oid).process_state is ProcessState.ERROR
     assert len(alerts_for(world, oid)) == 1

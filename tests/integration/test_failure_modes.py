@@ -15,7 +15,7 @@ from sas.domain.messages import OperatorAlert, StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.services.agent import AgentOutcome
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
-from tests.harness import BUDGET, World, permanent, transient
+from tests.harness import BUDGET, World, live_table_of, permanent, transient
 from tests.unit.test_services import submitted
 
 pytestmark = pytest.mark.integration
@@ -94,12 +94,11 @@ def test_agent_crash_is_recovered_by_the_supervisor(world):
     assert_effects_once(world, oid, *ALL_STEPS)
 
 
-def test_scheduler_crash_between_claim_and_request(world):
-    oid = order(world)
-    world.deliver("orders")
+def test_submission_crash_between_its_claim_and_the_request(world):
     world.bus.fail_next_send_to.add("agent-inventory")
     with pytest.raises(ConnectionError):
-        world.deliver("scheduler")  # claimed and persisted, then died before sending
+        order(world)  # inserted and claimed, then died before sending
+    oid = "o1"
     claimed = world.state(oid)
     assert claimed.process_state is ProcessState.PROCESSING and claimed.attempt == 1
     world.settle_with_supervision()
@@ -235,7 +234,7 @@ class RacingStore(TableStateStore):
     """Every racer reads the state before any of them writes it."""
 
     def __init__(self, table, racers: int) -> None:
-        super().__init__(table)
+        super().__init__(table, live_table_of(table))
         self._barrier = threading.Barrier(racers, timeout=10)
         self._local = threading.local()
 
@@ -315,10 +314,14 @@ def test_resubmit_of_an_error_order_reaches_processed(table, strict):
 
 def test_a_pending_order_whose_schedule_request_was_lost_is_picked_up(world):
     oid = order(world)
-    world.drop("scheduler")  # crash between the insert and the send, no redelivery
+    world.drop("agent-inventory")
+    world.tick(BUDGET + 1)  # expired: Pending for a retry, a schedule request on its way
+    assert world.state(oid).process_state is ProcessState.PENDING
+    world.clock.advance(3)
+    assert len(world.drop("scheduler")) == 1  # lost with the process that took it
     world.tick(61)  # past the pickup deadline
-    assert world.state(oid).failure_count == 1
-    world.clock.advance(2)
+    assert world.state(oid).failure_count == 2
+    world.clock.advance(5)
     world.run()
     assert world.state(oid).process_state is ProcessState.PROCESSED
 
@@ -344,4 +347,6 @@ def test_no_order_is_lost_every_live_one_is_indexed_with_a_deadline(world):
         assert state.complete_by is not None and not state.is_terminal
     world.run()
     world.tick(1)
-    assert world.store.list_live() == []  # finished orders leave the index
+    assert {m.order_id for m in world.store.list_live()} == set(ids)  # not due yet: untouched
+    world.tick(BUDGET)
+    assert world.store.list_live() == []  # finished orders leave the index once due

@@ -39,9 +39,7 @@ def drive_to_reply(azurite, monkeypatch, depth: int) -> None:
     answer = {"reservation": json.loads("[" * depth + "]" * depth)}
     assert len(json.dumps(answer)) < 8 * 1024  # far below MAX_RESULT_BYTES
     monkeypatch.setattr(HttpRemoteService, "perform", lambda self, *a, **k: answer)
-    run("submit", json.dumps(VALID_ORDER).encode())
-    (schedule,) = take(azurite, settings.QUEUE_SCHEDULER)
-    run("schedule", schedule)
+    run("submit", json.dumps(VALID_ORDER).encode())  # claims and dispatches the first step
     (request,) = take(azurite, settings.agent_queue_setting("inventory"))
     run("agent_inventory", request)  # must return normally
 
@@ -94,8 +92,6 @@ def test_a_remote_answer_with_a_lone_surrogate_does_not_crash_the_agent(
     from sas_local.provision import provision
 
     provision(bootstrap.settings())
-    run("submit", json.dumps(VALID_ORDER).encode())
-    (schedule,) = take(azurite, settings.QUEUE_SCHEDULER)
-    run("schedule", schedule)
+    run("submit", json.dumps(VALID_ORDER).encode())  # claims and dispatches the first step
     (request,) = take(azurite, settings.agent_queue_setting("inventory"))
     run("agent_inventory", request)  # must return normally

@@ -61,6 +61,7 @@ from sas.domain.wire import (
 from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS
 from tests.conftest import unique_queue
 from tests.fakes import FakeClock
+from tests.harness import store_on
 from tests.integration.test_fuzz_functions import rows, user_function
 
 pytestmark = pytest.mark.integration
@@ -152,6 +153,9 @@ class Client:
 
     def get_queue_sender(self, queue_name: str) -> Sender:
         return self.sender
+
+    def get_queue_receiver(self, queue_name: str) -> Any:
+        raise AssertionError("this test never peeks")
 
     def close(self) -> None:
         pass
@@ -264,7 +268,7 @@ def round_trip(
     assert found is not None and found.value.order_id == order_id
     assert kept is not None and kept.order_id == order_id
     assert table.get_entity(order_id, "state")["PartitionKey"] == order_id  # a point read
-    store.touch_live(order_id, now)  # the id as a RowKey too: the in-flight marker
+    store.touch_live(order_id, now, now)  # the id as a RowKey too: the in-flight marker
     assert order_id in {marker.order_id for marker in store.list_live()}
 
     StorageQueueTransport(queues).send(
@@ -301,7 +305,7 @@ def parked_on_submit(order_id: str, table: TableClient) -> None:
 def test_accepted_ids_round_trip_and_refused_ones_are_parked(
     app_env: None, table: TableClient, queue_service: QueueServiceClient, queue: str
 ) -> None:
-    store = TableStateStore(table)
+    store = store_on(table)
 
     @settings(
         max_examples=40,

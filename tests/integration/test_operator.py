@@ -203,7 +203,7 @@ def test_a_replayed_valid_order_is_processed_by_the_app(client, app_env):
     order = bootstrap.store().get_order("replayed-1")
     assert order is not None and order.details == VALID_ORDER["details"]
     state = bootstrap.store().get_state("replayed-1")
-    assert state is not None and state.value.process_state is ProcessState.PENDING
+    assert state is not None and state.value.process_state is ProcessState.PROCESSING
     assert rejected(client) == {}
 
 
@@ -228,7 +228,7 @@ def test_a_replayed_reply_reaches_its_order_once_the_order_exists(client, app_en
     assert deliver_from_queue("sas-replies", "on_reply") == 1
     assert rejected(client) == {}
     kinds = [entry.kind for entry in bootstrap.store().get_history("late-1")]
-    assert kinds == ["submitted", "reply_dropped"]
+    assert kinds == ["submitted", "claimed", "reply_dropped"]
 
 
 def test_a_truncated_body_cannot_be_replayed(client, app_env):

@@ -15,7 +15,7 @@ from sas.domain.transitions import initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.consequences import ALERT_LEASE
 from sas.services.scheduler import ScheduleOutcome
-from tests.harness import BUDGET, World, permanent
+from tests.harness import BUDGET, World, live_table_of, permanent
 from tests.integration.test_failure_modes import order
 
 pytestmark = pytest.mark.integration
@@ -25,15 +25,16 @@ class SweepDuringResubmit(TableStateStore):
     """Runs a Supervisor sweep between the operator's first index touch and its state write."""
 
     def __init__(self, table, world: World) -> None:
-        super().__init__(table)
+        super().__init__(table, live_table_of(table))
         self.world = world
         self.armed = False
 
-    def update_state(self, state, etag, history=None):
+    def update_state(self, state, etag, history=None, *, step=None):
         if self.armed and history is not None and history.kind == "resubmitted":
             self.armed = False
+            self.world.make_due(state.order_id)  # due by now, as a later sweep would find it
             assert self.world.supervisor.sweep()["unindexed"] == 1  # saw Error, dropped marker
-        return super().update_state(state, etag, history)
+        return super().update_state(state, etag, history, step=step)
 
 
 def test_a_sweep_between_resubmit_steps_cannot_unindex_the_live_order(table, strict):
@@ -83,9 +84,9 @@ def test_one_broken_order_does_not_stop_the_sweep(world, table):
          "SubmittedAt": broken.submitted_at, "UpdatedAt": broken.updated_at,
          "CompleteBy": world.clock.now()}
     )  # fmt: skip
-    world.store.touch_live("a-broken", world.clock.now())
+    world.store.touch_live("a-broken", world.clock.now(), world.clock.now())
     oid = order(world, "b-healthy")  # listed after the broken one
-    world.drop("scheduler")
+    world.drop("agent-inventory")
     report = world.tick(61)
     assert report["failed"] == 1
     assert world.state(oid).failure_count == 1  # still examined and recovered
@@ -129,7 +130,7 @@ def test_an_alert_lost_in_a_crash_is_sent_by_the_next_sweep_once(table, strict):
 
 
 def test_an_index_marker_without_an_order_waits_out_its_grace_then_goes(world):
-    world.store.touch_live("being-submitted", world.clock.now())  # insert not done yet
+    world.store.touch_live("being-submitted", world.clock.now(), world.clock.now())  # no insert yet
     assert world.tick(60)["orphan_waiting"] == 1
     assert [m.order_id for m in world.store.list_live()] == ["being-submitted"]
     assert world.tick(300)["orphan_dropped"] == 1
@@ -157,7 +158,9 @@ def test_every_retry_asks_with_a_new_message_id(world):
         world.clock.advance(10)
         world.deliver("scheduler")
     ids = [e.message_id for q, e in world.bus.sent if q == "scheduler"]
-    assert len(ids) == 3 and len(set(ids)) == 3  # duplicate detection must not eat a retry
+    assert len(ids) == 2 and len(set(ids)) == 2  # duplicate detection must not eat a retry
+    requests = [e.message_id for q, e in world.bus.sent if q == "agent-inventory"]
+    assert len(requests) == 3 and len(set(requests)) == 3
     assert world.state(oid).failure_count == 2
 
 

@@ -14,6 +14,7 @@ from sas.domain.model import ProcessState
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
 from sas.services.submission import Submission, SubmissionOutcome
 from tests.fakes import FakeClock, RecordingTransport
+from tests.harness import live_table_of, store_on
 from tests.unit.test_services import ROUTES, submitted
 
 pytestmark = pytest.mark.integration
@@ -23,7 +24,7 @@ class BarrierStore(TableStateStore):
     """Makes every racer read the state before any of them writes: a guaranteed race."""
 
     def __init__(self, table, racers: int) -> None:
-        super().__init__(table)
+        super().__init__(table, live_table_of(table))
         self._barrier = threading.Barrier(racers, timeout=10)
         self._thread = threading.local()
 
@@ -35,42 +36,78 @@ class BarrierStore(TableStateStore):
         return found
 
 
+def expired_back_to_pending(store: TableStateStore) -> None:
+    """What the Supervisor does to an expired attempt: back to Pending, unlocked."""
+    current = store.get_state("o1")
+    assert current is not None
+    store.update_state(
+        replace(current.value, process_state=ProcessState.PENDING, locked_by=None), current.etag
+    )
+
+
 def test_two_schedulers_racing_for_one_order_exactly_one_wins(table):
     clock, transport = FakeClock(), RecordingTransport()
-    Submission(TableStateStore(table), transport, ROUTES, clock).submit(submitted())
+    Submission(store_on(table), transport, ROUTES, clock).submit(submitted())
+    expired_back_to_pending(store_on(table))
     store = BarrierStore(table, racers=2)
     schedulers = [Scheduler(store, transport, ROUTES, clock, f"s{n}") for n in (1, 2)]
     with ThreadPoolExecutor(2) as pool:
         outcomes = list(pool.map(lambda s: s.schedule(ScheduleRequest(order_id="o1")), schedulers))
     assert sorted(outcomes) == sorted([ScheduleOutcome.CLAIMED, ScheduleOutcome.LOST_RACE])
     winner = f"s{outcomes.index(ScheduleOutcome.CLAIMED) + 1}"
-    found = TableStateStore(table).get_state("o1")
+    found = store_on(table).get_state("o1")
     assert found is not None
     state = found.value
     assert (state.locked_by, state.attempt, state.process_state) == (
         winner,
-        1,
+        2,
         ProcessState.PROCESSING,
     )
-    assert len([m for m in transport.to("agent-inventory") if isinstance(m, StepRequest)]) == 1
+    requests = [m for m in transport.to("agent-inventory") if isinstance(m, StepRequest)]
+    assert [r.attempt for r in requests] == [1, 2]  # the submission's, then the winner's
 
 
-def test_a_redelivered_submission_is_a_no_op(table):
+def test_the_submission_claims_the_first_step_in_its_insert(table):
     clock, transport = FakeClock(), RecordingTransport()
-    store = TableStateStore(table)
+    store = store_on(table)
+    assert Submission(store, transport, ROUTES, clock, instance_id="h1").submit(submitted()) is (
+        SubmissionOutcome.ACCEPTED
+    )
+    found = store.get_state("o1")
+    assert found is not None
+    state = found.value
+    assert (state.process_state, state.attempt, state.locked_by) == (
+        ProcessState.PROCESSING,
+        1,
+        "h1",
+    )
+    assert [(h.kind, h.attempt) for h in store.get_history("o1")] == [
+        ("submitted", 0),
+        ("claimed", 1),
+    ]
+    assert transport.to("scheduler") == []  # no hop through the Scheduler
+    [request] = transport.to("agent-inventory")
+    assert isinstance(request, StepRequest) and request.attempt == 1
+    assert request.payload["address"] == "1 Main St"
+    [marker] = store.list_live()
+    assert marker.due_at == state.complete_by  # due no later than the step's deadline
+
+
+def test_a_redelivered_submission_changes_nothing(table):
+    clock, transport = FakeClock(), RecordingTransport()
+    store = store_on(table)
     submission = Submission(store, transport, ROUTES, clock)
     assert submission.submit(submitted()) is SubmissionOutcome.ACCEPTED
-    Scheduler(store, transport, ROUTES, clock, "s1").schedule(ScheduleRequest(order_id="o1"))
     before = store.get_state("o1")
     clock.advance(5)
     assert submission.submit(submitted()) is SubmissionOutcome.DUPLICATE
     assert store.get_state("o1") == before  # same ETag: nothing was written
-    assert len(transport.to("scheduler")) == 1  # already claimed, so not rescheduled
+    assert transport.to("scheduler") == []
 
 
-def test_a_redelivery_after_a_crash_before_scheduling_schedules_again(table):
+def test_a_redelivery_after_a_crash_before_the_send_sends_the_same_request(table):
     clock, transport = FakeClock(), RecordingTransport()
-    store = TableStateStore(table)
+    store = store_on(table)
     Submission(store, RecordingTransport(), ROUTES, clock).submit(submitted())  # its sends "lost"
     before = store.get_state("o1")
     assert (
@@ -78,12 +115,27 @@ def test_a_redelivery_after_a_crash_before_scheduling_schedules_again(table):
         is SubmissionOutcome.DUPLICATE
     )
     assert store.get_state("o1") == before
-    assert transport.to("scheduler") == [ScheduleRequest(order_id="o1")]
+    [sent] = transport.sent
+    assert (sent.queue, sent.message_id) == ("agent-inventory", "o1:reserve:1")
+
+
+def test_a_redelivery_once_the_first_step_moved_on_sends_nothing(table):
+    clock, transport = FakeClock(), RecordingTransport()
+    store = store_on(table)
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    Scheduler(store, transport, ROUTES, clock, "s1").on_reply(
+        StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
+    )
+    sent = len(transport.sent)
+    assert Submission(store, transport, ROUTES, clock).submit(submitted()) is (
+        SubmissionOutcome.DUPLICATE
+    )
+    assert len(transport.sent) == sent
 
 
 def test_a_conflicting_duplicate_is_rejected_and_the_original_kept(table):
     clock, transport = FakeClock(), RecordingTransport()
-    store = TableStateStore(table)
+    store = store_on(table)
     submission = Submission(store, transport, ROUTES, clock)
     submission.submit(submitted())
     before_state, before_order = store.get_state("o1"), store.get_order("o1")
@@ -95,16 +147,10 @@ def test_a_conflicting_duplicate_is_rejected_and_the_original_kept(table):
 
 def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
     clock, transport = FakeClock(), RecordingTransport()
-    store = TableStateStore(table)
+    store = store_on(table)
     Submission(store, transport, ROUTES, clock).submit(submitted())
     scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
-    scheduler.schedule(ScheduleRequest(order_id="o1"))
-    # What the Supervisor does to an expired attempt (issue 4): back to Pending, unlocked.
-    current = store.get_state("o1")
-    assert current is not None
-    store.update_state(
-        replace(current.value, process_state=ProcessState.PENDING, locked_by=None), current.etag
-    )
+    expired_back_to_pending(store)
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     newer = store.get_state("o1")
     assert newer is not None and newer.value.attempt == 2
@@ -120,10 +166,7 @@ def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
 
 def test_duplicate_replies_racing_apply_once(table):
     clock, transport = FakeClock(), RecordingTransport()
-    Submission(TableStateStore(table), transport, ROUTES, clock).submit(submitted())
-    Scheduler(TableStateStore(table), transport, ROUTES, clock, "s0").schedule(
-        ScheduleRequest(order_id="o1")
-    )
+    Submission(store_on(table), transport, ROUTES, clock).submit(submitted())
     store = BarrierStore(table, racers=2)
     schedulers = [Scheduler(store, transport, ROUTES, clock, f"s{n}") for n in (1, 2)]
     reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
@@ -131,5 +174,21 @@ def test_duplicate_replies_racing_apply_once(table):
         outcomes = list(pool.map(lambda s: s.on_reply(reply), schedulers))
     assert sorted(outcomes) == sorted([ReplyOutcome.ADVANCED, ReplyOutcome.STALE])
     assert len(transport.to("agent-payment")) == 1
-    after = TableStateStore(table).get_state("o1")
+    after = store_on(table).get_state("o1")
     assert after is not None and after.value.attempt == 2
+
+
+def test_a_late_duplicate_leaves_the_marker_due_by_the_existing_deadline(table):
+    """The duplicate's index touch (made before it knows it is one) would move the marker's
+    due time past the order's deadline, hiding the order from the Supervisor's query."""
+    clock, transport = FakeClock(), RecordingTransport()
+    store = store_on(table)
+    submission = Submission(store, transport, ROUTES, clock)
+    submission.submit(submitted())
+    clock.advance(10)
+    assert submission.submit(submitted()) is SubmissionOutcome.DUPLICATE
+    assert submission.submit(submitted(address="elsewhere")) is SubmissionOutcome.CONFLICT
+    found = store.get_state("o1")
+    assert found is not None and found.value.complete_by is not None
+    (marker,) = store.list_live()
+    assert marker.due_at <= found.value.complete_by

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from sas.adapters.tables import TableStateStore
+from sas.domain.wire import live_table_name
 from sas.services.ports import StateStore
 from sas_local.azurite import Azurite
 from tests.unit.test_stateful import SasMachine
@@ -28,7 +29,13 @@ def test_the_pattern_keeps_its_invariants_on_table_storage(azurite: Azurite) -> 
     def fresh_table() -> tuple[StateStore, Callable[[], None]]:
         name = f"t{uuid.uuid4().hex[:16]}"
         client = service.create_table(name)
-        return TableStateStore(client), lambda: service.delete_table(name)
+        live = service.create_table(live_table_name(name))
+
+        def drop() -> None:
+            service.delete_table(name)
+            service.delete_table(live.table_name)
+
+        return TableStateStore(client, live), drop
 
     class OnTableStorage(SasMachine):
         store_factory = staticmethod(fresh_table)

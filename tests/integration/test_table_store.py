@@ -20,6 +20,7 @@ from sas.domain.model import (
 )
 from sas.domain.transitions import claim, initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
+from tests.harness import store_on
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,7 @@ def stored_state(store: TableStateStore, order_id: str = "o1") -> Versioned[Orde
 
 
 def test_order_and_state_are_inserted_together(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     store.create_order(order(), new_state())
     assert store.get_order("o1") == order()
     versioned = stored_state(store)
@@ -56,14 +57,14 @@ def test_a_failed_transaction_leaves_nothing_behind(table):
     # must fail as a whole, so the order row must not appear.
     table.create_entity({"PartitionKey": "o1", "RowKey": "state", "Marker": "pre-existing"})
     with pytest.raises(AlreadyExists):
-        TableStateStore(table).create_order(order(), new_state())
+        store_on(table).create_order(order(), new_state())
     with pytest.raises(ResourceNotFoundError):
         table.get_entity("o1", "order")
     assert table.get_entity("o1", "state")["Marker"] == "pre-existing"
 
 
 def test_a_second_insert_of_the_same_order_is_refused_and_keeps_the_original(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     store.create_order(order(), new_state())
     with pytest.raises(AlreadyExists):
         store.create_order(order(fingerprint="other"), new_state())
@@ -72,7 +73,7 @@ def test_a_second_insert_of_the_same_order_is_refused_and_keeps_the_original(tab
 
 
 def test_a_stale_etag_is_rejected(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     store.create_order(order(), new_state())
     first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
@@ -84,13 +85,13 @@ def test_a_stale_etag_is_rejected(table):
 
 
 def test_update_of_a_missing_state_is_not_found(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     with pytest.raises(NotFound):
         store.update_state(new_state("ghost"), "W/\"datetime'2026-01-01T00%3A00%3A00Z'\"")
 
 
 def test_cleared_fields_are_removed_not_left_behind(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     store.create_order(order(), new_state())
     first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
@@ -104,7 +105,7 @@ def test_cleared_fields_are_removed_not_left_behind(table):
 
 
 def test_times_round_trip_as_aware_utc_to_the_microsecond(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     plus_two = timezone(timedelta(hours=2))
     local = datetime(2026, 11, 22, 14, 0, 0, 654321, tzinfo=plus_two)
     state = replace(new_state(), complete_by=local)
@@ -116,21 +117,33 @@ def test_times_round_trip_as_aware_utc_to_the_microsecond(table):
     assert type(read.submitted_at) is datetime
 
 
-def test_steps_are_recorded_idempotently_and_listed_in_order(table):
-    store = TableStateStore(table)
+def test_steps_are_recorded_with_the_state_write_and_listed_in_order(table):
+    store = store_on(table)
     store.create_order(order(), new_state())
     second = StepRecord("o1", 1, "charge", 2, NOW, {"effect_id": "e2"})
     first = StepRecord("o1", 0, "reserve", 1, NOW, {"effect_id": "e1"})
-    store.record_step(second)
-    store.record_step(first)
-    store.record_step(first)  # redelivery
+    etag = stored_state(store).etag
+    etag = store.update_state(new_state(), etag, entry("completed", 2), step=second)
+    etag = store.update_state(new_state(), etag, step=first)
     redo = replace(second, attempt=5, result={"effect_id": "e2b"})
-    store.record_step(redo)  # a later attempt of the same step replaces the record
+    store.update_state(new_state(), etag, step=redo)  # a step run again replaces the record
     assert store.get_steps("o1") == [first, redo]
 
 
+def test_a_step_record_is_never_written_without_its_state_write(table):
+    store = store_on(table)
+    store.create_order(order(), new_state())
+    stale = stored_state(store).etag
+    store.update_state(new_state(), stale)
+    done = StepRecord("o1", 0, "reserve", 1, NOW, {"effect_id": "e1"})
+    with pytest.raises(ConcurrencyConflict):
+        store.update_state(new_state(), stale, entry("completed", 1), step=done)
+    assert store.get_steps("o1") == []
+    assert store.get_history("o1") == []
+
+
 def test_parked_messages_keep_reason_and_the_whole_body(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     body = bytes(range(256)) * 400  # 100 KiB, binary: spans several properties
     parked_id = store.park_message("sas-orders", "invalid OrderSubmitted: x", body, NOW)
     (parked,) = store.list_parked()
@@ -144,7 +157,7 @@ def entry(kind: str, attempt: int = 1, at: datetime = NOW) -> HistoryEntry:
 
 
 def test_a_transition_and_its_history_commit_together(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     store.create_order(order(), new_state(), entry("submitted", 0))
     first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
@@ -155,7 +168,7 @@ def test_a_transition_and_its_history_commit_together(table):
 
 def test_a_stale_etag_inside_a_transaction_writes_neither_state_nor_history(table):
     # Azurite has been known to ignore If-Match inside batches; this pins that it does not.
-    store = TableStateStore(table)
+    store = store_on(table)
     store.create_order(order(), new_state())
     first = stored_state(store)
     claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
@@ -167,26 +180,50 @@ def test_a_stale_etag_inside_a_transaction_writes_neither_state_nor_history(tabl
 
 
 def test_live_markers_are_dropped_only_if_untouched_since_read(table):
-    store = TableStateStore(table)
-    store.touch_live("o1", NOW)
-    store.touch_live("o2", NOW)
+    store = store_on(table)
+    store.touch_live("o1", NOW, NOW)
+    store.touch_live("o2", NOW, NOW)
     markers = {m.order_id: m for m in store.list_live()}
     assert set(markers) == {"o1", "o2"}
-    store.touch_live("o1", NOW + timedelta(seconds=1))  # e.g. an operator resubmits it
+    store.touch_live("o1", NOW + timedelta(seconds=1), NOW)  # e.g. an operator resubmits it
     assert store.drop_live(markers["o1"]) is False
     assert store.drop_live(markers["o2"]) is True
     assert [m.order_id for m in store.list_live()] == ["o1"]
 
 
+def test_only_due_markers_are_listed_and_rearming_is_conditional(table):
+    store = store_on(table)
+    store.touch_live("early", NOW, NOW + timedelta(seconds=5))
+    store.touch_live("late", NOW, NOW + timedelta(seconds=30))
+    assert store.list_due(NOW) == []
+    [due] = store.list_due(NOW + timedelta(seconds=5))
+    assert (due.order_id, due.due_at) == ("early", NOW + timedelta(seconds=5))
+    assert store.rearm_live(due, NOW + timedelta(seconds=60)) is True
+    assert store.rearm_live(due, NOW) is False  # read before the re-arm: stale
+    assert store.list_due(NOW + timedelta(seconds=30)) == [
+        m for m in store.list_live() if m.order_id == "late"
+    ]
+    assert {m.order_id for m in store.list_due(NOW + timedelta(seconds=60))} == {"early", "late"}
+
+
+def test_the_in_flight_index_is_a_table_of_its_own(table):
+    """Finished history never lies in the way of the Supervisor's query."""
+    store = store_on(table)
+    store.create_order(order(), new_state())
+    store.touch_live("o1", NOW, NOW)
+    assert all(e["PartitionKey"] != "~live" for e in table.list_entities())
+    assert [m.order_id for m in store.list_live()] == ["o1"]
+
+
 def test_new_state_fields_round_trip(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     state = replace(new_state(), mode="undo", not_before=NOW, alert_pending=True)
     store.create_order(order(), state)
     assert stored_state(store).value == state
 
 
 def test_orders_are_listed_by_state(table):
-    store = TableStateStore(table)
+    store = store_on(table)
     store.create_order(order("a1"), new_state("a1"))
     store.create_order(order("a2"), replace(new_state("a2"), process_state=ProcessState.ERROR))
     assert [s.order_id for s in store.list_states(ProcessState.ERROR)] == ["a2"]

@@ -27,6 +27,7 @@ from pycep import BicepParser
 from pycep.models import BicepElement
 
 from sas import settings
+from sas.domain import wire
 from sas.domain.workflow import AGENTS, WORKFLOWS
 
 pytestmark = pytest.mark.unit
@@ -464,17 +465,19 @@ def test_the_queues_exist_in_both_transports_modules() -> None:
         assert name in storage_queues
 
 
-def test_the_orders_table_and_deployment_container_are_provisioned() -> None:
+def test_both_tables_and_the_deployment_container_are_provisioned() -> None:
     parsed = bicep("modules/storage.bicep")
-    [table] = resources_of_type(
-        parsed, "Microsoft.Storage/storageAccounts/tableServices/tables"
-    ).values()
+    tables = resources_of_type(parsed, "Microsoft.Storage/storageAccounts/tableServices/tables")
     [container] = resources_of_type(
         parsed, "Microsoft.Storage/storageAccounts/blobServices/containers"
     ).values()
 
-    assert body(table)["name"] == "tableName"
+    assert sorted(body(t)["name"] for t in tables.values()) == ["liveTableName", "tableName"]
     assert module_params("storage")["tableName"] == "tableName"
+    main = bicep("main.bicep")
+    assert main["variables"]["liveTableSuffix"]["value"] == wire.LIVE_TABLE_SUFFIX
+    assert "liveTableSuffix" in str(module_params("storage")["liveTableName"])
+    assert decorator(main, "tableName", "max_length") == 63 - len(wire.LIVE_TABLE_SUFFIX)
     assert param_default(bicep("main.bicep"), "tableName") == settings.DEFAULT_TABLE
     assert body(container)["name"] == "deploymentContainerName"
     assert body(container)["properties"]["publicAccess"] == "None"

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -69,12 +70,35 @@ class FakeSender:
         self.closed = True
 
 
+@dataclass
+class FakePeeked:
+    enqueued_time_utc: datetime | None
+
+
+class FakeReceiver:
+    def __init__(self, waiting: list[FakePeeked]) -> None:
+        self.waiting = waiting
+        self.closed = False
+
+    def peek_messages(self, max_message_count: int = 1) -> list[FakePeeked]:
+        return self.waiting[:max_message_count]
+
+    def close(self) -> None:
+        self.closed = True
+
+
 class FakeClient:
     def __init__(self) -> None:
         self.senders: dict[str, list[FakeSender]] = {}
         self.created: Counter[str] = Counter()
         self.closed = False
         self.fail_next: dict[str, Exception] = {}
+        self.receivers: list[str] = []
+        self.waiting: dict[str, list[FakePeeked]] = {}
+
+    def get_queue_receiver(self, queue_name: str) -> FakeReceiver:
+        self.receivers.append(queue_name)
+        return FakeReceiver(self.waiting.get(queue_name, []))
 
     def get_queue_sender(self, queue_name: str) -> FakeSender:
         self.created[queue_name] += 1
@@ -705,3 +729,27 @@ def test_default_send_timeout_is_below_the_shortest_step_budget() -> None:
     shortest = min(step.budget for w in WORKFLOWS.values() for step in w.steps)
 
     assert shortest.total_seconds() > sb.DEFAULT_SEND_TIMEOUT
+
+
+# --- peeking at a queue's backlog ----------------------------------------------------------
+
+
+def test_oldest_waiting_is_the_first_active_message_by_a_peek_that_locks_nothing(
+    transport: ServiceBusTransport, client: FakeClient
+) -> None:
+    enqueued = datetime(2026, 11, 22, 11, 59, tzinfo=UTC)
+    client.waiting["sas-replies"] = [FakePeeked(enqueued), FakePeeked(enqueued)]
+    assert transport.oldest_waiting("sas-replies") == enqueued
+    assert client.receivers == ["sas-replies"]
+    assert transport.oldest_waiting("sas-empty") is None
+
+
+def test_oldest_waiting_maps_a_missing_queue_to_not_found(
+    transport: ServiceBusTransport, client: FakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def missing(self: FakeReceiver, max_message_count: int = 1) -> list[FakePeeked]:
+        raise MessagingEntityNotFoundError(message="amqp:not-found")
+
+    monkeypatch.setattr(FakeReceiver, "peek_messages", missing)
+    with pytest.raises(NotFound):
+        transport.oldest_waiting("sas-gone")

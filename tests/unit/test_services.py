@@ -30,7 +30,9 @@ ROUTES = Routes(
 )
 
 
-def submitted(order_id="o1", reply_to="status-q", address="1 Main St") -> OrderSubmitted:
+def submitted(
+    order_id="o1", reply_to="status-q", address="1 Main St", status_events="outcome"
+) -> OrderSubmitted:
     return OrderSubmitted(
         order_id=order_id,
         details=OrderDetails(
@@ -40,6 +42,7 @@ def submitted(order_id="o1", reply_to="status-q", address="1 Main St") -> OrderS
             lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
         ),
         reply_to=reply_to,
+        status_events=status_events,
     )
 
 
@@ -48,25 +51,56 @@ def parts():
     return InMemoryStore(), RecordingTransport(), FakeClock()
 
 
-def test_submission_inserts_pending_state_schedules_and_reports_received(parts):
+def test_submission_inserts_the_order_claims_its_first_step_and_dispatches_it(parts):
     store, transport, clock = parts
     assert (
-        Submission(store, transport, ROUTES, clock).submit(submitted())
+        Submission(store, transport, ROUTES, clock, instance_id="h1").submit(submitted())
         is SubmissionOutcome.ACCEPTED
     )
-    assert store.get_state("o1").value.process_state is ProcessState.PENDING
-    assert transport.to("scheduler") == [ScheduleRequest(order_id="o1")]
-    assert [m.status for m in transport.to("status-q")] == ["received"]
+    state = store.get_state("o1").value
+    assert (state.process_state, state.attempt, state.locked_by) == (
+        ProcessState.PROCESSING,
+        1,
+        "h1",
+    )
+    assert state.details == store.get_order("o1").details  # dispatching reads nothing else
+    assert transport.to("scheduler") == []
+    [request] = transport.to("agent-inventory")
+    assert (request.step, request.attempt) == ("reserve", 1)
+    assert [h.kind for h in store.get_history("o1")] == ["submitted", "claimed"]
+    assert transport.to("status-q") == []  # outcome events only, by default
+
+
+def test_a_submitter_that_asks_for_steps_hears_of_each_step(parts):
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
+    assert [m.status for m in transport.to("status-q")] == ["received", "step_started"]
+    assert store.get_state("o1").value.status_events == "steps"
+
+
+def test_the_default_status_level_keeps_an_orders_fingerprint(parts):
+    """Orders submitted before the field existed are redeliveries, not conflicts, after it."""
+    default = submitted()
+    explicit = submitted(status_events="steps")
+    assert "status_events" not in default.model_dump_json(exclude_defaults=True)
+    assert default.fingerprint() != explicit.fingerprint()
+    legacy = default.model_dump(mode="json")
+    legacy.pop("status_events")
+    import hashlib
+    import json
+
+    canonical = json.dumps(legacy, sort_keys=True, separators=(",", ":"))
+    assert default.fingerprint() == hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def test_a_missing_reply_to_queue_does_not_fail_the_order(parts):
     store, transport, clock = parts
     transport.missing_queues.add("status-q")
     assert (
-        Submission(store, transport, ROUTES, clock).submit(submitted())
+        Submission(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
         is SubmissionOutcome.ACCEPTED
     )
-    assert transport.to("scheduler")
+    assert transport.to("agent-inventory")
 
 
 def test_conflicting_resubmission_is_refused_and_reported(parts):
@@ -75,7 +109,7 @@ def test_conflicting_resubmission_is_refused_and_reported(parts):
     submission.submit(submitted())
     assert submission.submit(submitted(address="elsewhere")) is SubmissionOutcome.CONFLICT
     assert store.get_order("o1").details["address"] == "1 Main St"
-    assert [m.status for m in transport.to("status-q")] == ["received", "rejected"]
+    assert [m.status for m in transport.to("status-q")] == ["rejected"]
 
 
 def run_to_completion(store, transport, clock, scheduler):
@@ -102,9 +136,8 @@ def run_to_completion(store, transport, clock, scheduler):
 
 def test_the_scheduler_drives_every_step_to_processed(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted())
+    Submission(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
     scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
-    assert scheduler.schedule(ScheduleRequest(order_id="o1")) is ScheduleOutcome.CLAIMED
     run_to_completion(store, transport, clock, scheduler)
     state = store.get_state("o1").value
     assert state.process_state is ProcessState.PROCESSED
@@ -119,6 +152,13 @@ def test_the_scheduler_drives_every_step_to_processed(parts):
     assert [s.name for s in store.get_steps("o1")] == [s.name for s in ORDER_WORKFLOW.steps]
     statuses = [m.status for m in transport.to("status-q")]
     assert statuses[0] == "received" and statuses[-1] == "completed"
+
+
+def test_by_default_a_submitter_hears_only_how_the_order_ends(parts):
+    store, transport, clock = parts
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    run_to_completion(store, transport, clock, Scheduler(store, transport, ROUTES, clock, "s1"))
+    assert [m.status for m in transport.to("status-q")] == ["completed"]
 
 
 def test_schedule_of_an_order_that_is_not_pending_does_nothing(parts):

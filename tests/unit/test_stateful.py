@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -147,11 +147,13 @@ class AuditingStore:
         self.violations: list[str] = []
 
     def create_order(
-        self, order: OrderRecord, state: OrderState, history: HistoryEntry | None = None
+        self,
+        order: OrderRecord,
+        state: OrderState,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
     ) -> None:
         self.inner.create_order(order, state, history)
-        if history is not None:
-            self.history.append(history)
+        self.history.extend([history] if isinstance(history, HistoryEntry) else history or ())
 
     def get_order(self, order_id: str) -> OrderRecord | None:
         return self.inner.get_order(order_id)
@@ -160,10 +162,15 @@ class AuditingStore:
         return self.inner.get_state(order_id)
 
     def update_state(
-        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+        self,
+        state: OrderState,
+        etag: str,
+        history: HistoryEntry | None = None,
+        *,
+        step: StepRecord | None = None,
     ) -> str:
         before = self.inner.get_state(state.order_id)
-        new_etag = self.inner.update_state(state, etag, history)
+        new_etag = self.inner.update_state(state, etag, history, step=step)
         # The write succeeded, so ``before`` (read just now, nothing ran in between) is what
         # it replaced, and it must be what the writer read: one owner per version (I2).
         assert before is not None
@@ -195,20 +202,23 @@ class AuditingStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return self.inner.get_history(order_id)
 
-    def touch_live(self, order_id: str, at: datetime) -> None:
-        self.inner.touch_live(order_id, at)
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
+        self.inner.touch_live(order_id, at, due_at)
 
     def list_live(self) -> list[LiveMarker]:
         return self.inner.list_live()
+
+    def list_due(self, at: datetime) -> list[LiveMarker]:
+        return self.inner.list_due(at)
+
+    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
+        return self.inner.rearm_live(marker, due_at)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         return self.inner.drop_live(marker)
 
     def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
         return self.inner.list_states(process_state, limit)
-
-    def record_step(self, step: StepRecord) -> None:
-        self.inner.record_step(step)
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
         return self.inner.get_steps(order_id)
@@ -242,9 +252,14 @@ class InterleavingStore(AuditingStore):
         return found
 
     def update_state(
-        self, state: OrderState, etag: str, history: HistoryEntry | None = None
+        self,
+        state: OrderState,
+        etag: str,
+        history: HistoryEntry | None = None,
+        *,
+        step: StepRecord | None = None,
     ) -> str:
-        return self.inner.update_state(state, etag, history)  # audited by the inner store
+        return self.inner.update_state(state, etag, history, step=step)  # audited inside
 
     def add_history(self, entry: HistoryEntry) -> None:
         self.inner.add_history(entry)
@@ -535,7 +550,7 @@ class SasMachine(RuleBasedStateMachine):
         self.check_all()
 
     def check_all(self) -> None:
-        indexed = {marker.order_id for marker in self.store.list_live()}
+        indexed = {marker.order_id: marker for marker in self.store.list_live()}
         for order_id in ORDER_IDS:
             found = self.store.get_state(order_id)
             if found is not None:
@@ -546,12 +561,15 @@ class SasMachine(RuleBasedStateMachine):
         self._check_effects()
         self._check_alerts()
 
-    def _check_order(self, state: OrderState, indexed: set[str]) -> None:
+    def _check_order(self, state: OrderState, indexed: dict[str, LiveMarker]) -> None:
         order_id = state.order_id
         previous = self.seen.get(order_id)
         if state.process_state in LIVE_STATES:
             assert state.complete_by is not None, state
             assert order_id in indexed, f"live order not indexed: {state}"
+            # The Supervisor lists only due markers: one due after the deadline hides it.
+            marker = indexed[order_id]
+            assert marker.due_at <= state.complete_by, (marker, state)
         else:
             assert state.complete_by is None and state.finished_at is not None, state
         assert (state.locked_by is not None) == state.is_running, state

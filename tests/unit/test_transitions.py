@@ -12,6 +12,7 @@ from sas.domain.transitions import (
     RetryPolicy,
     Then,
     alert_sent,
+    begin_compensation,
     claim,
     claim_alert,
     complete_step,
@@ -19,6 +20,7 @@ from sas.domain.transitions import (
     expire,
     fence,
     initial_state,
+    look_again_at,
     refuse_step,
     resubmit,
 )
@@ -471,3 +473,71 @@ def test_a_lapsed_alert_claim_is_taken_over_only_after_the_skew_allowance():
     )
     assert taken.alert_claimed_by == "host-2"
     assert taken.alert_claimed_until == lapsed + SKEW + LEASE
+
+
+# --- the in-flight marker's due time ---------------------------------------------------------
+
+_SHORT = Workflow(
+    name="mixed",
+    steps=(
+        StepDefinition("slow", "agent", action="slow", budget=timedelta(seconds=90), undo="unslow"),
+        StepDefinition("fast", "agent", action="fast", budget=timedelta(seconds=5), undo="unfast"),
+    ),
+    pickup_budget=timedelta(seconds=30),
+)
+
+
+def _every_next_deadline(state, workflow, at):
+    """The deadline of every transition that can follow ``state`` at time ``at``."""
+    policy = RetryPolicy(max_failures=2)
+    found = []
+    if state.process_state is ProcessState.PENDING and state.locked_by is None:
+        found.append(
+            claim(replace(state, not_before=None), instance_id="s", now=at, workflow=workflow)
+        )
+    if state.is_running:
+        found.append(
+            complete_step(
+                state,
+                attempt=state.attempt,
+                step_index=state.step_index,
+                mode=state.mode,
+                instance_id="s",
+                now=at,
+                workflow=workflow,
+            )
+        )
+        found.append(
+            begin_compensation(
+                state, from_index=state.step_index, now=at, workflow=workflow, reason="x"
+            )
+        )
+    if not state.is_terminal and state.complete_by is not None and state.complete_by <= at:
+        found.append(expire(state, now=at, workflow=workflow, policy=policy).state)
+    return [s.complete_by for s in found if s.complete_by is not None]
+
+
+@pytest.mark.parametrize("step_index", [0, 1])
+@pytest.mark.parametrize("later", [0.0, 1.0, 4.9, 5.0, 29.0, 89.0, 500.0])
+def test_a_marker_is_due_no_later_than_any_deadline_the_order_can_get(step_index, later):
+    """The Supervisor lists only due markers: one armed at ``now`` must come due before the
+    order's current deadline and before any deadline a transition after ``now`` sets."""
+    pending = initial_state("o1", _SHORT, reply_to=None, now=NOW)
+    running = replace(
+        claim(pending, instance_id="s", now=NOW, workflow=_SHORT),
+        step_index=step_index,
+        complete_by=NOW + _SHORT.steps[step_index].budget,
+    )
+    for state in (pending, running):
+        due = look_again_at(state, now=NOW, workflow=_SHORT)
+        assert state.complete_by is not None and due <= state.complete_by
+        at = NOW + timedelta(seconds=later)
+        for deadline in _every_next_deadline(state, _SHORT, at):
+            assert due <= deadline
+
+
+def test_a_finished_order_is_due_at_once():
+    done = replace(
+        initial_state("o1", WF, reply_to=None, now=NOW), process_state=ProcessState.PROCESSED
+    )
+    assert look_again_at(done, now=NOW, workflow=WF) == NOW

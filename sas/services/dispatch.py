@@ -1,0 +1,74 @@
+"""Sending the step request of a claimed attempt: shared by the Submission (which claims the
+first step itself) and the Scheduler (every later claim)."""
+
+from __future__ import annotations
+
+from sas.domain.clock import Clock
+from sas.domain.errors import IllegalTransition
+from sas.domain.messages import StepRequest
+from sas.domain.model import OrderState
+from sas.domain.wire import idempotency_key, step_request_message_id
+from sas.domain.workflow import Workflow
+from sas.services.consequences import Notifier
+from sas.services.ports import StateStore, Transport
+from sas.services.routes import Routes
+
+
+class Dispatcher:
+    def __init__(
+        self, store: StateStore, transport: Transport, routes: Routes, clock: Clock
+    ) -> None:
+        self._store = store
+        self._transport = transport
+        self._routes = routes
+        self._clock = clock
+        self._notify = Notifier(transport, routes)
+
+    def dispatch(self, state: OrderState, workflow: Workflow) -> None:
+        """Send the StepRequest for the state's current attempt (already persisted).
+
+        Reads nothing on a forward step: the state carries the order's details. An undo
+        reads the completed step's record (what the undo needs); a state written before
+        details were kept with it reads the order row."""
+        step = workflow.step(state.step_index)
+        if not state.is_running or state.complete_by is None:
+            raise IllegalTransition(f"order {state.order_id} runs no step to dispatch")
+        details = state.details
+        if details is None:
+            order = self._store.get_order(state.order_id)
+            if order is None:
+                raise IllegalTransition(f"order {state.order_id} cannot be dispatched")
+            details = order.details
+        payload = {"order_id": state.order_id, **details}
+        action, key = step.action, idempotency_key(state.order_id, step.name, state.mode)
+        if state.mode == "undo":
+            if step.undo is None:
+                raise IllegalTransition(f"step {step.name} has no undo action")
+            done = {s.index: s for s in self._store.get_steps(state.order_id)}.get(state.step_index)
+            payload |= {
+                "original_action": step.action,
+                "original_key": idempotency_key(state.order_id, step.name, "do"),
+                "original_result": done.result if done else None,
+            }
+            action = step.undo
+        request = StepRequest(
+            order_id=state.order_id,
+            step=step.name,
+            step_index=state.step_index,
+            attempt=state.attempt,
+            mode=state.mode,
+            action=action,
+            complete_by=state.complete_by,
+            idempotency_key=key,
+            payload=payload,
+        )
+        self._transport.send(
+            self._routes.agent(step.agent),
+            request,
+            message_id=step_request_message_id(
+                state.order_id, step.name, state.mode, state.attempt
+            ),
+            correlation_id=state.order_id,
+        )
+        if state.mode == "do":
+            self._notify.about(state, "step_started", self._clock.now(), step=step.name)

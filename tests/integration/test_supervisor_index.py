@@ -1,0 +1,123 @@
+"""The Supervisor's in-flight index on Azurite: only due markers are read, a healthy order's
+marker is re-armed to its next deadline, and a step whose reply was sent in time is not
+expired while that reply may still be waiting in the replies queue."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from sas.domain.model import ProcessState
+from sas.domain.transitions import RetryPolicy
+from sas.services.supervisor import Supervisor
+from tests.harness import BUDGET, ROUTES
+from tests.integration.test_failure_modes import assert_effects_once, order
+
+pytestmark = pytest.mark.integration
+
+ALL_STEPS = (("inventory", "reserve"), ("payment", "charge"), ("shipping", "ship"))
+
+
+class CountingStore:
+    """Counts the state reads a sweep makes (everything else passes through)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.state_reads = 0
+
+    def get_state(self, order_id: str) -> Any:
+        self.state_reads += 1
+        return self.inner.get_state(order_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_sweep_reads_no_order_whose_marker_is_not_due(world):
+    ids = [order(world, f"o{n}") for n in range(5)]
+    counting = CountingStore(world.store)
+    supervisor = world.new_supervisor("supervisor-2", store=counting)
+    world.clock.advance(BUDGET - 1)
+    assert supervisor.sweep().total() == 0
+    assert counting.state_reads == 0  # one query, no read per in-flight order
+    assert {m.order_id for m in world.store.list_live()} == set(ids)
+
+
+def test_a_healthy_due_order_is_re_armed_to_its_next_deadline(world):
+    oid = order(world)
+    world.deliver("agent-inventory")
+    world.clock.advance(5)
+    world.deliver("replies")  # the second step started 5 s in
+    state = world.state(oid)
+    world.clock.advance(BUDGET - 5)  # the first step's deadline (the marker's due) passed...
+    (marker,) = world.store.list_live()
+    assert marker.due_at <= world.clock.now()
+    assert world.tick(1)["healthy"] == 1  # ...but the order is healthy: re-armed
+    (rearmed,) = world.store.list_live()
+    assert rearmed.due_at == state.complete_by
+    assert world.tick(0).total() == 0  # not due again before that
+
+
+def test_recovery_still_comes_by_the_deadline_of_a_later_shorter_step(world):
+    """The marker is due no later than any deadline a transition can set after it was
+    written: an agent that dies on a later step is recovered within its own budget."""
+    oid = order(world)
+    world.deliver("agent-inventory"), world.deliver("replies")
+    world.drop("agent-payment")  # the second step's agent died
+    world.tick(BUDGET + 2.5)  # the second step's deadline and the skew allowance
+    assert "expired_retry" in world.history(oid)
+
+
+def test_a_reply_sent_in_time_and_still_queued_is_not_thrown_away(world):
+    oid = order(world)
+    world.deliver("agent-inventory")  # the agent replied in time; the reply waits in a backlog
+    world.clock.advance(BUDGET + 5)
+    report = world.tick(0)
+    assert report["held_for_reply"] == 1 and "retry" not in report
+    world.deliver("replies")  # the backlog drains: the reply applies
+    assert world.state(oid).step_index == 1
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert_effects_once(world, oid, *ALL_STEPS)
+    requests = [e for q, e in world.bus.sent if q == "agent-inventory"]
+    assert len(requests) == 1  # the finished step never ran again
+
+
+def test_without_a_queued_reply_the_step_expires_as_before(world):
+    oid = order(world)
+    world.drop("agent-inventory")  # the agent died: no reply anywhere
+    world.clock.advance(BUDGET + 3)
+    assert world.tick(0)["retry"] == 1
+    assert world.state(oid).process_state is ProcessState.PENDING
+
+
+def test_the_hold_for_a_reply_is_bounded(world):
+    oid = order(world)
+    world.deliver("agent-inventory")  # a reply that will stay queued (its consumer is stuck)
+    world.clock.advance(BUDGET + 3)
+    assert world.tick(0)["held_for_reply"] == 1
+    hold = world.policy.reply_hold.total_seconds()
+    assert world.tick(hold)["retry"] == 1  # past the hold: expired, the fence decides later
+    world.deliver("replies")
+    assert "reply_dropped" in world.history(oid)
+
+
+def test_a_parallel_sweep_examines_every_due_order_once(world):
+    ids = [order(world, f"p{n:02d}") for n in range(12)]
+    world.drop("agent-inventory")  # every agent died
+    parallel = Supervisor(
+        world.store,
+        world.bus,
+        ROUTES,
+        world.clock,
+        "supervisor-p",
+        RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2)),
+        parallelism=4,
+    )
+    world.clock.advance(BUDGET + 1)
+    report = parallel.sweep()
+    assert report["retry"] == len(ids)
+    assert all(world.state(oid).failure_count == 1 for oid in ids)
+    assert parallel.sweep().total() == 0  # every marker re-armed to the retry's deadline
