@@ -143,12 +143,14 @@ class InMemoryStore:
     def list_due(self, at: datetime) -> list[LiveMarker]:
         return [m for m in self.live.values() if m.due_at <= at]
 
-    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
-        current = self.live.get(marker.order_id)
-        if current is None or current.etag != marker.etag:
-            return False
-        self.live[marker.order_id] = replace(current, etag=next(self._etags), due_at=due_at)
-        return True
+    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
+        moved = 0
+        for marker, due_at in rearms:
+            current = self.live.get(marker.order_id)
+            if current is not None and current.etag == marker.etag:
+                self.live[marker.order_id] = replace(current, etag=next(self._etags), due_at=due_at)
+                moved += 1
+        return moved
 
     def drop_live(self, marker: LiveMarker) -> bool:
         current = self.live.get(marker.order_id)

@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 # due time is never later than the order's deadline (transitions.look_again_at).
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
+_MAX_BATCH = 100  # operations in one entity-group transaction
 
 
 class TableStateStore:
@@ -200,23 +201,26 @@ class TableStateStore:
         )
         return [_marker_from(e) for e in entities]
 
-    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
-        entity = {
-            "PartitionKey": LIVE_PARTITION,
-            "RowKey": marker.order_id,
-            "TouchedAt": marker.touched_at,
-            "DueAt": due_at,
-        }
-        try:
-            self._live.update_entity(
-                entity,
-                mode=UpdateMode.REPLACE,
-                etag=marker.etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except (ResourceModifiedError, ResourceNotFoundError):
-            return False
-        return True
+    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
+        """In transactions of up to 100 (one partition); a transaction that fails because one
+        marker changed is retried marker by marker, so the others still move."""
+        moved = 0
+        for start in range(0, len(rearms), _MAX_BATCH):
+            chunk = rearms[start : start + _MAX_BATCH]
+            operations: list[Any] = [
+                ("update", _marker_entity(marker, due_at), _if_unchanged(marker.etag))
+                for marker, due_at in chunk
+            ]
+            try:
+                self._live.submit_transaction(operations)
+            except TableTransactionError as exc:
+                if exc.status_code not in (404, 412):
+                    raise
+                if len(chunk) > 1:  # one marker changed (or went): move the others one by one
+                    moved += sum(self.rearm_live([one]) for one in chunk)
+                continue
+            moved += len(chunk)
+        return moved
 
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""
@@ -347,6 +351,23 @@ def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
         "at": utc(entity["At"]),
         "body": b"".join(bytes(entity[key]) for key in chunks),
         "body_truncated": entity["BodyTruncated"],
+    }
+
+
+def _marker_entity(marker: LiveMarker, due_at: datetime) -> dict[str, Any]:
+    return {
+        "PartitionKey": LIVE_PARTITION,
+        "RowKey": marker.order_id,
+        "TouchedAt": marker.touched_at,
+        "DueAt": due_at,
+    }
+
+
+def _if_unchanged(etag: str) -> dict[str, Any]:
+    return {
+        "mode": UpdateMode.REPLACE,
+        "etag": etag,
+        "match_condition": MatchConditions.IfNotModified,
     }
 
 

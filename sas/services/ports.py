@@ -65,8 +65,9 @@ class StateStore(Protocol):
         """The markers due at or before ``at``: one query, whatever else is in flight."""
         ...
 
-    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
-        """Move a marker's due time, unless it was touched since it was read."""
+    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
+        """Move each marker's due time, unless it was touched since it was read (all markers
+        share one partition, so many go in one request). Returns how many moved."""
         ...
 
     def drop_live(self, marker: LiveMarker) -> bool:

@@ -66,11 +66,12 @@ class Supervisor:
         now = self._clock.now()
         due = self._store.list_due(now)
         replies = _OldestReply(self._transport, self._replies)
+        rearms = _Rearms()
         report: Counter[str] = Counter()
 
         def examine(marker: LiveMarker) -> str:
             try:
-                return self._examine(marker, replies)
+                return self._examine(marker, replies, rearms)
             except Exception:  # one broken order must not hide every order after it
                 log.exception("sas.supervisor_examine_failed", extra={"order_id": marker.order_id})
                 return "failed"
@@ -80,11 +81,14 @@ class Supervisor:
         else:
             with ThreadPoolExecutor(min(self._parallelism, len(due))) as pool:
                 report.update(pool.map(examine, due))
+        if rearms.pending:
+            # Every marker sits in one partition: the re-arms of a sweep go in a few requests.
+            self._store.rearm_live(rearms.pending)
         if report.total() - report["healthy"]:
             log.info("sas.supervisor_sweep", extra={"report": dict(report)})
         return report
 
-    def _examine(self, marker: LiveMarker, replies: _OldestReply) -> str:
+    def _examine(self, marker: LiveMarker, replies: _OldestReply, rearms: _Rearms) -> str:
         now = self._clock.now()
         current = self._store.get_state(marker.order_id)
         if current is None:
@@ -92,7 +96,7 @@ class Supervisor:
             # id): wait out a generous grace in case the insert is still in flight.
             if now - marker.touched_at > self._orphan_grace and self._store.drop_live(marker):
                 return "orphan_dropped"
-            self._store.rearm_live(marker, marker.touched_at + self._orphan_grace)
+            rearms.add(marker, marker.touched_at + self._orphan_grace)
             return "orphan_waiting"
         state = current.value
         if state.is_terminal:
@@ -100,14 +104,14 @@ class Supervisor:
             if alert is AlertOutcome.CLAIMED_ELSEWHERE:
                 # Stays indexed until the alert is sent: looked at again once the claim lapses.
                 lapses = (state.alert_claimed_until or now) + self._policy.clock_skew
-                self._store.rearm_live(marker, max(lapses, now))
+                rearms.add(marker, max(lapses, now))
                 return "alert_claimed_elsewhere"
             dropped = self._store.drop_live(marker)
             if alert is AlertOutcome.SENT:
                 return "alert_resent"
             return "unindexed" if dropped else "retouched"
         if state.complete_by is None or not self._policy.expired(state, now):
-            self._store.rearm_live(marker, self._next_look(state, now))
+            rearms.add(marker, self._next_look(state, now))
             return "healthy"
         if state.is_running and self._reply_may_wait(state, now, replies):
             log.info(
@@ -115,7 +119,7 @@ class Supervisor:
                 extra={"order_id": state.order_id, "attempt": state.attempt},
             )
             return "held_for_reply"  # still due: the next sweep looks again
-        return self._expire(marker, current.etag, state, now)
+        return self._expire(marker, current.etag, state, now, rearms)
 
     def _next_look(self, state: OrderState, now: datetime) -> datetime:
         due = look_again_at(state, now=now, workflow=workflow_named(state.workflow))
@@ -133,7 +137,9 @@ class Supervisor:
         oldest = replies.get()
         return oldest is not None and oldest <= deadline
 
-    def _expire(self, marker: LiveMarker, etag: str, state: OrderState, now: datetime) -> str:
+    def _expire(
+        self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
+    ) -> str:
         workflow = workflow_named(state.workflow)
         decided = expire(state, now=now, workflow=workflow, policy=self._policy)
         decided = replace(decided, state=self._then.claiming_alert(decided.state))
@@ -165,7 +171,7 @@ class Supervisor:
         log.warning("sas.step_expired", extra=extra)
         new = decided.state
         if not new.is_terminal:
-            self._store.rearm_live(marker, self._next_look(new, now))
+            rearms.add(marker, self._next_look(new, now))
         if decided.action is ExpiryAction.RETRY:
             self._then.request_schedule(new, delay_seconds=decided.delay.total_seconds())
             self._then.notify.about(new, "step_retry", now, step=step)
@@ -175,6 +181,18 @@ class Supervisor:
         else:
             self._then.finished(new, etag)
         return decided.action
+
+
+class _Rearms:
+    """The markers a sweep moves, written together once it has looked at every order."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.pending: list[tuple[LiveMarker, datetime]] = []
+
+    def add(self, marker: LiveMarker, due_at: datetime) -> None:
+        with self._lock:
+            self.pending.append((marker, due_at))
 
 
 class _OldestReply:

@@ -198,8 +198,8 @@ def test_only_due_markers_are_listed_and_rearming_is_conditional(table):
     assert store.list_due(NOW) == []
     [due] = store.list_due(NOW + timedelta(seconds=5))
     assert (due.order_id, due.due_at) == ("early", NOW + timedelta(seconds=5))
-    assert store.rearm_live(due, NOW + timedelta(seconds=60)) is True
-    assert store.rearm_live(due, NOW) is False  # read before the re-arm: stale
+    assert store.rearm_live([(due, NOW + timedelta(seconds=60))]) == 1
+    assert store.rearm_live([(due, NOW)]) == 0  # read before the re-arm: stale
     assert store.list_due(NOW + timedelta(seconds=30)) == [
         m for m in store.list_live() if m.order_id == "late"
     ]
@@ -228,3 +228,16 @@ def test_orders_are_listed_by_state(table):
     store.create_order(order("a2"), replace(new_state("a2"), process_state=ProcessState.ERROR))
     assert [s.order_id for s in store.list_states(ProcessState.ERROR)] == ["a2"]
     assert [s.order_id for s in store.list_states(ProcessState.PENDING)] == ["a1"]
+
+
+def test_rearming_many_markers_moves_all_but_one_touched_in_between(table):
+    store = store_on(table)
+    ids = [f"o{n:03d}" for n in range(130)]  # two transactions' worth
+    for order_id in ids:
+        store.touch_live(order_id, NOW, NOW)
+    markers = store.list_due(NOW)
+    store.touch_live("o007", NOW, NOW)  # e.g. an operator resubmits it meanwhile
+    later = NOW + timedelta(seconds=15)
+    assert store.rearm_live([(m, later) for m in markers]) == len(ids) - 1
+    assert [m.order_id for m in store.list_due(NOW)] == ["o007"]
+    assert len(store.list_due(later)) == len(ids)

@@ -211,8 +211,8 @@ class AuditingStore:
     def list_due(self, at: datetime) -> list[LiveMarker]:
         return self.inner.list_due(at)
 
-    def rearm_live(self, marker: LiveMarker, due_at: datetime) -> bool:
-        return self.inner.rearm_live(marker, due_at)
+    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
+        return self.inner.rearm_live(rearms)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         return self.inner.drop_live(marker)
