@@ -4,18 +4,101 @@ The credential follows the Functions convention for identity-based connections, 
 the host applies to its triggers: ``<Conn>__credential=managedidentity`` means
 ManagedIdentityCredential (user-assigned when ``<Conn>__clientId`` is set, else system-assigned);
 no ``__credential`` means DefaultAzureCredential (az login, environment, ...).
+
+Every Table and Queue client of a process sends over one ``requests.Session``
+(:func:`http_session`): one connection pool per storage endpoint, kept at
+:data:`POOL_MAXSIZE` connections, shared by all threads. The SDK's default is a session per
+client with 10 pooled connections per endpoint; with more threads than that calling at once,
+each call past the tenth opened a connection and threw it away afterwards (urllib3's
+"Connection pool is full, discarding connection").
+
+The session does not consult the environment on each request (``trust_env`` is off): requests
+would otherwise look for a ``.netrc`` file and re-read the proxy variables on every call (and a
+``.netrc`` entry for the storage host would replace the SDK's ``Authorization`` header). What it
+would have read is read once, when a client is built, and handed to the client: the proxies for
+its endpoint (``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY``, honouring ``NO_PROXY``) and a CA
+bundle named by ``REQUESTS_CA_BUNDLE`` or ``CURL_CA_BUNDLE``. Changing them afterwards takes a
+new client (a restart), as for any other setting.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import os
+import threading
+from collections.abc import Callable
+from functools import partial
+from typing import Any, TypeVar
 
+import requests
 from azure.core.credentials import TokenCredential
+from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import ExponentialRetry, QueueServiceClient
+from requests.adapters import HTTPAdapter
+from requests.utils import get_environ_proxies
+from urllib3.util.retry import Retry
 
 from sas.domain.errors import ConfigurationError
 from sas.settings import Connection
+
+POOL_MAXSIZE = 64
+"""Connections kept open per storage endpoint (table, queue) in one process. At least the
+invocations a process runs at once: the Functions Python worker runs sync functions on a pool
+of at most 32 threads (``PYTHON_THREADPOOL_THREAD_COUNT``; by default min(32, CPUs + 4)), and
+the HTTP API's sync routes run on their own threads beside it. More calls than this still go
+through (the pool does not block); only the connections past it are not kept."""
+
+C = TypeVar("C", TableServiceClient, QueueServiceClient)
+
+_session_lock = threading.Lock()
+_session: tuple[int, requests.Session] | None = None
+
+
+def pooled_session(pool_maxsize: int = POOL_MAXSIZE) -> requests.Session:
+    """A new session that ignores the environment, with ``pool_maxsize`` connections per host.
+
+    Its adapter is configured as azure-core configures the session it creates itself: urllib3
+    never retries or follows a redirect (the SDK's retry and redirect policies do that)."""
+    session = requests.Session()
+    session.trust_env = False
+    adapter = HTTPAdapter(
+        pool_maxsize=pool_maxsize,
+        max_retries=Retry(total=False, redirect=False, raise_on_status=False),
+    )
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
+def http_session() -> requests.Session:
+    """This process's session, created on first use (a forked child makes its own)."""
+    global _session
+    pid = os.getpid()
+    current = _session
+    if current is None or current[0] != pid:
+        with _session_lock:
+            current = _session
+            if current is None or current[0] != pid:
+                current = _session = (pid, pooled_session())
+    return current[1]
+
+
+def shared_transport(**connection: Any) -> RequestsTransport:
+    """An azure-core transport on :func:`http_session`, which it never closes.
+
+    ``connection``: azure-core's connection options (``connection_timeout``, ``read_timeout``,
+    ...); a client given a transport applies none of its own. The CA bundle requests would have
+    taken from the environment is the default for ``connection_verify``."""
+    verify: bool | str = (
+        os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE") or True
+    )
+    connection.setdefault("connection_verify", verify)
+    return RequestsTransport(session=http_session(), session_owner=False, **connection)
+
+
+def environment_proxies(url: str) -> dict[str, str] | None:
+    """The proxies requests would take from the environment for ``url`` (None: no proxy)."""
+    return get_environ_proxies(url) or None
 
 
 def check_identity(connection: Connection) -> None:
@@ -37,16 +120,37 @@ def credential(connection: Connection) -> TokenCredential:
     return DefaultAzureCredential()
 
 
+def _on_shared_session(build: Callable[..., C], **connection: Any) -> C:
+    """``build(transport=..., proxies=...)`` on :func:`shared_transport`, with the proxies the
+    environment names for the client's own endpoint (known once the client has parsed its
+    connection string; building a client does no I/O)."""
+    client = build(transport=shared_transport(**connection))
+    proxies = environment_proxies(client.url)
+    if proxies:
+        client = build(transport=shared_transport(**connection), proxies=proxies)
+    return client
+
+
 def table_service_client(connection: Connection) -> TableServiceClient:
     if connection.connection_string:
-        return TableServiceClient.from_connection_string(connection.connection_string)
+        return _on_shared_session(
+            partial(TableServiceClient.from_connection_string, connection.connection_string)
+        )
     if connection.table_uri is None:
         raise ConfigurationError(f"{connection.setting}: no table endpoint")
-    return TableServiceClient(endpoint=connection.table_uri, credential=credential(connection))
+    return _on_shared_session(
+        partial(
+            TableServiceClient, endpoint=connection.table_uri, credential=credential(connection)
+        )
+    )
 
 
 def table_client(connection: Connection, table_name: str) -> TableClient:
     return table_service_client(connection).get_table_client(table_name)
+
+
+QUEUE_CONNECTION_TIMEOUT = 3
+QUEUE_READ_TIMEOUT = 7
 
 
 def bounded_queue_options() -> dict[str, Any]:
@@ -55,10 +159,12 @@ def bounded_queue_options() -> dict[str, Any]:
     The SDK's defaults (read timeout 60 s, 3 retries backing off from 15 s) let a single send
     run for minutes; a send that outlives the alert lease (``consequences.ALERT_LEASE``, minus
     twice the clock-skew allowance) could land after another instance re-sent the alert. Each
-    try: 3 s to connect, 7 s per read; two retries after about 1 s and 3 s (jitter 1 s)."""
+    try: 3 s to connect, 7 s per read; two retries after about 1 s and 3 s (jitter 1 s).
+    ``connection_timeout`` and ``read_timeout`` are the transport's (see
+    :func:`queue_service_client`), the retry policy the client's."""
     return {
-        "connection_timeout": 3,
-        "read_timeout": 7,
+        "connection_timeout": QUEUE_CONNECTION_TIMEOUT,
+        "read_timeout": QUEUE_READ_TIMEOUT,
         "retry_policy": ExponentialRetry(
             initial_backoff=1, increment_base=2, retry_total=2, random_jitter_range=1
         ),
@@ -66,14 +172,25 @@ def bounded_queue_options() -> dict[str, Any]:
 
 
 def queue_service_client(connection: Connection) -> QueueServiceClient:
+    options = bounded_queue_options()
+    timeouts = {key: options.pop(key) for key in ("connection_timeout", "read_timeout")}
     if connection.connection_string:
-        return QueueServiceClient.from_connection_string(
-            connection.connection_string, **bounded_queue_options()
+        return _on_shared_session(
+            partial(
+                QueueServiceClient.from_connection_string,
+                connection.connection_string,
+                **options,
+            ),
+            **timeouts,
         )
     if connection.queue_uri is None:
         raise ConfigurationError(f"{connection.setting}: no queue endpoint")
-    return QueueServiceClient(
-        account_url=connection.queue_uri,
-        credential=credential(connection),
-        **bounded_queue_options(),
+    return _on_shared_session(
+        partial(
+            QueueServiceClient,
+            account_url=connection.queue_uri,
+            credential=credential(connection),
+            **options,
+        ),
+        **timeouts,
     )

@@ -1,9 +1,19 @@
-"""Logging for the dev host: one line per record on stderr, ``extra`` fields as key=value."""
+"""Logging for the dev host: one line per record on stderr, ``extra`` fields as key=value.
+
+Records go through a queue: the thread that logs formats its record and enqueues it, and one
+listener thread writes to stderr. A worker runs well over a hundred invocation threads; with
+the stream handler on the root logger they queued on its lock behind every write (and behind
+a full stderr pipe). :func:`shutdown` writes what is still queued; call it before exiting.
+"""
 
 from __future__ import annotations
 
+import atexit
 import logging
+import logging.handlers
+import queue
 import sys
+from typing import TextIO
 
 _STANDARD = frozenset(vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))) | {
     "message",
@@ -23,13 +33,58 @@ class KeyValueFormatter(logging.Formatter):
         return f"{head} {' '.join(fields)}{newline}{tail}"
 
 
-def configure(level: str, role: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
+class _EnqueueHandler(logging.handlers.QueueHandler):
+    """A QueueHandler that emits without taking the handler's lock: its emit formats a copy
+    of the record and puts it on a thread-safe queue, so the lock ``Handler.handle`` holds
+    around it would only serialise the logging threads."""
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        kept = self.filter(record)
+        if kept:
+            self.emit(record)
+        return bool(kept)
+
+
+class _Pipeline:
+    def __init__(self, stream: logging.Handler) -> None:
+        self.stream = stream
+        self.records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
+        self.enqueue = _EnqueueHandler(self.records)
+        self.listener = logging.handlers.QueueListener(self.records, stream)
+        self.listener.start()
+
+
+_pipeline: _Pipeline | None = None
+
+
+def configure(level: str, role: str, stream: TextIO | None = None) -> None:
+    """Log to ``stream`` (stderr) through a queue and one writer thread (replacing any earlier
+    setup)."""
+    global _pipeline
+    shutdown()
+    handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.setFormatter(
         KeyValueFormatter(f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s")
     )
+    _pipeline = _Pipeline(handler)
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    root.handlers[:] = [_pipeline.enqueue]
     root.setLevel(level.upper())
     for name in _QUIET:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+
+
+def shutdown() -> None:
+    """Write every queued record, stop the writer thread and log directly from then on."""
+    global _pipeline
+    pipeline, _pipeline = _pipeline, None
+    if pipeline is None:
+        return
+    root = logging.getLogger()
+    if pipeline.enqueue in root.handlers:
+        root.handlers[:] = [pipeline.stream if h is pipeline.enqueue else h for h in root.handlers]
+    pipeline.listener.stop()  # drains the queue, then joins the writer thread
+    pipeline.stream.flush()
+
+
+atexit.register(shutdown)

@@ -5,6 +5,13 @@ fetch again once no more than ``newBatchThreshold`` are still running; back off 
 ``maxPollingInterval`` while the queue is empty. Success deletes the message; a failure makes
 it visible again after ``visibilityTimeout`` until its dequeue count reaches
 ``maxDequeueCount``, then it is copied as-is to ``<queue>-poison`` and deleted.
+
+:meth:`QueuePoller.wake` ends a back-off at once: the worker calls it when a function in the
+same process has just put a message on the poller's queue (``watcher.py``), as the Functions
+host's shared queue watcher does for messages its own output bindings add.
+
+The dev host's own storage calls (receive, delete, release, poison) go over one session per
+worker process (``shared_transport``), not one connection pool per thread.
 """
 
 from __future__ import annotations
@@ -21,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core.pipeline.transport import RequestsTransport
 from azure.functions.queue import QueueMessage as FunctionQueueMessage
 from azure.storage.queue import ExponentialRetry, QueueClient
 from azure.storage.queue import QueueMessage as StorageQueueMessage
 
+from sas.adapters.clients import pooled_session
 from sas.domain.wire import POISON_SUFFIX
 from sas_local.devhost.config import LEASE_SECONDS, QueueOptions
 from sas_local.devhost.invoke import InvocationContext, arguments, call_sync
@@ -48,14 +57,36 @@ def decode_body(content: str, encoding: str) -> bytes:
         raise InvalidBodyError("message body is not valid Base64") from None
 
 
+POOL_MAXSIZE = 256
+"""Connections the dev host keeps per storage endpoint in a worker: each poller has one receive
+and up to ``batchSize + newBatchThreshold`` deletes or releases in flight (6 queue functions
+at the defaults: 6 x 25)."""
+
+_transport_lock = threading.Lock()
+_transport: RequestsTransport | None = None
+
+
+def shared_transport() -> RequestsTransport:
+    """The transport of every dev-host queue client in this process (created on first use)."""
+    global _transport
+    with _transport_lock:
+        if _transport is None:
+            _transport = RequestsTransport(
+                session=pooled_session(POOL_MAXSIZE),
+                session_owner=False,
+                connection_timeout=10,
+                read_timeout=30,
+            )
+        return _transport
+
+
 def make_client(connection_string: str, queue_name: str) -> QueueClient:
     """A client that sends and receives raw text (no encode/decode policy)."""
     return QueueClient.from_connection_string(
         connection_string,
         queue_name,
         retry_policy=ExponentialRetry(initial_backoff=1, increment_base=2, random_jitter_range=1),
-        connection_timeout=10,
-        read_timeout=30,
+        transport=shared_transport(),
     )
 
 
@@ -71,9 +102,11 @@ class QueuePoller:
         self._app_dir = app_dir
         self._poison_name = f"{function.queue_name}{POISON_SUFFIX}"
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._changed = threading.Condition()
         self._in_flight = 0
-        self._local = threading.local()
+        self._clients: dict[str, QueueClient] = {}
+        self._clients_lock = threading.Lock()
         self._poison_created = False
         self._poison_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(
@@ -87,12 +120,13 @@ class QueuePoller:
         return {"function": self.function.name, "queue": self.function.queue_name, **more}
 
     def _client(self, queue_name: str) -> QueueClient:
-        clients: dict[str, QueueClient] | None = getattr(self._local, "clients", None)
-        if clients is None:
-            clients = self._local.clients = {}
-        client = clients.get(queue_name)
+        client = self._clients.get(queue_name)
         if client is None:
-            client = clients[queue_name] = make_client(self.function.connection_string, queue_name)
+            with self._clients_lock:
+                client = self._clients.get(queue_name)
+                if client is None:
+                    client = make_client(self.function.connection_string, queue_name)
+                    self._clients[queue_name] = client
         return client
 
     def prepare(self) -> None:
@@ -105,8 +139,16 @@ class QueuePoller:
     def stop(self) -> None:
         """Stop fetching; invocations already running carry on."""
         self._stop.set()
+        self._wake.set()
         with self._changed:
             self._changed.notify_all()
+
+    def wake(self) -> None:
+        """A message was just put on this queue: poll now, and back off from the start again.
+
+        Safe from any thread, at any time: a wake that comes while a receive is under way makes
+        the next wait end at once, so a message that receive missed is fetched right after."""
+        self._wake.set()
 
     def wait_idle(self, deadline: float) -> bool:
         """Wait until the poller and its invocations are done; False if the deadline passed."""
@@ -128,6 +170,7 @@ class QueuePoller:
                     self._changed.wait(0.5)
             if self._stop.is_set():
                 break
+            self._wake.clear()  # a wake from here on is for a message this receive may miss
             try:
                 messages = list(
                     self._client(source).receive_messages(
@@ -146,8 +189,12 @@ class QueuePoller:
                 delay = min(delay * 2, options.max_polling_interval)
                 continue
             if not messages:
-                self._stop.wait(delay)
-                delay = min(delay * 2, options.max_polling_interval)
+                woken = self._wake.wait(delay)
+                delay = (
+                    options.min_polling_interval
+                    if woken
+                    else min(delay * 2, options.max_polling_interval)
+                )
                 continue
             delay = options.min_polling_interval
             if self._stop.is_set():

@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 from typing import NoReturn, Protocol
 
+from sas.adapters.clients import http_session
 from sas_local.devhost import logs
 from sas_local.devhost.config import DevHostError, load_host_config
 from sas_local.devhost.http import DevHostAsgi, HttpServer
@@ -23,6 +24,7 @@ from sas_local.devhost.http_routes import compile_routes
 from sas_local.devhost.loader import load_app, resolve, select
 from sas_local.devhost.queues import QueuePoller
 from sas_local.devhost.timers import TimerRunner
+from sas_local.devhost.watcher import SharedQueueWatcher
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,10 @@ def _start(options: WorkerOptions) -> Started:
     pollers = [QueuePoller(function, host.queues, app_path.parent) for function in plan.queues]
     for poller in pollers:
         poller.prepare()
+    watcher = SharedQueueWatcher()  # the app's sends in this process wake its pollers
+    for poller in pollers:
+        watcher.register(poller.function.queue_name, poller)
+    watcher.watch([http_session()])
     components: list[Component] = []
     http_port = 0
     if lead and options.http_port:
@@ -167,6 +173,7 @@ def run_worker(options: WorkerOptions) -> int:
 def worker_main(options: WorkerOptions) -> NoReturn:
     """Run and exit hard: an invocation still stuck after the grace must not keep us alive."""
     code = run_worker(options)
+    logs.shutdown()  # write what is still queued: os._exit runs no atexit hook
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
