@@ -140,6 +140,9 @@ class InMemoryStore:
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())
 
+    def adopt_legacy_markers(self, due_at: datetime) -> int:
+        return 0  # this fake never held markers anywhere else
+
     def list_due(self, at: datetime) -> list[LiveMarker]:
         return [m for m in self.live.values() if m.due_at <= at]
 

@@ -235,6 +235,28 @@ class TableStateStore:
             return False
         return True
 
+    def adopt_legacy_markers(self, due_at: datetime) -> int:
+        """Each legacy marker is indexed first and deleted after (conditionally), so a crash in
+        between leaves it in both places, never in neither."""
+        moved = 0
+        legacy = self._table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}
+        )
+        for entity in legacy:
+            touched = optional_utc(entity.get("TouchedAt")) or due_at
+            self.touch_live(entity["RowKey"], touched, due_at)
+            try:
+                self._table.delete_entity(
+                    LIVE_PARTITION,
+                    entity["RowKey"],
+                    etag=entity.metadata["etag"],
+                    match_condition=MatchConditions.IfNotModified,
+                )
+            except ResourceModifiedError:
+                continue  # re-touched by an instance of the earlier release: next time
+            moved += 1
+        return moved
+
     def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
         """Operator listing. A filter on a non-key column scans the table: fine for an
         operator's occasional look, never used on a hot path or by the Supervisor."""

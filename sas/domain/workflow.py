@@ -99,6 +99,11 @@ def longest_step_budget() -> timedelta:
     return max(workflow.longest_budget for workflow in WORKFLOWS.values())
 
 
+def shortest_budget() -> timedelta:
+    """No transition of any workflow sets a deadline nearer than this to its own time."""
+    return min(workflow.shortest_budget for workflow in WORKFLOWS.values())
+
+
 def workflow_named(name: str) -> Workflow:
     try:
         return WORKFLOWS[name]

@@ -25,7 +25,8 @@ class Dispatcher:
         self._notify = Notifier(transport, routes)
 
     def dispatch(self, state: OrderState, workflow: Workflow) -> None:
-        """Send the StepRequest for the state's current attempt (already persisted).
+        """Send the StepRequest for the state's current attempt (already persisted), and
+        nothing else (``announce`` tells the submitter).
 
         Reads nothing on a forward step: the state carries the order's details. An undo
         reads the completed step's record (what the undo needs); a state written before
@@ -70,5 +71,10 @@ class Dispatcher:
             ),
             correlation_id=state.order_id,
         )
+
+    def announce(self, state: OrderState, workflow: Workflow) -> None:
+        """The step's start, to a submitter that asked for every step: only after its request
+        is sent, so a slow status queue never spends the step's budget."""
         if state.mode == "do":
-            self._notify.about(state, "step_started", self._clock.now(), step=step.name)
+            step = workflow.step(state.step_index).name
+            self._notify.about(state, "step_started", self._clock.now(), step=step)

@@ -8,6 +8,7 @@ somebody else moved the order on.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import replace
 from enum import StrEnum
 
@@ -95,7 +96,8 @@ class Scheduler:
             log.info("sas.claim_lost", extra=extra)
             return ScheduleOutcome.LOST_RACE
         log.info("sas.step_claimed", extra={**extra, **_step_extra(claimed, workflow)})
-        self._dispatch(claimed, workflow)
+        self._dispatcher.dispatch(claimed, workflow)
+        self._dispatcher.announce(claimed, workflow)
         return ScheduleOutcome.CLAIMED
 
     def on_reply(self, reply: StepReply) -> ReplyOutcome:
@@ -162,28 +164,45 @@ class Scheduler:
         )
         etag = self._store.update_state(decision.state, current.etag, history, step=done)
         log.info("sas.step_%s", decision.history_kind, extra=extra)
-        if reply.outcome == "ok":  # best effort: Notifier.status never raises
-            status: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
-            self._then.notify.about(state, status, now, step=reply.step)
-        return self._follow(decision, etag, workflow)
+        progress: StatusKind | None = None
+        if reply.outcome == "ok":
+            progress = "step_undone" if reply.mode == "undo" else "step_completed"
 
-    def _follow(self, decision: ReplyDecision, etag: str, workflow: Workflow) -> ReplyOutcome:
+        def announce_progress() -> None:  # best effort: Notifier.status never raises
+            if progress is not None:
+                self._then.notify.about(state, progress, now, step=reply.step)
+
+        return self._follow(decision, etag, workflow, announce_progress)
+
+    def _follow(
+        self,
+        decision: ReplyDecision,
+        etag: str,
+        workflow: Workflow,
+        announce_progress: Callable[[], None],
+    ) -> ReplyOutcome:
+        """The work that follows first (a step's deadline is already running), then the
+        status events: a slow status queue must never spend a step's budget."""
         state = decision.state
         if decision.then is Then.FINISH:
             log.info(
                 "sas.order_finished",
                 extra={"order_id": state.order_id, "state": state.process_state},
             )
+            announce_progress()
             self._then.finished(state, etag)
             return ReplyOutcome.FINISHED
         if decision.then is Then.COMPENSATE:
             log.warning("sas.compensation_started", extra={"order_id": state.order_id})
             self._then.request_schedule(state)
+            announce_progress()
             self._then.notify.about(
                 state, "compensating", state.updated_at, detail=state.last_error
             )
             return ReplyOutcome.COMPENSATING
-        self._dispatch(state, workflow)
+        self._dispatcher.dispatch(state, workflow)
+        announce_progress()
+        self._dispatcher.announce(state, workflow)
         return ReplyOutcome.ADVANCED
 
     def _park(self, queue: str, reason: str, message: Message) -> None:
@@ -216,9 +235,6 @@ class Scheduler:
             )
         )
         return ReplyOutcome.STALE
-
-    def _dispatch(self, state: OrderState, workflow: Workflow) -> None:
-        self._dispatcher.dispatch(state, workflow)
 
     def _history(self, state: OrderState, kind: str, workflow: Workflow) -> HistoryEntry:
         return HistoryEntry(

@@ -126,8 +126,9 @@ class Submission:
             "sas.step_claimed",
             extra={**extra, "step": history[1].step, "attempt": claimed.attempt, "mode": "do"},
         )
+        self._dispatcher.dispatch(claimed, workflow)  # the work first: its deadline runs
         self._then.notify.about(claimed, "received", now)
-        self._dispatcher.dispatch(claimed, workflow)
+        self._dispatcher.announce(claimed, workflow)
         return SubmissionOutcome.ACCEPTED
 
     def _resubmitted(self, order: OrderRecord, message: OrderSubmitted) -> SubmissionOutcome:

@@ -28,7 +28,7 @@ from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState
 from sas.domain.transitions import ExpiryAction, RetryPolicy, expire, look_again_at
-from sas.domain.workflow import workflow_named
+from sas.domain.workflow import shortest_budget, workflow_named
 from sas.services.consequences import AlertOutcome, Consequences
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
@@ -48,6 +48,7 @@ class Supervisor:
         *,
         orphan_grace: timedelta = timedelta(minutes=5),
         parallelism: int = 1,
+        legacy_check: timedelta = timedelta(minutes=5),
     ) -> None:
         self._store = store
         self._transport = transport
@@ -57,6 +58,8 @@ class Supervisor:
         self._policy = policy
         self._orphan_grace = orphan_grace
         self._parallelism = max(parallelism, 1)
+        self._legacy_check = legacy_check
+        self._legacy_checked_at: datetime | None = None
         self._then = Consequences(
             store, transport, routes, clock, actor=instance_id, clock_skew=policy.clock_skew
         )
@@ -64,9 +67,10 @@ class Supervisor:
     def sweep(self) -> Counter[str]:
         """One pass over the due markers; returns what it did, by outcome."""
         now = self._clock.now()
+        self._adopt_legacy(now)
         due = self._store.list_due(now)
         replies = _OldestReply(self._transport, self._replies)
-        rearms = _Rearms()
+        rearms = _Rearms(self._store)
         report: Counter[str] = Counter()
 
         def examine(marker: LiveMarker) -> str:
@@ -81,12 +85,26 @@ class Supervisor:
         else:
             with ThreadPoolExecutor(min(self._parallelism, len(due))) as pool:
                 report.update(pool.map(examine, due))
-        if rearms.pending:
-            # Every marker sits in one partition: the re-arms of a sweep go in a few requests.
-            self._store.rearm_live(rearms.pending)
+        rearms.flush()
         if report.total() - report["healthy"]:
             log.info("sas.supervisor_sweep", extra={"report": dict(report)})
         return report
+
+    def _adopt_legacy(self, now: datetime) -> None:
+        """Markers written by a release before the in-flight table (an upgrade with orders in
+        flight, or old instances still running beside new ones during a deploy) are moved into
+        it, due at once: looked for on this instance's first sweep and every few minutes."""
+        last = self._legacy_checked_at
+        if last is not None and now - last < self._legacy_check:
+            return
+        self._legacy_checked_at = now
+        try:
+            moved = self._store.adopt_legacy_markers(now)
+        except Exception:  # an optimisation of an upgrade must never stop recovery
+            log.warning("sas.legacy_markers_failed", exc_info=True)
+            return
+        if moved:
+            log.warning("sas.legacy_markers_adopted", extra={"count": moved})
 
     def _examine(self, marker: LiveMarker, replies: _OldestReply, rearms: _Rearms) -> str:
         now = self._clock.now()
@@ -96,7 +114,10 @@ class Supervisor:
             # id): wait out a generous grace in case the insert is still in flight.
             if now - marker.touched_at > self._orphan_grace and self._store.drop_live(marker):
                 return "orphan_dropped"
-            rearms.add(marker, marker.touched_at + self._orphan_grace)
+            # Looked at again well before the grace ends: the insert may commit in between
+            # (nothing touches the marker after it), and then the order's first deadline is
+            # no further away than this.
+            rearms.add(marker, min(marker.touched_at + self._orphan_grace, now + shortest_budget()))
             return "orphan_waiting"
         state = current.value
         if state.is_terminal:
@@ -184,15 +205,30 @@ class Supervisor:
 
 
 class _Rearms:
-    """The markers a sweep moves, written together once it has looked at every order."""
+    """The markers a sweep moves. Every marker sits in one partition, so they are written a
+    hundred to a request, as soon as a hundred are waiting (a long sweep loses none of them
+    if it is cut short), and the rest at the end."""
 
-    def __init__(self) -> None:
+    BATCH = 100
+
+    def __init__(self, store: StateStore) -> None:
+        self._store = store
         self._lock = threading.Lock()
-        self.pending: list[tuple[LiveMarker, datetime]] = []
+        self._pending: list[tuple[LiveMarker, datetime]] = []
 
     def add(self, marker: LiveMarker, due_at: datetime) -> None:
         with self._lock:
-            self.pending.append((marker, due_at))
+            self._pending.append((marker, due_at))
+            if len(self._pending) < self.BATCH:
+                return
+            batch, self._pending = self._pending, []
+        self._store.rearm_live(batch)
+
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+        if batch:
+            self._store.rearm_live(batch)
 
 
 class _OldestReply:

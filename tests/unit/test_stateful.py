@@ -211,6 +211,9 @@ class AuditingStore:
     def list_due(self, at: datetime) -> list[LiveMarker]:
         return self.inner.list_due(at)
 
+    def adopt_legacy_markers(self, due_at: datetime) -> int:
+        return self.inner.adopt_legacy_markers(due_at)
+
     def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
         return self.inner.rearm_live(rearms)
 

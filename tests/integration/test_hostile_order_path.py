@@ -1,0 +1,238 @@
+"""Hostile review of the order path (ab79c22, 5930e3f): the Submission's claim, the in-flight
+table with DueAt, and the Supervisor that lists only due markers.
+
+The failing tests name ways an accepted order leaves the Supervisor's sight (I1: "visibly
+in flight: indexed in the in-flight table, due no later than its deadline"), and a best-effort
+status send that spends a step's budget. The passing ones pin duplicate-submission paths no
+other test covers.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+
+from sas.adapters.tables import TableStateStore
+from sas.domain.messages import StepReply, StepRequest
+from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
+from sas.domain.transitions import RetryPolicy, claim, claim_alert, initial_state, to_error
+from sas.domain.wire import LIVE_PARTITION
+from sas.domain.workflow import ORDER_WORKFLOW
+from sas.services.consequences import ALERT_LEASE
+from sas.services.submission import Submission, SubmissionOutcome
+from sas.services.supervisor import Supervisor
+from tests.harness import BUDGET, ROUTES, World, live_table_of
+from tests.integration.test_failure_modes import ALL_STEPS, assert_effects_once, order
+from tests.unit.test_services import submitted
+
+pytestmark = pytest.mark.integration
+
+
+class AheadClock:
+    """Another instance's clock: the shared fake clock plus a fixed offset."""
+
+    def __init__(self, base, seconds: float) -> None:
+        self._base = base
+        self._offset = timedelta(seconds=seconds)
+
+    def now(self):
+        return self._base.now() + self._offset
+
+
+class SweepBeforeTheInsertCommits(TableStateStore):
+    """The submission's insert is slow to commit (the SDK retrying a 503 ServerBusy on the
+    $batch POST, a paused worker): a Supervisor sweep runs between its index touch and the
+    moment its order + state rows exist."""
+
+    def __init__(self, table, world: World, supervisor: Supervisor, stall: float) -> None:
+        super().__init__(table, live_table_of(table))
+        self.world, self.supervisor, self.stall = world, supervisor, stall
+        self.report: Counter[str] | None = None
+
+    def create_order(self, order, state, history=None):
+        self.world.clock.advance(self.stall)
+        self.report = self.supervisor.sweep()
+        return super().create_order(order, state, history)
+
+
+def test_an_insert_committed_after_a_sweep_saw_no_order_is_still_supervised_by_its_deadline(
+    table,
+):
+    """The orphan branch re-arms the marker to TouchedAt + 5 min (conditional on the ETag,
+    and nothing touches the marker after the insert), so the order that appears right after
+    is hidden from list_due for 5 minutes although its first step is due in 15 s. Before
+    ab79c22 every sweep listed every marker, so the next sweep saw it."""
+    world = World(table)
+    skew = timedelta(seconds=10)  # SAS_CLOCK_SKEW_SECONDS at its maximum
+    # A Supervisor whose clock is 8 s ahead (inside the allowance): an 8 s stall is enough.
+    supervisor = Supervisor(
+        world.store,
+        world.bus,
+        ROUTES,
+        AheadClock(world.clock, 8),
+        "supervisor-ahead",
+        RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2), clock_skew=skew),
+    )
+    slow = SweepBeforeTheInsertCommits(table, world, supervisor, stall=8)
+    outcome = Submission(slow, world.bus, ROUTES, world.clock).submit(submitted("o1"))
+    assert outcome is SubmissionOutcome.ACCEPTED
+    assert slow.report is not None and slow.report["orphan_waiting"] == 1
+    state = world.state("o1")
+    assert state.process_state is ProcessState.PROCESSING and state.complete_by is not None
+    world.drop("agent-inventory")  # the agent died with the first step's request
+    world.clock.advance(30)  # the deadline and the skew allowance are well past
+    report = supervisor.sweep()
+    (marker,) = world.store.list_live()
+    assert report["retry"] == 1, (
+        f"order unsupervised: deadline {state.complete_by}, marker due {marker.due_at}"
+    )
+
+
+def legacy_order(table, world: World, order_id: str) -> OrderState:
+    """An order exactly as the previous release wrote it (git show ab79c22^:
+    sas/services/submission.py, sas/adapters/tables.py): order + Pending state without
+    Details, and its marker {PartitionKey: ~live, RowKey, TouchedAt} in the *orders* table."""
+    now = world.clock.now()
+    message = submitted(order_id)
+    record = OrderRecord(
+        order_id=order_id,
+        workflow="order",
+        details=message.details.model_dump(mode="json"),
+        fingerprint=message.fingerprint(),
+        submitted_at=now,
+        reply_to=message.reply_to,
+    )
+    pending = initial_state(order_id, ORDER_WORKFLOW, reply_to=message.reply_to, now=now)
+    assert pending.details is None
+    table.upsert_entity({"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "TouchedAt": now})
+    world.store.create_order(
+        record, pending, HistoryEntry(order_id, now, "submitted", attempt=0, actor="submit")
+    )
+    return pending
+
+
+def rewrite(world: World, state: OrderState) -> None:
+    current = world.store.get_state(state.order_id)
+    assert current is not None
+    world.store.update_state(state, current.etag)
+
+
+def test_an_order_in_flight_across_the_upgrade_is_still_supervised(table):
+    """ab79c22 moved the in-flight index from the orders table's ~live partition to a table
+    of its own, with no migration: an order the previous release had in flight keeps its
+    marker where no Supervisor looks any more. If its agent gives up silently (deadline
+    passed, GAVE_UP) the order stays Processing for ever."""
+    world = World(table)
+    pending = legacy_order(table, world, "legacy")
+    now = world.clock.now()
+    rewrite(world, claim(pending, instance_id="old-scheduler", now=now, workflow=ORDER_WORKFLOW))
+    # The new release is deployed; the step's agent gives up silently.
+    report = world.tick(BUDGET + 1)
+    assert report["retry"] == 1, "the order in flight at the upgrade is invisible"
+
+
+def test_an_alert_owed_by_an_instance_the_upgrade_stopped_is_still_sent(table):
+    """A deploy restarts every instance: the textbook "sender died between its claim and the
+    send". The claim lapses, but the order's marker is in the old partition, so no sweep
+    ever sends the alert, and the operator cannot resubmit either (409 while one is owed)."""
+    world = World(table)
+    pending = legacy_order(table, world, "legacy")
+    now = world.clock.now()
+    error = claim_alert(
+        to_error(pending, now=now, reason="charge (do): HTTP 402 declined"),
+        instance_id="old-instance",
+        now=now,
+        lease=ALERT_LEASE,
+    )
+    rewrite(world, error)  # Error + its alert claim, written by the old release; then killed
+    world.tick(ALERT_LEASE.total_seconds() + 1)
+    assert len(world.alerts()) == 1, "the owed alert is never sent"
+    assert world.state("legacy").alert_pending is False
+
+
+def test_a_duplicate_during_a_retry_backoff_neither_claims_early_nor_counts_a_failure(world):
+    """Pins: a redelivered submission that finds the order Pending (its first attempt
+    expired) asks a Scheduler, which waits out the backoff; the marker stays due by the
+    pickup deadline, and the order then runs to the end with each effect once."""
+    oid = order(world)
+    world.drop("agent-inventory")
+    world.tick(BUDGET + 1)  # expired: Pending, backoff 2 s
+    assert world.state(oid).process_state is ProcessState.PENDING
+    assert world.submission.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE
+    world.deliver("scheduler")  # the duplicate's request, early: NOT_YET, asks again later
+    state = world.state(oid)
+    assert (state.process_state, state.failure_count, state.attempt) == (
+        ProcessState.PENDING,
+        1,
+        1,
+    )
+    (marker,) = world.store.list_live()
+    assert state.complete_by is not None and marker.due_at <= state.complete_by
+    world.clock.advance(3)
+    world.run()
+    final = world.state(oid)
+    assert final.process_state is ProcessState.PROCESSED and final.failure_count == 0
+    assert_effects_once(world, oid, *ALL_STEPS)
+    assert [e.message_id for q, e in world.bus.sent if q == "agent-inventory"] == [
+        f"{oid}:reserve:1",
+        f"{oid}:reserve:2",
+    ]
+
+
+def test_a_late_duplicate_of_a_finished_order_leaves_no_marker_after_one_sweep(world):
+    """Pins: the duplicate's index touch re-creates a marker for a Processed order (due at
+    once); one sweep removes it again and nothing is re-run."""
+    oid = order(world)
+    world.run()
+    world.tick(BUDGET)
+    assert world.store.list_live() == []
+    sent = len(world.bus.sent)
+    assert world.submission.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE
+    assert [m.order_id for m in world.store.list_live()] == [oid]
+    assert world.tick(0)["unindexed"] == 1
+    assert world.store.list_live() == []
+    assert len(world.bus.sent) == sent
+
+
+SLOW_STATUS_SEND = 25.0
+"""One status send to a queue whose partition does not answer: three tries of a 3 s connect
+and 7 s read, backing off about 1 s and 3 s (``adapters.clients.bounded_queue_options``,
+"under about 36 s"), before Notifier logs it and gives up."""
+
+
+def test_a_slow_status_queue_never_spends_a_steps_budget(table):
+    """A submitter that asked for every step's progress names a status queue that is slow
+    (its partition moving, throttled). Best effort means it must not cost the order anything,
+    but two status sends sit between a claim (which starts the step's deadline) and the
+    request that tells the agent about it: the Submission's "received" (ab79c22 moved it in
+    front of the dispatch) and the Scheduler's "step_completed" (sent after the reply's
+    transaction claimed the next step, before its request). The request then leaves with
+    its budget spent: the agent drops it as expired, the step counts a failure, and three
+    such sends in a row compensate an order whose every remote call would have succeeded.
+
+    Only the time at which each request is *sent* is judged here: sends after the request
+    (step_started) delay nobody, since the agent runs elsewhere."""
+    world = World(table)
+    original = world.bus.send
+
+    def send(queue, message, **kwargs):
+        if queue == "status-q":
+            world.clock.advance(SLOW_STATUS_SEND)
+            raise TimeoutError("status queue did not answer")
+        return original(queue, message, **kwargs)
+
+    world.bus.send = send  # type: ignore[method-assign]
+    world.submit(submitted("o1", status_events="steps"))
+    world.scheduler.on_reply(
+        StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
+    )
+    left = {}
+    for queue, envelope in world.bus.sent:
+        if isinstance(envelope.message, StepRequest):
+            left[queue] = (envelope.message.complete_by - envelope.due).total_seconds()
+    assert set(left) == {"agent-inventory", "agent-payment"}
+    assert all(seconds >= BUDGET - 1 for seconds in left.values()), (
+        f"seconds of budget left when each request was sent: {left}"
+    )
