@@ -41,6 +41,9 @@ class RetryPolicy:
     """How long past its deadline a running step is not expired while a reply enqueued by the
     deadline still waits in the replies queue (it may be this step's: expiring would run a
     finished step again). Only a backlog of replies delays recovery, by at most this."""
+    reply_recheck: timedelta = timedelta(seconds=5)
+    """While it holds a step for a queued reply, the Supervisor looks at it again this often
+    (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:

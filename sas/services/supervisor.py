@@ -139,7 +139,9 @@ class Supervisor:
                 "sas.expiry_held_for_reply",
                 extra={"order_id": state.order_id, "attempt": state.attempt},
             )
-            return "held_for_reply"  # still due: the next sweep looks again
+            hold_ends = state.complete_by + self._policy.clock_skew + self._policy.reply_hold
+            rearms.add(marker, min(hold_ends, now + self._policy.reply_recheck))
+            return "held_for_reply"
         return self._expire(marker, current.etag, state, now, rearms)
 
     def _next_look(self, state: OrderState, now: datetime) -> datetime:

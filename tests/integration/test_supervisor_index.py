@@ -121,3 +121,13 @@ def test_a_parallel_sweep_examines_every_due_order_once(world):
     assert report["retry"] == len(ids)
     assert all(world.state(oid).failure_count == 1 for oid in ids)
     assert parallel.sweep().total() == 0  # every marker re-armed to the retry's deadline
+
+
+def test_a_held_step_is_looked_at_again_after_the_recheck_not_on_every_sweep(world):
+    order(world)
+    world.deliver("agent-inventory")  # its reply waits in a backlog
+    world.clock.advance(BUDGET + 3)
+    assert world.tick(0)["held_for_reply"] == 1
+    assert world.tick(1).total() == 0  # a backlog costs one read per held step per recheck
+    recheck = world.policy.reply_recheck.total_seconds()
+    assert world.tick(recheck)["held_for_reply"] == 1
