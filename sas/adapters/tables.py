@@ -139,12 +139,7 @@ class TableStateStore:
         history: HistoryEntry | None,
         step: StepRecord | None,
     ) -> str:
-        conditional = {
-            "mode": UpdateMode.REPLACE,
-            "etag": etag,
-            "match_condition": MatchConditions.IfNotModified,
-        }
-        operations: list[Any] = [("update", _state_entity(state), conditional)]
+        operations: list[Any] = [("update", _state_entity(state), _if_unchanged(etag))]
         if history is not None:
             operations.append(("create", _history_entity(history)))
         if step is not None:
@@ -179,13 +174,7 @@ class TableStateStore:
     def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
         """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
         re-touching changes its ETag so a concurrent drop_live of an older read fails."""
-        entity = {
-            "PartitionKey": LIVE_PARTITION,
-            "RowKey": order_id,
-            "TouchedAt": at,
-            "DueAt": due_at,
-        }
-        self._live.upsert_entity(entity, mode=UpdateMode.REPLACE)
+        self._live.upsert_entity(_marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE)
 
     def list_live(self) -> list[LiveMarker]:
         entities = self._live.query_entities(
@@ -208,7 +197,11 @@ class TableStateStore:
         for start in range(0, len(rearms), _MAX_BATCH):
             chunk = rearms[start : start + _MAX_BATCH]
             operations: list[Any] = [
-                ("update", _marker_entity(marker, due_at), _if_unchanged(marker.etag))
+                (
+                    "update",
+                    _marker_entity(marker.order_id, marker.touched_at, due_at),
+                    _if_unchanged(marker.etag),
+                )
                 for marker, due_at in chunk
             ]
             try:
@@ -376,11 +369,11 @@ def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _marker_entity(marker: LiveMarker, due_at: datetime) -> dict[str, Any]:
+def _marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dict[str, Any]:
     return {
         "PartitionKey": LIVE_PARTITION,
-        "RowKey": marker.order_id,
-        "TouchedAt": marker.touched_at,
+        "RowKey": order_id,
+        "TouchedAt": touched_at,
         "DueAt": due_at,
     }
 

@@ -134,12 +134,12 @@ class Supervisor:
         if state.complete_by is None or not self._policy.expired(state, now):
             rearms.add(marker, self._next_look(state, now))
             return "healthy"
-        if state.is_running and self._reply_may_wait(state, now, replies):
+        hold_ends = self._held_until(state, now, replies)
+        if hold_ends is not None:
             log.info(
                 "sas.expiry_held_for_reply",
                 extra={"order_id": state.order_id, "attempt": state.attempt},
             )
-            hold_ends = state.complete_by + self._policy.clock_skew + self._policy.reply_hold
             rearms.add(marker, min(hold_ends, now + self._policy.reply_recheck))
             return "held_for_reply"
         return self._expire(marker, current.etag, state, now, rearms)
@@ -151,14 +151,19 @@ class Supervisor:
             return state.complete_by + self._policy.clock_skew
         return due
 
-    def _reply_may_wait(self, state: OrderState, now: datetime, replies: _OldestReply) -> bool:
-        if state.complete_by is None:
-            return False
+    def _held_until(
+        self, state: OrderState, now: datetime, replies: _OldestReply
+    ) -> datetime | None:
+        """When the hold of an expired running step ends, if a reply enqueued by its deadline
+        may still be waiting (None: expire it now)."""
+        if not state.is_running or state.complete_by is None:
+            return None
         deadline = state.complete_by + self._policy.clock_skew
-        if now >= deadline + self._policy.reply_hold:
-            return False
+        ends = deadline + self._policy.reply_hold
+        if now >= ends:
+            return None
         oldest = replies.get()
-        return oldest is not None and oldest <= deadline
+        return ends if oldest is not None and oldest <= deadline else None
 
     def _expire(
         self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
