@@ -38,6 +38,7 @@ from requests.adapters import HTTPAdapter
 from requests.utils import get_environ_proxies
 from urllib3.util.retry import Retry
 
+from sas.adapters import multipart
 from sas.domain.errors import ConfigurationError
 from sas.settings import Connection
 
@@ -132,6 +133,7 @@ def _on_shared_session(build: Callable[..., C], **connection: Any) -> C:
 
 
 def table_service_client(connection: Connection) -> TableServiceClient:
+    multipart.install()
     if connection.connection_string:
         return _on_shared_session(
             partial(TableServiceClient.from_connection_string, connection.connection_string)
