@@ -60,7 +60,7 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def _stat(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/<pid>/stat after the command name: [state, ppid, pgrp, ...]."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
@@ -71,7 +71,7 @@ def _stat(pid: int) -> list[str] | None:
 
 def pid_alive(pid: int) -> bool:
     """True if ``pid`` exists and is not a zombie."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return fields is not None and fields[0] not in ("Z", "X")
 
 
@@ -83,7 +83,7 @@ def children(pid: int) -> list[int]:
     """Live direct children of ``pid`` (Linux /proc)."""
     found = []
     for candidate in _all_pids():
-        fields = _stat(candidate)
+        fields = stat_fields(candidate)
         if fields is not None and fields[0] not in ("Z", "X") and int(fields[1]) == pid:
             found.append(candidate)
     return sorted(found)
@@ -104,7 +104,7 @@ def group_members(pgid: int) -> list[int]:
     """Live processes whose process group is ``pgid``."""
     found = []
     for candidate in _all_pids():
-        fields = _stat(candidate)
+        fields = stat_fields(candidate)
         if fields is not None and fields[0] not in ("Z", "X") and int(fields[2]) == pgid:
             found.append(candidate)
     return sorted(found)

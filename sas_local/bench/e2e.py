@@ -13,7 +13,7 @@ import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
+from sas_local.bench import cpu
 from sas_local.stack import LocalStack
 
 TERMINAL = ("Processed", "Compensated", "Error")
@@ -42,6 +43,9 @@ class E2EResult:
     """Steps the Supervisor expired (none are needed on the happy path)."""
     replies_dropped: int = 0
     """Replies sent in time and thrown away (fenced after an expiry): finished steps run again."""
+    cpu_ms_per_order: dict[str, float] = field(default_factory=dict)
+    """CPU milliseconds per order of the dev host (with its workers), Azurite and the simulator,
+    from the first submission to the end of the run (see cpu.py)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -78,6 +82,12 @@ def run(
         queue = QueueClient.from_connection_string(conn, settings.queues["SAS_QUEUE_ORDERS"])
         table = TableClient.from_connection_string(conn, settings.table_name)
         ids = [f"b{workers}w-{n:05d}" for n in range(orders)]
+        processes = {
+            "devhost": stack.devhost.pid,
+            "azurite": stack.azurite.process.pid,
+            "simulator": stack.simulator.pid,
+        }
+        cpu_before = cpu.snapshot(processes)
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda order_id: queue.send_message(_body(order_id)), ids))
         # Done when every queue the app consumes is empty twice in a row (the count includes
@@ -94,6 +104,7 @@ def run(
             queued = sum(q.get_queue_properties().approximate_message_count or 0 for q in consumed)
             quiet = quiet + 1 if queued == 0 else 0
             time.sleep(1.0)
+        cpu_used = cpu.per_order_ms(cpu_before, cpu.snapshot(processes), orders)
         latencies, first, last, processed = [], None, None, 0
         for order_id in ids:
             try:
@@ -122,6 +133,7 @@ def run(
         p99_s=_percentile(latencies, 99),
         expiries=sum(n for kind, n in kinds.items() if kind.startswith("expired_")),
         replies_dropped=kinds.get("reply_dropped", 0),
+        cpu_ms_per_order=cpu_used,
     )
 
 

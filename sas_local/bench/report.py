@@ -88,8 +88,9 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             "subscriber):",
             "",
             "| Orders | Workers | Finished | Orders/s | p50 s | p95 s | p99 s "
-            "| % of the 3-step limit | Expiries | Replies thrown away |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| % of the 3-step limit | Expiries | Replies thrown away "
+            "| CPU ms/order: dev host / Azurite / simulator |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         limit = (
             measured["counts"]["variants"]
@@ -102,7 +103,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 f"| {run['orders']} | {run['workers']} | {run['finished']} "
                 f"| {run['orders_per_s']:g} | {run['p50_s']:g} | {run['p95_s']:g} "
                 f"| {run['p99_s']:g} | {share} | {run.get('expiries', '-')} "
-                f"| {run.get('replies_dropped', '-')} |"
+                f"| {run.get('replies_dropped', '-')} | {_cpu_cell(run)} |"
             )
         lines.append("")
         recovered = measured.get("recovery")
@@ -203,3 +204,11 @@ def into_document(document: Path, section: str) -> None:
     if not found_end:
         raise ValueError(f"{document} has no {END} marker")
     document.write_text(f"{head}{BEGIN}\n{section}\n{END}{tail}")
+
+
+def _cpu_cell(run: dict[str, Any]) -> str:
+    used = run.get("cpu_ms_per_order") or {}
+    names = ("devhost", "azurite", "simulator")
+    if not all(name in used for name in names):
+        return "-"
+    return " / ".join(f"{used[name]:g}" for name in names)
