@@ -118,14 +118,28 @@ param alertEmail string = ''
 
 // Queue names by app setting key. Keep in step with sas.settings.DEFAULT_QUEUES:
 // tests/unit/test_infra_consistency.py fails when they drift apart.
+// Every queue the app consumes has a lane per priority (high, normal, low): its own queue and
+// its own trigger. The normal lane keeps the plain name.
 var queueSettings = {
+  SAS_QUEUE_ORDERS_HIGH: 'sas-orders-high'
   SAS_QUEUE_ORDERS: 'sas-orders'
+  SAS_QUEUE_ORDERS_LOW: 'sas-orders-low'
+  SAS_QUEUE_SCHEDULER_HIGH: 'sas-scheduler-high'
   SAS_QUEUE_SCHEDULER: 'sas-scheduler'
+  SAS_QUEUE_SCHEDULER_LOW: 'sas-scheduler-low'
+  SAS_QUEUE_REPLIES_HIGH: 'sas-replies-high'
   SAS_QUEUE_REPLIES: 'sas-replies'
-  SAS_QUEUE_ALERTS: 'sas-alerts'
+  SAS_QUEUE_REPLIES_LOW: 'sas-replies-low'
+  SAS_QUEUE_AGENT_INVENTORY_HIGH: 'sas-agent-inventory-high'
   SAS_QUEUE_AGENT_INVENTORY: 'sas-agent-inventory'
+  SAS_QUEUE_AGENT_INVENTORY_LOW: 'sas-agent-inventory-low'
+  SAS_QUEUE_AGENT_PAYMENT_HIGH: 'sas-agent-payment-high'
   SAS_QUEUE_AGENT_PAYMENT: 'sas-agent-payment'
+  SAS_QUEUE_AGENT_PAYMENT_LOW: 'sas-agent-payment-low'
+  SAS_QUEUE_AGENT_SHIPPING_HIGH: 'sas-agent-shipping-high'
   SAS_QUEUE_AGENT_SHIPPING: 'sas-agent-shipping'
+  SAS_QUEUE_AGENT_SHIPPING_LOW: 'sas-agent-shipping-low'
+  SAS_QUEUE_ALERTS: 'sas-alerts'
 }
 var queueNames = map(items(queueSettings), queue => queue.value)
 var alertsQueueName = queueSettings.SAS_QUEUE_ALERTS

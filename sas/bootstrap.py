@@ -76,6 +76,7 @@ def routes() -> Routes:
         replies=s.queue(settings_module.QUEUE_REPLIES),
         alerts=s.queue(settings_module.QUEUE_ALERTS),
         agents={agent: s.agent_queue(agent) for agent in s.remote_urls},
+        lanes={s.queue(key): s.lanes(key) for key in settings_module.LANED_QUEUES},
     )
 
 
@@ -125,7 +126,7 @@ def poison() -> PoisonStore:
     s = settings()
     r = routes()
     sources = consumed_queues(
-        orders=r.orders, scheduler=r.scheduler, replies=r.replies, agents=r.agents
+        orders=r.orders, scheduler=r.scheduler, replies=r.replies, agents=r.agents, lanes=r.lanes
     )
     if s.transport == "servicebus" and s.servicebus is not None:
         from sas.adapters.poison_servicebus import ServiceBusDeadLetters

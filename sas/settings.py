@@ -17,7 +17,17 @@ from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
 from sas.domain.errors import ConfigurationError
-from sas.domain.wire import APP_QUEUE_NAME, REPLY_TO_PREFIX, TABLE_NAME_RULE, live_table_name
+from sas.domain.wire import (
+    APP_QUEUE_NAME,
+    DEFAULT_PRIORITY,
+    PRIORITIES,
+    REPLY_TO_PREFIX,
+    TABLE_NAME_RULE,
+    Priority,
+    lane_queue_name,
+    lane_setting,
+    live_table_name,
+)
 from sas.domain.workflow import AGENTS
 
 TransportKind = Literal["servicebus", "storage"]
@@ -46,12 +56,22 @@ def remote_url_setting(agent: str) -> str:
     return f"SAS_REMOTE_{agent.upper()}_URL"
 
 
-DEFAULT_QUEUES: dict[str, str] = {
+_CONSUMED_DEFAULTS: dict[str, str] = {
     QUEUE_ORDERS: "sas-orders",
     QUEUE_SCHEDULER: "sas-scheduler",
     QUEUE_REPLIES: "sas-replies",
-    QUEUE_ALERTS: "sas-alerts",
     **{agent_queue_setting(agent): f"sas-agent-{agent}" for agent in AGENTS},
+}
+LANED_QUEUES: tuple[str, ...] = tuple(_CONSUMED_DEFAULTS)
+"""The queue settings the app is triggered by: each has a lane (a queue of its own, with its
+own trigger) per priority; ``lane_setting`` names them."""
+DEFAULT_QUEUES: dict[str, str] = {
+    **{
+        lane_setting(key, priority): lane_queue_name(name, priority)
+        for key, name in _CONSUMED_DEFAULTS.items()
+        for priority in PRIORITIES
+    },
+    QUEUE_ALERTS: "sas-alerts",
 }
 DEFAULT_TABLE = "sasorders"
 DEFAULT_CLOCK_SKEW_SECONDS = 2.0
@@ -112,6 +132,13 @@ class Settings:
 
     def agent_queue(self, agent: str) -> str:
         return self.queues[agent_queue_setting(agent)]
+
+    def lanes(self, queue_setting: str) -> dict[Priority, str]:
+        """The lane of ``queue_setting`` (one of LANED_QUEUES) for every priority."""
+        return {p: self.queues[lane_setting(queue_setting, p)] for p in PRIORITIES}
+
+    def lane(self, queue_setting: str, priority: Priority = DEFAULT_PRIORITY) -> str:
+        return self.queues[lane_setting(queue_setting, priority)]
 
 
 def transport_from(env: Mapping[str, str]) -> TransportKind:

@@ -33,12 +33,15 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.wire import (
+    DEFAULT_PRIORITY,
     HISTORY_ROW_PREFIX,
     LIVE_PARTITION,
     ORDER_ROW,
+    PRIORITIES,
     REJECTED_PARTITION,
     STATE_ROW,
     STEP_ROW_PREFIX,
+    Priority,
     history_row_key,
     live_table_name,
     prefix_range,
@@ -406,6 +409,7 @@ def _order_entity(order: OrderRecord) -> dict[str, Any]:
             "Fingerprint": order.fingerprint,
             "SubmittedAt": order.submitted_at,
             "ReplyTo": order.reply_to,
+            "Priority": _priority_column(order.priority),
         }
     )
 
@@ -418,6 +422,7 @@ def _order_from(entity: Mapping[str, Any]) -> OrderRecord:
         fingerprint=entity["Fingerprint"],
         submitted_at=utc(entity["SubmittedAt"]),
         reply_to=entity.get("ReplyTo"),
+        priority=_priority(entity.get("Priority")),
     )
 
 
@@ -444,6 +449,7 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "FinishedAt": state.finished_at,
             "LastError": state.last_error,
             "StatusEvents": state.status_events if state.status_events != "outcome" else None,
+            "Priority": _priority_column(state.priority),
             "Details": None
             if state.details is None
             else json.dumps(state.details, separators=(",", ":")),
@@ -473,7 +479,20 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         last_error=entity.get("LastError"),
         status_events="steps" if entity.get("StatusEvents") == "steps" else "outcome",
         details=None if entity.get("Details") is None else json.loads(entity["Details"]),
+        priority=_priority(entity.get("Priority")),
     )
+
+
+def _priority_column(priority: Priority) -> str | None:
+    """Written only when not the default: rows of normal orders stay as they were."""
+    return None if priority == DEFAULT_PRIORITY else priority
+
+
+def _priority(value: object) -> Priority:
+    for priority in PRIORITIES:
+        if value == priority:
+            return priority
+    return DEFAULT_PRIORITY
 
 
 def _step_entity(step: StepRecord) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from sas.domain.wire import (
     QUEUE_NAME,
     STEP_NAME,
     Mode,
+    Priority,
     StatusLevel,
 )
 
@@ -93,12 +94,23 @@ class OrderSubmitted(Message):
     status_events: StatusLevel = "outcome"
     """``outcome``: how the order ends and whether it is being undone; ``steps``: every
     step's progress as well (``STEP_EVENTS``)."""
+    priority: Priority = "normal"
+    """Which lane the order takes at every hop; submit it to the orders queue's lane of the
+    same priority so it does not wait behind others there either."""
+    deferred_since: AwareDatetime | None = None
+    """Set by the app when it puts a low-priority submission back for later (admission
+    deferred while higher priorities are backlogged): when the first deferral happened, which
+    bounds how long it may be deferred. Not part of the order."""
 
     def fingerprint(self) -> str:
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
-        # The default level is left out, so an order's fingerprint is what it was before the
-        # field existed: a redelivery across an upgrade is still a redelivery.
-        unset = {"status_events"} if self.status_events == "outcome" else set()
+        # Defaults are left out, so an order's fingerprint is what it was before the field
+        # existed: a redelivery across an upgrade is still a redelivery.
+        unset = {"deferred_since"}
+        if self.status_events == "outcome":
+            unset.add("status_events")
+        if self.priority == "normal":
+            unset.add("priority")
         document = self.model_dump(mode="json", exclude=unset)
         canonical = json.dumps(document, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
@@ -126,6 +138,8 @@ class StepRequest(Message):
         str, StringConstraints(max_length=200, pattern=IDEMPOTENCY_KEY.python)
     ]
     payload: dict[str, Any]
+    priority: Priority = "normal"
+    """The order's priority: the lane the reply goes back on."""
 
 
 class StepReply(Message):

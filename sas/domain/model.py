@@ -8,7 +8,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
-from sas.domain.wire import Mode, StatusLevel, step_row_key
+from sas.domain.wire import DEFAULT_PRIORITY, Mode, Priority, StatusLevel, step_row_key
 
 
 class ProcessState(StrEnum):
@@ -68,6 +68,8 @@ class OrderState:
     """The order's details, as the agents need them in every step request: kept with the
     state so dispatching a step reads nothing else. None in rows written before it was kept
     (the order row then has them)."""
+    priority: Priority = DEFAULT_PRIORITY
+    """Which lane the order's messages take at every hop (fixed at submission)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -89,6 +91,7 @@ class OrderRecord:
     """Hash of the canonical submission, to tell a redelivery from a conflicting reuse of the id."""
     submitted_at: datetime
     reply_to: str | None = None
+    priority: Priority = DEFAULT_PRIORITY
 
 
 @dataclass(frozen=True)

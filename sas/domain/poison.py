@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Literal
 
-from sas.domain.wire import POISON_SUFFIX
+from sas.domain.wire import POISON_SUFFIX, PRIORITIES, Priority, lane_function_name
 from sas.domain.wire import parse_poison_id as parse_poison_id
 from sas.domain.wire import poison_id as poison_id
 
@@ -61,12 +61,24 @@ def bounded(body: bytes, limit: int = BODY_DISPLAY_LIMIT) -> tuple[bytes, bool]:
 
 
 def consumed_queues(
-    *, orders: str, scheduler: str, replies: str, agents: Mapping[str, str]
+    *,
+    orders: str,
+    scheduler: str,
+    replies: str,
+    agents: Mapping[str, str],
+    lanes: Mapping[str, Mapping[Priority, str]] | None = None,
 ) -> dict[str, str]:
-    """Every queue the app is triggered by, with the function it triggers
-    (sas/entrypoints/queues.py); ``agents`` maps an agent's name to its queue."""
-    consumed = {orders: "submit", scheduler: "schedule", replies: "on_reply"}
-    consumed.update({queue: f"agent_{agent}" for agent, queue in agents.items()})
+    """Every queue the app is triggered by, every priority lane of it, with the function it
+    triggers (sas/entrypoints/queues.py); ``agents`` maps an agent's name to its queue,
+    ``lanes`` each queue (its normal lane) to its lane per priority."""
+    functions = {orders: "submit", scheduler: "schedule", replies: "on_reply"}
+    functions.update({queue: f"agent_{agent}" for agent, queue in agents.items()})
+    consumed: dict[str, str] = {}
+    for queue, function in functions.items():
+        by_priority = (lanes or {}).get(queue, {})
+        for priority in PRIORITIES:
+            lane = by_priority.get(priority, queue)
+            consumed.setdefault(lane, lane_function_name(function, priority))
     return consumed
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.messages import StepReply
 from sas.domain.model import OrderState, ProcessState
-from sas.domain.wire import Mode, StatusLevel
+from sas.domain.wire import DEFAULT_PRIORITY, Mode, Priority, StatusLevel
 from sas.domain.workflow import Workflow
 
 MAX_ERROR_LENGTH = 1000
@@ -73,6 +73,7 @@ def initial_state(
     now: datetime,
     details: Mapping[str, Any] | None = None,
     status_events: StatusLevel = "outcome",
+    priority: Priority = DEFAULT_PRIORITY,
 ) -> OrderState:
     """Pending, unlocked, attempt 0, with a pickup deadline."""
     return OrderState(
@@ -85,6 +86,7 @@ def initial_state(
         reply_to=reply_to,
         status_events=status_events,
         details=details,
+        priority=priority,
     )
 
 

@@ -90,6 +90,29 @@ TABLE_NAME_RULE = NameRule("table name", r"[A-Za-z][A-Za-z0-9]{2,58}")
 Mode = Literal["do", "undo"]
 """``undo`` runs a completed step's compensating action (compensation walks steps backwards)."""
 
+Priority = Literal["high", "normal", "low"]
+"""An order's priority: every queue the app consumes has a lane per priority (its own queue and
+trigger), so work of one priority never waits behind another's backlog in a queue."""
+PRIORITIES: tuple[Priority, ...] = ("high", "normal", "low")
+DEFAULT_PRIORITY: Priority = "normal"
+
+
+def lane_setting(queue_setting: str, priority: Priority) -> str:
+    """The app setting naming ``queue_setting``'s lane for ``priority``: the setting itself
+    for normal (existing deployments keep their names), ``<setting>_HIGH`` / ``_LOW``."""
+    return queue_setting if priority == DEFAULT_PRIORITY else f"{queue_setting}_{priority.upper()}"
+
+
+def lane_function_name(function: str, priority: Priority) -> str:
+    """The function triggered by a lane: ``submit`` / ``submit_high`` / ``submit_low``."""
+    return function if priority == DEFAULT_PRIORITY else f"{function}_{priority}"
+
+
+def lane_queue_name(queue: str, priority: Priority) -> str:
+    """The default name of ``queue``'s lane for ``priority``: ``<queue>-high`` / ``-low``."""
+    return queue if priority == DEFAULT_PRIORITY else f"{queue}-{priority}"
+
+
 StatusLevel = Literal["outcome", "steps"]
 """Which status events a submitter asked for: ``outcome`` (the default) is how the order ends
 and whether it is being undone; ``steps`` adds every step's progress."""
@@ -117,6 +140,12 @@ def step_request_message_id(order_id: str, step: str, mode: Mode, attempt: int) 
 
 def step_reply_message_id(order_id: str, step: str, mode: Mode, attempt: int) -> str:
     return f"{step_request_message_id(order_id, step, mode, attempt)}:reply"
+
+
+def deferred_submission_message_id(order_id: str, deferred_at: datetime) -> str:
+    """A low-priority submission put back for later (admission deferred) is a message of its
+    own: duplicate detection would otherwise drop it as the original submission."""
+    return f"{submission_message_id(order_id)}:deferred:{_stamp(deferred_at)}"
 
 
 def schedule_message_id(order_id: str, state_version: datetime) -> str:

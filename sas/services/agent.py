@@ -109,7 +109,7 @@ class AgentRunner:
             error=None if error is None else _printable(error),
         )
         self._transport.send(
-            self._routes.replies,
+            self._routes.lane(self._routes.replies, request.priority),
             reply,
             message_id=step_reply_message_id(
                 request.order_id, request.step, request.mode, request.attempt

@@ -89,7 +89,7 @@ class Consequences:
             else schedule_wakeup_message_id(state.order_id, state.updated_at, again_at)
         )
         self._transport.send(
-            self._routes.scheduler,
+            self._routes.lane(self._routes.scheduler, state.priority),
             ScheduleRequest(order_id=state.order_id),
             message_id=message_id,
             correlation_id=state.order_id,

@@ -62,9 +62,10 @@ class Dispatcher:
             complete_by=state.complete_by,
             idempotency_key=key,
             payload=payload,
+            priority=state.priority,
         )
         self._transport.send(
-            self._routes.agent(step.agent),
+            self._routes.agent(step.agent, state.priority),
             request,
             message_id=step_request_message_id(
                 state.order_id, step.name, state.mode, state.attempt

@@ -49,6 +49,7 @@ class Operator:
             scheduler=routes.scheduler,
             replies=routes.replies,
             agents=routes.agents,
+            lanes=routes.lanes,
         )
         self._then = Consequences(store, transport, routes, clock, actor="operator")
 

@@ -52,13 +52,7 @@ class Submission:
         self._dispatcher = Dispatcher(store, transport, routes, clock)
         self._routes = routes
         self._reply_to_prefixes = reply_to_prefixes
-        own = (
-            routes.orders,
-            routes.scheduler,
-            routes.replies,
-            routes.alerts,
-            *routes.agents.values(),
-        )
+        own = (*routes.consumed, routes.alerts)
         self._own_queues = frozenset((*own, *(f"{queue}{POISON_SUFFIX}" for queue in own)))
 
     def check(self, message: OrderSubmitted) -> None:
@@ -89,6 +83,7 @@ class Submission:
             fingerprint=message.fingerprint(),
             submitted_at=now,
             reply_to=message.reply_to,
+            priority=message.priority,
         )
         extra = {"order_id": message.order_id}
         pending = initial_state(
@@ -98,6 +93,7 @@ class Submission:
             now=now,
             details=details,
             status_events=message.status_events,
+            priority=message.priority,
         )
         claimed = claim(pending, instance_id=self._instance_id, now=now, workflow=workflow)
         # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps

@@ -28,6 +28,7 @@ from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState
 from sas.domain.transitions import ExpiryAction, RetryPolicy, expire, look_again_at
+from sas.domain.wire import Priority
 from sas.domain.workflow import shortest_budget, workflow_named
 from sas.services.consequences import AlertOutcome, Consequences
 from sas.services.ports import StateStore, Transport
@@ -52,7 +53,7 @@ class Supervisor:
     ) -> None:
         self._store = store
         self._transport = transport
-        self._replies = routes.replies
+        self._routes = routes
         self._clock = clock
         self._instance_id = instance_id
         self._policy = policy
@@ -69,7 +70,7 @@ class Supervisor:
         now = self._clock.now()
         self._adopt_legacy(now)
         due = self._store.list_due(now)
-        replies = _OldestReply(self._transport, self._replies)
+        replies = _OldestReplies(self._transport, self._routes)
         rearms = _Rearms(self._store)
         report: Counter[str] = Counter()
 
@@ -106,7 +107,7 @@ class Supervisor:
         if moved:
             log.warning("sas.legacy_markers_adopted", extra={"count": moved})
 
-    def _examine(self, marker: LiveMarker, replies: _OldestReply, rearms: _Rearms) -> str:
+    def _examine(self, marker: LiveMarker, replies: _OldestReplies, rearms: _Rearms) -> str:
         now = self._clock.now()
         current = self._store.get_state(marker.order_id)
         if current is None:
@@ -152,7 +153,7 @@ class Supervisor:
         return due
 
     def _held_until(
-        self, state: OrderState, now: datetime, replies: _OldestReply
+        self, state: OrderState, now: datetime, replies: _OldestReplies
     ) -> datetime | None:
         """When the hold of an expired running step ends, if a reply enqueued by its deadline
         may still be waiting (None: expire it now)."""
@@ -162,7 +163,7 @@ class Supervisor:
         ends = deadline + self._policy.reply_hold
         if now >= ends:
             return None
-        oldest = replies.get()
+        oldest = replies.get(state.priority)
         return ends if oldest is not None and oldest <= deadline else None
 
     def _expire(
@@ -238,24 +239,23 @@ class _Rearms:
             self._store.rearm_live(batch)
 
 
-class _OldestReply:
-    """The replies queue's oldest waiting message, peeked at most once per sweep and only if
-    some running step has expired (so a quiet sweep costs the transport nothing)."""
+class _OldestReplies:
+    """The oldest waiting message of each replies lane, each peeked at most once per sweep and
+    only if a running step of that priority has expired (a quiet sweep costs nothing)."""
 
-    def __init__(self, transport: Transport, queue: str) -> None:
+    def __init__(self, transport: Transport, routes: Routes) -> None:
         self._transport = transport
-        self._queue = queue
+        self._routes = routes
         self._lock = threading.Lock()
-        self._known = False
-        self._value: datetime | None = None
+        self._known: dict[str, datetime | None] = {}
 
-    def get(self) -> datetime | None:
+    def get(self, priority: Priority) -> datetime | None:
+        queue = self._routes.lane(self._routes.replies, priority)
         with self._lock:
-            if not self._known:
+            if queue not in self._known:
                 try:
-                    self._value = self._transport.oldest_waiting(self._queue)
+                    self._known[queue] = self._transport.oldest_waiting(queue)
                 except Exception:  # a failed peek must not stop recovery: hold off nothing
                     log.warning("sas.replies_peek_failed", exc_info=True)
-                    self._value = None
-                self._known = True
-            return self._value
+                    self._known[queue] = None
+            return self._known[queue]

@@ -25,17 +25,22 @@ from sas.domain.messages import (
     StepRequest,
     decode,
 )
-from sas.domain.wire import REJECTED_PARTITION
+from sas.domain.wire import PRIORITIES, REJECTED_PARTITION, lane_function_name
 from sas.domain.workflow import AGENTS
 from tests.unit.test_fuzz_parsers import bodies
 
 pytestmark = pytest.mark.integration
 
-FUNCTIONS: dict[str, type[Message]] = {
+NORMAL_LANES: dict[str, type[Message]] = {
     "submit": OrderSubmitted,
     "schedule": ScheduleRequest,
     "on_reply": StepReply,
     **{f"agent_{agent}": StepRequest for agent in AGENTS},
+}
+FUNCTIONS: dict[str, type[Message]] = {
+    lane_function_name(name, priority): model
+    for name, model in NORMAL_LANES.items()
+    for priority in PRIORITIES
 }
 
 

@@ -31,7 +31,11 @@ ROUTES = Routes(
 
 
 def submitted(
-    order_id="o1", reply_to="status-q", address="1 Main St", status_events="outcome"
+    order_id="o1",
+    reply_to="status-q",
+    address="1 Main St",
+    status_events="outcome",
+    priority="normal",
 ) -> OrderSubmitted:
     return OrderSubmitted(
         order_id=order_id,
@@ -43,6 +47,7 @@ def submitted(
         ),
         reply_to=reply_to,
         status_events=status_events,
+        priority=priority,
     )
 
 
@@ -84,8 +89,10 @@ def test_the_default_status_level_keeps_an_orders_fingerprint(parts):
     explicit = submitted(status_events="steps")
     assert "status_events" not in default.model_dump_json(exclude_defaults=True)
     assert default.fingerprint() != explicit.fingerprint()
+    assert default.fingerprint() != submitted(priority="high").fingerprint()
     legacy = default.model_dump(mode="json")
-    legacy.pop("status_events")
+    for added in ("status_events", "priority", "deferred_since"):  # fields added since
+        legacy.pop(added)
     import hashlib
     import json
 

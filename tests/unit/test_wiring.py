@@ -38,13 +38,19 @@ for f in function_app.app.get_functions():
 print(json.dumps(out))
 """
 
+NORMAL_LANES = {
+    "submit": "SAS_QUEUE_ORDERS",
+    "schedule": "SAS_QUEUE_SCHEDULER",
+    "on_reply": "SAS_QUEUE_REPLIES",
+    "agent_inventory": "SAS_QUEUE_AGENT_INVENTORY",
+    "agent_payment": "SAS_QUEUE_AGENT_PAYMENT",
+    "agent_shipping": "SAS_QUEUE_AGENT_SHIPPING",
+}
+# One function per priority lane, each on its own queue setting (written out, not derived).
 QUEUE_FUNCTIONS = {
-    "submit": "%SAS_QUEUE_ORDERS%",
-    "schedule": "%SAS_QUEUE_SCHEDULER%",
-    "on_reply": "%SAS_QUEUE_REPLIES%",
-    "agent_inventory": "%SAS_QUEUE_AGENT_INVENTORY%",
-    "agent_payment": "%SAS_QUEUE_AGENT_PAYMENT%",
-    "agent_shipping": "%SAS_QUEUE_AGENT_SHIPPING%",
+    **{name: f"%{setting}%" for name, setting in NORMAL_LANES.items()},
+    **{f"{name}_high": f"%{setting}_HIGH%" for name, setting in NORMAL_LANES.items()},
+    **{f"{name}_low": f"%{setting}_LOW%" for name, setting in NORMAL_LANES.items()},
 }
 
 
