@@ -15,11 +15,13 @@ from typing import Any, TypeVar
 from sas import settings as settings_module
 from sas.domain.clock import Clock, SystemClock
 from sas.domain.transitions import RetryPolicy
+from sas.domain.workflow import AGENTS
 from sas.services.agent import AgentRunner
 from sas.services.breaker import BreakerStore, CircuitBreaker
 from sas.services.operator import Operator
-from sas.services.ports import PoisonStore, StateStore, Transport
+from sas.services.ports import LoadStore, PoisonStore, StateStore, Transport
 from sas.services.routes import Routes
+from sas.services.routing import Router
 from sas.services.scheduler import Scheduler
 from sas.services.submission import Submission
 from sas.services.supervisor import Supervisor
@@ -55,6 +57,7 @@ def reset() -> None:
         for get in _cached:
             get.cache_clear()  # type: ignore[attr-defined]
         _agents.clear()
+        _breakers.clear()
 
 
 @_once
@@ -75,7 +78,7 @@ def routes() -> Routes:
         scheduler=s.queue(settings_module.QUEUE_SCHEDULER),
         replies=s.queue(settings_module.QUEUE_REPLIES),
         alerts=s.queue(settings_module.QUEUE_ALERTS),
-        agents={agent: s.agent_queue(agent) for agent in s.remote_urls},
+        agents={agent: s.agent_queue(agent) for agent in AGENTS},
         lanes={s.queue(key): s.lanes(key) for key in settings_module.LANED_QUEUES},
     )
 
@@ -148,12 +151,16 @@ def submission() -> Submission:
         clock(),
         instance_id=s.instance_id,
         reply_to_prefixes=s.reply_to_prefixes,
+        admission=s.admission,
+        router=router(),
     )
 
 
 @_once
 def scheduler() -> Scheduler:
-    return Scheduler(store(), transport(), routes(), clock(), settings().instance_id)
+    return Scheduler(
+        store(), transport(), routes(), clock(), settings().instance_id, router=router()
+    )
 
 
 @_once
@@ -182,7 +189,7 @@ def operator() -> Operator:
 def _remote() -> Any:
     from sas.adapters.remote_http import HttpRemoteService
 
-    return HttpRemoteService(settings().remote_urls)
+    return HttpRemoteService(settings().remote_targets)
 
 
 @_once
@@ -194,11 +201,39 @@ def _breaker_store() -> BreakerStore:
 
 
 def breaker(name: str) -> CircuitBreaker:
-    """A circuit breaker for one agent's remote service, default policy, state in the table."""
-    return CircuitBreaker(_breaker_store(), clock(), name)
+    """The circuit breaker of one remote target (an agent's service, or one endpoint of it:
+    ``Endpoint.target``), default policy, state in the table; one per process, so its cached
+    state serves every caller."""
+    with _lock:
+        found = _breakers.get(name)
+        if found is None:
+            found = _breakers[name] = CircuitBreaker(_breaker_store(), clock(), name)
+        return found
+
+
+@_once
+def _load_store() -> LoadStore:
+    """Endpoint load rows live in the in-flight table (PartitionKey ``~load``)."""
+    from sas.adapters.load_table import TableLoadStore
+
+    return TableLoadStore(_live_table())
+
+
+@_once
+def router() -> Router:
+    """Routes steps to remote endpoints by health (their breakers) and load."""
+    s = settings()
+    return Router(
+        {agent: s.endpoints_of(agent) for agent in AGENTS},
+        clock(),
+        s.instance_id,
+        healthy=lambda endpoint: breaker(endpoint.target).healthy(),
+        loads=_load_store(),
+    )
 
 
 _agents: dict[str, AgentRunner] = {}
+_breakers: dict[str, CircuitBreaker] = {}
 
 
 def agent(name: str) -> AgentRunner:
@@ -206,7 +241,14 @@ def agent(name: str) -> AgentRunner:
         runner = _agents.get(name)
         if runner is None:
             runner = AgentRunner(
-                name, _remote(), transport(), routes(), clock(), breaker=breaker(name)
+                name,
+                _remote(),
+                transport(),
+                routes(),
+                clock(),
+                breaker=breaker(name),
+                router=router(),
+                breaker_for=lambda endpoint: breaker(endpoint.target),
             )
             _agents[name] = runner
         return runner

@@ -8,18 +8,23 @@ identity-based connection resolved with azure-identity.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
+from sas.domain.endpoints import Endpoint, single_endpoint
 from sas.domain.errors import ConfigurationError
+from sas.domain.priority import AdmissionPolicy
 from sas.domain.wire import (
     APP_QUEUE_NAME,
     DEFAULT_PRIORITY,
+    ENDPOINT_NAME,
     PRIORITIES,
     REPLY_TO_PREFIX,
     TABLE_NAME_RULE,
@@ -46,6 +51,9 @@ QUEUE_ORDERS = "SAS_QUEUE_ORDERS"
 QUEUE_SCHEDULER = "SAS_QUEUE_SCHEDULER"
 QUEUE_REPLIES = "SAS_QUEUE_REPLIES"
 QUEUE_ALERTS = "SAS_QUEUE_ALERTS"
+LOW_PRIORITY_BACKLOG = "SAS_LOW_PRIORITY_BACKLOG_SECONDS"
+LOW_PRIORITY_MAX_DEFERRAL = "SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS"
+MAX_ENDPOINTS = 8
 
 
 def agent_queue_setting(agent: str) -> str:
@@ -54,6 +62,17 @@ def agent_queue_setting(agent: str) -> str:
 
 def remote_url_setting(agent: str) -> str:
     return f"SAS_REMOTE_{agent.upper()}_URL"
+
+
+def remote_capacity_setting(agent: str) -> str:
+    """Capacity (calls at once) of the one endpoint the URL setting names; unset: no limit."""
+    return f"SAS_REMOTE_{agent.upper()}_CAPACITY"
+
+
+def remote_endpoints_setting(agent: str) -> str:
+    """Several endpoints of one remote service, as JSON: ``[{"name": "west", "url": "https://...",
+    "capacity": 8}, ...]`` (capacity optional). Replaces the URL setting when set."""
+    return f"SAS_REMOTE_{agent.upper()}_ENDPOINTS"
 
 
 _CONSUMED_DEFAULTS: dict[str, str] = {
@@ -116,6 +135,18 @@ class Settings:
     deadline before it calls a step expired."""
     reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
     """A submitter's status queue must start with one of these (the app's own never may)."""
+    endpoints: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=dict)
+    """Each agent's remote endpoints; an agent missing here has one, at its remote URL."""
+    admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
+    """When low-priority orders are let in under a backlog of higher ones."""
+
+    def endpoints_of(self, agent: str) -> tuple[Endpoint, ...]:
+        return self.endpoints.get(agent) or (single_endpoint(agent, self.remote_urls[agent]),)
+
+    @property
+    def remote_targets(self) -> dict[str, str]:
+        """Base URL by remote target (``Endpoint.target``), every endpoint of every agent."""
+        return {e.target: e.url for agent in self.remote_urls for e in self.endpoints_of(agent)}
 
     @property
     def live_table_name(self) -> str:
@@ -165,7 +196,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         if name in by_name:
             raise ConfigurationError(f"{by_name[name]} and {key} name the same queue {name!r}")
         by_name[name] = key
-    remote_urls = {agent: _url(env, remote_url_setting(agent)) for agent in AGENTS}
+    endpoints = {agent: _endpoints(env, agent) for agent in AGENTS}
+    remote_urls = {agent: endpoints[agent][0].url for agent in AGENTS}
     storage = _storage_connection(env, STORAGE_CONNECTION)
     servicebus = (
         _servicebus_connection(env, SERVICEBUS_CONNECTION) if transport == "servicebus" else None
@@ -183,7 +215,60 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
         max_failures,
         clock_skew_seconds=_clock_skew(env),
         reply_to_prefixes=_reply_to_prefixes(env, queues.values()),
+        endpoints=endpoints,
+        admission=AdmissionPolicy(
+            backlog=timedelta(seconds=_seconds(env, LOW_PRIORITY_BACKLOG, 5.0, 1.0, 300.0)),
+            max_deferral=timedelta(
+                seconds=_seconds(env, LOW_PRIORITY_MAX_DEFERRAL, 60.0, 1.0, 3600.0)
+            ),
+        ),
     )
+
+
+def _seconds(env: Mapping[str, str], key: str, default: float, low: float, high: float) -> float:
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{key} must be a number of seconds") from None
+    if not low <= value <= high:
+        raise ConfigurationError(f"{key} must be between {low:g} and {high:g} seconds")
+    return value
+
+
+def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...]:
+    """The agent's endpoints: the ENDPOINTS setting (JSON) if set, else the URL setting."""
+    key = remote_endpoints_setting(agent)
+    raw = env.get(key)
+    if raw is None or raw.strip() == "":
+        capacity_key = remote_capacity_setting(agent)
+        capacity = _positive_int(env, capacity_key, default=1) if env.get(capacity_key) else None
+        return (single_endpoint(agent, _url(env, remote_url_setting(agent)), capacity),)
+    try:
+        items = json.loads(raw)
+    except ValueError:
+        raise ConfigurationError(f"{key} must be a JSON list of endpoints") from None
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_ENDPOINTS:
+        raise ConfigurationError(f"{key} must list 1 to {MAX_ENDPOINTS} endpoints")
+    found: list[Endpoint] = []
+    for number, item in enumerate(items, start=1):
+        where = f"{key}: endpoint {number}"
+        if not isinstance(item, dict) or not set(item) <= {"name", "url", "capacity"}:
+            raise ConfigurationError(f"{where} must be an object with name, url and capacity")
+        name, capacity = item.get("name"), item.get("capacity")
+        if not isinstance(name, str) or not ENDPOINT_NAME.matches(name):
+            raise ConfigurationError(f"{where}: name must match {ENDPOINT_NAME.body}")
+        if capacity is not None and (
+            not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1
+        ):
+            raise ConfigurationError(f"{where}: capacity must be a whole number, at least 1")
+        url = _url({where: item.get("url") or ""}, where)
+        if any(e.name == name for e in found):
+            raise ConfigurationError(f"{key}: endpoint name {name!r} is used twice")
+        found.append(Endpoint(agent, name, url, capacity))
+    return tuple(found)
 
 
 def _clock_skew(env: Mapping[str, str]) -> float:

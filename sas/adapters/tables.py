@@ -450,6 +450,8 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "LastError": state.last_error,
             "StatusEvents": state.status_events if state.status_events != "outcome" else None,
             "Priority": _priority_column(state.priority),
+            "Endpoint": state.endpoint,
+            "Deferrals": state.deferrals or None,
             "Details": None
             if state.details is None
             else json.dumps(state.details, separators=(",", ":")),
@@ -480,6 +482,8 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         status_events="steps" if entity.get("StatusEvents") == "steps" else "outcome",
         details=None if entity.get("Details") is None else json.loads(entity["Details"]),
         priority=_priority(entity.get("Priority")),
+        endpoint=entity.get("Endpoint"),
+        deferrals=int(entity.get("Deferrals") or 0),
     )
 
 
@@ -530,6 +534,7 @@ def _history_entity(entry: HistoryEntry) -> dict[str, Any]:
             "Mode": entry.mode,
             "Actor": entry.actor,
             "Detail": None if entry.detail is None else entry.detail[:1000],
+            "Endpoint": entry.endpoint,
         }
     )
 
@@ -544,4 +549,5 @@ def _history_from(entity: Mapping[str, Any]) -> HistoryEntry:
         mode="undo" if entity.get("Mode") == "undo" else "do",
         actor=entity.get("Actor"),
         detail=entity.get("Detail"),
+        endpoint=entity.get("Endpoint"),
     )

@@ -25,6 +25,7 @@ from sas.domain.errors import InvalidMessage
 from sas.domain.wire import (
     BUSINESS_ID,
     CURRENCY,
+    ENDPOINT_NAME,
     IDEMPOTENCY_KEY,
     MAX_ATTEMPT,
     ORDER_ID,
@@ -51,6 +52,7 @@ the JSON parsers' limits (pydantic-core stops near 200)."""
 OrderId = Annotated[str, StringConstraints(pattern=ORDER_ID.python)]
 QueueName = Annotated[str, StringConstraints(pattern=QUEUE_NAME.python)]
 StepName = Annotated[str, StringConstraints(pattern=STEP_NAME.python)]
+EndpointName = Annotated[str, StringConstraints(pattern=ENDPOINT_NAME.python)]
 BusinessId = Annotated[str, StringConstraints(pattern=BUSINESS_ID.python)]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
@@ -140,6 +142,9 @@ class StepRequest(Message):
     payload: dict[str, Any]
     priority: Priority = "normal"
     """The order's priority: the lane the reply goes back on."""
+    endpoint: EndpointName | None = None
+    """The remote endpoint the Scheduler chose (the agent keeps it if it is still healthy and
+    has room); None: the agent chooses."""
 
 
 class StepReply(Message):
@@ -151,8 +156,11 @@ class StepReply(Message):
     step_index: int = Field(ge=0, le=99)
     attempt: int = Field(ge=1, le=MAX_ATTEMPT)
     mode: Mode = "do"
-    outcome: Literal["ok", "error"]
+    outcome: Literal["ok", "error", "deferred"]
+    """``deferred``: no endpoint had room, nothing was called; the step is asked again later."""
     result: dict[str, Any] = Field(default_factory=dict)
+    endpoint: EndpointName | None = None
+    """The remote endpoint that was called (None: not known, or nothing was called)."""
     error: Annotated[str, StringConstraints(max_length=1000)] | None = None
 
     @field_validator("result")

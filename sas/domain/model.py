@@ -70,6 +70,10 @@ class OrderState:
     (the order row then has them)."""
     priority: Priority = DEFAULT_PRIORITY
     """Which lane the order's messages take at every hop (fixed at submission)."""
+    endpoint: str | None = None
+    """The remote endpoint of the current step's latest attempt (where a retry goes first)."""
+    deferrals: int = 0
+    """Times in a row the current step was deferred because no endpoint had room."""
 
     @property
     def is_terminal(self) -> bool:
@@ -122,6 +126,8 @@ class HistoryEntry:
     mode: Mode = "do"
     actor: str | None = None
     detail: str | None = None
+    endpoint: str | None = None
+    """The remote endpoint chosen (a claim) or called (a reply)."""
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from sas.domain.endpoints import DeferralPolicy
 from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.messages import StepReply
 from sas.domain.model import OrderState, ProcessState
@@ -19,6 +20,7 @@ from sas.domain.wire import DEFAULT_PRIORITY, Mode, Priority, StatusLevel
 from sas.domain.workflow import Workflow
 
 MAX_ERROR_LENGTH = 1000
+DEFERRAL = DeferralPolicy()
 
 
 class NotYet(IllegalTransition):
@@ -178,6 +180,8 @@ class Then(StrEnum):
     """Compensation is queued (Pending, undo): ask a Scheduler to claim its first undo."""
     FINISH = "finish"
     """The order is terminal: status to the submitter, the alert an Error owes."""
+    DEFER = "defer"
+    """The step waits for an endpoint with room: ask a Scheduler again after ``not_before``."""
 
 
 @dataclass(frozen=True)
@@ -191,9 +195,24 @@ class ReplyDecision:
 
 
 def decide_reply(
-    state: OrderState, reply: StepReply, *, instance_id: str, now: datetime, workflow: Workflow
+    state: OrderState,
+    reply: StepReply,
+    *,
+    instance_id: str,
+    now: datetime,
+    workflow: Workflow,
+    deferral: DeferralPolicy = DEFERRAL,
 ) -> ReplyDecision:
     """Apply a reply that ``fence`` found current (StaleReply otherwise)."""
+    if reply.outcome == "deferred":
+        check_reply(
+            state, workflow, attempt=reply.attempt, step_index=reply.step_index, mode=reply.mode
+        )
+        return ReplyDecision(
+            defer(state, now=now, delay=deferral.delay(state.deferrals + 1), workflow=workflow),
+            Then.DEFER,
+            "deferred",
+        )
     if reply.outcome == "error":
         reason = f"{reply.step} ({reply.mode}): {reply.error or 'remote refused'}"
         next_state = refuse_step(
@@ -218,6 +237,30 @@ def decide_reply(
         )
         kind = "undone" if reply.mode == "undo" else "completed"
     return ReplyDecision(next_state, _then(next_state), kind)
+
+
+def with_endpoint(state: OrderState, endpoint: str) -> OrderState:
+    """A claimed step routed to ``endpoint``: it ends a run of deferrals."""
+    return replace(state, endpoint=endpoint, deferrals=0)
+
+
+def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workflow) -> OrderState:
+    """A claimed step that no endpoint can take now goes back to Pending for ``delay``.
+
+    Nothing was called, so it is no failure: the failure count stays, the deferral count
+    grows (it sets the next delay). The attempt it was claimed with is never sent again: the
+    next claim takes a new one."""
+    if not state.is_running:
+        raise IllegalTransition(f"order {state.order_id} runs no step to defer")
+    return replace(
+        state,
+        process_state=ProcessState.PENDING,
+        locked_by=None,
+        not_before=now + delay,
+        complete_by=now + delay + workflow.pickup_budget,
+        deferrals=state.deferrals + 1,
+        updated_at=now,
+    )
 
 
 def _then(state: OrderState) -> Then:
@@ -442,6 +485,8 @@ def _start(
         complete_by=now + step.budget,
         not_before=None,
         failure_count=0 if advancing else state.failure_count,
+        endpoint=None if advancing else state.endpoint,
+        deferrals=0 if advancing else state.deferrals,
         updated_at=now,
     )
 

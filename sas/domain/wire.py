@@ -85,6 +85,20 @@ TABLE_NAME_RULE = NameRule("table name", r"[A-Za-z][A-Za-z0-9]{2,58}")
 """Table Storage allows 63 characters; 4 are kept for the in-flight table's suffix."""
 
 
+# --- remote endpoints ----------------------------------------------------------------------
+
+DEFAULT_ENDPOINT = "primary"
+"""The one endpoint of a remote service configured by its URL setting alone."""
+ENDPOINT_NAME = NameRule("endpoint name", r"[a-z][a-z0-9]{1,30}")
+
+
+def remote_target(agent: str, endpoint: str) -> str:
+    """What names one endpoint of an agent's remote service (its circuit breaker, its load):
+    the agent's name for the default endpoint (as before endpoints existed), else
+    ``<agent>@<endpoint>``."""
+    return agent if endpoint == DEFAULT_ENDPOINT else f"{agent}@{endpoint}"
+
+
 # --- step modes -------------------------------------------------------------------------
 
 Mode = Literal["do", "undo"]
@@ -195,10 +209,21 @@ def live_table_name(table_name: str) -> str:
     return f"{TABLE_NAME_RULE.check(table_name)}{LIVE_TABLE_SUFFIX}"
 
 
+LOAD_PARTITION = "~load"
+"""Remote endpoints' in-flight calls as each process last published them (in the in-flight
+table), RowKey = ``load_row_key``."""
 REJECTED_PARTITION = "~rejected"
 """Messages parked as unprocessable, RowKey = time + random tail."""
 BREAKER_PARTITION = "~breaker"
 """Circuit breakers, RowKey = the agent's name."""
+
+
+def load_row_key(target: str, instance_id: str) -> str:
+    """One process's count for one remote target; characters a key may not hold are replaced."""
+    return f"{target}|{_KEY_UNSAFE.sub('_', instance_id)[:200]}"
+
+
+_KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._@-]")
 
 
 def step_row_key(index: int, name: str) -> str:

@@ -7,6 +7,11 @@ another attempt may already be scheduled, and the Scheduler would drop the reply
 An optional circuit breaker, shared by every instance of this agent, is asked before each try:
 an open breaker refuses with a TransientRemoteError carrying the seconds until it may close, so
 the same backoff waits for it and the same deadline check gives up in time.
+
+With a router (sas/services/routing.py), the call goes to one of the service's endpoints: the
+one the Scheduler chose if it is still healthy and has room, else another that has; each
+endpoint has its own breaker. When none has room, nothing is called and a ``deferred`` reply
+sends the step back to the Scheduler for a later attempt (no failure is counted).
 """
 
 from __future__ import annotations
@@ -16,11 +21,12 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exponential_jitter
 
 from sas.domain.clock import Clock
+from sas.domain.endpoints import Endpoint
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, result_problem
 from sas.domain.wire import step_reply_message_id
@@ -28,6 +34,7 @@ from sas.domain.workflow import longest_step_budget
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, Transport
 from sas.services.routes import Routes
+from sas.services.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,8 @@ class AgentOutcome(StrEnum):
     """Transient faults outlasted the deadline: nothing sent, the Supervisor will recover."""
     LATE = "late"
     """The call finished past complete-by: the reply was suppressed."""
+    DEFERRED = "deferred"
+    """No endpoint had room: nothing called, a deferred reply sent."""
 
 
 class _DeadlineReached(Exception):
@@ -61,6 +70,8 @@ class AgentRunner:
         max_call_seconds: float = 10.0,
         safety_margin: timedelta = timedelta(milliseconds=250),
         breaker: CircuitBreaker | None = None,
+        router: Router | None = None,
+        breaker_for: Callable[[Endpoint], CircuitBreaker] | None = None,
     ) -> None:
         self._agent = agent
         self._remote = remote
@@ -71,6 +82,8 @@ class AgentRunner:
         self._max_call_seconds = max_call_seconds
         self._margin = safety_margin
         self._breaker = breaker
+        self._router = router
+        self._breaker_for = breaker_for
         self._backoff = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 
     def handle(self, request: StepRequest) -> AgentOutcome:
@@ -78,19 +91,29 @@ class AgentRunner:
         if self._clock.now() >= request.complete_by:
             log.info("sas.step_request_expired", extra=extra)
             return AgentOutcome.EXPIRED
+        endpoint: Endpoint | None = None
+        if self._router is not None:
+            endpoint = self._router.acquire(self._agent, prefer=request.endpoint)
+            if endpoint is None:
+                return self._send_reply(request, extra, outcome="deferred")
+            extra["endpoint"] = endpoint.name
         try:
-            result = self._call_with_retries(request)
+            result = self._call_with_retries(request, endpoint)
         except PermanentRemoteError as exc:
-            return self._reply(request, extra, error=exc.reason)
+            return self._reply(request, extra, endpoint, error=exc.reason)
         except (TransientRemoteError, _DeadlineReached):
             log.warning("sas.agent_gave_up", extra=extra)
             return AgentOutcome.GAVE_UP
-        return self._reply(request, extra, result=result)
+        finally:
+            if self._router is not None and endpoint is not None:
+                self._router.release(endpoint)
+        return self._reply(request, extra, endpoint, result=result)
 
     def _reply(
         self,
         request: StepRequest,
         extra: dict[str, object],
+        endpoint: Endpoint | None,
         *,
         result: dict[str, Any] | None = None,
         error: str | None = None,
@@ -98,15 +121,35 @@ class AgentRunner:
         if self._clock.now() >= request.complete_by:
             log.warning("sas.step_reply_suppressed_late", extra=extra)
             return AgentOutcome.LATE
+        return self._send_reply(
+            request,
+            extra,
+            outcome="ok" if error is None else "error",
+            endpoint=endpoint,
+            result=result,
+            error=error,
+        )
+
+    def _send_reply(
+        self,
+        request: StepRequest,
+        extra: dict[str, object],
+        *,
+        outcome: Literal["ok", "error", "deferred"],
+        endpoint: Endpoint | None = None,
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> AgentOutcome:
         reply = StepReply(
             order_id=request.order_id,
             step=request.step,
             step_index=request.step_index,
             attempt=request.attempt,
             mode=request.mode,
-            outcome="ok" if error is None else "error",
+            outcome=outcome,
             result=_usable_result(result or {}, extra),
             error=None if error is None else _printable(error),
+            endpoint=None if endpoint is None else endpoint.name,
         )
         self._transport.send(
             self._routes.lane(self._routes.replies, request.priority),
@@ -116,13 +159,16 @@ class AgentRunner:
             ),
             correlation_id=request.order_id,
         )
+        if outcome == "deferred":
+            log.info("sas.step_deferred_no_room", extra=extra)
+            return AgentOutcome.DEFERRED
         if error is None:
             log.info("sas.step_replied", extra=extra)
             return AgentOutcome.REPLIED
         log.warning("sas.step_refused", extra={**extra, "reason": error[:200]})
         return AgentOutcome.REFUSED
 
-    def _call_with_retries(self, request: StepRequest) -> dict[str, Any]:
+    def _call_with_retries(self, request: StepRequest, endpoint: Endpoint | None) -> dict[str, Any]:
         deadline = (
             min(request.complete_by, self._clock.now() + longest_step_budget()) - self._margin
         )
@@ -132,6 +178,8 @@ class AgentRunner:
             if self._clock.now() >= deadline:
                 raise _DeadlineReached
             breaker = self._breaker
+            if endpoint is not None and self._breaker_for is not None:
+                breaker = self._breaker_for(endpoint)
             if breaker is not None:
                 breaker.before_call()  # an open circuit raises TransientRemoteError(retry_after)
             remaining = (deadline - self._clock.now()).total_seconds()
@@ -139,7 +187,7 @@ class AgentRunner:
                 raise _DeadlineReached
             try:
                 result = self._remote.perform(
-                    self._agent,
+                    self._agent if endpoint is None else endpoint.target,
                     request.action,
                     idempotency_key=request.idempotency_key,
                     payload=request.payload,

@@ -134,6 +134,22 @@ class CircuitBreaker:
         )
         raise TransientRemoteError(f"{self.name} circuit open", retry_after=retry_after)
 
+    def healthy(self) -> bool:
+        """Whether a call would be let through now (closed, or a probe is due): for routing, so
+        it reads at most once per ``cache_ttl`` and writes nothing. Never raises: a store that
+        fails counts as healthy (the breaker fails open)."""
+        if self._paused():
+            return True
+        try:
+            current = self._current(fresh=False)
+        except Exception:
+            log.warning("sas.breaker_store_failed", extra={"breaker": self.name, "op": "healthy"})
+            self._pause()
+            return True
+        now = self._clock.now()
+        state = current.value if current is not None else closed_breaker(self.name, now)
+        return admit(state, self.policy, now=now, caller="routing").allowed
+
     def record_success(self) -> None:
         """The remote answered (a result or a permanent refusal). Never raises."""
         self._record("record_success", lambda state, now: (on_success(state, now=now), None))

@@ -1,28 +1,77 @@
-"""Sending the step request of a claimed attempt: shared by the Submission (which claims the
-first step itself) and the Scheduler (every later claim)."""
+"""Routing and sending the step request of a claimed attempt: shared by the Submission (which
+claims the first step itself) and the Scheduler (every later claim)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sas.domain.clock import Clock
+from sas.domain.endpoints import DeferralPolicy
 from sas.domain.errors import IllegalTransition
 from sas.domain.messages import StepRequest
-from sas.domain.model import OrderState
+from sas.domain.model import HistoryEntry, OrderState
+from sas.domain.transitions import DEFERRAL, defer, with_endpoint
 from sas.domain.wire import idempotency_key, step_request_message_id
 from sas.domain.workflow import Workflow
 from sas.services.consequences import Notifier
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
+from sas.services.routing import Router
 
 
 class Dispatcher:
     def __init__(
-        self, store: StateStore, transport: Transport, routes: Routes, clock: Clock
+        self,
+        store: StateStore,
+        transport: Transport,
+        routes: Routes,
+        clock: Clock,
+        router: Router | None = None,
+        deferral: DeferralPolicy = DEFERRAL,
     ) -> None:
         self._store = store
         self._transport = transport
         self._routes = routes
         self._clock = clock
+        self._router = router
+        self.deferral = deferral
         self._notify = Notifier(transport, routes)
+
+    def route(self, claimed: OrderState, workflow: Workflow, now: datetime) -> OrderState:
+        """A just-claimed state with its endpoint chosen (a retry's previous one first), or
+        deferred (Pending for a backoff) when no endpoint of its service has room. Unchanged
+        without a router or when no step runs."""
+        if self._router is None or not claimed.is_running:
+            return claimed
+        agent = workflow.step(claimed.step_index).agent
+        chosen = self._router.choose(agent, prefer=claimed.endpoint)
+        if chosen is not None:
+            return with_endpoint(claimed, chosen.name)
+        delay = self.deferral.delay(claimed.deferrals + 1)
+        return defer(claimed, now=now, delay=delay, workflow=workflow)
+
+    @staticmethod
+    def claim_history(state: OrderState, workflow: Workflow, actor: str) -> HistoryEntry:
+        """The history row of a claim ``route`` decided: where the step went, or that it was
+        deferred and until when."""
+        step = workflow.step(state.step_index)
+        deferred = not state.is_running
+        return HistoryEntry(
+            order_id=state.order_id,
+            at=state.updated_at,
+            kind="deferred" if deferred else "claimed",
+            attempt=state.attempt,
+            step=step.name,
+            mode=state.mode,
+            actor=actor,
+            detail=(
+                f"no endpoint of {step.agent} has room; asked again at "
+                f"{state.not_before.isoformat() if state.not_before else '-'}"
+                if deferred
+                else None
+            ),
+            endpoint=state.endpoint,
+        )
 
     def dispatch(self, state: OrderState, workflow: Workflow) -> None:
         """Send the StepRequest for the state's current attempt (already persisted), and
@@ -63,6 +112,7 @@ class Dispatcher:
             idempotency_key=key,
             payload=payload,
             priority=state.priority,
+            endpoint=state.endpoint,
         )
         self._transport.send(
             self._routes.agent(step.agent, state.priority),

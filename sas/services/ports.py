@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
+from sas.domain.endpoints import EndpointLoad
 from sas.domain.messages import Message
 from sas.domain.model import (
     HistoryEntry,
@@ -119,6 +120,18 @@ class Transport(Protocol):
         """When the oldest message still waiting in ``queue`` was enqueued (None if none is
         visible). Approximate, as the transports' peek is: for holding off decisions, never
         for making them."""
+        ...
+
+
+class LoadStore(Protocol):
+    """Calls in flight per remote endpoint, as each process last published its own."""
+
+    def publish(self, instance_id: str, counts: Mapping[str, int], at: datetime) -> None:
+        """This process's count for each target (``Endpoint.target``), replacing its last."""
+        ...
+
+    def read(self) -> list[EndpointLoad]:
+        """Every process's last published counts."""
         ...
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime
 from enum import StrEnum
 
 from sas.domain.clock import Clock
@@ -22,6 +23,7 @@ from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
+from sas.services.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +36,15 @@ class ScheduleOutcome(StrEnum):
     NOT_PENDING = "not_pending"
     NOT_YET = "not_yet"
     UNKNOWN_ORDER = "unknown_order"
+    DEFERRED = "deferred"
+    """No endpoint had room: Pending again, asked again after a backoff."""
 
 
 class ReplyOutcome(StrEnum):
     ADVANCED = "advanced"
     FINISHED = "finished"
     COMPENSATING = "compensating"
+    DEFERRED = "deferred"
     STALE = "stale"
     UNKNOWN_ORDER = "unknown_order"
 
@@ -52,6 +57,7 @@ class Scheduler:
         routes: Routes,
         clock: Clock,
         instance_id: str,
+        router: Router | None = None,
     ) -> None:
         self._store = store
         self._transport = transport
@@ -59,7 +65,7 @@ class Scheduler:
         self._clock = clock
         self._instance_id = instance_id
         self._then = Consequences(store, transport, routes, clock, actor=instance_id)
-        self._dispatcher = Dispatcher(store, transport, routes, clock)
+        self._dispatcher = Dispatcher(store, transport, routes, clock, router)
 
     def schedule(self, request: ScheduleRequest) -> ScheduleOutcome:
         extra: dict[str, object] = {"order_id": request.order_id}
@@ -88,13 +94,19 @@ class Scheduler:
         except IllegalTransition:
             log.info("sas.schedule_not_pending", extra=extra)
             return ScheduleOutcome.NOT_PENDING
+        claimed = self._dispatcher.route(claimed, workflow, now)
         try:
             self._store.update_state(
-                claimed, current.etag, self._history(claimed, "claimed", workflow)
+                claimed,
+                current.etag,
+                self._dispatcher.claim_history(claimed, workflow, self._instance_id),
             )
         except ConcurrencyConflict:
             log.info("sas.claim_lost", extra=extra)
             return ScheduleOutcome.LOST_RACE
+        if not claimed.is_running:
+            self._ask_again(claimed, now)
+            return ScheduleOutcome.DEFERRED
         log.info("sas.step_claimed", extra={**extra, **_step_extra(claimed, workflow)})
         self._dispatcher.dispatch(claimed, workflow)
         self._dispatcher.announce(claimed, workflow)
@@ -138,6 +150,10 @@ class Scheduler:
             state, reply, instance_id=self._instance_id, now=now, workflow=workflow
         )
         decision = replace(decision, state=self._then.claiming_alert(decision.state))
+        if decision.then is Then.DISPATCH:
+            routed = self._dispatcher.route(decision.state, workflow, now)
+            if not routed.is_running:
+                decision = replace(decision, state=routed, then=Then.DEFER)
         # What the undo will need is kept in the transaction that makes the step count as
         # done: never one without the other.
         done = (
@@ -160,7 +176,11 @@ class Scheduler:
             step=reply.step,
             mode=reply.mode,
             actor=self._instance_id,
-            detail=reply.error,
+            detail=reply.error
+            or (
+                "next step deferred: no endpoint has room" if decision.then is Then.DEFER else None
+            ),
+            endpoint=reply.endpoint,
         )
         etag = self._store.update_state(decision.state, current.etag, history, step=done)
         log.info("sas.step_%s", decision.history_kind, extra=extra)
@@ -192,6 +212,10 @@ class Scheduler:
             announce_progress()
             self._then.finished(state, etag)
             return ReplyOutcome.FINISHED
+        if decision.then is Then.DEFER:
+            self._ask_again(state, state.updated_at)
+            announce_progress()
+            return ReplyOutcome.DEFERRED
         if decision.then is Then.COMPENSATE:
             log.warning("sas.compensation_started", extra={"order_id": state.order_id})
             self._then.request_schedule(state)
@@ -204,6 +228,20 @@ class Scheduler:
         announce_progress()
         self._dispatcher.announce(state, workflow)
         return ReplyOutcome.ADVANCED
+
+    def _ask_again(self, deferred: OrderState, now: datetime) -> None:
+        """A deferred step: a Scheduler claims it again once its backoff is over."""
+        wait = (deferred.not_before or now) - now
+        log.info(
+            "sas.step_deferred",
+            extra={
+                "order_id": deferred.order_id,
+                "step_index": deferred.step_index,
+                "deferrals": deferred.deferrals,
+                "delay": wait.total_seconds(),
+            },
+        )
+        self._then.request_schedule(deferred, delay_seconds=max(wait.total_seconds(), 0.0))
 
     def _park(self, queue: str, reason: str, message: Message) -> None:
         """Unroutable (its order does not exist): kept where an operator can see it."""
@@ -235,17 +273,6 @@ class Scheduler:
             )
         )
         return ReplyOutcome.STALE
-
-    def _history(self, state: OrderState, kind: str, workflow: Workflow) -> HistoryEntry:
-        return HistoryEntry(
-            order_id=state.order_id,
-            at=state.updated_at,
-            kind=kind,
-            attempt=state.attempt,
-            step=workflow.step(state.step_index).name,
-            mode=state.mode,
-            actor=self._instance_id,
-        )
 
 
 def _step_extra(state: OrderState, workflow: Workflow) -> dict[str, object]:

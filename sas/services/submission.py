@@ -8,19 +8,23 @@ claim rides in the same entity-group transaction, and no ScheduleRequest hop is 
 from __future__ import annotations
 
 import logging
+import threading
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sas.domain.clock import Clock
 from sas.domain.errors import AlreadyExists, InvalidMessage
 from sas.domain.messages import OrderSubmitted, encode
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
+from sas.domain.priority import AdmissionPolicy
 from sas.domain.transitions import claim, initial_state, look_again_at
-from sas.domain.wire import POISON_SUFFIX
+from sas.domain.wire import POISON_SUFFIX, deferred_submission_message_id
 from sas.domain.workflow import WORKFLOWS, Workflow
 from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
+from sas.services.routing import Router
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,8 @@ class SubmissionOutcome(StrEnum):
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
+    DEFERRED = "deferred"
+    """A low-priority order put back for later while higher lanes are backlogged."""
 
 
 DEFAULT_REPLY_TO_PREFIXES: tuple[str, ...] = ("status-",)
@@ -44,12 +50,17 @@ class Submission:
         *,
         instance_id: str = "submit",
         reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES,
+        admission: AdmissionPolicy | None = None,
+        router: Router | None = None,
     ) -> None:
         self._store = store
+        self._transport = transport
+        self._admission = admission or AdmissionPolicy()
+        self._backlog = _Backlog(transport, clock)
         self._clock = clock
         self._instance_id = instance_id
         self._then = Consequences(store, transport, routes, clock, actor="submit")
-        self._dispatcher = Dispatcher(store, transport, routes, clock)
+        self._dispatcher = Dispatcher(store, transport, routes, clock, router)
         self._routes = routes
         self._reply_to_prefixes = reply_to_prefixes
         own = (*routes.consumed, routes.alerts)
@@ -75,6 +86,15 @@ class Submission:
         self.check(message)
         workflow = WORKFLOWS[message.workflow]
         now = self._clock.now()
+        if message.priority == "low":
+            delay = self._admission.deferral(
+                message.priority,
+                deferred_since=message.deferred_since,
+                now=now,
+                oldest_higher=self._oldest_higher(workflow),
+            )
+            if delay is not None:
+                return self._defer(message, now, delay)
         details = message.details.model_dump(mode="json")
         order = OrderRecord(
             order_id=message.order_id,
@@ -96,6 +116,7 @@ class Submission:
             priority=message.priority,
         )
         claimed = claim(pending, instance_id=self._instance_id, now=now, workflow=workflow)
+        claimed = self._dispatcher.route(claimed, workflow, now)
         # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps
         # away, never an order the Supervisor cannot see.
         self._store.touch_live(
@@ -103,21 +124,19 @@ class Submission:
         )
         history = [
             HistoryEntry(order.order_id, now, "submitted", attempt=0, actor="submit"),
-            HistoryEntry(
-                order.order_id,
-                now,
-                "claimed",
-                attempt=claimed.attempt,
-                step=workflow.step(claimed.step_index).name,
-                mode=claimed.mode,
-                actor=self._instance_id,
-            ),
+            self._dispatcher.claim_history(claimed, workflow, self._instance_id),
         ]
         try:
             self._store.create_order(order, claimed, history)
         except AlreadyExists:
             return self._resubmitted(order, message)
         log.info("sas.order_accepted", extra=extra)
+        if not claimed.is_running:  # deferred: no endpoint had room
+            wait = (claimed.not_before or now) - now
+            self._then.request_schedule(claimed, delay_seconds=wait.total_seconds())
+            log.info("sas.step_deferred", extra={**extra, "step": history[1].step})
+            self._then.notify.about(claimed, "received", now)
+            return SubmissionOutcome.ACCEPTED
         log.info(
             "sas.step_claimed",
             extra={**extra, "step": history[1].step, "attempt": claimed.attempt, "mode": "do"},
@@ -126,6 +145,34 @@ class Submission:
         self._then.notify.about(claimed, "received", now)
         self._dispatcher.announce(claimed, workflow)
         return SubmissionOutcome.ACCEPTED
+
+    def _oldest_higher(self, workflow: Workflow) -> datetime | None:
+        """The oldest message waiting in the high and normal lanes of the orders queue and of
+        the first step's agent: what a low-priority order would be let in ahead of."""
+        first_agent = self._routes.agents[workflow.step(0).agent]
+        lanes = tuple(
+            self._routes.lane(queue, priority)
+            for queue in (self._routes.orders, first_agent)
+            for priority in ("high", "normal")
+        )
+        return self._backlog.oldest(lanes)
+
+    def _defer(self, message: OrderSubmitted, now: datetime, delay: timedelta) -> SubmissionOutcome:
+        """Back into the low lane for ``delay``, remembering when the first deferral was (the
+        copy is a message of its own; the original is settled once the copy is sent)."""
+        since = message.deferred_since if message.deferred_since is not None else now
+        self._transport.send(
+            self._routes.lane(self._routes.orders, "low"),
+            message.model_copy(update={"deferred_since": min(since, now)}),
+            message_id=deferred_submission_message_id(message.order_id, now),
+            correlation_id=message.order_id,
+            delay_seconds=delay.total_seconds(),
+        )
+        log.info(
+            "sas.submission_deferred",
+            extra={"order_id": message.order_id, "delay": delay.total_seconds()},
+        )
+        return SubmissionOutcome.DEFERRED
 
     def _resubmitted(self, order: OrderRecord, message: OrderSubmitted) -> SubmissionOutcome:
         """A redelivery changes nothing; a different order under a taken id is refused, and
@@ -169,7 +216,7 @@ class Submission:
         Service Bus; on Storage Queues the agent's call repeats under the same idempotency
         key and the second reply is fenced off). Only while the order still stands where the
         submission left it."""
-        if state.process_state is ProcessState.PENDING:  # written by an earlier version
+        if state.process_state is ProcessState.PENDING:  # deferred, or an earlier version
             self._then.request_schedule(state)
         elif (
             state.process_state is ProcessState.PROCESSING
@@ -178,3 +225,34 @@ class Submission:
             and self._clock.now() < (state.complete_by or state.updated_at)
         ):
             self._dispatcher.dispatch(state, workflow)
+
+
+class _Backlog:
+    """The oldest waiting message of a set of queues, peeked at most once per ``ttl`` per
+    process (the check runs for every low-priority submission)."""
+
+    def __init__(self, transport: Transport, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
+        self._transport = transport
+        self._clock = clock
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self._seen: dict[tuple[str, ...], tuple[datetime, datetime | None]] = {}
+
+    def oldest(self, queues: tuple[str, ...]) -> datetime | None:
+        now = self._clock.now()
+        with self._lock:
+            cached = self._seen.get(queues)
+            if cached is not None and now - cached[0] < self._ttl:
+                return cached[1]
+            found: list[datetime] = []
+            for queue in dict.fromkeys(queues):
+                try:
+                    waiting = self._transport.oldest_waiting(queue)
+                except Exception:  # no backlog known: admit rather than hold orders back
+                    log.warning("sas.backlog_peek_failed", extra={"queue": queue}, exc_info=True)
+                    waiting = None
+                if waiting is not None:
+                    found.append(waiting)
+            value = min(found, default=None)
+            self._seen[queues] = (now, value)
+            return value

@@ -324,10 +324,10 @@ def _skipping_remote(skip: Callable[[Any], bool]) -> None:
 
     original = agent.AgentRunner._call_with_retries
 
-    def call(self: agent.AgentRunner, request: Any) -> dict[str, Any]:
+    def call(self: agent.AgentRunner, request: Any, endpoint: Any = None) -> dict[str, Any]:
         if skip(request):
             return {}
-        return original(self, request)
+        return original(self, request, endpoint)
 
     setattr(agent.AgentRunner, "_call_with_retries", call)  # noqa: B010
 

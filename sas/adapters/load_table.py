@@ -1,0 +1,65 @@
+"""Endpoint load rows on Table Storage: each process's calls in flight per remote endpoint.
+
+In the in-flight table (small, so the read is cheap even on Azurite, which scans a table for
+any query), PartitionKey ``~load``, RowKey = ``load_row_key(target, instance)``. Each row has
+exactly one writer, the process it names, and holds a measurement rather than state: it is
+upserted unconditionally (last write wins by design) and readers ignore rows that are stale.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+
+from azure.core.exceptions import HttpResponseError
+from azure.data.tables import TableClient, UpdateMode
+
+from sas.adapters.tables import utc
+from sas.domain.endpoints import EndpointLoad
+from sas.domain.errors import NotFound
+from sas.domain.wire import LOAD_PARTITION, load_row_key
+
+
+class TableLoadStore:
+    def __init__(self, table: TableClient) -> None:
+        self._table = table
+
+    def publish(self, instance_id: str, counts: Mapping[str, int], at: datetime) -> None:
+        operations = [
+            (
+                "upsert",
+                {
+                    "PartitionKey": LOAD_PARTITION,
+                    "RowKey": load_row_key(target, instance_id),
+                    "Target": target,
+                    "Instance": instance_id,
+                    "InFlight": count,
+                    "At": at,
+                },
+                {"mode": UpdateMode.REPLACE},
+            )
+            for target, count in sorted(counts.items())
+        ]
+        for start in range(0, len(operations), 100):  # a transaction holds at most 100
+            try:
+                self._table.submit_transaction(operations[start : start + 100])
+            except HttpResponseError as exc:
+                if exc.status_code == 404:
+                    raise NotFound(f"table {self._table.table_name} does not exist") from None
+                raise
+
+    def read(self) -> list[EndpointLoad]:
+        rows = self._table.query_entities(
+            "PartitionKey eq @partition",
+            parameters={"partition": LOAD_PARTITION},
+            select=["Target", "Instance", "InFlight", "At"],
+        )
+        return [
+            EndpointLoad(
+                target=str(row["Target"]),
+                instance_id=str(row["Instance"]),
+                in_flight=int(row["InFlight"]),
+                at=utc(row["At"]),
+            )
+            for row in rows
+        ]

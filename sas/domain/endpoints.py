@@ -1,0 +1,93 @@
+"""Endpoints of a remote service and the choice among them (pure; docs/architecture.md,
+"Routing").
+
+A remote service may have several endpoints (say, regional endpoints of one provider that
+share its idempotency records), each with a capacity: how many calls it takes at once. A step
+goes to an endpoint that is healthy (its circuit breaker lets calls through) and has capacity
+(its calls in flight are below its capacity); a retry stays where the previous attempt went
+unless that endpoint is unhealthy or full. With no such endpoint, the step is deferred.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sas.domain.wire import DEFAULT_ENDPOINT, ENDPOINT_NAME, remote_target
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    agent: str
+    name: str
+    url: str
+    capacity: int | None = None
+    """Calls it takes at once, across every instance; None: no limit declared."""
+
+    def __post_init__(self) -> None:
+        ENDPOINT_NAME.check(self.name)
+        if self.capacity is not None and self.capacity < 1:
+            raise ValueError(f"endpoint {self.name}: capacity must be at least 1")
+
+    @property
+    def target(self) -> str:
+        """What names it to its breaker, its load rows and the HTTP client."""
+        return remote_target(self.agent, self.name)
+
+    def has_room(self, in_flight: int) -> bool:
+        return self.capacity is None or in_flight < self.capacity
+
+
+@dataclass(frozen=True)
+class EndpointLoad:
+    """One process's calls in flight to one endpoint, as it last published them."""
+
+    target: str
+    instance_id: str
+    in_flight: int
+    at: datetime
+
+
+def single_endpoint(agent: str, url: str, capacity: int | None = None) -> Endpoint:
+    return Endpoint(agent, DEFAULT_ENDPOINT, url, capacity)
+
+
+def choose_endpoint(
+    endpoints: Sequence[Endpoint],
+    *,
+    healthy: Callable[[Endpoint], bool],
+    in_flight: Callable[[Endpoint], int],
+    prefer: str | None = None,
+) -> Endpoint | None:
+    """The endpoint for the next call, among those with room (calls in flight below capacity):
+    the healthy ones if any is (an unhealthy one is used only when it is all there is: its
+    breaker then decides, as for a single endpoint); ``prefer`` (the previous attempt's) if it
+    is among them, else the one with the most room left (the least loaded share of its
+    capacity; declaration order breaks ties). None when no endpoint has room: defer."""
+    loads = {e.name: in_flight(e) for e in endpoints}
+    room = [e for e in endpoints if e.has_room(loads[e.name])]
+    if len(room) > 1:
+        room = [e for e in room if healthy(e)] or room
+    for endpoint in room:
+        if endpoint.name == prefer:
+            return endpoint
+
+    def share(endpoint: Endpoint) -> float:
+        return 0.0 if endpoint.capacity is None else loads[endpoint.name] / endpoint.capacity
+
+    return min(room, key=share, default=None)
+
+
+@dataclass(frozen=True)
+class DeferralPolicy:
+    """How long a step waits when no endpoint can take it: doubling, capped. A deferral is not
+    a failure (nothing was called), so it never counts toward compensation."""
+
+    base: timedelta = timedelta(seconds=1)
+    cap: timedelta = timedelta(seconds=10)
+
+    def delay(self, deferrals: int) -> timedelta:
+        """Wait before asking again, after ``deferrals`` deferrals in a row (1 for the first)."""
+        doubled: timedelta = self.base * (2 ** min(max(deferrals - 1, 0), 16))
+        return min(doubled, self.cap)

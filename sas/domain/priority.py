@@ -1,0 +1,58 @@
+"""When a low-priority order is let in: the admission rule (pure; docs/architecture.md,
+"Priorities").
+
+Lanes keep each priority's messages apart at every hop, so high-priority work never waits
+behind a backlog of normal or low work in a queue. Low priority also yields: while the high or
+normal lanes of the orders queue (or of the first step's agent) are backlogged, a low order's
+submission is put back for later instead of being admitted. Once admitted, its steps run in
+their own lanes like any other: a step whose deadline is running is never held back, so
+priority never makes a step expire.
+
+Starvation is bounded: a submission is deferred for at most ``max_deferral`` in all (from its
+first deferral), then admitted whatever the backlog.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sas.domain.wire import Priority
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    backlog: timedelta = timedelta(seconds=5)
+    """A lane is backlogged when its oldest waiting message has waited longer than this."""
+    max_deferral: timedelta = timedelta(seconds=60)
+    """The longest a low-priority submission is held back, in all: the starvation bound."""
+    recheck: timedelta = timedelta(seconds=5)
+    """How long a deferred submission waits before it asks again."""
+
+    def __post_init__(self) -> None:
+        for name in ("backlog", "max_deferral", "recheck"):
+            if getattr(self, name) <= timedelta(0):
+                raise ValueError(f"{name} must be positive")
+
+    def deferral(
+        self,
+        priority: Priority,
+        *,
+        deferred_since: datetime | None,
+        now: datetime,
+        oldest_higher: datetime | None,
+    ) -> timedelta | None:
+        """How long to put the submission back for, or None to admit it now.
+
+        ``oldest_higher``: when the oldest message still waiting in a higher lane was enqueued
+        (None if those lanes are empty). ``deferred_since`` in the future (a forged or skewed
+        value) counts as now, so it never stretches the bound."""
+        if priority != "low" or oldest_higher is None:
+            return None
+        if now - oldest_higher <= self.backlog:
+            return None
+        since = now if deferred_since is None else min(deferred_since, now)
+        left = since + self.max_deferral - now
+        if left <= timedelta(0):
+            return None
+        return min(self.recheck, left)

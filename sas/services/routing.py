@@ -1,0 +1,155 @@
+"""Routing steps to remote endpoints by health and capacity (docs/architecture.md, "Routing").
+
+Health is each endpoint's circuit breaker (its state in the table, read at most once a second
+per process). Load is the calls in flight per endpoint: each process counts its own exactly
+and publishes the counts (at most once a second, one small transaction, only while it calls
+endpoints with a declared capacity); the others' counts are read at most once a second and
+ignored when older than ``stale_after``. So a process sees the others' calls up to about two
+seconds late: across processes, an endpoint can briefly take more calls than its capacity, by
+at most what the other processes started in that window. Within one process the count is exact.
+
+The Scheduler asks ``choose`` when it claims a step (it records the endpoint, or defers the
+step when no endpoint has room); the agent asks ``acquire`` when it calls (an endpoint that
+filled up or went unhealthy since the claim is swapped for one that has room, or the step is
+deferred), and ``release`` when the call is over. Agents whose endpoints declare no capacity
+cost nothing here: no counts are kept, published or read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta
+
+from sas.domain.clock import Clock
+from sas.domain.endpoints import Endpoint, choose_endpoint
+from sas.services.ports import LoadStore
+
+log = logging.getLogger(__name__)
+
+
+class Router:
+    def __init__(
+        self,
+        endpoints: Mapping[str, Sequence[Endpoint]],
+        clock: Clock,
+        instance_id: str,
+        *,
+        healthy: Callable[[Endpoint], bool],
+        loads: LoadStore | None = None,
+        refresh: timedelta = timedelta(seconds=1),
+        stale_after: timedelta = timedelta(seconds=5),
+    ) -> None:
+        self._endpoints = {agent: tuple(found) for agent, found in endpoints.items()}
+        self._clock = clock
+        self._instance_id = instance_id
+        self._healthy = healthy
+        self._loads = loads
+        self._refresh = refresh
+        self._stale_after = stale_after
+        self._lock = threading.Lock()
+        self._local: Counter[str] = Counter()
+        self._others: dict[str, int] = {}
+        self._read_at: datetime | None = None
+        self._published_at: datetime | None = None
+        self._unpublished = False
+
+    def endpoints(self, agent: str) -> tuple[Endpoint, ...]:
+        return self._endpoints[agent]
+
+    def choose(self, agent: str, prefer: str | None = None) -> Endpoint | None:
+        """Where a step of ``agent`` should go now (None: nowhere has room, defer it)."""
+        endpoints = self._endpoints[agent]
+        if len(endpoints) == 1 and endpoints[0].capacity is None:
+            return endpoints[0]
+        others = self._others_now() if _counted(endpoints) else {}
+        with self._lock:
+            local = dict(self._local)
+        return choose_endpoint(
+            endpoints,
+            healthy=self._healthy,
+            in_flight=lambda e: others.get(e.target, 0) + local.get(e.target, 0),
+            prefer=prefer,
+        )
+
+    def acquire(self, agent: str, prefer: str | None = None) -> Endpoint | None:
+        """``choose``, and count the call against the endpoint until ``release``."""
+        endpoints = self._endpoints[agent]
+        if not _counted(endpoints):
+            return self.choose(agent, prefer)
+        others = self._others_now()
+        with self._lock:
+            chosen = choose_endpoint(
+                endpoints,
+                healthy=self._healthy,
+                in_flight=lambda e: others.get(e.target, 0) + self._local[e.target],
+                prefer=prefer,
+            )
+            if chosen is not None:
+                self._local[chosen.target] += 1
+                self._unpublished = True
+        self._publish_if_due()
+        return chosen
+
+    def release(self, endpoint: Endpoint) -> None:
+        if endpoint.capacity is None and not _counted(self._endpoints[endpoint.agent]):
+            return
+        with self._lock:
+            self._local[endpoint.target] = max(self._local[endpoint.target] - 1, 0)
+            self._unpublished = True
+        self._publish_if_due()
+
+    def in_flight(self, endpoint: Endpoint) -> int:
+        """The calls in flight to ``endpoint`` as this process sees them (operators, tests)."""
+        others = self._others_now()
+        with self._lock:
+            return others.get(endpoint.target, 0) + self._local[endpoint.target]
+
+    # --- load exchange ---------------------------------------------------------------------
+
+    def _others_now(self) -> dict[str, int]:
+        if self._loads is None:
+            return {}
+        now = self._clock.now()
+        with self._lock:
+            if self._read_at is not None and now - self._read_at < self._refresh:
+                return self._others
+            self._read_at = now  # one reader per refresh; the others use the last view
+        try:
+            rows = self._loads.read()
+        except Exception:  # no view of the others: count only this process's calls
+            log.warning("sas.endpoint_load_read_failed", exc_info=True)
+            rows = []
+        others: Counter[str] = Counter()
+        for row in rows:
+            if row.instance_id != self._instance_id and now - row.at <= self._stale_after:
+                others[row.target] += max(row.in_flight, 0)
+        with self._lock:
+            self._others = dict(others)
+            return self._others
+
+    def _publish_if_due(self) -> None:
+        if self._loads is None:
+            return
+        now = self._clock.now()
+        with self._lock:
+            due = self._unpublished and (
+                self._published_at is None or now - self._published_at >= self._refresh
+            )
+            if not due:
+                return
+            self._published_at, self._unpublished = now, False
+            counts = dict(self._local)
+        try:
+            self._loads.publish(self._instance_id, counts, now)
+        except Exception:  # the others see this process's calls late, not never
+            log.warning("sas.endpoint_load_publish_failed", exc_info=True)
+            with self._lock:
+                self._unpublished = True
+
+
+def _counted(endpoints: Sequence[Endpoint]) -> bool:
+    """Whether calls to these endpoints are counted: some endpoint declares a capacity."""
+    return any(e.capacity is not None for e in endpoints)
