@@ -67,6 +67,30 @@ param supervisorSchedule string = '*/15 * * * * *'
 @maxValue(100)
 param maxFailures int = 3
 
+@description('Low-priority orders are let in only while the high and normal lanes hold no message older than this many seconds (SAS_LOW_PRIORITY_BACKLOG_SECONDS, 1-300).')
+param lowPriorityBacklogSeconds string = '5'
+
+@description('The longest a low-priority order is held back by that rule, in seconds: the starvation bound (SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS, 1-3600).')
+param lowPriorityMaxDeferralSeconds string = '60'
+
+@description('Endpoints of the inventory service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_INVENTORY_ENDPOINTS).')
+param remoteInventoryEndpoints string = ''
+
+@description('Calls the inventory service\'s one URL takes at once; empty: no limit (SAS_REMOTE_INVENTORY_CAPACITY).')
+param remoteInventoryCapacity string = ''
+
+@description('Endpoints of the payment service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_PAYMENT_ENDPOINTS).')
+param remotePaymentEndpoints string = ''
+
+@description('Calls the payment service\'s one URL takes at once; empty: no limit (SAS_REMOTE_PAYMENT_CAPACITY).')
+param remotePaymentCapacity string = ''
+
+@description('Endpoints of the shipping service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_SHIPPING_ENDPOINTS).')
+param remoteShippingEndpoints string = ''
+
+@description('Calls the shipping service\'s one URL takes at once; empty: no limit (SAS_REMOTE_SHIPPING_CAPACITY).')
+param remoteShippingCapacity string = ''
+
 @description('Seconds two instances\' clocks may differ; a deadline counts as passed only this long after it (SAS_CLOCK_SKEW_SECONDS, 0-10).')
 param clockSkewSeconds string = '2'
 
@@ -262,6 +286,14 @@ var sasSettings = {
   SAS_REMOTE_INVENTORY_URL: remoteInventoryUrl
   SAS_REMOTE_PAYMENT_URL: remotePaymentUrl
   SAS_REMOTE_SHIPPING_URL: remoteShippingUrl
+  SAS_REMOTE_INVENTORY_ENDPOINTS: remoteInventoryEndpoints
+  SAS_REMOTE_PAYMENT_ENDPOINTS: remotePaymentEndpoints
+  SAS_REMOTE_SHIPPING_ENDPOINTS: remoteShippingEndpoints
+  SAS_REMOTE_INVENTORY_CAPACITY: remoteInventoryCapacity
+  SAS_REMOTE_PAYMENT_CAPACITY: remotePaymentCapacity
+  SAS_REMOTE_SHIPPING_CAPACITY: remoteShippingCapacity
+  SAS_LOW_PRIORITY_BACKLOG_SECONDS: lowPriorityBacklogSeconds
+  SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS: lowPriorityMaxDeferralSeconds
   SasStorage__tableServiceUri: storage.outputs.tableEndpoint
   SasStorage__queueServiceUri: storage.outputs.queueEndpoint
   SasStorage__credential: 'managedidentity'

@@ -111,7 +111,7 @@ class InMemoryStore:
         self,
         state: OrderState,
         etag: str,
-        history: HistoryEntry | None = None,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
         *,
         step: StepRecord | None = None,
     ) -> str:
@@ -122,8 +122,10 @@ class InMemoryStore:
             raise ConcurrencyConflict(state.order_id)
         new = next(self._etags)
         self.states[state.order_id] = (state, new)
-        if history is not None:
+        if isinstance(history, HistoryEntry):
             self.history.append(history)
+        elif history is not None:
+            self.history.extend(history)
         if step is not None:
             self.steps[(step.order_id, step.index)] = step
         return new

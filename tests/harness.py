@@ -8,6 +8,7 @@ survive (crash here, duplicate there, reply late) can be written down step by st
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -24,6 +25,7 @@ from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.agent import AgentRunner
 from sas.services.operator import Operator
 from sas.services.routes import Routes
+from sas.services.routing import Router
 from sas.services.scheduler import Scheduler
 from sas.services.submission import Submission
 from sas.services.supervisor import Supervisor
@@ -163,29 +165,47 @@ def store_on(table: TableClient) -> TableStateStore:
 
 
 class World:
-    def __init__(self, table: Any, *, max_failures: int = 3) -> None:
+    def __init__(
+        self,
+        table: Any,
+        *,
+        max_failures: int = 3,
+        routes: Routes = ROUTES,
+        router: Callable[[FakeClock], Router] | None = None,
+        remote: Any = None,
+    ) -> None:
         self.clock = FakeClock()
+        self.routes = routes
+        self.router = router(self.clock) if router is not None else None
         self.bus = Bus(self.clock)
         self.store = store_on(table)
-        self.remote = LedgerRemote(self.clock)
+        self.remote = remote(self.clock) if remote is not None else LedgerRemote(self.clock)
         self.policy = RetryPolicy(max_failures=max_failures, base_backoff=timedelta(seconds=2))
-        self.submission = Submission(self.store, self.bus, ROUTES, self.clock)
+        self.submission = Submission(self.store, self.bus, routes, self.clock, router=self.router)
         self.scheduler = self.new_scheduler("scheduler-1")
         self.supervisor = self.new_supervisor("supervisor-1")
-        self.operator = Operator(self.store, self.bus, ROUTES, self.clock)
+        self.operator = Operator(self.store, self.bus, routes, self.clock)
         self.agents = {
             name: AgentRunner(
-                name, self.remote, self.bus, ROUTES, self.clock, sleep=self.clock.sleep
+                name,
+                self.remote,
+                self.bus,
+                routes,
+                self.clock,
+                sleep=self.clock.sleep,
+                router=self.router,
             )
-            for name in ROUTES.agents
+            for name in routes.agents
         }
 
     def new_scheduler(self, instance_id: str) -> Scheduler:
-        return Scheduler(self.store, self.bus, ROUTES, self.clock, instance_id)
+        return Scheduler(
+            self.store, self.bus, self.routes, self.clock, instance_id, router=self.router
+        )
 
     def new_supervisor(self, instance_id: str, store: Any = None) -> Supervisor:
         return Supervisor(
-            store or self.store, self.bus, ROUTES, self.clock, instance_id, self.policy
+            store or self.store, self.bus, self.routes, self.clock, instance_id, self.policy
         )
 
     # --- driving -------------------------------------------------------------------------
@@ -210,7 +230,9 @@ class World:
         if isinstance(message, StepReply):
             return self.scheduler.on_reply(message)
         if isinstance(message, StepRequest):
-            agent = next(name for name, q in ROUTES.agents.items() if q == queue)
+            agent = next(
+                name for name, q in self.routes.agents.items() if queue in self.routes.all_lanes(q)
+            )
             return self.agents[agent].handle(message)
         raise AssertionError(f"nobody consumes {type(message).__name__} on {queue}")
 
@@ -220,7 +242,13 @@ class World:
 
     def run(self, *, twice: bool = False, rounds: int = 50) -> None:
         """Deliver everything due, in pipeline order, until nothing is due."""
-        order = ["orders", "scheduler", *ROUTES.agents.values(), "replies"]
+        bases = [
+            self.routes.orders,
+            self.routes.scheduler,
+            *self.routes.agents.values(),
+            self.routes.replies,
+        ]
+        order = [lane for base in bases for lane in self.routes.all_lanes(base)]
         for _ in range(rounds):
             delivered = sum(len(self.deliver(q, twice=twice)) for q in order)
             if not delivered:
@@ -251,7 +279,7 @@ class World:
         return found.value
 
     def alerts(self) -> list[Message]:
-        return self.bus.all_sent(ROUTES.alerts)
+        return self.bus.all_sent(self.routes.alerts)
 
     def history(self, order_id: str) -> list[str]:
         return [entry.kind for entry in self.store.get_history(order_id)]

@@ -112,15 +112,16 @@ class TableStateStore:
         self,
         state: OrderState,
         etag: str,
-        history: HistoryEntry | None = None,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
         *,
         step: StepRecord | None = None,
     ) -> str:
         """Replace the state if unchanged since ``etag``; with ``history`` and ``step``, in one
         transaction (same partition), so the audit trail records exactly the transitions that
         happened and a step counts as done exactly when what its undo needs is kept."""
-        if history is not None or step is not None:
-            return self._update_in_transaction(state, etag, history, step)
+        entries = [history] if isinstance(history, HistoryEntry) else list(history or ())
+        if entries or step is not None:
+            return self._update_in_transaction(state, etag, entries, step)
         try:
             metadata = self._table.update_entity(
                 _state_entity(state),
@@ -139,12 +140,11 @@ class TableStateStore:
         self,
         state: OrderState,
         etag: str,
-        history: HistoryEntry | None,
+        history: Sequence[HistoryEntry],
         step: StepRecord | None,
     ) -> str:
         operations: list[Any] = [("update", _state_entity(state), _if_unchanged(etag))]
-        if history is not None:
-            operations.append(("create", _history_entity(history)))
+        operations += [("create", _history_entity(entry)) for entry in history]
         if step is not None:
             # An upsert: the record of a step run again (an operator's resubmit) replaces the
             # earlier one, and only together with the state write the fence allowed.

@@ -39,7 +39,7 @@ class StateStore(Protocol):
         self,
         state: OrderState,
         etag: str,
-        history: HistoryEntry | None = None,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
         *,
         step: StepRecord | None = None,
     ) -> str:

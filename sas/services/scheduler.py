@@ -152,8 +152,8 @@ class Scheduler:
         decision = replace(decision, state=self._then.claiming_alert(decision.state))
         if decision.then is Then.DISPATCH:
             routed = self._dispatcher.route(decision.state, workflow, now)
-            if not routed.is_running:
-                decision = replace(decision, state=routed, then=Then.DEFER)
+            then = Then.DISPATCH if routed.is_running else Then.DEFER
+            decision = replace(decision, state=routed, then=then)
         # What the undo will need is kept in the transaction that makes the step count as
         # done: never one without the other.
         done = (
@@ -182,7 +182,12 @@ class Scheduler:
             ),
             endpoint=reply.endpoint,
         )
-        etag = self._store.update_state(decision.state, current.etag, history, step=done)
+        entries = [history]
+        if decision.then is Then.DISPATCH:  # the next step claimed: where it goes, on record
+            entries.append(
+                self._dispatcher.claim_history(decision.state, workflow, self._instance_id)
+            )
+        etag = self._store.update_state(decision.state, current.etag, entries, step=done)
         log.info("sas.step_%s", decision.history_kind, extra=extra)
         progress: StatusKind | None = None
         if reply.outcome == "ok":

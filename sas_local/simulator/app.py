@@ -26,6 +26,16 @@ Name = Annotated[str, Path(pattern=STEP_NAME.end_of_text)]
 Sleep = Callable[[float], Awaitable[None]]
 
 
+class EndpointStats(BaseModel):
+    calls: int = 0
+    in_flight: int = 0
+    max_in_flight: int = 0
+    """The most calls it held at once (never above its capacity)."""
+    saturated: int = 0
+    """Calls answered 429 because it was at capacity."""
+    down_rejections: int = 0
+
+
 class LedgerView(BaseModel):
     effects: list[Entry]
     """Do- and undo-entries in the order they were first applied."""
@@ -52,6 +62,30 @@ class _Simulator:
     clock: Clock
     faults: FaultConfig
     faults_set_at: datetime
+    endpoints: dict[str, EndpointStats] = field(default_factory=dict)
+
+    def enter(self, endpoint: str) -> _Reply | None:
+        """Take a place at ``endpoint``, or the refusal its faults give (nothing applied)."""
+        stats = self.endpoints.setdefault(endpoint, EndpointStats())
+        stats.calls += 1
+        config = self.faults.endpoints.get(endpoint)
+        if config is not None and config.down:
+            stats.down_rejections += 1
+            return _Reply.error(503, f"endpoint {endpoint} is down (simulated)")
+        capacity = None if config is None else config.capacity
+        if capacity is not None and stats.in_flight >= capacity:
+            stats.saturated += 1
+            return _Reply.error(429, f"endpoint {endpoint} is at capacity", {"Retry-After": "1"})
+        stats.in_flight += 1
+        stats.max_in_flight = max(stats.max_in_flight, stats.in_flight)
+        return None
+
+    def leave(self, endpoint: str) -> None:
+        self.endpoints[endpoint].in_flight -= 1
+
+    def latency(self, endpoint: str) -> float:
+        config = self.faults.endpoints.get(endpoint)
+        return 0.0 if config is None else config.latency_seconds
 
     def set_faults(self, faults: FaultConfig) -> None:
         self.faults = faults
@@ -160,6 +194,30 @@ def create_app(
     @app.get("/stats", response_model=dict[str, ServiceStats])
     async def stats() -> dict[str, ServiceStats]:
         return sim.books.all_stats()
+
+    @app.get("/endpoints", response_model=dict[str, EndpointStats])
+    async def endpoints() -> dict[str, EndpointStats]:
+        return sim.endpoints
+
+    @app.post("/endpoints/{endpoint}/{service}/{action}")
+    async def perform_at(
+        endpoint: Name,
+        service: Name,
+        action: Name,
+        payload: dict[str, Any],
+        idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    ) -> JSONResponse:
+        refused = sim.enter(endpoint)
+        if refused is not None:
+            return JSONResponse(refused.body, status_code=refused.status, headers=refused.headers)
+        try:
+            reply = sim.decide(service, action, idempotency_key, payload)
+            wait = reply.delay + sim.latency(endpoint)
+            if wait > 0:
+                await sleep(wait)
+        finally:
+            sim.leave(endpoint)
+        return JSONResponse(reply.body, status_code=reply.status, headers=reply.headers)
 
     @app.post("/{service}/{action}")
     async def perform(

@@ -28,6 +28,20 @@ class ServiceFaults(BaseModel):
     slow_seconds: float | None = Field(default=None, ge=0.0, le=600.0)
 
 
+class EndpointFaults(BaseModel):
+    """One named endpoint (``/endpoints/<name>/<service>/<action>``): every endpoint shares the
+    one ledger, as regional endpoints of one provider share its idempotency records."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    capacity: int | None = Field(default=None, ge=1, le=10_000)
+    """Calls it takes at once; one more is answered 429 (Retry-After: 1) and applies nothing."""
+    down: bool = False
+    """Every call is answered 503 and applies nothing."""
+    latency_seconds: float = Field(default=0.0, ge=0.0, le=60.0)
+    """How long each call holds its place (after the effect is applied)."""
+
+
 class FaultConfig(BaseModel):
     """The whole fault configuration; `PUT /faults` replaces it and restarts the outage clock."""
 
@@ -51,6 +65,8 @@ class FaultConfig(BaseModel):
     """Seconds after the faults were set (simulator start or `PUT /faults`)."""
     outage_seconds: float = Field(default=0.0, ge=0.0)
     per_service: dict[str, ServiceFaults] = Field(default_factory=dict)
+    endpoints: dict[str, EndpointFaults] = Field(default_factory=dict)
+    """Named endpoints' limits and faults; an endpoint not named here has none."""
 
     def for_service(self, service: str) -> FaultConfig:
         """This config with the service's overrides folded in."""

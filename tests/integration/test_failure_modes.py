@@ -41,7 +41,17 @@ def test_happy_path_every_step_once(world):
     world.run()
     assert world.state(oid).process_state is ProcessState.PROCESSED
     assert_effects_once(world, oid, *ALL_STEPS)
-    assert world.history(oid) == ["submitted", "claimed", "completed", "completed", "completed"]
+    # Each step's claim is on record (with its endpoint), the next one in its predecessor's
+    # reply transaction.
+    assert world.history(oid) == [
+        "submitted",
+        "claimed",
+        "completed",
+        "claimed",
+        "completed",
+        "claimed",
+        "completed",
+    ]
 
 
 def test_transient_fault_is_retried_inside_the_deadline(world):

@@ -64,6 +64,7 @@ def test_one_orders_history_shows_steps_attempts_errors(client, failed_order):
         "submitted",
         "claimed",
         "completed",
+        "claimed",
         "refused",
     ]
     assert body["history"][-1]["attempt"] == 2 and "card declined" in body["history"][-1]["detail"]

@@ -165,7 +165,7 @@ class AuditingStore:
         self,
         state: OrderState,
         etag: str,
-        history: HistoryEntry | None = None,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
         *,
         step: StepRecord | None = None,
     ) -> str:
@@ -179,19 +179,20 @@ class AuditingStore:
         previous = before.value
         if state.attempt < previous.attempt:
             self.violations.append(f"{state.order_id}: attempt {previous.attempt} -> {state}")
-        if history is not None:
-            self.history.append(history)
-            if history.kind in REPLY_KINDS:
+        entries = [history] if isinstance(history, HistoryEntry) else list(history or ())
+        for entry in entries:
+            self.history.append(entry)
+            if entry.kind in REPLY_KINDS:
                 running = workflow_named(previous.workflow).step(previous.step_index).name
                 if not (
                     previous.is_running
-                    and previous.attempt == history.attempt
-                    and previous.mode == history.mode
-                    and running == history.step
+                    and previous.attempt == entry.attempt
+                    and previous.mode == entry.mode
+                    and running == entry.step
                 ):
                     self.violations.append(
-                        f"I3: {history.kind} for attempt {history.attempt} {history.step} "
-                        f"({history.mode}) applied to {previous}"
+                        f"I3: {entry.kind} for attempt {entry.attempt} {entry.step} "
+                        f"({entry.mode}) applied to {previous}"
                     )
         return new_etag
 
@@ -258,7 +259,7 @@ class InterleavingStore(AuditingStore):
         self,
         state: OrderState,
         etag: str,
-        history: HistoryEntry | None = None,
+        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
         *,
         step: StepRecord | None = None,
     ) -> str:

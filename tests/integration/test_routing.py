@@ -1,0 +1,226 @@
+"""Routing steps to remote endpoints by health and capacity, on the real store (Azurite) with
+messages played by hand: away from an open circuit, away from a full endpoint, deferred when
+no endpoint has room (no failure counted), a retry kept on its endpoint unless that one is
+unhealthy, and never an effect applied twice when a retry changes endpoint."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from sas.adapters.load_table import TableLoadStore
+from sas.domain.endpoints import Endpoint, single_endpoint
+from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StepReply, StepRequest
+from sas.domain.model import ProcessState
+from sas.services.agent import AgentOutcome
+from sas.services.routing import Router
+from sas.services.scheduler import ScheduleOutcome
+from tests.fakes import FakeClock
+from tests.harness import LedgerRemote, World, live_table_of
+
+pytestmark = pytest.mark.integration
+
+WEST = Endpoint("payment", "west", "http://west.invalid/payment", capacity=2)
+NORTH = Endpoint("payment", "north", "http://north.invalid/payment", capacity=2)
+ENDPOINTS = {
+    "inventory": (single_endpoint("inventory", "http://inventory.invalid"),),
+    "payment": (WEST, NORTH),
+    "shipping": (single_endpoint("shipping", "http://shipping.invalid"),),
+}
+
+
+@dataclass
+class SharedLedger(LedgerRemote):
+    """Regional endpoints of one provider: one idempotency ledger, calls recorded per endpoint."""
+
+    endpoint_calls: list[str] = field(default_factory=list)
+
+    def perform(self, agent: str, action: str, **kwargs: Any) -> dict[str, Any]:
+        service, _, endpoint = agent.partition("@")
+        self.endpoint_calls.append(endpoint or "primary")
+        return super().perform(service, action, **kwargs)
+
+
+class Health:
+    def __init__(self) -> None:
+        self.down: set[str] = set()
+
+    def __call__(self, endpoint: Endpoint) -> bool:
+        return endpoint.name not in self.down
+
+
+@pytest.fixture
+def health() -> Health:
+    return Health()
+
+
+@pytest.fixture
+def world(table, health) -> World:
+    live = live_table_of(table)
+
+    def router(clock: FakeClock) -> Router:
+        return Router(ENDPOINTS, clock, "this-process", healthy=health, loads=TableLoadStore(live))
+
+    return World(table, router=router, remote=SharedLedger)
+
+
+def order(order_id: str) -> OrderSubmitted:
+    return OrderSubmitted(
+        order_id=order_id,
+        details=OrderDetails(
+            customer_id="c1",
+            currency="EUR",
+            address="1 Route Road",
+            lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
+        ),
+    )
+
+
+def to_payment(world: World, order_id: str) -> StepRequest:
+    """Submit and run the order until its payment request is queued; return that request."""
+    world.submit(order(order_id))
+    world.deliver("agent-inventory")
+    world.deliver("replies")
+    (request,) = [m for m in world.bus.take("agent-payment") if isinstance(m, StepRequest)]
+    return request
+
+
+def endpoint_history(world: World, order_id: str) -> list[tuple[str, str | None, str | None]]:
+    return [(e.kind, e.step, e.endpoint) for e in world.store.get_history(order_id)]
+
+
+def test_a_step_goes_to_the_preferred_healthy_endpoint_and_says_so(world):
+    request = to_payment(world, "r1")
+    assert request.endpoint == "west"  # both empty: the first declared
+    assert world.state("r1").endpoint == "west"
+    assert ("claimed", "charge", "west") in endpoint_history(world, "r1")
+    world.agents["payment"].handle(request)
+    world.run()
+    assert world.state("r1").process_state is ProcessState.PROCESSED
+    assert world.remote.endpoint_calls.count("west") == 1
+    assert ("completed", "charge", "west") in endpoint_history(world, "r1")
+
+
+def test_a_step_is_routed_away_from_an_open_circuit(world, health):
+    health.down.add("west")
+    request = to_payment(world, "r2")
+    assert request.endpoint == "north"
+    world.agents["payment"].handle(request)
+    assert world.remote.endpoint_calls[-1] == "north"
+
+
+def test_a_step_is_routed_away_from_a_full_endpoint(world):
+    router = world.router
+    assert router is not None
+    held = [router.acquire("payment", prefer="west") for _ in range(2)]  # west is full
+    assert [e.name for e in held if e] == ["west", "west"]
+    request = to_payment(world, "r3")
+    assert request.endpoint == "north"
+
+
+def test_another_process_calls_count_through_the_published_load(world, table):
+    # Another process published two calls in flight to west a moment ago.
+    TableLoadStore(live_table_of(table)).publish(
+        "other-process", {WEST.target: 2}, world.clock.now()
+    )
+    request = to_payment(world, "r4")
+    assert request.endpoint == "north"
+    # Once its row is stale (the process stopped publishing), west counts as empty again.
+    world.clock.advance(10)
+    assert world.router is not None
+    assert world.router.in_flight(WEST) == 0
+
+
+def test_a_step_is_deferred_when_no_endpoint_has_room_and_no_failure_is_counted(world):
+    router = world.router
+    assert router is not None
+    held = [router.acquire("payment") for _ in range(4)]  # west and north both full
+    assert all(held)
+    world.submit(order("r5"))
+    world.deliver("agent-inventory")
+    outcomes = world.deliver("replies")
+    state = world.state("r5")
+    assert state.process_state is ProcessState.PENDING
+    assert (state.step_index, state.deferrals, state.failure_count) == (1, 1, 0)
+    assert (
+        state.not_before == world.clock.now() - timedelta(milliseconds=1) + timedelta(seconds=1)
+        or state.not_before is not None
+    )
+    assert world.bus.take("agent-payment") == []
+    # Asked again after the backoff, still full: deferred again, for longer.
+    world.clock.advance(1.5)
+    assert world.deliver("scheduler") == [ScheduleOutcome.DEFERRED]
+    assert world.state("r5").deferrals == 2
+    kinds = [k for k, _, _ in endpoint_history(world, "r5")]
+    assert kinds.count("deferred") == 1  # the schedule hop's; the reply hop's is noted on it
+    assert outcomes
+    # Room again: the next ask claims it, on an endpoint, and the order completes.
+    for endpoint in held:
+        assert endpoint is not None
+        router.release(endpoint)
+    world.clock.advance(3)
+    world.run()
+    state = world.state("r5")
+    assert state.process_state is ProcessState.PROCESSED
+    assert state.failure_count == 0
+
+
+def test_the_agent_defers_when_the_endpoint_filled_up_after_the_claim(world):
+    request = to_payment(world, "r6")
+    router = world.router
+    assert router is not None
+    held = [router.acquire("payment") for _ in range(4)]
+    assert world.agents["payment"].handle(request) is AgentOutcome.DEFERRED
+    assert world.remote.endpoint_calls.count("west") == 0  # nothing called
+    (reply,) = world.bus.all_sent("replies")[-1:]
+    assert isinstance(reply, StepReply)
+    assert reply.outcome == "deferred"
+    world.deliver("replies")
+    state = world.state("r6")
+    assert state.process_state is ProcessState.PENDING
+    assert (state.failure_count, state.deferrals) == (0, 1)
+    for endpoint in held:
+        assert endpoint is not None
+        router.release(endpoint)
+    world.clock.advance(2)
+    world.run()
+    assert world.state("r6").process_state is ProcessState.PROCESSED
+
+
+def test_a_retry_stays_on_its_endpoint_while_it_is_healthy(world):
+    request = to_payment(world, "r7")
+    assert request.endpoint == "west"
+    world.agents["payment"].handle(request)
+    world.drop("replies")  # the reply is lost
+    world.clock.advance(20)
+    world.make_due("r7")
+    world.tick()
+    world.clock.advance(3)
+    world.deliver("scheduler")
+    (retry,) = world.bus.take("agent-payment")
+    assert isinstance(retry, StepRequest)
+    assert (retry.attempt, retry.endpoint) == (request.attempt + 1, "west")
+
+
+def test_a_retry_on_another_endpoint_never_applies_the_effect_twice(world, health):
+    request = to_payment(world, "r8")
+    assert request.endpoint == "west"
+    world.agents["payment"].handle(request)  # west applies the charge...
+    world.drop("replies")  # ...and its reply is lost
+    health.down.add("west")  # then west's circuit opens
+    world.clock.advance(20)
+    world.make_due("r8")
+    world.tick()
+    world.clock.advance(3)
+    world.run()
+    state = world.state("r8")
+    assert state.process_state is ProcessState.PROCESSED
+    assert world.remote.endpoint_calls == ["primary", "west", "north", "primary"]
+    charges = [key for key in world.remote.effects if key[:2] == ("payment", "charge")]
+    assert len(charges) == 1  # one effect, whichever endpoint was asked
+    history = endpoint_history(world, "r8")
+    assert ("claimed", "charge", "north") in history
+    assert ("completed", "charge", "north") in history
