@@ -461,3 +461,73 @@ def test_cli_rejects_invalid_faults(argv):
 
 def test_the_package_runs_as_a_module():
     assert importlib.util.find_spec("sas_local.simulator.__main__") is not None
+
+
+# --- named endpoints --------------------------------------------------------------------------
+
+
+def test_named_endpoints_share_one_ledger():
+    sim = make_sim()
+    path = "/endpoints/{}/payment/charge"
+    body = {"order_id": "o1"}
+    first = sim.client.post(path.format("west"), json=body, headers={"Idempotency-Key": "o1:c"})
+    again = sim.client.post(path.format("north"), json=body, headers={"Idempotency-Key": "o1:c"})
+    assert first.status_code == again.status_code == 200
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert len(sim.effects("do")) == 1
+    endpoints = sim.client.get("/endpoints").json()
+    assert endpoints["west"]["calls"] == endpoints["north"]["calls"] == 1
+
+
+def test_a_down_endpoint_refuses_with_503_and_applies_nothing():
+    sim = make_sim(endpoints={"west": {"down": True}})
+    response = sim.client.post(
+        "/endpoints/west/payment/charge", json={"order_id": "o1"}, headers={"Idempotency-Key": "k"}
+    )
+    assert response.status_code == 503
+    assert sim.effects() == []
+    assert sim.client.get("/endpoints").json()["west"]["down_rejections"] == 1
+
+
+def test_an_endpoint_at_capacity_answers_429_and_never_holds_more_calls():
+    import asyncio
+
+    import httpx
+
+    async def scenario() -> tuple[list[int], dict[str, Any], int]:
+        gate = asyncio.Event()
+
+        async def held(seconds: float) -> None:
+            await gate.wait()  # a call holds its place until the test lets it go
+
+        app = create_app(
+            FaultConfig.model_validate(
+                {"endpoints": {"west": {"capacity": 2, "latency_seconds": 1.0}}}
+            ),
+            clock=FakeClock(),
+            sleep=held,
+        )
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://sim") as client:
+
+            async def call(n: int) -> int:
+                response = await client.post(
+                    "/endpoints/west/payment/charge",
+                    json={"order_id": f"o{n}"},
+                    headers={"Idempotency-Key": f"o{n}:charge"},
+                )
+                return response.status_code
+
+            calls = [asyncio.create_task(call(n)) for n in range(2)]
+            await asyncio.sleep(0.05)  # both are in, holding their places
+            third = await call(2)  # one too many: refused at once
+            gate.set()
+            statuses = sorted([*(await asyncio.gather(*calls)), third])
+            stats = (await client.get("/endpoints")).json()["west"]
+            effects = len((await client.get("/ledger")).json()["effects"])
+        return statuses, stats, effects
+
+    statuses, stats, effects = asyncio.run(scenario())
+    assert statuses == [200, 200, 429]
+    assert (stats["max_in_flight"], stats["saturated"], stats["in_flight"]) == (2, 1, 0)
+    assert effects == 2

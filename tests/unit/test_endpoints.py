@@ -1,0 +1,232 @@
+"""Choosing an endpoint, deferral backoff, the Router's counts, and the endpoint settings."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+
+import pytest
+
+from sas import settings
+from sas.domain.endpoints import (
+    DeferralPolicy,
+    Endpoint,
+    EndpointLoad,
+    choose_endpoint,
+    single_endpoint,
+)
+from sas.domain.errors import ConfigurationError
+from sas.services.routing import Router
+from tests.fakes import FakeClock
+
+pytestmark = pytest.mark.unit
+
+A = Endpoint("payment", "west", "http://a.invalid", capacity=2)
+B = Endpoint("payment", "north", "http://b.invalid", capacity=4)
+UNLIMITED = Endpoint("payment", "south", "http://c.invalid")
+
+
+def pick(endpoints, loads=None, down=(), prefer=None):
+    loads = loads or {}
+    return choose_endpoint(
+        endpoints,
+        healthy=lambda e: e.name not in down,
+        in_flight=lambda e: loads.get(e.name, 0),
+        prefer=prefer,
+    )
+
+
+def test_the_preferred_endpoint_is_kept_while_healthy_with_room():
+    assert pick([A, B], loads={"west": 1, "north": 0}, prefer="west") is A
+
+
+def test_the_preferred_endpoint_is_left_when_unhealthy_or_full():
+    assert pick([A, B], down={"west"}, prefer="west") is B
+    assert pick([A, B], loads={"west": 2}, prefer="west") is B
+
+
+def test_without_a_preference_the_least_loaded_share_wins():
+    assert pick([A, B], loads={"west": 1, "north": 1}) is B  # 1/2 against 1/4
+    assert pick([A, B]) is A  # a tie: declaration order
+    assert pick([A, UNLIMITED], loads={"west": 0, "south": 50}) is A
+
+
+def test_no_endpoint_with_room_means_defer():
+    assert pick([A, B], loads={"west": 2, "north": 4}) is None
+    assert pick([A], loads={"west": 2}) is None
+
+
+def test_an_unhealthy_endpoint_is_used_only_when_every_endpoint_is_unhealthy():
+    assert pick([A, B], down={"west", "north"}, prefer="north") is B
+    assert pick([A], down={"west"}) is A  # one endpoint: its breaker decides, as before
+
+
+def test_deferral_backoff_doubles_up_to_its_cap():
+    policy = DeferralPolicy(base=timedelta(seconds=1), cap=timedelta(seconds=10))
+    assert [policy.delay(n).total_seconds() for n in (1, 2, 3, 4, 5, 50)] == [
+        1,
+        2,
+        4,
+        8,
+        10,
+        10,
+    ]
+
+
+class Loads:
+    def __init__(self) -> None:
+        self.rows: list[EndpointLoad] = []
+        self.published: list[dict[str, int]] = []
+        self.reads = 0
+
+    def publish(self, instance_id, counts, at):
+        self.published.append(dict(counts))
+
+    def read(self):
+        self.reads += 1
+        return list(self.rows)
+
+
+def router(clock: FakeClock, loads: Loads, endpoints=(A, B)) -> Router:
+    return Router({"payment": endpoints}, clock, "me", healthy=lambda e: True, loads=loads)
+
+
+def test_the_router_counts_its_own_calls_and_adds_the_others_fresh_counts():
+    clock, loads = FakeClock(), Loads()
+    loads.rows = [
+        EndpointLoad(B.target, "other", 3, clock.now()),
+        EndpointLoad(A.target, "old", 9, clock.now() - timedelta(seconds=30)),  # stale
+        EndpointLoad(A.target, "me", 7, clock.now()),  # this process: counted locally
+    ]
+    r = router(clock, loads)
+    first = r.acquire("payment")
+    assert first is A  # 0 of 2 against 3 of 4
+    assert r.in_flight(A) == 1 and r.in_flight(B) == 3
+    assert r.acquire("payment") is A  # 1 of 2 against 3 of 4
+    assert r.acquire("payment") is B  # west is full
+    assert r.acquire("payment") is None  # so is north: defer
+    r.release(first)
+    r.release(first)
+    assert r.in_flight(A) == 0
+
+
+def test_the_router_reads_and_publishes_at_most_once_per_refresh():
+    clock, loads = FakeClock(), Loads()
+    r = router(clock, loads)
+    for _ in range(5):
+        endpoint = r.acquire("payment")
+        assert endpoint is not None
+        r.release(endpoint)
+    assert loads.reads == 1 and len(loads.published) == 1
+    clock.advance(1.5)
+    endpoint = r.acquire("payment")
+    assert endpoint is not None
+    assert loads.reads == 2 and len(loads.published) == 2
+    assert loads.published[-1] == {A.target: 1}
+
+
+def test_endpoints_without_capacity_cost_no_reads_or_writes():
+    clock, loads = FakeClock(), Loads()
+    only = single_endpoint("payment", "http://one.invalid")
+    r = router(clock, loads, endpoints=(only,))
+    assert r.acquire("payment") is only
+    r.release(only)
+    assert (loads.reads, loads.published) == (0, [])
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {
+        "SAS_TRANSPORT": "storage",
+        "SasStorage": "UseDevelopmentStorage=true",
+        **{
+            settings.remote_url_setting(a): f"https://{a}.example.com"
+            for a in ("inventory", "payment", "shipping")
+        },
+    }
+    env.update(extra)
+    return env
+
+
+def test_endpoints_setting_is_parsed_and_replaces_the_url():
+    value = json.dumps(
+        [
+            {"name": "west", "url": "https://west.example.com/pay", "capacity": 8},
+            {"name": "north", "url": "https://north.example.com/pay"},
+        ]
+    )
+    s = settings.load(base_env(SAS_REMOTE_PAYMENT_ENDPOINTS=value))
+    west, north = s.endpoints_of("payment")
+    assert (west.name, west.url, west.capacity) == ("west", "https://west.example.com/pay", 8)
+    assert (north.name, north.capacity) == ("north", None)
+    assert s.remote_targets["payment@west"] == "https://west.example.com/pay"
+    assert s.endpoints_of("inventory")[0].target == "inventory"
+
+
+def test_the_one_url_can_have_a_capacity():
+    s = settings.load(base_env(SAS_REMOTE_SHIPPING_CAPACITY="12"))
+    (only,) = s.endpoints_of("shipping")
+    assert (only.name, only.capacity) == ("primary", 12)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("not json", "JSON list"),
+        ("[]", "1 to 8"),
+        (json.dumps([{"name": "West", "url": "https://a.example.com"}]), "name must match"),
+        (json.dumps([{"name": "west", "url": "ftp://a.example.com"}]), "http(s) URL"),
+        (json.dumps([{"name": "west", "url": "https://a.example.com", "capacity": 0}]), "capacity"),
+        (
+            json.dumps([{"name": "west", "url": "https://a.example.com", "capacity": True}]),
+            "capacity",
+        ),
+        (json.dumps([{"name": "west", "url": "https://a.example.com", "extra": 1}]), "object"),
+        (
+            json.dumps([{"name": "west", "url": "https://a.example.com"}] * 2),
+            "used twice",
+        ),
+    ],
+)
+def test_bad_endpoints_are_refused_with_the_setting_named(value, message):
+    with pytest.raises(ConfigurationError) as refused:
+        settings.load(base_env(SAS_REMOTE_PAYMENT_ENDPOINTS=value))
+    assert message in str(refused.value)
+    assert "SAS_REMOTE_PAYMENT_ENDPOINTS" in str(refused.value)
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "many"])
+def test_a_bad_capacity_is_refused(value):
+    with pytest.raises(ConfigurationError, match="SAS_REMOTE_PAYMENT_CAPACITY"):
+        settings.load(base_env(SAS_REMOTE_PAYMENT_CAPACITY=value))
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        (settings.LOW_PRIORITY_BACKLOG, "0"),
+        (settings.LOW_PRIORITY_MAX_DEFERRAL, "99999"),
+        (settings.LOW_PRIORITY_MAX_DEFERRAL, "soon"),
+    ],
+)
+def test_bad_admission_settings_are_refused(key, value):
+    with pytest.raises(ConfigurationError, match=key):
+        settings.load(base_env(**{key: value}))
+
+
+def test_admission_settings_are_read():
+    s = settings.load(
+        base_env(SAS_LOW_PRIORITY_BACKLOG_SECONDS="3", SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS="90")
+    )
+    assert s.admission.backlog == timedelta(seconds=3)
+    assert s.admission.max_deferral == timedelta(seconds=90)
+
+
+def test_lane_queue_names_are_settings_of_their_own():
+    s = settings.load(base_env(SAS_QUEUE_AGENT_PAYMENT_HIGH="pay-urgent"))
+    assert s.lanes(settings.agent_queue_setting("payment")) == {
+        "high": "pay-urgent",
+        "normal": "sas-agent-payment",
+        "low": "sas-agent-payment-low",
+    }
+    with pytest.raises(ConfigurationError, match="name the same queue"):
+        settings.load(base_env(SAS_QUEUE_ORDERS_LOW="sas-orders"))
