@@ -8,8 +8,10 @@ Runs only when one of these is set (skipped otherwise, with the reason shown by 
   The principal needs Azure Service Bus Data Sender and Data Receiver on the namespace.
 
 ``SAS_TEST_SERVICEBUS_QUEUE`` (default ``sas-contract``) must exist and is drained of this
-test's own leftovers. Create it once, e.g.
-``az servicebus queue create -g <rg> --namespace-name <ns> -n sas-contract``.
+test's own leftovers, and so must its high-priority lane ``<queue>-high``. Create them once,
+e.g. ``az servicebus queue create -g <rg> --namespace-name <ns> -n sas-contract`` (and
+``-n sas-contract-high``); a deployment made by infra/ already has every lane of the app's
+queues, so ``SAS_TEST_SERVICEBUS_QUEUE=sas-agent-payment`` works there as it is.
 """
 
 from __future__ import annotations
@@ -175,3 +177,39 @@ def test_missing_queue_is_not_found(transport: ServiceBusTransport) -> None:
             message_id=f"{order_id}:missing",
             correlation_id=order_id,
         )
+
+
+def test_a_high_priority_step_request_travels_on_the_high_lane(
+    transport: ServiceBusTransport, receiving_client: ServiceBusClient, queue: str
+) -> None:
+    """The Dispatcher picks the lane from the order's priority; the real namespace delivers it
+    from that queue (the lane is an ordinary queue with its own trigger)."""
+    from sas.domain.messages import StepRequest, decode
+    from sas.domain.model import OrderState, ProcessState
+    from sas.domain.wire import PRIORITIES, lane_queue_name
+    from sas.domain.workflow import ORDER_WORKFLOW
+    from sas.services.dispatch import Dispatcher
+    from sas.services.routes import Routes
+    from tests.fakes import InMemoryStore
+
+    order_id = new_order_id()
+    lanes = {p: lane_queue_name(queue, p) for p in PRIORITIES}
+    agents = dict.fromkeys(("inventory", "payment", "shipping"), queue)
+    routes = Routes("o", "s", "r", "a", agents, lanes={queue: lanes})
+    now = datetime.now(UTC)
+    state = OrderState(
+        order_id=order_id,
+        workflow=ORDER_WORKFLOW.name,
+        process_state=ProcessState.PROCESSING,
+        submitted_at=now,
+        updated_at=now,
+        locked_by="contract",
+        complete_by=now + timedelta(seconds=60),
+        attempt=1,
+        details={"customer_id": "c1", "currency": "EUR", "lines": [], "address": "x"},
+        priority="high",
+    )
+    Dispatcher(InMemoryStore(), transport, routes, SystemClock()).dispatch(state, ORDER_WORKFLOW)
+    received = receive(receiving_client, lanes["high"], f"{order_id}:reserve:1")
+    request = decode(StepRequest, b"".join(received.body))
+    assert (request.order_id, request.priority) == (order_id, "high")

@@ -753,3 +753,54 @@ def test_oldest_waiting_maps_a_missing_queue_to_not_found(
     monkeypatch.setattr(FakeReceiver, "peek_messages", missing)
     with pytest.raises(NotFound):
         transport.oldest_waiting("sas-gone")
+
+
+# --- priority lanes ------------------------------------------------------------------------
+
+
+def test_a_high_priority_order_is_sent_on_the_high_lanes(
+    client: FakeClient, transport: ServiceBusTransport, clock: FakeClock
+) -> None:
+    """The services pick the lane; the transport sends to that queue, nothing else changes."""
+    from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, decode
+    from sas.domain.wire import PRIORITIES, lane_queue_name
+    from sas.services.routes import Routes
+    from sas.services.submission import Submission, SubmissionOutcome
+    from tests.fakes import InMemoryStore
+
+    bases = ("sas-orders", "sas-scheduler", "sas-replies", "sas-agent-inventory")
+    routes = Routes(
+        "sas-orders",
+        "sas-scheduler",
+        "sas-replies",
+        "sas-alerts",
+        {"inventory": "sas-agent-inventory", "payment": "p", "shipping": "s"},
+        lanes={base: {p: lane_queue_name(base, p) for p in PRIORITIES} for base in bases},
+    )
+    order = OrderSubmitted(
+        order_id="urgent-1",
+        details=OrderDetails(
+            customer_id="c1",
+            currency="EUR",
+            address="1 Bus Street",
+            lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
+        ),
+        priority="high",
+    )
+    outcome = Submission(InMemoryStore(), transport, routes, clock).submit(order)
+    assert outcome is SubmissionOutcome.ACCEPTED
+    (sent,) = client.sent("sas-agent-inventory-high")
+    assert client.sent("sas-agent-inventory") == []
+    request = decode(StepRequest, body_of(sent))
+    assert (request.priority, sent.message_id) == ("high", "urgent-1:reserve:1")
+    assert sent.subject == "StepRequest"
+
+
+def test_the_oldest_waiting_message_of_a_lane_is_peeked_on_that_lane(
+    client: FakeClient, transport: ServiceBusTransport, clock: FakeClock
+) -> None:
+    enqueued = clock.now() - timedelta(seconds=9)
+    client.waiting["sas-orders-high"] = [FakePeeked(enqueued)]
+    assert transport.oldest_waiting("sas-orders-high") == enqueued
+    assert transport.oldest_waiting("sas-orders") is None
+    assert client.receivers == ["sas-orders-high", "sas-orders"]
