@@ -5,14 +5,17 @@ Used by the demo (`make run`) and the end-to-end tests, so both run exactly the 
 
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from sas import settings as settings_module
+from sas.domain.wire import PRIORITIES, lane_function_name
 from sas.domain.workflow import AGENTS
 from sas_local.azurite import Azurite, free_port
 from sas_local.processes import REPO_ROOT, DevHost, ManagedProcess, start_devhost, start_process
@@ -34,8 +37,30 @@ def app_env(connection_string: str, simulator_url: str) -> dict[str, str]:
     }
 
 
-AGENT_FUNCTIONS = tuple(f"agent_{agent}" for agent in AGENTS)
-CORE_FUNCTIONS = ("submit", "schedule", "on_reply", "supervise", "http_app_func")
+AGENT_FUNCTIONS = tuple(
+    lane_function_name(f"agent_{agent}", p) for agent in AGENTS for p in PRIORITIES
+)
+CORE_FUNCTIONS = (
+    *(lane_function_name(f, p) for f in ("submit", "schedule", "on_reply") for p in PRIORITIES),
+    "supervise",
+    "http_app_func",
+)
+
+
+def simulator_endpoints(
+    simulator_url: str, endpoints: Mapping[str, Sequence[Mapping[str, Any]]]
+) -> dict[str, str]:
+    """``SAS_REMOTE_<AGENT>_ENDPOINTS`` settings for named endpoints of the simulator: each
+    entry is ``{"name": ..., "capacity": ...}``; its URL is the simulator's route for it."""
+    return {
+        settings_module.remote_endpoints_setting(agent): json.dumps(
+            [
+                {**entry, "url": f"{simulator_url}/endpoints/{entry['name']}/{agent}"}
+                for entry in entries
+            ]
+        )
+        for agent, entries in endpoints.items()
+    }
 
 
 @dataclass
@@ -61,9 +86,11 @@ class LocalStack:
         env_overrides: Mapping[str, str] | None = None,
         agents_apart: bool = False,
         app_root: Path = REPO_ROOT,
+        endpoints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
     ) -> LocalStack:
         """``app_root``: the checkout whose function_app.py (and dev host) runs; another
-        commit's worktree when the benchmark compares two commits."""
+        commit's worktree when the benchmark compares two commits. ``endpoints``: named
+        endpoints of the simulator per agent (``simulator_endpoints``)."""
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
         # The env below is the whole config: an empty settings file keeps a developer's
@@ -81,7 +108,11 @@ class LocalStack:
             )
             simulator_url = f"http://127.0.0.1:{port}"
             simulator.wait_for_http(f"{simulator_url}/health")
-            env = {**app_env(azurite.connection_string, simulator_url), **(env_overrides or {})}
+            env = {
+                **app_env(azurite.connection_string, simulator_url),
+                **simulator_endpoints(simulator_url, endpoints or {}),
+                **(env_overrides or {}),
+            }
             settings = settings_module.load(env)
             provision(settings, extra_queues)
             groups = [(CORE_FUNCTIONS, workers, "devhost"), (AGENT_FUNCTIONS, 1, "agents")]

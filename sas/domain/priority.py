@@ -2,9 +2,9 @@
 "Priorities").
 
 Lanes keep each priority's messages apart at every hop, so high-priority work never waits
-behind a backlog of normal or low work in a queue. Low priority also yields: while the high or
-normal lanes of the orders queue (or of the first step's agent) are backlogged, a low order's
-submission is put back for later instead of being admitted. Once admitted, its steps run in
+behind a backlog of normal or low work in a queue. Low priority also yields: while a high or
+normal lane of any queue the app consumes is backlogged, a low order's submission is put back
+for later instead of being admitted. Once admitted, its steps run in
 their own lanes like any other: a step whose deadline is running is never held back, so
 priority never makes a step expire.
 

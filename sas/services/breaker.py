@@ -135,9 +135,11 @@ class CircuitBreaker:
         raise TransientRemoteError(f"{self.name} circuit open", retry_after=retry_after)
 
     def healthy(self) -> bool:
-        """Whether a call would be let through now (closed, or a probe is due): for routing, so
-        it reads at most once per ``cache_ttl`` and writes nothing. Never raises: a store that
-        fails counts as healthy (the breaker fails open)."""
+        """Whether the circuit is closed: for routing, so it reads at most once per
+        ``cache_ttl`` and writes nothing. An open or half-open circuit is unhealthy even once
+        a probe is due: routing sends it work only when no healthy endpoint has room, and that
+        call takes the probe. Never raises: a store that fails counts as healthy (the breaker
+        fails open)."""
         if self._paused():
             return True
         try:
@@ -146,9 +148,7 @@ class CircuitBreaker:
             log.warning("sas.breaker_store_failed", extra={"breaker": self.name, "op": "healthy"})
             self._pause()
             return True
-        now = self._clock.now()
-        state = current.value if current is not None else closed_breaker(self.name, now)
-        return admit(state, self.policy, now=now, caller="routing").allowed
+        return current is None or current.value.status is BreakerStatus.CLOSED
 
     def record_success(self) -> None:
         """The remote answered (a result or a permanent refusal). Never raises."""

@@ -36,5 +36,10 @@ class Routes:
     @property
     def consumed(self) -> tuple[str, ...]:
         """Every queue the app is triggered by, every lane of it."""
+        return self.lanes_for(PRIORITIES)
+
+    def lanes_for(self, priorities: tuple[Priority, ...]) -> tuple[str, ...]:
+        """The lanes of ``priorities`` of every queue the app is triggered by."""
         bases = (self.orders, self.scheduler, self.replies, *self.agents.values())
-        return tuple(lane for base in bases for lane in self.all_lanes(base))
+        lanes = (self.lane(base, p) for base in bases for p in priorities)
+        return tuple(dict.fromkeys(lanes))

@@ -91,7 +91,7 @@ class Submission:
                 message.priority,
                 deferred_since=message.deferred_since,
                 now=now,
-                oldest_higher=self._oldest_higher(workflow),
+                oldest_higher=self._oldest_higher(),
             )
             if delay is not None:
                 return self._defer(message, now, delay)
@@ -146,16 +146,10 @@ class Submission:
         self._dispatcher.announce(claimed, workflow)
         return SubmissionOutcome.ACCEPTED
 
-    def _oldest_higher(self, workflow: Workflow) -> datetime | None:
-        """The oldest message waiting in the high and normal lanes of the orders queue and of
-        the first step's agent: what a low-priority order would be let in ahead of."""
-        first_agent = self._routes.agents[workflow.step(0).agent]
-        lanes = tuple(
-            self._routes.lane(queue, priority)
-            for queue in (self._routes.orders, first_agent)
-            for priority in ("high", "normal")
-        )
-        return self._backlog.oldest(lanes)
+    def _oldest_higher(self) -> datetime | None:
+        """The oldest message waiting in a high or normal lane of any queue the app consumes:
+        the work a low-priority order would otherwise be let in beside."""
+        return self._backlog.oldest(self._routes.lanes_for(("high", "normal")))
 
     def _defer(self, message: OrderSubmitted, now: datetime, delay: timedelta) -> SubmissionOutcome:
         """Back into the low lane for ``delay``, remembering when the first deferral was (the
