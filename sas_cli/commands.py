@@ -95,26 +95,29 @@ def _render(args: argparse.Namespace, body: Any) -> None:
         _render_messages(args, body)
     elif args.verb == "list":
         orders = [
-            (o["order_id"], o["process_state"], o["step"], o["attempt"], o["failure_count"],
-             o["last_error"])
+            (o["order_id"], o["process_state"], o.get("priority", "normal"), o["step"],
+             o["attempt"], o["failure_count"], o["last_error"])
             for o in body
         ]  # fmt: skip
-        columns = ("order", "state", "step", "attempt", "failures", "last error")
+        columns = ("order", "state", "priority", "step", "attempt", "failures", "last error")
         console.print(_table(f"orders in {args.state}", columns, orders))
     elif args.verb == "show":
         console.print(
             f"[bold]{body['order_id']}[/] {body['process_state']} at {body['step']} "
-            f"({body['mode']}), attempt {body['attempt']}, failures {body['failure_count']}"
+            f"({body['mode']}), attempt {body['attempt']}, failures {body['failure_count']}, "
+            f"priority {body.get('priority', 'normal')}"
+            + (f", endpoint {body['endpoint']}" if body.get("endpoint") else "")
         )
         if body["last_error"]:
             console.print(f"last error: {body['last_error']}")
         steps = [(s["index"], s["name"], s["attempt"], s["completed_at"]) for s in body["steps"]]
         console.print(_table("completed steps", ("#", "step", "attempt", "at"), steps))
         history = [
-            (h["at"], h["kind"], h["step"], h["mode"], h["attempt"], h["actor"], h["detail"])
+            (h["at"], h["kind"], h["step"], h["mode"], h["attempt"], h.get("endpoint"),
+             h["actor"], h["detail"])
             for h in body["history"]
-        ]
-        events = ("at", "event", "step", "mode", "attempt", "by", "detail")
+        ]  # fmt: skip
+        events = ("at", "event", "step", "mode", "attempt", "endpoint", "by", "detail")
         console.print(_table("history", events, history))
     else:
         console.print(f"resubmitted {body['order_id']}: now {body['process_state']}")

@@ -59,6 +59,13 @@ class StateView(BaseModel):
     updated_at: datetime
     finished_at: datetime | None
     last_error: str | None
+    priority: str = Field(description="high, normal or low: the lane its messages take")
+    endpoint: str | None = Field(
+        description="the remote endpoint of the current step's latest attempt"
+    )
+    deferrals: int = Field(
+        description="times in a row the current step waited for an endpoint with room"
+    )
 
     @classmethod
     def of(cls, state: OrderState) -> StateView:
@@ -78,6 +85,9 @@ class StateView(BaseModel):
             updated_at=state.updated_at,
             finished_at=state.finished_at,
             last_error=state.last_error,
+            priority=state.priority,
+            endpoint=state.endpoint,
+            deferrals=state.deferrals,
         )
 
 
@@ -97,6 +107,7 @@ class HistoryView(BaseModel):
     mode: str
     actor: str | None
     detail: str | None
+    endpoint: str | None = Field(description="the remote endpoint chosen (claim) or called")
 
 
 class OrderView(StateView):
@@ -198,12 +209,17 @@ def discard_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)
 def submit_order(order: OrderSubmitted) -> dict[str, str]:
     """Convenience: posts the order to the orders queue, exactly as an application would."""
+    if order.deferred_since is not None:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT, "deferred_since is set by the app, not by you"
+        )
     try:
         bootstrap.submission().check(order)
     except InvalidMessage as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.reason) from None
+    routes = bootstrap.routes()
     bootstrap.transport().send(
-        bootstrap.routes().orders,
+        routes.lane(routes.orders, order.priority),
         order,
         message_id=submission_message_id(order.order_id),
         correlation_id=order.order_id,

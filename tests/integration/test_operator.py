@@ -358,3 +358,39 @@ def test_the_cli_never_lets_a_rejected_id_address_another_route(client, app_env,
     assert run(["rejected", "replay", target + hostile], client=client) == 1
     assert set(rejected(client)) == {target}
     assert raw_contents("sas-orders") == []
+
+
+def test_the_api_queues_an_order_on_its_priority_lane_and_shows_its_priority(
+    client, app_env, azurite, capsys
+):
+    settings = bootstrap.settings()
+    urgent = {**VALID_ORDER, "order_id": "urgent-api", "priority": "high"}
+    response = client.post("/api/orders", json=urgent)
+    assert response.status_code == 202
+    queues = queue_service_client(settings.storage)
+    high = queues.get_queue_client(settings.lane("SAS_QUEUE_ORDERS", "high"))
+    normal = queues.get_queue_client(settings.queue("SAS_QUEUE_ORDERS"))
+    (message,) = high.receive_messages(max_messages=1)
+    raw = decode_body(message.content, "base64")
+    assert json.loads(raw)["priority"] == "high"
+    assert list(normal.peek_messages(max_messages=5)) == []
+    deliver("submit_high", raw)  # the high lane's own function, as its trigger would run it
+    shown = client.get("/api/orders/urgent-api").json()
+    assert shown["priority"] == "high"
+    assert shown["history"][1]["kind"] == "claimed"
+    assert "endpoint" in shown["history"][1]
+    assert run(["orders", "show", "urgent-api"], client=client) == 0
+    assert "priority high" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"priority": "urgent"}, "priority"),
+        ({"deferred_since": "2026-01-01T00:00:00Z"}, "deferred_since"),
+    ],
+)
+def test_the_api_refuses_a_bad_priority_or_an_app_only_field(client, app_env, change, reason):
+    response = client.post("/api/orders", json={**VALID_ORDER, "order_id": "bad-1", **change})
+    assert response.status_code == 422
+    assert reason in response.text
