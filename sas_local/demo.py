@@ -3,10 +3,15 @@ submits a batch of orders the way an application would (orders queue, private st
 shows progress from the status events, then summarises and proves from the ledgers that no
 effect was applied twice and every compensated order's effects were undone.
 
+A tenth of the orders are high priority, sent last, into the backlog the others make, and a
+twentieth are low priority: the summary shows each priority's latency. Payment has two
+endpoints (west and north, sharing one ledger, 16 calls at once each).
+
 By default the remote services misbehave (transient faults, an outage, business refusals, slow
-answers past the deadline) and one agent worker is killed mid-run; `--no-faults` runs the
-happy path. Exits non-zero if an order is left unfinished or a ledger check fails (and, with
-`--no-faults`, if any order is not Processed).
+answers past the deadline, the west payment endpoint down for the whole run) and one agent
+worker is killed mid-run; `--no-faults` runs the happy path. Exits non-zero if an order is
+left unfinished or a ledger check fails (and, with `--no-faults`, if any order is not
+Processed).
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+import httpx
 from azure.storage.queue import QueueClient, TextBase64DecodePolicy
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -34,7 +41,7 @@ from sas.adapters.tables import TableStateStore
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StatusEvent, decode
 from sas.domain.model import ProcessState
-from sas.domain.wire import submission_message_id
+from sas.domain.wire import Priority, submission_message_id
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
 from sas_local.ledger import LedgerReport, check_effects, configure_faults, fetch_ledger
@@ -54,6 +61,10 @@ FAULTS = {
     "outage_service": "payment",
     "outage_start": 4.0,
     "outage_seconds": 8.0,
+    "endpoints": {"west": {"down": True}},  # payment's west endpoint: routing goes north
+}
+PAYMENT_ENDPOINTS = {
+    "payment": [{"name": "west", "capacity": 16}, {"name": "north", "capacity": 16}]
 }
 
 
@@ -103,7 +114,11 @@ def run(orders: int, workers: int, timeout: float, logs: Path, faults: bool) -> 
     run_id = time.strftime("%H%M%S")
     with console.status("starting Azurite, the remote service simulator and the dev hosts"):
         stack = LocalStack.start(
-            workers=workers, log_dir=logs, extra_queues=(STATUS_QUEUE,), agents_apart=faults
+            workers=workers,
+            log_dir=logs,
+            extra_queues=(STATUS_QUEUE,),
+            agents_apart=faults,
+            endpoints=PAYMENT_ENDPOINTS,
         )
     try:
         if faults:
@@ -139,7 +154,7 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
     )
     store = TableStateStore.connect(settings.storage, settings.table_name)
     tracker = Tracker()
-    batch = [demo_order(i, run_id) for i in range(orders)]
+    batch = prioritised(demo_order(i, run_id) for i in range(orders))
     crash = "none"
     started = time.monotonic()
     columns = (
@@ -154,7 +169,7 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
         for order in batch:
             tracker.sent_at[order.order_id] = time.monotonic()
             transport.send(
-                settings.queue(QUEUE_ORDERS),
+                settings.lane(QUEUE_ORDERS, order.priority),
                 order,
                 message_id=submission_message_id(order.order_id),
                 correlation_id=order.order_id,
@@ -190,6 +205,7 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
     alerts = alerts_queue.get_queue_properties().approximate_message_count or 0
     report = check_effects(fetch_ledger(stack.simulator_url), outcomes, ORDER_WORKFLOW)
     _summary(orders, outcomes, tracker, report, elapsed, history, alerts, crash)
+    _priorities_and_endpoints(batch, tracker, stack.simulator_url)
 
     unfinished = [oid for oid, state in outcomes.items() if state not in _TERMINAL]
     not_processed = sum(state is not ProcessState.PROCESSED for state in outcomes.values())
@@ -211,6 +227,50 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
         "order's effects undone; one alert per Error"
     )
     return 0
+
+
+def prioritised(orders: Iterable[OrderSubmitted]) -> list[OrderSubmitted]:
+    """A twentieth low and a tenth high priority (at least one each), in sending order: the
+    normal ones first, then the low, then the high ones, into the backlog the others make."""
+    batch = list(orders)
+    high = max(1, len(batch) // 10) if len(batch) > 2 else 0
+    low = max(1, len(batch) // 20) if len(batch) > 2 else 0
+    counts: dict[Priority, int] = {"normal": len(batch) - high - low, "low": low, "high": high}
+    levels = [priority for priority, count in counts.items() for _ in range(count)]
+    return [
+        order.model_copy(update={"priority": p}) for order, p in zip(batch, levels, strict=True)
+    ]
+
+
+def _priorities_and_endpoints(
+    batch: list[OrderSubmitted], tracker: Tracker, simulator_url: str
+) -> None:
+    table = Table(title="priorities and endpoints", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for priority in ("high", "normal", "low"):
+        latencies = [
+            tracker.latency[o.order_id]
+            for o in batch
+            if o.priority == priority and o.order_id in tracker.latency
+        ]
+        if latencies:
+            table.add_row(
+                f"{priority} priority: latency p50 / p95",
+                f"{_percentile(latencies, 50):.2f} s / {_percentile(latencies, 95):.2f} s"
+                f" ({len(latencies)} orders)",
+            )
+    try:
+        endpoints = httpx.get(f"{simulator_url}/endpoints", timeout=10).json()
+    except httpx.HTTPError:
+        endpoints = {}
+    for name, stats in sorted(endpoints.items()):
+        table.add_row(
+            f"payment endpoint {name}",
+            f"{stats['calls']} calls, at most {stats['max_in_flight']} at once, "
+            f"{stats['saturated']} refused full, {stats['down_rejections']} refused down",
+        )
+    console.print(table)
 
 
 _TERMINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR})

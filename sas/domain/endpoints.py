@@ -59,14 +59,17 @@ def choose_endpoint(
     healthy: Callable[[Endpoint], bool],
     in_flight: Callable[[Endpoint], int],
     prefer: str | None = None,
+    avoid: str | None = None,
 ) -> Endpoint | None:
     """The endpoint for the next call, among those with room (calls in flight below capacity):
     the healthy ones if any is (an unhealthy one is used only when it is all there is: its
     breaker then decides, as for a single endpoint); ``prefer`` (the previous attempt's) if it
     is among them, else the one with the most room left (the least loaded share of its
-    capacity; declaration order breaks ties). None when no endpoint has room: defer."""
+    capacity; declaration order breaks ties). None when no endpoint has room: defer.
+    ``avoid`` (the endpoint a try just failed on) is left out while another has room."""
     loads = {e.name: in_flight(e) for e in endpoints}
     room = [e for e in endpoints if e.has_room(loads[e.name])]
+    room = [e for e in room if e.name != avoid] or room
     if len(room) > 1:
         room = [e for e in room if healthy(e)] or room
     for endpoint in room:

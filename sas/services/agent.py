@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
@@ -57,6 +58,29 @@ class _DeadlineReached(Exception):
     pass
 
 
+@dataclass
+class _Route:
+    """Where one attempt's tries go: the Scheduler's choice first; after a try fails
+    transiently on an endpoint, another one if it has room."""
+
+    prefer: str | None
+    avoid: str | None = None
+    held: Endpoint | None = None
+    """Taken before the first try (to defer at once when nothing has room)."""
+    used: Endpoint | None = None
+    """The endpoint that answered (the reply says which)."""
+
+    def take(self, router: Router | None, agent: str) -> Endpoint | None:
+        if router is None:
+            return None
+        endpoint, self.held = self.held, None
+        if endpoint is None:
+            endpoint = router.acquire(agent, prefer=self.prefer, avoid=self.avoid)
+        if endpoint is None:
+            raise TransientRemoteError(f"{agent}: no endpoint has room")
+        return endpoint
+
+
 class AgentRunner:
     def __init__(
         self,
@@ -91,23 +115,22 @@ class AgentRunner:
         if self._clock.now() >= request.complete_by:
             log.info("sas.step_request_expired", extra=extra)
             return AgentOutcome.EXPIRED
-        endpoint: Endpoint | None = None
+        route = _Route(prefer=request.endpoint)
         if self._router is not None:
-            endpoint = self._router.acquire(self._agent, prefer=request.endpoint)
-            if endpoint is None:
+            route.held = self._router.acquire(self._agent, prefer=request.endpoint)
+            if route.held is None:
                 return self._send_reply(request, extra, outcome="deferred")
-            extra["endpoint"] = endpoint.name
         try:
-            result = self._call_with_retries(request, endpoint)
+            result = self._call_with_retries(request, route)
         except PermanentRemoteError as exc:
-            return self._reply(request, extra, endpoint, error=exc.reason)
+            return self._reply(request, extra, route.used, error=exc.reason)
         except (TransientRemoteError, _DeadlineReached):
             log.warning("sas.agent_gave_up", extra=extra)
             return AgentOutcome.GAVE_UP
         finally:
-            if self._router is not None and endpoint is not None:
-                self._router.release(endpoint)
-        return self._reply(request, extra, endpoint, result=result)
+            if self._router is not None and route.held is not None:
+                self._router.release(route.held)  # taken for a try that never ran
+        return self._reply(request, extra, route.used, result=result)
 
     def _reply(
         self,
@@ -168,15 +191,32 @@ class AgentRunner:
         log.warning("sas.step_refused", extra={**extra, "reason": error[:200]})
         return AgentOutcome.REFUSED
 
-    def _call_with_retries(self, request: StepRequest, endpoint: Endpoint | None) -> dict[str, Any]:
+    def _call_with_retries(self, request: StepRequest, route: _Route) -> dict[str, Any]:
         deadline = (
             min(request.complete_by, self._clock.now() + longest_step_budget()) - self._margin
         )
         extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
+        router = self._router
+        alternatives = router is not None and len(router.endpoints(self._agent)) > 1
 
         def call() -> dict[str, Any]:
             if self._clock.now() >= deadline:
                 raise _DeadlineReached
+            endpoint = route.take(router, self._agent)
+            try:
+                return attempt(endpoint)
+            except TransientRemoteError as exc:
+                if endpoint is None or not alternatives:
+                    raise
+                # Fail over: the next try goes to another endpoint if one has room, without
+                # waiting for this one's breaker (the ledger is shared: no effect twice).
+                route.avoid, route.prefer = endpoint.name, None
+                raise TransientRemoteError(exc.reason) from None
+            finally:
+                if router is not None and endpoint is not None:
+                    router.release(endpoint)
+
+        def attempt(endpoint: Endpoint | None) -> dict[str, Any]:
             breaker = self._breaker
             if endpoint is not None and self._breaker_for is not None:
                 breaker = self._breaker_for(endpoint)
@@ -198,9 +238,11 @@ class AgentRunner:
                     breaker.record_failure()
                 raise
             except PermanentRemoteError:
+                route.used = endpoint
                 if breaker is not None:
                     breaker.record_success()  # the service answered: it is up
                 raise
+            route.used = endpoint
             if breaker is not None:
                 breaker.record_success()
             return result

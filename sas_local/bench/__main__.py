@@ -26,7 +26,7 @@ from typing import Any
 
 from sas import settings as settings_module
 from sas_local.azurite import Azurite, free_port
-from sas_local.bench import e2e, rates, recovery, report, sweep
+from sas_local.bench import e2e, rates, recovery, report, scenarios, sweep
 from sas_local.processes import REPO_ROOT, start_process
 from sas_local.provision import provision
 from sas_local.stack import app_env
@@ -192,6 +192,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         results["commits"][name] = {"counts": counted, "e2e": runs, "recovery": recovered}
 
     measure_commit(head, REPO_ROOT)
+    progress(f"{head}: priorities under a backlog", started)
+    results["priorities"] = scenarios.priorities(
+        backlog=60 if quick else 1_000,
+        urgent=5 if quick else 20,
+        log_dir=logs / "priorities",
+        timeout=120 if quick else 600,
+    )
+    progress(f"{head}: one of two endpoints down", started)
+    results["endpoints"] = scenarios.endpoints(
+        orders=30 if quick else 300, log_dir=logs / "endpoints", timeout=120 if quick else 600
+    )
     if args.compare:
         with worktree(args.compare) as other:
             measure_commit(commit_of(other), other)

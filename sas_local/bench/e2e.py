@@ -51,10 +51,11 @@ class E2EResult:
         return asdict(self)
 
 
-def _body(order_id: str) -> str:
+def _body(order_id: str, priority: str = "normal") -> str:
     order = {
         "type": "OrderSubmitted",
         "order_id": order_id,
+        **({} if priority == "normal" else {"priority": priority}),
         "details": {
             "customer_id": "bench",
             "currency": "EUR",

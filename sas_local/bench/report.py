@@ -148,9 +148,49 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             ),
             "",
         ]
+    lines += _scenarios(results)
     if chart_name:
         lines += [f"![Throughput and latency per worker count]({chart_name})", ""]
     return "\n".join(lines)
+
+
+def _scenarios(results: dict[str, Any]) -> list[str]:
+    """Parts 6 and 7: priorities under a backlog, and one of two endpoints down."""
+    lines: list[str] = []
+    ranked = results.get("priorities")
+    if ranked:
+        lines += [
+            f"**Priorities** (a backlog of {ranked['backlog']:,} normal orders queued at once; "
+            f"{ranked['urgent']} high-priority orders queued 2 s later, behind it; latency from "
+            "sending to finishing):",
+            "",
+            "| Priority | Orders finished | p50 s | p95 s |",
+            "|---|---|---|---|",
+        ]
+        for name in ("high", "normal"):
+            row = ranked[name]
+            lines.append(f"| {name} | {row['finished']} | {row['p50_s']} | {row['p95_s']} |")
+        lines.append("")
+    routed = results.get("endpoints")
+    if routed:
+        lines += [
+            "**One of two endpoints down** (payment on two endpoints sharing one ledger, "
+            f"capacity {routed['capacity']} calls each, {routed['latency_s']:g} s per call; "
+            "the same number of orders with both up, then with west answering 503):",
+            "",
+            "| Endpoints | Orders | Finished | Processed | Orders/s | p50 s | Calls west / north "
+            "| Steps deferred | Expiries |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for label, run in routed["runs"].items():
+            calls = run["calls"]
+            lines.append(
+                f"| {label} | {run['orders']} | {run['finished']} | {run['processed']} "
+                f"| {run['orders_per_s']} | {run['p50_s']} | {calls['west']} / {calls['north']} "
+                f"| {run['deferred']} | {run['expiries']} |"
+            )
+        lines.append("")
+    return lines
 
 
 def chart(results: dict[str, Any], path: Path) -> Path | None:

@@ -13,6 +13,7 @@ import pytest
 
 from sas.adapters.load_table import TableLoadStore
 from sas.domain.endpoints import Endpoint, single_endpoint
+from sas.domain.errors import TransientRemoteError
 from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.services.agent import AgentOutcome
@@ -37,10 +38,14 @@ class SharedLedger(LedgerRemote):
     """Regional endpoints of one provider: one idempotency ledger, calls recorded per endpoint."""
 
     endpoint_calls: list[str] = field(default_factory=list)
+    down: set[str] = field(default_factory=set)
+    """Endpoints that answer 503 (nothing applied)."""
 
     def perform(self, agent: str, action: str, **kwargs: Any) -> dict[str, Any]:
         service, _, endpoint = agent.partition("@")
         self.endpoint_calls.append(endpoint or "primary")
+        if endpoint in self.down:
+            raise TransientRemoteError(f"{agent}: HTTP 503")
         return super().perform(service, action, **kwargs)
 
 
@@ -221,3 +226,19 @@ def test_a_retry_on_another_endpoint_never_applies_the_effect_twice(world, healt
     history = endpoint_history(world, "r8")
     assert ("claimed", "charge", "north") in history
     assert ("completed", "charge", "north") in history
+
+
+def test_a_try_that_fails_on_one_endpoint_fails_over_within_the_attempt(world):
+    request = to_payment(world, "r9")
+    assert request.endpoint == "west"
+    world.remote.down.add("west")  # west went down after the claim: 503 on every call
+    assert world.agents["payment"].handle(request) is AgentOutcome.REPLIED
+    assert world.remote.endpoint_calls[-2:] == ["west", "north"]
+    (reply,) = world.bus.all_sent("replies")[-1:]
+    assert isinstance(reply, StepReply)
+    assert (reply.outcome, reply.endpoint, reply.attempt) == ("ok", "north", request.attempt)
+    world.run()
+    assert world.state("r9").process_state is ProcessState.PROCESSED
+    assert ("completed", "charge", "north") in endpoint_history(world, "r9")
+    assert world.router is not None
+    assert world.router.in_flight(WEST) == world.router.in_flight(NORTH) == 0  # all released
