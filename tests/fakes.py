@@ -19,6 +19,7 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
+from sas.domain.priority import Waiting
 from sas.domain.wire import rejected_row_key
 
 
@@ -57,6 +58,10 @@ class RecordingTransport:
     def oldest_waiting(self, queue: str) -> datetime | None:
         self.peeks.append(queue)
         return self.waiting_since.get(queue)
+
+    def waiting(self, queue: str) -> Waiting:
+        oldest = self.oldest_waiting(queue)
+        return Waiting(oldest, 0 if oldest is None else 1)
 
     def send(
         self,

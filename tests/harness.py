@@ -19,6 +19,7 @@ from sas.adapters.tables import TableStateStore
 from sas.domain.errors import NotFound, PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import Message, OrderSubmitted, ScheduleRequest, StepReply, StepRequest
 from sas.domain.model import OrderState
+from sas.domain.priority import Waiting
 from sas.domain.transitions import RetryPolicy
 from sas.domain.wire import live_table_name
 from sas.domain.workflow import ORDER_WORKFLOW
@@ -79,9 +80,12 @@ class Bus:
 
     def oldest_waiting(self, queue: str) -> datetime | None:
         """As a peek sees it: the visible (due) messages only."""
+        return self.waiting(queue).oldest
+
+    def waiting(self, queue: str) -> Waiting:
         now = self.clock.now()
         due = [e.due for e in self.queues[queue] if e.due <= now]
-        return min(due) if due else None
+        return Waiting(min(due) if due else None, min(len(due), Waiting.PEEK))
 
     def take(self, queue: str) -> list[Message]:
         """Remove and return the messages of ``queue`` that are due."""

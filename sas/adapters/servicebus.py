@@ -34,6 +34,7 @@ from azure.servicebus.exceptions import MessagingEntityNotFoundError
 from sas.domain.clock import Clock, require_utc
 from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.messages import Message, encode
+from sas.domain.priority import Waiting
 from sas.settings import Connection
 
 log = logging.getLogger(__name__)
@@ -156,6 +157,12 @@ class ServiceBusTransport:
         """The enqueue time of the queue's first active message, by a peek (it locks nothing;
         a message being processed under a lock is still seen, which is what a caller holding
         off for it wants)."""
+        return self._peek(queue, 1).oldest
+
+    def waiting(self, queue: str) -> Waiting:
+        return self._peek(queue, Waiting.PEEK)
+
+    def _peek(self, queue: str, count: int) -> Waiting:
         with self._lock:
             if self._client is None:
                 self._client = self._client_factory()
@@ -163,13 +170,13 @@ class ServiceBusTransport:
             client = self._client
         receiver = client.get_queue_receiver(queue_name=queue)
         try:
-            peeked = receiver.peek_messages(max_message_count=1)
+            peeked = receiver.peek_messages(max_message_count=count)
         except MessagingEntityNotFoundError as exc:
             raise NotFound(f"Service Bus queue {queue!r} does not exist") from exc
         finally:
             _close_quietly(receiver, "receiver")
-        enqueued = peeked[0].enqueued_time_utc if peeked else None
-        return None if enqueued is None else enqueued.astimezone(UTC)
+        times = [m.enqueued_time_utc for m in peeked if m.enqueued_time_utc is not None]
+        return Waiting(min(times).astimezone(UTC) if times else None, len(peeked))
 
     def close(self) -> None:
         """Close every sender, the client and (via ``on_close``) the credential. Idempotent.

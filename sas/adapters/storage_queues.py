@@ -17,6 +17,7 @@ from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64Encod
 
 from sas.domain.errors import NotFound
 from sas.domain.messages import Message, encode
+from sas.domain.priority import Waiting
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +52,17 @@ class StorageQueueTransport:
         )
 
     def oldest_waiting(self, queue: str) -> datetime | None:
+        return self.waiting(queue).oldest
+
+    def waiting(self, queue: str) -> Waiting:
         """From a peek at the front of the queue (up to 32 messages: a Storage queue is only
         roughly first-in first-out, so the oldest of them)."""
         try:
-            peeked = self._client(queue).peek_messages(max_messages=32)
+            peeked = list(self._client(queue).peek_messages(max_messages=Waiting.PEEK))
         except ResourceNotFoundError:
             raise NotFound(f"queue {queue} does not exist") from None
         times = [m.inserted_on for m in peeked if m.inserted_on is not None]
-        return min(times).astimezone(UTC) if times else None
+        return Waiting(min(times).astimezone(UTC) if times else None, len(peeked))
 
     def _client(self, queue: str) -> QueueClient:
         client = self._clients.get(queue)

@@ -21,9 +21,27 @@ from sas.domain.wire import Priority
 
 
 @dataclass(frozen=True)
+class Waiting:
+    """What a peek at the front of a queue saw."""
+
+    PEEK = 32
+    """Messages one peek returns at most (Storage Queues' limit)."""
+
+    oldest: datetime | None = None
+    count: int = 0
+    """Visible messages seen, at most PEEK."""
+
+    def __add__(self, other: Waiting) -> Waiting:
+        times = [t for t in (self.oldest, other.oldest) if t is not None]
+        return Waiting(min(times, default=None), self.count + other.count)
+
+
+@dataclass(frozen=True)
 class AdmissionPolicy:
     backlog: timedelta = timedelta(seconds=5)
-    """A lane is backlogged when its oldest waiting message has waited longer than this."""
+    """Higher lanes are backlogged when their oldest waiting message has waited longer than
+    this, or when more than a peek's worth of messages wait in them (a burst that has not
+    waited long yet, but will)."""
     max_deferral: timedelta = timedelta(seconds=60)
     """The longest a low-priority submission is held back, in all: the starvation bound."""
     recheck: timedelta = timedelta(seconds=5)
@@ -40,16 +58,15 @@ class AdmissionPolicy:
         *,
         deferred_since: datetime | None,
         now: datetime,
-        oldest_higher: datetime | None,
+        higher: Waiting,
     ) -> timedelta | None:
         """How long to put the submission back for, or None to admit it now.
 
-        ``oldest_higher``: when the oldest message still waiting in a higher lane was enqueued
-        (None if those lanes are empty). ``deferred_since`` in the future (a forged or skewed
-        value) counts as now, so it never stretches the bound."""
-        if priority != "low" or oldest_higher is None:
+        ``higher``: what waits in the higher lanes. ``deferred_since`` in the future (a forged
+        or skewed value) counts as now, so it never stretches the bound."""
+        if priority != "low" or higher.oldest is None:
             return None
-        if now - oldest_higher <= self.backlog:
+        if now - higher.oldest <= self.backlog and higher.count < Waiting.PEEK:
             return None
         since = now if deferred_since is None else min(deferred_since, now)
         left = since + self.max_deferral - now

@@ -19,6 +19,7 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.poison import PoisonedMessage
+from sas.domain.priority import Waiting
 
 
 class StateStore(Protocol):
@@ -114,6 +115,11 @@ class Transport(Protocol):
         delay_seconds: float = 0,
     ) -> None:
         """Send one message; NotFound if the queue does not exist."""
+        ...
+
+    def waiting(self, queue: str) -> Waiting:
+        """What a peek sees at the front of ``queue``: the oldest enqueue time and how many
+        messages (up to ``Waiting.PEEK``). Approximate, as ``oldest_waiting``."""
         ...
 
     def oldest_waiting(self, queue: str) -> datetime | None:

@@ -16,7 +16,7 @@ from sas.domain.clock import Clock
 from sas.domain.errors import AlreadyExists, InvalidMessage
 from sas.domain.messages import OrderSubmitted, encode
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
-from sas.domain.priority import AdmissionPolicy
+from sas.domain.priority import AdmissionPolicy, Waiting
 from sas.domain.transitions import claim, initial_state, look_again_at
 from sas.domain.wire import POISON_SUFFIX, deferred_submission_message_id
 from sas.domain.workflow import WORKFLOWS, Workflow
@@ -91,7 +91,7 @@ class Submission:
                 message.priority,
                 deferred_since=message.deferred_since,
                 now=now,
-                oldest_higher=self._oldest_higher(),
+                higher=self._higher_waiting(),
             )
             if delay is not None:
                 return self._defer(message, now, delay)
@@ -146,10 +146,10 @@ class Submission:
         self._dispatcher.announce(claimed, workflow)
         return SubmissionOutcome.ACCEPTED
 
-    def _oldest_higher(self) -> datetime | None:
-        """The oldest message waiting in a high or normal lane of any queue the app consumes:
-        the work a low-priority order would otherwise be let in beside."""
-        return self._backlog.oldest(self._routes.lanes_for(("high", "normal")))
+    def _higher_waiting(self) -> Waiting:
+        """What waits in the high and normal lanes of every queue the app consumes: the work a
+        low-priority order would otherwise be let in beside."""
+        return self._backlog.waiting(self._routes.lanes_for(("high", "normal")))
 
     def _defer(self, message: OrderSubmitted, now: datetime, delay: timedelta) -> SubmissionOutcome:
         """Back into the low lane for ``delay``, remembering when the first deferral was (the
@@ -222,31 +222,27 @@ class Submission:
 
 
 class _Backlog:
-    """The oldest waiting message of a set of queues, peeked at most once per ``ttl`` per
-    process (the check runs for every low-priority submission)."""
+    """What waits in a set of queues, peeked at most once per ``ttl`` per process (the check
+    runs for every low-priority submission)."""
 
     def __init__(self, transport: Transport, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
         self._transport = transport
         self._clock = clock
         self._ttl = ttl
         self._lock = threading.Lock()
-        self._seen: dict[tuple[str, ...], tuple[datetime, datetime | None]] = {}
+        self._seen: dict[tuple[str, ...], tuple[datetime, Waiting]] = {}
 
-    def oldest(self, queues: tuple[str, ...]) -> datetime | None:
+    def waiting(self, queues: tuple[str, ...]) -> Waiting:
         now = self._clock.now()
         with self._lock:
             cached = self._seen.get(queues)
             if cached is not None and now - cached[0] < self._ttl:
                 return cached[1]
-            found: list[datetime] = []
+            total = Waiting()
             for queue in dict.fromkeys(queues):
                 try:
-                    waiting = self._transport.oldest_waiting(queue)
+                    total += self._transport.waiting(queue)
                 except Exception:  # no backlog known: admit rather than hold orders back
                     log.warning("sas.backlog_peek_failed", extra={"queue": queue}, exc_info=True)
-                    waiting = None
-                if waiting is not None:
-                    found.append(waiting)
-            value = min(found, default=None)
-            self._seen[queues] = (now, value)
-            return value
+            self._seen[queues] = (now, total)
+            return total

@@ -10,7 +10,7 @@ import pytest
 
 from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted
 from sas.domain.model import ProcessState
-from sas.domain.priority import AdmissionPolicy
+from sas.domain.priority import AdmissionPolicy, Waiting
 from sas.domain.wire import PRIORITIES, Priority, lane_queue_name
 from sas.services.routes import Routes
 from sas.services.submission import Submission, SubmissionOutcome
@@ -161,7 +161,7 @@ def test_a_forged_deferral_time_in_the_future_never_stretches_the_bound():
         "low",
         deferred_since=now + timedelta(days=365),
         now=now,
-        oldest_higher=now - timedelta(seconds=30),
+        higher=Waiting(now - timedelta(seconds=30), 1),
     )
     assert delay == policy.recheck
     assert (
@@ -169,7 +169,18 @@ def test_a_forged_deferral_time_in_the_future_never_stretches_the_bound():
             "low",
             deferred_since=now - timedelta(seconds=60),
             now=now,
-            oldest_higher=now - timedelta(seconds=30),
+            higher=Waiting(now - timedelta(seconds=30), 1),
         )
         is None
     )
+
+
+def test_a_burst_in_a_higher_lane_counts_as_a_backlog_before_it_has_waited_long():
+    from datetime import UTC, datetime
+
+    policy = AdmissionPolicy(backlog=timedelta(seconds=5))
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    fresh = now - timedelta(seconds=1)
+    assert policy.deferral("low", deferred_since=None, now=now, higher=Waiting(fresh, 31)) is None
+    burst = Waiting(fresh, Waiting.PEEK)
+    assert policy.deferral("low", deferred_since=None, now=now, higher=burst) == policy.recheck
