@@ -229,6 +229,7 @@ def router() -> Router:
         s.instance_id,
         healthy=lambda endpoint: breaker(endpoint.target).healthy(),
         loads=_load_store(),
+        background=True,
     )
 
 

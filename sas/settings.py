@@ -186,7 +186,7 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     if not TABLE_NAME_RULE.matches(table_name):
         raise ConfigurationError(f"{TABLE_NAME}={table_name!r} is not a valid table name")
     queues: dict[str, str] = {}
-    for key, default in DEFAULT_QUEUES.items():
+    for key, default in _queue_defaults(env).items():
         name = env.get(key, default)
         if not APP_QUEUE_NAME.matches(name):
             raise ConfigurationError(f"{key}={name!r} is not a valid queue name")
@@ -225,6 +225,19 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     )
 
 
+def _queue_defaults(env: Mapping[str, str]) -> dict[str, str]:
+    """DEFAULT_QUEUES, with each lane named after its normal lane's setting when that is set
+    (a deployment that renamed ``sas-orders`` gets ``<its name>-high``, never another's)."""
+    defaults = dict(DEFAULT_QUEUES)
+    for key in LANED_QUEUES:
+        normal = env.get(key)
+        if normal:
+            for priority in PRIORITIES:
+                if priority != DEFAULT_PRIORITY:
+                    defaults[lane_setting(key, priority)] = lane_queue_name(normal, priority)
+    return defaults
+
+
 def _seconds(env: Mapping[str, str], key: str, default: float, low: float, high: float) -> float:
     raw = env.get(key)
     if raw is None or raw.strip() == "":
@@ -242,6 +255,11 @@ def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...]:
     """The agent's endpoints: the ENDPOINTS setting (JSON) if set, else the URL setting."""
     key = remote_endpoints_setting(agent)
     raw = env.get(key)
+    if raw is not None and raw.strip() and (env.get(remote_capacity_setting(agent)) or "").strip():
+        raise ConfigurationError(
+            f"{remote_capacity_setting(agent)} applies to the one URL; with {key}, give each "
+            "endpoint its own capacity"
+        )
     if raw is None or raw.strip() == "":
         capacity_key = remote_capacity_setting(agent)
         capacity = _positive_int(env, capacity_key, default=1) if env.get(capacity_key) else None
@@ -264,7 +282,10 @@ def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...]:
             not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1
         ):
             raise ConfigurationError(f"{where}: capacity must be a whole number, at least 1")
-        url = _url({where: item.get("url") or ""}, where)
+        raw_url = item.get("url")
+        if not isinstance(raw_url, str):
+            raise ConfigurationError(f"{where}: url must be an http(s) URL")
+        url = _url({where: raw_url}, where)
         if any(e.name == name for e in found):
             raise ConfigurationError(f"{key}: endpoint name {name!r} is used twice")
         found.append(Endpoint(agent, name, url, capacity))

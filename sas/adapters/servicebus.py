@@ -28,7 +28,7 @@ from typing import Protocol
 from uuid import UUID
 
 from azure.core.credentials import TokenCredential
-from azure.servicebus import ServiceBusClient, ServiceBusMessage
+from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusMessageState
 from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
 from sas.domain.clock import Clock, require_utc
@@ -37,6 +37,7 @@ from sas.domain.messages import Message, encode
 from sas.domain.priority import Waiting
 from sas.settings import Connection
 
+_ACTIVE = ServiceBusMessageState.ACTIVE
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/json"
@@ -175,8 +176,10 @@ class ServiceBusTransport:
             raise NotFound(f"Service Bus queue {queue!r} does not exist") from exc
         finally:
             _close_quietly(receiver, "receiver")
-        times = [m.enqueued_time_utc for m in peeked if m.enqueued_time_utc is not None]
-        return Waiting(min(times).astimezone(UTC) if times else None, len(peeked))
+        # A peek also returns scheduled and deferred messages: only active ones are waiting.
+        active = [m for m in peeked if getattr(m, "state", None) in (None, _ACTIVE)]
+        times = [m.enqueued_time_utc for m in active if m.enqueued_time_utc is not None]
+        return Waiting(min(times).astimezone(UTC) if times else None, len(active))
 
     def close(self) -> None:
         """Close every sender, the client and (via ``on_close``) the credential. Idempotent.

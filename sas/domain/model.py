@@ -73,7 +73,8 @@ class OrderState:
     endpoint: str | None = None
     """The remote endpoint of the current step's latest attempt (where a retry goes first)."""
     deferrals: int = 0
-    """Times in a row the current step was deferred because no endpoint had room."""
+    """Times the current step was deferred because no endpoint had room (sets the backoff;
+    back to 0 when the next step starts)."""
 
     @property
     def is_terminal(self) -> bool:

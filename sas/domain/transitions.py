@@ -240,8 +240,9 @@ def decide_reply(
 
 
 def with_endpoint(state: OrderState, endpoint: str) -> OrderState:
-    """A claimed step routed to ``endpoint``: it ends a run of deferrals."""
-    return replace(state, endpoint=endpoint, deferrals=0)
+    """A claimed step routed to ``endpoint``. Its deferrals stay counted until the step is done
+    (an agent may still defer it: the next backoff must be longer)."""
+    return replace(state, endpoint=endpoint)
 
 
 def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workflow) -> OrderState:

@@ -58,6 +58,10 @@ class _DeadlineReached(Exception):
     pass
 
 
+class _NoRoom(Exception):
+    """No endpoint has room for the next try: the step is deferred, not failed."""
+
+
 @dataclass
 class _Route:
     """Where one attempt's tries go: the Scheduler's choice first; after a try fails
@@ -77,7 +81,7 @@ class _Route:
         if endpoint is None:
             endpoint = router.acquire(agent, prefer=self.prefer, avoid=self.avoid)
         if endpoint is None:
-            raise TransientRemoteError(f"{agent}: no endpoint has room")
+            raise _NoRoom
         return endpoint
 
 
@@ -127,6 +131,11 @@ class AgentRunner:
         except (TransientRemoteError, _DeadlineReached):
             log.warning("sas.agent_gave_up", extra=extra)
             return AgentOutcome.GAVE_UP
+        except _NoRoom:  # after a failed try, every endpoint filled up: defer, not fail
+            if self._clock.now() >= request.complete_by:
+                log.warning("sas.step_reply_suppressed_late", extra=extra)
+                return AgentOutcome.LATE
+            return self._send_reply(request, extra, outcome="deferred")
         finally:
             if self._router is not None and route.held is not None:
                 self._router.release(route.held)  # taken for a try that never ran

@@ -135,11 +135,11 @@ class CircuitBreaker:
         raise TransientRemoteError(f"{self.name} circuit open", retry_after=retry_after)
 
     def healthy(self) -> bool:
-        """Whether the circuit is closed: for routing, so it reads at most once per
-        ``cache_ttl`` and writes nothing. An open or half-open circuit is unhealthy even once
-        a probe is due: routing sends it work only when no healthy endpoint has room, and that
-        call takes the probe. Never raises: a store that fails counts as healthy (the breaker
-        fails open)."""
+        """Whether a call would be let through now: closed, or open with its probe due and not
+        yet taken (so an endpoint that recovered gets its probe even while others have room;
+        the call that takes it fails over at once if it fails). For routing: it reads at most
+        once per ``cache_ttl`` and writes nothing. Never raises: a store that fails counts as
+        healthy (the breaker fails open)."""
         if self._paused():
             return True
         try:
@@ -148,7 +148,9 @@ class CircuitBreaker:
             log.warning("sas.breaker_store_failed", extra={"breaker": self.name, "op": "healthy"})
             self._pause()
             return True
-        return current is None or current.value.status is BreakerStatus.CLOSED
+        now = self._clock.now()
+        state = current.value if current is not None else closed_breaker(self.name, now)
+        return admit(state, self.policy, now=now, caller="routing").allowed
 
     def record_success(self) -> None:
         """The remote answered (a result or a permanent refusal). Never raises."""

@@ -2,11 +2,13 @@
 
 Health is each endpoint's circuit breaker (its state in the table, read at most once a second
 per process). Load is the calls in flight per endpoint: each process counts its own exactly
-and publishes the counts (at most once a second, one small transaction, only while it calls
-endpoints with a declared capacity); the others' counts are read at most once a second and
-ignored when older than ``stale_after``. So a process sees the others' calls up to about two
-seconds late: across processes, an endpoint can briefly take more calls than its capacity, by
-at most what the other processes started in that window. Within one process the count is exact.
+and publishes the counts (one small transaction when they change, at most once a second, and
+again every second while calls are in flight or a change is unpublished: ``heartbeat``, run by
+a daemon thread); the others' counts are read at most once a second and ignored when older
+than ``stale_after`` (a process that died stops counting then). So a process sees the others'
+calls up to about two seconds late: across processes, an endpoint can briefly take more calls
+than its capacity, by at most what the other processes started in that window. Within one
+process the count is exact.
 
 The Scheduler asks ``choose`` when it claims a step (it records the endpoint, or defers the
 step when no endpoint has room); the agent asks ``acquire`` when it calls (an endpoint that
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -41,7 +44,10 @@ class Router:
         loads: LoadStore | None = None,
         refresh: timedelta = timedelta(seconds=1),
         stale_after: timedelta = timedelta(seconds=5),
+        background: bool = False,
     ) -> None:
+        """``background``: run ``heartbeat`` on a daemon thread every ``refresh`` (started on the
+        first counted call); without it, the caller runs ``heartbeat`` (tests do)."""
         self._endpoints = {agent: tuple(found) for agent, found in endpoints.items()}
         self._clock = clock
         self._instance_id = instance_id
@@ -55,6 +61,8 @@ class Router:
         self._read_at: datetime | None = None
         self._published_at: datetime | None = None
         self._unpublished = False
+        self._background = background
+        self._beating: threading.Thread | None = None
 
     def endpoints(self, agent: str) -> tuple[Endpoint, ...]:
         return self._endpoints[agent]
@@ -97,6 +105,7 @@ class Router:
             if chosen is not None:
                 self._local[chosen.target] += 1
                 self._unpublished = True
+        self._start_heartbeat()
         self._publish_if_due()
         return chosen
 
@@ -136,6 +145,34 @@ class Router:
         with self._lock:
             self._others = dict(others)
             return self._others
+
+    def heartbeat(self) -> None:
+        """Publish this process's counts if a change is unpublished or calls are in flight (so
+        the others never take a long call's row for stale), at most once per ``refresh``."""
+        with self._lock:
+            if any(self._local.values()):
+                self._unpublished = True
+        self._publish_if_due()
+
+    def _start_heartbeat(self) -> None:
+        if not self._background or self._loads is None or self._beating is not None:
+            return
+        with self._lock:
+            if self._beating is not None:
+                return
+            self._beating = threading.Thread(
+                target=self._beat, name="sas-endpoint-load", daemon=True
+            )
+        self._beating.start()
+
+    def _beat(self) -> None:
+        wait = self._refresh.total_seconds()
+        while True:
+            time.sleep(wait)
+            try:
+                self.heartbeat()
+            except Exception:  # never let the thread die: the next beat tries again
+                log.warning("sas.endpoint_load_heartbeat_failed", exc_info=True)
 
     def _publish_if_due(self) -> None:
         if self._loads is None:

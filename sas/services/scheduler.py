@@ -176,14 +176,13 @@ class Scheduler:
             step=reply.step,
             mode=reply.mode,
             actor=self._instance_id,
-            detail=reply.error
-            or (
-                "next step deferred: no endpoint has room" if decision.then is Then.DEFER else None
-            ),
+            detail=reply.error,
             endpoint=reply.endpoint,
         )
         entries = [history]
-        if decision.then is Then.DISPATCH:  # the next step claimed: where it goes, on record
+        if decision.then is Then.DISPATCH or (
+            decision.then is Then.DEFER and reply.outcome != "deferred"
+        ):  # the next step claimed (or deferred for want of room): on record, with its endpoint
             entries.append(
                 self._dispatcher.claim_history(decision.state, workflow, self._instance_id)
             )

@@ -147,9 +147,13 @@ class Submission:
         return SubmissionOutcome.ACCEPTED
 
     def _higher_waiting(self) -> Waiting:
-        """What waits in the high and normal lanes of every queue the app consumes: the work a
-        low-priority order would otherwise be let in beside."""
-        return self._backlog.waiting(self._routes.lanes_for(("high", "normal")))
+        """What waits in the high and normal lanes of the queues the app consumes: the work a
+        low-priority order would otherwise be let in beside. Not the scheduler's lanes: they
+        hold delayed messages (retry backoffs, deferred steps), and a peek dates a message
+        from when it was sent, not from when it became due."""
+        scheduler = set(self._routes.all_lanes(self._routes.scheduler))
+        lanes = self._routes.lanes_for(("high", "normal"))
+        return self._backlog.waiting(tuple(q for q in lanes if q not in scheduler))
 
     def _defer(self, message: OrderSubmitted, now: datetime, delay: timedelta) -> SubmissionOutcome:
         """Back into the low lane for ``delay``, remembering when the first deferral was (the

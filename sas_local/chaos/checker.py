@@ -257,6 +257,9 @@ class _State:
     mode: str
     attempt: int
     failures: int = 0
+    unrecorded_claim: bool = False
+    """A reply's transition claimed the next step: its ``claimed`` (or ``deferred``) row, in
+    the same transaction, may follow once."""
 
 
 @dataclass
@@ -454,21 +457,29 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
     running = PROCESSING if s.mode == "do" else COMPENSATING
     last = len(design.steps) - 1
     if r.kind == "claimed":
+        if s.ps == running and s.unrecorded_claim and r.attempt == s.attempt and same_step:
+            return _State(running, s.step, s.mode, r.attempt, s.failures)  # its record
         if s.ps != PENDING or r.attempt != s.attempt + 1 or not same_step:
             return "claim of an order that is not Pending at that step, or not attempt+1"
         return _State(running, s.step, s.mode, r.attempt, s.failures)
+    if r.kind == "deferred":  # no endpoint had room: Pending again, no failure counted
+        claimed_now = s.ps == PENDING and r.attempt == s.attempt + 1
+        answered = s.ps == running and r.attempt == s.attempt
+        if not same_step or not (claimed_now or answered):
+            return "deferral of a step that was neither being claimed nor running"
+        return _State(PENDING, s.step, s.mode, r.attempt, s.failures)
     if r.kind in REPLY_KINDS:
         if s.ps != running or r.attempt != s.attempt or not same_step:
             return "reply applied for an attempt that is not the one running"
         if r.kind == "completed" and s.mode == "do":
             if s.step == last:
                 return _State(PROCESSED, s.step, "do", s.attempt)
-            return _State(PROCESSING, s.step + 1, "do", s.attempt + 1)
+            return _State(PROCESSING, s.step + 1, "do", s.attempt + 1, unrecorded_claim=True)
         if r.kind == "undone" and s.mode == "undo":
             following = design.next_undo(s.step - 1)
             if following is None:
                 return _State(COMPENSATED, s.step, "undo", s.attempt)
-            return _State(COMPENSATING, following, "undo", s.attempt + 1)
+            return _State(COMPENSATING, following, "undo", s.attempt + 1, unrecorded_claim=True)
         if r.kind == "refused":
             if s.mode == "undo" or design.on_failure != "compensate":
                 return _State(ERROR, s.step, s.mode, s.attempt, s.failures)

@@ -75,11 +75,17 @@ TRANSPORTS = {
     "storage": ("queueTrigger", settings.STORAGE_CONNECTION),
 }
 
-QUEUE_FUNCTIONS = {
+NORMAL_LANES = {
     "submit": settings.QUEUE_ORDERS,
     "schedule": settings.QUEUE_SCHEDULER,
     "on_reply": settings.QUEUE_REPLIES,
     **{f"agent_{agent}": settings.agent_queue_setting(agent) for agent in AGENTS},
+}
+# Every lane of every queue: its own function on its own queue setting.
+QUEUE_FUNCTIONS = {
+    **NORMAL_LANES,
+    **{f"{name}_high": f"{key}_HIGH" for name, key in NORMAL_LANES.items()},
+    **{f"{name}_low": f"{key}_LOW" for name, key in NORMAL_LANES.items()},
 }
 HTTP_FUNCTION = "http_app_func"  # the one function of func.AsgiFunctionApp
 EXPECTED = {*QUEUE_FUNCTIONS, "supervise", HTTP_FUNCTION}

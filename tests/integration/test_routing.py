@@ -16,7 +16,7 @@ from sas.domain.endpoints import Endpoint, single_endpoint
 from sas.domain.errors import TransientRemoteError
 from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StepReply, StepRequest
 from sas.domain.model import ProcessState
-from sas.services.agent import AgentOutcome
+from sas.services.agent import AgentOutcome, AgentRunner
 from sas.services.routing import Router
 from sas.services.scheduler import ScheduleOutcome
 from tests.fakes import FakeClock
@@ -157,7 +157,7 @@ def test_a_step_is_deferred_when_no_endpoint_has_room_and_no_failure_is_counted(
     assert world.deliver("scheduler") == [ScheduleOutcome.DEFERRED]
     assert world.state("r5").deferrals == 2
     kinds = [k for k, _, _ in endpoint_history(world, "r5")]
-    assert kinds.count("deferred") == 1  # the schedule hop's; the reply hop's is noted on it
+    assert kinds.count("deferred") == 2  # at the reply's claim, then at the schedule hop's
     assert outcomes
     # Room again: the next ask claims it, on an endpoint, and the order completes.
     for endpoint in held:
@@ -242,3 +242,60 @@ def test_a_try_that_fails_on_one_endpoint_fails_over_within_the_attempt(world):
     assert ("completed", "charge", "north") in endpoint_history(world, "r9")
     assert world.router is not None
     assert world.router.in_flight(WEST) == world.router.in_flight(NORTH) == 0  # all released
+
+
+def test_deferrals_made_by_the_agent_back_off_longer_each_time(world):
+    """The endpoints fill up between each claim and the call: every deferral of the step
+    waits longer than the one before (1, 2, 4, 8, then the 10 s cap)."""
+    router = world.router
+    assert router is not None
+    request = to_payment(world, "r10")
+    delays = []
+    for _ in range(5):
+        held = [router.acquire("payment") for _ in range(4)]  # both full now
+        assert world.agents["payment"].handle(request) is AgentOutcome.DEFERRED
+        world.deliver("replies")
+        state = world.state("r10")
+        assert state.not_before is not None
+        delays.append((state.not_before - state.updated_at).total_seconds())
+        for endpoint in held:
+            assert endpoint is not None
+            router.release(endpoint)
+        world.clock.advance(delays[-1] + 0.1)
+        world.deliver("scheduler")  # room again: claimed
+        (request,) = [m for m in world.bus.take("agent-payment") if isinstance(m, StepRequest)]
+    assert delays == [1, 2, 4, 8, 10]
+    assert world.state("r10").failure_count == 0
+
+
+def test_no_room_after_a_failed_try_defers_the_step_instead_of_failing_it(world):
+    """One 503, then other calls take every endpoint while this agent backs off: the step is
+    deferred (a deferred reply), not given up (which the Supervisor would count)."""
+    router = world.router
+    assert router is not None
+    request = to_payment(world, "r11")
+    others: list[Endpoint] = []
+    world.remote.down.update({"west", "north"})
+
+    def sleep(seconds: float) -> None:
+        while (endpoint := router.acquire("payment")) is not None:
+            others.append(endpoint)
+        world.clock.advance(seconds)
+
+    agent = AgentRunner(
+        "payment", world.remote, world.bus, world.routes, world.clock, sleep=sleep, router=router
+    )
+    assert agent.handle(request) is AgentOutcome.DEFERRED
+    for endpoint in others:
+        router.release(endpoint)
+    world.remote.down.clear()
+    world.deliver("replies")
+    state = world.state("r11")
+    assert (state.process_state, state.failure_count, state.deferrals) == (
+        ProcessState.PENDING,
+        0,
+        1,
+    )
+    world.clock.advance(2)
+    world.run()
+    assert world.state("r11").process_state is ProcessState.PROCESSED

@@ -230,3 +230,69 @@ def test_lane_queue_names_are_settings_of_their_own():
     }
     with pytest.raises(ConfigurationError, match="name the same queue"):
         settings.load(base_env(SAS_QUEUE_ORDERS_LOW="sas-orders"))
+
+
+def test_a_long_call_stays_visible_to_other_processes_through_the_heartbeat():
+    clock, loads = FakeClock(), SharedLoads()
+    only = Endpoint("payment", "west", "http://w.invalid", capacity=2)
+    p1 = Router({"payment": (only,)}, clock, "p1", healthy=lambda e: True, loads=loads)
+    p2 = Router({"payment": (only,)}, clock, "p2", healthy=lambda e: True, loads=loads)
+    assert p1.acquire("payment") and p1.acquire("payment")  # two long calls start in p1
+    for _ in range(12):  # 12 s of calls, p1 doing nothing but its heartbeat
+        clock.advance(1.0)
+        p1.heartbeat()
+        assert p2.in_flight(only) == 2
+        assert p2.acquire("payment") is None  # full, as seen from the other process
+
+
+def test_a_release_is_published_by_the_next_heartbeat():
+    clock, loads = FakeClock(), SharedLoads()
+    only = Endpoint("payment", "west", "http://w.invalid", capacity=1)
+    p1 = Router({"payment": (only,)}, clock, "p1", healthy=lambda e: True, loads=loads)
+    p2 = Router({"payment": (only,)}, clock, "p2", healthy=lambda e: True, loads=loads)
+    endpoint = p1.acquire("payment")  # published at once
+    assert endpoint is not None
+    clock.advance(0.3)
+    p1.release(endpoint)  # within the refresh: not published yet
+    clock.advance(1.0)
+    p1.heartbeat()
+    clock.advance(1.0)
+    assert p2.acquire("payment") is only
+
+
+class SharedLoads:
+    """One table of load rows shared by several routers (processes)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], EndpointLoad] = {}
+
+    def publish(self, instance_id, counts, at):
+        for target, count in counts.items():
+            self.rows[(target, instance_id)] = EndpointLoad(target, instance_id, count, at)
+
+    def read(self):
+        return list(self.rows.values())
+
+
+@pytest.mark.parametrize("url", [5, ["https://a.example.com"], {"u": 1}, None])
+def test_an_endpoint_url_that_is_not_text_is_refused_with_the_key(url):
+    value = json.dumps([{"name": "west", "url": url}])
+    with pytest.raises(ConfigurationError, match="SAS_REMOTE_PAYMENT_ENDPOINTS"):
+        settings.load(base_env(SAS_REMOTE_PAYMENT_ENDPOINTS=value))
+
+
+def test_a_capacity_beside_an_endpoints_list_is_refused():
+    value = json.dumps([{"name": "west", "url": "https://a.example.com"}])
+    with pytest.raises(ConfigurationError, match="SAS_REMOTE_PAYMENT_CAPACITY"):
+        settings.load(
+            base_env(SAS_REMOTE_PAYMENT_ENDPOINTS=value, SAS_REMOTE_PAYMENT_CAPACITY="abc")
+        )
+
+
+def test_lanes_are_named_after_a_renamed_normal_lane():
+    s = settings.load(base_env(SAS_QUEUE_ORDERS="app1-orders"))
+    assert s.lanes(settings.QUEUE_ORDERS) == {
+        "high": "app1-orders-high",
+        "normal": "app1-orders",
+        "low": "app1-orders-low",
+    }
