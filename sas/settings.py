@@ -293,18 +293,9 @@ def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...]:
 
 
 def _clock_skew(env: Mapping[str, str]) -> float:
-    raw = env.get(CLOCK_SKEW_SECONDS)
-    if raw is None or raw.strip() == "":
-        return DEFAULT_CLOCK_SKEW_SECONDS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigurationError(f"{CLOCK_SKEW_SECONDS} must be a number of seconds") from None
-    if not 0 <= value <= MAX_CLOCK_SKEW_SECONDS:
-        raise ConfigurationError(
-            f"{CLOCK_SKEW_SECONDS} must be between 0 and {MAX_CLOCK_SKEW_SECONDS:g} seconds"
-        )
-    return value
+    return _seconds(
+        env, CLOCK_SKEW_SECONDS, DEFAULT_CLOCK_SKEW_SECONDS, 0.0, MAX_CLOCK_SKEW_SECONDS
+    )
 
 
 def _reply_to_prefixes(env: Mapping[str, str], app_queues: Iterable[str]) -> tuple[str, ...]:
