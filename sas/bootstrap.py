@@ -153,13 +153,20 @@ def submission() -> Submission:
         reply_to_prefixes=s.reply_to_prefixes,
         admission=s.admission,
         router=router(),
+        queue_allowance=True,
     )
 
 
 @_once
 def scheduler() -> Scheduler:
     return Scheduler(
-        store(), transport(), routes(), clock(), settings().instance_id, router=router()
+        store(),
+        transport(),
+        routes(),
+        clock(),
+        settings().instance_id,
+        router=router(),
+        queue_allowance=True,
     )
 
 

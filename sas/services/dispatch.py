@@ -3,7 +3,8 @@ claims the first step itself) and the Scheduler (every later claim)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from dataclasses import replace
+from datetime import datetime, timedelta
 
 from sas.domain.clock import Clock
 from sas.domain.endpoints import DeferralPolicy
@@ -13,10 +14,14 @@ from sas.domain.model import HistoryEntry, OrderState
 from sas.domain.transitions import DEFERRAL, defer, with_endpoint
 from sas.domain.wire import idempotency_key, step_request_message_id
 from sas.domain.workflow import Workflow
+from sas.services.backlog import Backlog
 from sas.services.consequences import Notifier
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 from sas.services.routing import Router
+
+QUEUE_ALLOWANCE_BUDGETS = 4
+"""The most a claimed step's deadline is lengthened for its queue's backlog, in step budgets."""
 
 
 class Dispatcher:
@@ -28,27 +33,52 @@ class Dispatcher:
         clock: Clock,
         router: Router | None = None,
         deferral: DeferralPolicy = DEFERRAL,
+        *,
+        queue_allowance: bool = False,
     ) -> None:
+        """``queue_allowance``: a claimed step's deadline also covers the wait its request
+        will have in its agent's lane (``route``)."""
         self._store = store
         self._transport = transport
         self._routes = routes
         self._clock = clock
         self._router = router
         self.deferral = deferral
+        self._backlog = Backlog(transport, clock) if queue_allowance else None
         self._notify = Notifier(transport, routes)
 
     def route(self, claimed: OrderState, workflow: Workflow, now: datetime) -> OrderState:
         """A just-claimed state with its endpoint chosen (a retry's previous one first), or
-        deferred (Pending for a backoff) when no endpoint of its service has room. Unchanged
-        without a router or when no step runs."""
-        if self._router is None or not claimed.is_running:
+        deferred (Pending for a backoff) when no endpoint of its service has room; its
+        deadline lengthened by the queue allowance. Unchanged when no step runs."""
+        if not claimed.is_running:
             return claimed
-        agent = workflow.step(claimed.step_index).agent
-        chosen = self._router.choose(agent, prefer=claimed.endpoint)
+        step = workflow.step(claimed.step_index)
+        routed = self._with_queue_allowance(claimed, step.budget, step.agent, now)
+        if self._router is None:
+            return routed
+        chosen = self._router.choose(step.agent, prefer=claimed.endpoint)
         if chosen is not None:
-            return with_endpoint(claimed, chosen.name)
+            return with_endpoint(routed, chosen.name)
         delay = self.deferral.delay(claimed.deferrals + 1)
         return defer(claimed, now=now, delay=delay, workflow=workflow)
+
+    def _with_queue_allowance(
+        self, claimed: OrderState, budget: timedelta, agent: str, now: datetime
+    ) -> OrderState:
+        """Under a backlog a request waits in its agent's lane before any agent can start it;
+        a deadline that ran from the claim alone would expire requests nobody had started (and
+        a burst would compensate orders that never had a chance). So the deadline also covers
+        the wait the lane's oldest request has had so far — the wait this one can expect — up
+        to QUEUE_ALLOWANCE_BUDGETS budgets. Without a backlog it adds nothing."""
+        if self._backlog is None or claimed.complete_by is None:
+            return claimed
+        lane = self._routes.agent(agent, claimed.priority)
+        oldest = self._backlog.waiting((lane,)).oldest
+        if oldest is None or oldest >= now:
+            return claimed
+        allowance = min(now - oldest, budget * QUEUE_ALLOWANCE_BUDGETS)
+        return replace(claimed, complete_by=claimed.complete_by + allowance)
 
     @staticmethod
     def claim_history(state: OrderState, workflow: Workflow, actor: str) -> HistoryEntry:

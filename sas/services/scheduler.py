@@ -58,6 +58,7 @@ class Scheduler:
         clock: Clock,
         instance_id: str,
         router: Router | None = None,
+        queue_allowance: bool = False,
     ) -> None:
         self._store = store
         self._transport = transport
@@ -65,7 +66,9 @@ class Scheduler:
         self._clock = clock
         self._instance_id = instance_id
         self._then = Consequences(store, transport, routes, clock, actor=instance_id)
-        self._dispatcher = Dispatcher(store, transport, routes, clock, router)
+        self._dispatcher = Dispatcher(
+            store, transport, routes, clock, router, queue_allowance=queue_allowance
+        )
 
     def schedule(self, request: ScheduleRequest) -> ScheduleOutcome:
         extra: dict[str, object] = {"order_id": request.order_id}

@@ -8,7 +8,6 @@ claim rides in the same entity-group transaction, and no ScheduleRequest hop is 
 from __future__ import annotations
 
 import logging
-import threading
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -20,6 +19,7 @@ from sas.domain.priority import AdmissionPolicy, Waiting
 from sas.domain.transitions import claim, initial_state, look_again_at
 from sas.domain.wire import POISON_SUFFIX, deferred_submission_message_id
 from sas.domain.workflow import WORKFLOWS, Workflow
+from sas.services.backlog import Backlog
 from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
@@ -52,15 +52,18 @@ class Submission:
         reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES,
         admission: AdmissionPolicy | None = None,
         router: Router | None = None,
+        queue_allowance: bool = False,
     ) -> None:
         self._store = store
         self._transport = transport
         self._admission = admission or AdmissionPolicy()
-        self._backlog = _Backlog(transport, clock)
+        self._backlog = Backlog(transport, clock)
         self._clock = clock
         self._instance_id = instance_id
         self._then = Consequences(store, transport, routes, clock, actor="submit")
-        self._dispatcher = Dispatcher(store, transport, routes, clock, router)
+        self._dispatcher = Dispatcher(
+            store, transport, routes, clock, router, queue_allowance=queue_allowance
+        )
         self._routes = routes
         self._reply_to_prefixes = reply_to_prefixes
         own = (*routes.consumed, routes.alerts)
@@ -223,30 +226,3 @@ class Submission:
             and self._clock.now() < (state.complete_by or state.updated_at)
         ):
             self._dispatcher.dispatch(state, workflow)
-
-
-class _Backlog:
-    """What waits in a set of queues, peeked at most once per ``ttl`` per process (the check
-    runs for every low-priority submission)."""
-
-    def __init__(self, transport: Transport, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
-        self._transport = transport
-        self._clock = clock
-        self._ttl = ttl
-        self._lock = threading.Lock()
-        self._seen: dict[tuple[str, ...], tuple[datetime, Waiting]] = {}
-
-    def waiting(self, queues: tuple[str, ...]) -> Waiting:
-        now = self._clock.now()
-        with self._lock:
-            cached = self._seen.get(queues)
-            if cached is not None and now - cached[0] < self._ttl:
-                return cached[1]
-            total = Waiting()
-            for queue in dict.fromkeys(queues):
-                try:
-                    total += self._transport.waiting(queue)
-                except Exception:  # no backlog known: admit rather than hold orders back
-                    log.warning("sas.backlog_peek_failed", extra={"queue": queue}, exc_info=True)
-            self._seen[queues] = (now, total)
-            return total

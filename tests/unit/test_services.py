@@ -246,3 +246,28 @@ def test_an_error_reply_in_a_workflow_without_compensation_alerts_exactly_once(p
     (alert,) = transport.to("alerts")
     assert alert.order_id == "o1" and "declined" in alert.reason
     assert transport.to("status-q")[-1].status == "failed"
+
+
+def test_a_claimed_steps_deadline_covers_the_wait_in_its_agents_lane(parts):
+    """Under a backlog the request waits behind older ones before any agent can start it: the
+    deadline covers that wait (as long as the lane's oldest request has waited so far, capped),
+    so a burst does not expire steps nobody started."""
+    from sas.services.dispatch import QUEUE_ALLOWANCE_BUDGETS
+
+    store, transport, clock = parts
+    budget = ORDER_WORKFLOW.steps[0].budget
+    transport.waiting_since["agent-inventory"] = clock.now() - timedelta(seconds=40)
+    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("q1"))
+    state = store.get_state("q1")
+    assert state is not None
+    assert state.value.complete_by == clock.now() + budget + timedelta(seconds=40)
+    transport.waiting_since["agent-inventory"] = clock.now() - timedelta(hours=1)
+    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("q2"))
+    capped = store.get_state("q2")
+    assert capped is not None
+    assert capped.value.complete_by == clock.now() + budget * (1 + QUEUE_ALLOWANCE_BUDGETS)
+    # Without a backlog (or without the option) the deadline is the budget alone.
+    transport.waiting_since.clear()
+    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("q3"))
+    plain = store.get_state("q3")
+    assert plain is not None and plain.value.complete_by == clock.now() + budget
