@@ -546,3 +546,19 @@ def test_a_broken_breaker_store_never_fails_the_step():
     remote, transport = ScriptedRemote([{"effect_id": "e"}]), RecordingTransport()
     assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
     assert len(remote.calls) == 1 and len(transport.sent) == 1
+
+
+def test_for_routing_an_open_breaker_is_unhealthy_until_its_probe_is_due():
+    clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
+    store = FakeBreakerStore()
+    policy = BreakerPolicy(failure_threshold=2, open_for=timedelta(seconds=10))
+    breaker = CircuitBreaker(store, clock, "payment@west", policy, cache_ttl=0)
+    assert breaker.healthy()
+    breaker.record_failure()
+    breaker.record_failure()  # open now
+    assert not breaker.healthy()
+    clock.advance(11)  # the probe is due: routing may send the call that takes it
+    assert breaker.healthy()
+    breaker.before_call()  # that call takes the probe: the others stay away meanwhile
+    other = CircuitBreaker(store, clock, "payment@west", policy, cache_ttl=0)
+    assert not other.healthy()

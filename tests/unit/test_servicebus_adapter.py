@@ -73,6 +73,7 @@ class FakeSender:
 @dataclass
 class FakePeeked:
     enqueued_time_utc: datetime | None
+    state: Any = None
 
 
 class FakeReceiver:
@@ -804,3 +805,21 @@ def test_the_oldest_waiting_message_of_a_lane_is_peeked_on_that_lane(
     assert transport.oldest_waiting("sas-orders-high") == enqueued
     assert transport.oldest_waiting("sas-orders") is None
     assert client.receivers == ["sas-orders-high", "sas-orders"]
+
+
+def test_a_lanes_backlog_counts_only_active_messages(
+    client: FakeClient, transport: ServiceBusTransport, clock: FakeClock
+) -> None:
+    """A peek also returns scheduled (and deferred) messages: a retry's delayed re-ask is no
+    backlog, however long ago it was sent."""
+    from azure.servicebus import ServiceBusMessageState
+
+    long_ago = clock.now() - timedelta(minutes=5)
+    recent = clock.now() - timedelta(seconds=1)
+    client.waiting["sas-agent-payment"] = [
+        FakePeeked(long_ago, ServiceBusMessageState.SCHEDULED),
+        FakePeeked(long_ago, ServiceBusMessageState.DEFERRED),
+        FakePeeked(recent, ServiceBusMessageState.ACTIVE),
+    ]
+    seen = transport.waiting("sas-agent-payment")
+    assert (seen.oldest, seen.count) == (recent, 1)
