@@ -15,8 +15,8 @@ log = logging.getLogger(__name__)
 
 
 class Backlog:
-    """What waits in a set of queues, peeked at most once per ``ttl`` per process (the check
-    runs for every low-priority submission)."""
+    """What waits in a set of queues, peeked at most once per ``ttl`` per process (asked for
+    every low-priority submission and, for the queue allowance, every claim)."""
 
     def __init__(self, transport: Transport, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
         self._transport = transport

@@ -59,14 +59,8 @@ def priorities(*, backlog: int, urgent: int, log_dir: Path, timeout: float) -> d
 
 
 def endpoints(*, orders: int, log_dir: Path, timeout: float) -> dict[str, Any]:
-    config = (
-        {"name": "west", "capacity": ENDPOINT_CAPACITY},
-        {
-            "name": "north",
-            "capacity": ENDPOINT_CAPACITY,
-        },
-    )
-    with LocalStack.start(workers=2, log_dir=log_dir, endpoints={"payment": list(config)}) as stack:
+    config = [{"name": name, "capacity": ENDPOINT_CAPACITY} for name in ("west", "north")]
+    with LocalStack.start(workers=2, log_dir=log_dir, endpoints={"payment": config}) as stack:
         conn = stack.azurite.connection_string
         queue = stack.settings.queue(settings_module.QUEUE_ORDERS)
         table = TableClient.from_connection_string(conn, stack.settings.table_name)
