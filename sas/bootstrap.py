@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from sas import settings as settings_module
 from sas.domain.clock import Clock, SystemClock
+from sas.domain.messages import OrderSubmitted
 from sas.domain.transitions import RetryPolicy
 from sas.domain.workflow import AGENTS
 from sas.services.agent import AgentRunner
@@ -189,7 +190,14 @@ def supervisor() -> Supervisor:
 
 @_once
 def operator() -> Operator:
-    return Operator(store(), transport(), routes(), clock(), poison=poison())
+    return Operator(
+        store(), transport(), routes(), clock(), poison=poison(), check_order=_check_order
+    )
+
+
+def _check_order(order: OrderSubmitted) -> None:
+    # The Submission (and its router) only when an order is actually submitted.
+    submission().check(order)
 
 
 @_once

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,7 +20,7 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.priority import Waiting
-from sas.domain.wire import rejected_row_key
+from sas.domain.wire import Priority, rejected_row_key
 
 
 class FakeClock:
@@ -172,6 +172,43 @@ class InMemoryStore:
     def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
         found = [s for s, _ in self.states.values() if s.process_state is process_state]
         return found[:limit]
+
+    def query_states(
+        self,
+        *,
+        process_state: ProcessState | None = None,
+        priority: Priority | None = None,
+        submitted_after: datetime | None = None,
+        submitted_before: datetime | None = None,
+        finished_before: datetime | None = None,
+    ) -> Iterator[Versioned[OrderState]]:
+        for state, etag in list(self.states.values()):
+            finished = state.finished_at
+            if (
+                (process_state is None or state.process_state is process_state)
+                and (priority is None or state.priority == priority)
+                and (submitted_after is None or state.submitted_at >= submitted_after)
+                and (submitted_before is None or state.submitted_at < submitted_before)
+                and (finished_before is None or (finished and finished < finished_before))
+            ):
+                yield Versioned(state, etag)
+
+    def count_states(self) -> dict[ProcessState, int]:
+        counts = dict.fromkeys(ProcessState, 0)
+        for state, _ in self.states.values():
+            counts[state.process_state] += 1
+        return counts
+
+    def purge_order(self, state: Versioned[OrderState]) -> bool:
+        order_id = state.value.order_id
+        found = self.states.get(order_id)
+        if found is None or found[1] != state.etag:
+            return False
+        del self.states[order_id]
+        self.orders.pop(order_id, None)
+        self.history = [h for h in self.history if h.order_id != order_id]
+        self.steps = {key: s for key, s in self.steps.items() if key[0] != order_id}
+        return True
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
         return [s for (oid, _), s in sorted(self.steps.items()) if oid == order_id]

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
+_SLACK = timedelta(seconds=1)
 
 
 class TableStateStore:
@@ -268,6 +269,90 @@ class TableStateStore:
                 break
         return found
 
+    def query_states(
+        self,
+        *,
+        process_state: ProcessState | None = None,
+        priority: Priority | None = None,
+        submitted_after: datetime | None = None,
+        submitted_before: datetime | None = None,
+        finished_before: datetime | None = None,
+    ) -> Iterator[Versioned[OrderState]]:
+        clauses = ["RowKey eq @row"]
+        params: dict[str, Any] = {"row": STATE_ROW}
+        if process_state is not None:
+            clauses.append("ProcessState eq @state")
+            params["state"] = process_state.value
+        # A normal order has no Priority column (_priority_column), which a filter cannot ask
+        # for: normal is picked out below instead.
+        if priority is not None and priority != DEFAULT_PRIORITY:
+            clauses.append("Priority eq @priority")
+            params["priority"] = priority
+        # Time filters are widened by a second on the service and applied exactly here: a
+        # filter's datetime literal may be coarser than the stored value.
+        for name, clause, value in (
+            ("after", "SubmittedAt ge @after", submitted_after and submitted_after - _SLACK),
+            ("before", "SubmittedAt lt @before", submitted_before and submitted_before + _SLACK),
+            ("finished", "FinishedAt lt @finished", finished_before and finished_before + _SLACK),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                params[name] = value
+        entities = self._table.query_entities(
+            " and ".join(clauses), parameters=params, results_per_page=1000
+        )
+        for entity in entities:
+            state = _state_from(entity)
+            finished = state.finished_at
+            if (
+                (priority is None or state.priority == priority)
+                and (submitted_after is None or state.submitted_at >= submitted_after)
+                and (submitted_before is None or state.submitted_at < submitted_before)
+                and (
+                    finished_before is None or (finished is not None and finished < finished_before)
+                )
+            ):
+                yield Versioned(state, str(entity.metadata["etag"]))
+
+    def count_states(self) -> dict[ProcessState, int]:
+        counts = dict.fromkeys(ProcessState, 0)
+        entities = self._table.query_entities(
+            "RowKey eq @row",
+            parameters={"row": STATE_ROW},
+            select=["ProcessState"],
+            results_per_page=1000,
+        )
+        for entity in entities:
+            counts[ProcessState(entity["ProcessState"])] += 1
+        return counts
+
+    def purge_order(self, state: Versioned[OrderState]) -> bool:
+        """One entity-group transaction when the order has at most 100 rows (a 3-step order
+        has about 15): all or nothing. A longer order goes in several, the conditional delete
+        of its state row in the last, so a purge cut short is found and finished next time."""
+        order_id = state.value.order_id
+        rows = self._table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": order_id}, select=["RowKey"]
+        )
+        deletes: list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], dict[str, Any]]]
+        deletes = [
+            ("delete", {"PartitionKey": order_id, "RowKey": row["RowKey"]})
+            for row in rows
+            if row["RowKey"] != STATE_ROW
+        ]
+        unchanged = {"etag": state.etag, "match_condition": MatchConditions.IfNotModified}
+        last = ("delete", {"PartitionKey": order_id, "RowKey": STATE_ROW}, unchanged)
+        while len(deletes) >= _MAX_BATCH:
+            self._table.submit_transaction(deletes[: _MAX_BATCH - 1])
+            deletes = deletes[_MAX_BATCH - 1 :]
+        try:
+            self._table.submit_transaction([*deletes, last])
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):
+                return False
+            raise
+        return True
+
     # --- steps ------------------------------------------------------------------------
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
@@ -452,6 +537,7 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "Priority": _priority_column(state.priority),
             "Endpoint": state.endpoint,
             "Deferrals": state.deferrals or None,
+            "TraceParent": state.traceparent,
             "Details": None
             if state.details is None
             else json.dumps(state.details, separators=(",", ":")),
@@ -484,6 +570,7 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         priority=_priority(entity.get("Priority")),
         endpoint=entity.get("Endpoint"),
         deferrals=int(entity.get("Deferrals") or 0),
+        traceparent=entity.get("TraceParent"),
     )
 
 

@@ -1,27 +1,60 @@
-"""What an operator can do: look at orders, resubmit an Error order; list, replay and discard
-rejected (parked) and poisoned messages."""
+"""What an operator can do: submit, look at and count orders, resubmit an Error order, purge
+finished orders past their retention; list, replay and discard rejected (parked) and poisoned
+messages. The HTTP API, the dashboard and the `sas` CLI all go through here."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sas.domain.clock import Clock
-from sas.domain.errors import ConfigurationError, IllegalTransition, NotFound
-from sas.domain.messages import MAX_MESSAGE_BYTES
+from sas.domain.errors import ConfigurationError, IllegalTransition, InvalidMessage, NotFound
+from sas.domain.messages import MAX_MESSAGE_BYTES, OrderSubmitted
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
 from sas.domain.poison import PoisonedMessage, consumed_queues
 from sas.domain.transitions import look_again_at, resubmit
-from sas.domain.wire import is_rejected_row_key
+from sas.domain.wire import Priority, is_rejected_row_key, submission_message_id
 from sas.domain.workflow import workflow_named
 from sas.services.consequences import Consequences
 from sas.services.ports import PoisonStore, StateStore, Transport
 from sas.services.routes import Routes
 
 log = logging.getLogger(__name__)
+
+PURGEABLE_STATES = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
+"""Finished for good. Error orders wait for an operator and are never purged."""
+MAX_QUERY_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class OrderQuery:
+    """Which orders to list; None means any. Ages are by submission time."""
+
+    state: ProcessState | None = None
+    priority: Priority | None = None
+    older_than: timedelta | None = None
+    newer_than: timedelta | None = None
+    limit: int = 100
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_QUERY_LIMIT:
+            raise ValueError(f"limit must be 1..{MAX_QUERY_LIMIT}")
+        for name, age in (("older_than", self.older_than), ("newer_than", self.newer_than)):
+            if age is not None and age < timedelta(0):
+                raise ValueError(f"{name} must not be negative")
+
+
+@dataclass(frozen=True)
+class PurgeReport:
+    cutoff: datetime
+    """Orders that finished before this instant (now - retention) are purged."""
+    dry_run: bool
+    candidates: list[OrderState]
+    purged: int
+    """Orders whose rows were all deleted: 0 on a dry run."""
 
 
 @dataclass(frozen=True)
@@ -40,8 +73,12 @@ class Operator:
         routes: Routes,
         clock: Clock,
         poison: PoisonStore | None = None,
+        check_order: Callable[[OrderSubmitted], None] | None = None,
     ) -> None:
         self._store = store
+        self._transport = transport
+        self._routes = routes
+        self._check_order = check_order
         self._clock = clock
         self._poison = poison
         self._consumed = consumed_queues(
@@ -63,6 +100,77 @@ class Operator:
 
     def in_state(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
         return self._store.list_states(process_state, limit)
+
+    def counts(self) -> dict[ProcessState, int]:
+        return self._store.count_states()
+
+    def find(self, query: OrderQuery) -> list[OrderState]:
+        """Matching orders, most recently updated first (all matches are read to sort them)."""
+        now = self._clock.now()
+        found = [
+            versioned.value
+            for versioned in self._store.query_states(
+                process_state=query.state,
+                priority=query.priority,
+                submitted_before=None if query.older_than is None else now - query.older_than,
+                submitted_after=None if query.newer_than is None else now - query.newer_than,
+            )
+        ]
+        found.sort(key=lambda state: (state.updated_at, state.order_id), reverse=True)
+        return found[: query.limit]
+
+    def purge(
+        self, retention: timedelta, *, dry_run: bool = True, limit: int = MAX_QUERY_LIMIT
+    ) -> PurgeReport:
+        """Delete Processed and Compensated orders that finished more than ``retention`` ago
+        (at most ``limit`` per call, oldest first); a dry run only lists them.
+
+        Once purged, an order's id is forgotten: a submission that arrives again with the same
+        id runs as a new order, so the retention must outlast any redelivery of submissions."""
+        if retention < timedelta(0):
+            raise ValueError("retention must not be negative")
+        if limit < 1:
+            raise ValueError("limit must be positive")
+        cutoff = self._clock.now() - retention
+        candidates = sorted(
+            (
+                versioned
+                for state in sorted(PURGEABLE_STATES)
+                for versioned in self._store.query_states(
+                    process_state=state, finished_before=cutoff
+                )
+                if versioned.value.finished_at is not None and versioned.value.finished_at < cutoff
+            ),
+            key=lambda versioned: (versioned.value.finished_at or cutoff, versioned.value.order_id),
+        )[:limit]
+        purged = 0
+        if not dry_run:
+            for versioned in candidates:
+                if self._store.purge_order(versioned):
+                    purged += 1
+            log.warning(
+                "sas.orders_purged count=%d",
+                purged,
+                extra={"purged": purged, "cutoff": cutoff.isoformat()},
+            )
+        return PurgeReport(cutoff, dry_run, [v.value for v in candidates], purged)
+
+    def submit(self, order: OrderSubmitted) -> str:
+        """Send an order to its lane's orders queue, exactly as an application would, after
+        the checks the submission function makes (InvalidMessage, with the reason, and nothing
+        sent). Returns the message id (the duplicate-detection key)."""
+        if order.deferred_since is not None:
+            raise InvalidMessage("deferred_since is set by the app, not by you")
+        if self._check_order is not None:
+            self._check_order(order)
+        message_id = submission_message_id(order.order_id)
+        self._transport.send(
+            self._routes.lane(self._routes.orders, order.priority),
+            order,
+            message_id=message_id,
+            correlation_id=order.order_id,
+        )
+        return message_id
 
     def rejected(self, limit: int = 100) -> list[dict[str, Any]]:
         return self._store.list_parked(limit)

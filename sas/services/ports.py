@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -20,6 +20,7 @@ from sas.domain.model import (
 )
 from sas.domain.poison import PoisonedMessage
 from sas.domain.priority import Waiting
+from sas.domain.wire import Priority
 
 
 class StateStore(Protocol):
@@ -82,6 +83,30 @@ class StateStore(Protocol):
         ...
 
     def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]: ...
+
+    def query_states(
+        self,
+        *,
+        process_state: ProcessState | None = None,
+        priority: Priority | None = None,
+        submitted_after: datetime | None = None,
+        submitted_before: datetime | None = None,
+        finished_before: datetime | None = None,
+    ) -> Iterator[Versioned[OrderState]]:
+        """Every order whose state matches all the filters given (None = any), in no promised
+        order. Scans the table: for operators, never for the order path."""
+        ...
+
+    def count_states(self) -> dict[ProcessState, int]:
+        """How many orders are in each state (every state, zeros included). Scans the table."""
+        ...
+
+    def purge_order(self, state: Versioned[OrderState]) -> bool:
+        """Delete every row of a finished order (order, state, steps, history, its in-flight
+        marker). The state row goes last and only if unchanged since ``state`` was read, so an
+        interrupted purge leaves an order that the next purge finds again; False if the state
+        changed (nothing of the state row deleted)."""
+        ...
 
     def get_steps(self, order_id: str) -> list[StepRecord]: ...
 

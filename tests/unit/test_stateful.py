@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
@@ -223,6 +223,15 @@ class AuditingStore:
 
     def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
         return self.inner.list_states(process_state, limit)
+
+    def query_states(self, **filters: Any) -> Iterator[Versioned[OrderState]]:
+        return self.inner.query_states(**filters)
+
+    def count_states(self) -> dict[ProcessState, int]:
+        return self.inner.count_states()
+
+    def purge_order(self, state: Versioned[OrderState]) -> bool:
+        return self.inner.purge_order(state)
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
         return self.inner.get_steps(order_id)

@@ -1,0 +1,177 @@
+"""The operator's queries and purge against Azurite: counts by state, orders found by state,
+priority and age, purge of finished orders past their retention (dry run, boundary, every row
+gone, never an Error or running order), and submission the way an application would."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from sas.domain.errors import InvalidMessage
+from sas.domain.model import HistoryEntry, ProcessState
+from sas.domain.wire import submission_message_id
+from sas.services.operator import Operator, OrderQuery
+from tests.harness import World, permanent
+from tests.unit.test_services import submitted
+
+pytestmark = pytest.mark.integration
+
+
+def _order(world: World, order_id: str, *, workflow: str = "order", priority: str = "normal"):
+    world.submit(
+        submitted(order_id).model_copy(update={"workflow": workflow, "priority": priority})
+    )
+    return order_id
+
+
+def _rows(world: World, order_id: str) -> list[str]:
+    table = world.store._table
+    return [
+        e["RowKey"]
+        for e in table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
+    ]
+
+
+@pytest.fixture
+def mixed(world: World, strict: str) -> World:
+    """Two Processed orders (one high), one Error (strict workflow, card declined), one
+    Pending (submitted, never scheduled) of low priority, ten minutes apart."""
+    _order(world, "done-a")
+    world.run()
+    world.clock.advance(600)
+    _order(world, "done-b", priority="high")
+    world.run()
+    world.clock.advance(600)
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
+    _order(world, "broken", workflow=strict)
+    world.run()
+    world.clock.advance(600)
+    _order(world, "waiting", priority="low")
+    for lane in world.routes.all_lanes(world.routes.agents["inventory"]):
+        world.bus.take(lane)
+    return world
+
+
+def test_counts_cover_every_state_with_zeros(mixed: World) -> None:
+    counts = mixed.operator.counts()
+    assert set(counts) == set(ProcessState)
+    assert counts[ProcessState.PROCESSED] == 2
+    assert counts[ProcessState.ERROR] == 1
+    assert counts[ProcessState.COMPENSATED] == 0
+    assert counts[ProcessState.PENDING] + counts[ProcessState.PROCESSING] == 1
+    assert sum(counts.values()) == 4
+
+
+def test_find_filters_by_state_priority_and_age(mixed: World) -> None:
+    find = mixed.operator.find
+    ids = lambda states: [s.order_id for s in states]  # noqa: E731
+    assert ids(find(OrderQuery())) == ["waiting", "broken", "done-b", "done-a"]  # newest first
+    assert ids(find(OrderQuery(state=ProcessState.PROCESSED))) == ["done-b", "done-a"]
+    assert ids(find(OrderQuery(state=ProcessState.ERROR))) == ["broken"]
+    assert ids(find(OrderQuery(priority="high"))) == ["done-b"]
+    assert ids(find(OrderQuery(priority="low"))) == ["waiting"]
+    assert ids(find(OrderQuery(priority="normal"))) == ["broken", "done-a"]
+    # Submitted 30, 20, 10 and 0 minutes ago (by the operator's clock).
+    assert ids(find(OrderQuery(older_than=timedelta(minutes=15)))) == ["done-b", "done-a"]
+    assert ids(find(OrderQuery(newer_than=timedelta(minutes=15)))) == ["waiting", "broken"]
+    both = OrderQuery(older_than=timedelta(minutes=5), newer_than=timedelta(minutes=25))
+    assert ids(find(both)) == ["broken", "done-b"]
+    assert ids(find(OrderQuery(limit=1))) == ["waiting"]
+    assert find(OrderQuery(state=ProcessState.COMPENSATED)) == []
+
+
+def test_a_bad_query_is_refused_before_anything_is_read() -> None:
+    with pytest.raises(ValueError, match="limit"):
+        OrderQuery(limit=0)
+    with pytest.raises(ValueError, match="older_than"):
+        OrderQuery(older_than=timedelta(seconds=-1))
+
+
+def test_purge_dry_run_lists_and_deletes_nothing(mixed: World) -> None:
+    before = {oid: _rows(mixed, oid) for oid in ("done-a", "done-b", "broken", "waiting")}
+    report = mixed.operator.purge(timedelta(minutes=15), dry_run=True)
+    assert report.dry_run and report.purged == 0
+    assert [s.order_id for s in report.candidates] == ["done-a", "done-b"]
+    assert report.cutoff == mixed.clock.now() - timedelta(minutes=15)
+    assert {oid: _rows(mixed, oid) for oid in before} == before
+
+
+def test_purge_keeps_the_order_finished_exactly_at_the_cutoff(mixed: World) -> None:
+    finished_b = mixed.state("done-b").finished_at
+    assert finished_b is not None
+    retention = mixed.clock.now() - finished_b  # cutoff == done-b's finish: not older, kept
+    report = mixed.operator.purge(retention, dry_run=False)
+    assert [s.order_id for s in report.candidates] == ["done-a"] and report.purged == 1
+    assert _rows(mixed, "done-a") == []
+    assert mixed.store.get_state("done-b") is not None
+    # One microsecond more and it is older than the retention.
+    report = mixed.operator.purge(retention - timedelta(microseconds=1), dry_run=False)
+    assert [s.order_id for s in report.candidates] == ["done-b"] and report.purged == 1
+
+
+def test_purge_deletes_every_row_and_never_error_or_running_orders(mixed: World) -> None:
+    kept = {oid: _rows(mixed, oid) for oid in ("broken", "waiting")}
+    assert len(_rows(mixed, "done-a")) > 5  # order, state, steps, history
+    report = mixed.operator.purge(timedelta(0), dry_run=False)
+    assert sorted(s.order_id for s in report.candidates) == ["done-a", "done-b"]
+    assert report.purged == 2
+    assert _rows(mixed, "done-a") == [] and _rows(mixed, "done-b") == []
+    assert {oid: _rows(mixed, oid) for oid in kept} == kept
+    assert mixed.operator.counts()[ProcessState.PROCESSED] == 0
+    assert mixed.operator.purge(timedelta(0), dry_run=False).purged == 0
+
+
+def test_purge_of_a_long_order_takes_several_transactions_and_leaves_nothing(world: World) -> None:
+    _order(world, "long")
+    world.run()
+    state = world.state("long")
+    for n in range(150):
+        world.store.add_history(
+            HistoryEntry(
+                order_id="long",
+                at=state.updated_at + timedelta(microseconds=n + 1),
+                kind="note",
+                attempt=state.attempt,
+                step=None,
+                mode="do",
+                actor="test",
+                detail=str(n),
+            )
+        )
+    assert len(_rows(world, "long")) > 150
+    world.clock.advance(1)
+    report = world.operator.purge(timedelta(0), dry_run=False)
+    assert report.purged == 1 and _rows(world, "long") == []
+
+
+def test_purge_skips_an_order_whose_state_changed_since_it_was_read(world: World) -> None:
+    _order(world, "raced")
+    world.run()
+    (stale,) = list(world.store.query_states(process_state=ProcessState.PROCESSED))
+    fresh = world.store.get_state("raced")
+    assert fresh is not None
+    world.store.update_state(fresh.value, fresh.etag)  # someone wrote in between
+    assert world.store.purge_order(stale) is False
+    assert world.store.get_state("raced") is not None
+
+
+def test_submit_sends_to_the_orders_lane_and_refuses_bad_orders(world: World) -> None:
+    operator = Operator(
+        world.store,
+        world.bus,
+        world.routes,
+        world.clock,
+        check_order=world.submission.check,
+    )
+    high = submitted("sub-1").model_copy(update={"priority": "high"})
+    assert operator.submit(high) == submission_message_id("sub-1")
+    (sent,) = world.bus.take(world.routes.lane(world.routes.orders, "high"))
+    assert sent == high
+    with pytest.raises(InvalidMessage, match="unknown workflow"):
+        operator.submit(submitted("sub-2").model_copy(update={"workflow": "nope"}))
+    with pytest.raises(InvalidMessage, match="deferred_since"):
+        operator.submit(submitted("sub-3").model_copy(update={"deferred_since": world.clock.now()}))
+    for lane in world.routes.all_lanes(world.routes.orders):
+        assert world.bus.take(lane) == []
+    assert world.store.get_state("sub-2") is None
