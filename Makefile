@@ -7,8 +7,12 @@ PY := $(VENV)/bin/python
 ORDERS ?= 100
 WORKERS ?= 2
 DEMO_ARGS ?=
+CHROMIUM := /usr/bin/chromium
+# Playwright drives Debian's Chromium (sas_local/browser.py); it must never fetch a browser.
+export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: setup run test lint format unit integration e2e clean lock hooks chaos bench
+.PHONY: setup run test lint format unit integration e2e clean lock hooks chaos bench chromium \
+	openapi
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -34,7 +38,7 @@ node_modules/.installed: package.json package-lock.json
 run: setup
 	$(PY) -m sas_local.demo --orders $(ORDERS) --workers $(WORKERS) $(DEMO_ARGS)
 
-test: setup lint
+test: setup lint chromium
 	$(PY) -m pytest --cov --cov-report=term:skip-covered
 
 lint: setup
@@ -50,8 +54,24 @@ format: setup
 hooks: $(VENV)/.installed
 	$(VENV)/bin/pre-commit install
 
-unit integration e2e: setup
+unit integration: setup
 	$(PY) -m pytest -m $@
+
+e2e: setup chromium
+	$(PY) -m pytest -m $@
+
+# Headless Chromium for the dashboard's end-to-end test (tests/e2e/test_dashboard.py) and its
+# screenshot: Debian's package, installed when missing. It needs root and apt-get (as CI has):
+# anything else fails here, loudly, rather than skipping the test.
+chromium: $(CHROMIUM)
+
+$(CHROMIUM):
+	apt-get update
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+
+# docs/openapi.json from the app's own schema (tests/unit/test_openapi.py fails when stale).
+openapi: setup
+	$(PY) -m sas_local.openapi
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .sas-run

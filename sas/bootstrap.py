@@ -6,21 +6,24 @@ and that must not open connections or read settings that are not there yet.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from datetime import timedelta
 from functools import wraps
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from sas import settings as settings_module
 from sas.domain.clock import Clock, SystemClock
 from sas.domain.messages import OrderSubmitted
 from sas.domain.transitions import RetryPolicy
 from sas.domain.workflow import AGENTS
+from sas.services import telemetry
 from sas.services.agent import AgentRunner
 from sas.services.breaker import BreakerStore, CircuitBreaker
+from sas.services.gauges import QueueGauges
 from sas.services.operator import Operator
-from sas.services.ports import LoadStore, PoisonStore, StateStore, Transport
+from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
 from sas.services.routes import Routes
 from sas.services.routing import Router
 from sas.services.scheduler import Scheduler
@@ -63,7 +66,20 @@ def reset() -> None:
 
 @_once
 def settings() -> settings_module.Settings:
-    return settings_module.load()
+    loaded = settings_module.load()
+    telemetry_setup()  # every wired object reads the settings first: exporters before spans
+    return loaded
+
+
+@_once
+def telemetry_setup() -> str:
+    """Exporters as the environment asks (none by default), and the order's fields on every
+    log record."""
+    from sas.adapters.telemetry_setup import configure
+
+    exporter = configure(os.environ)
+    telemetry.install_log_filter()
+    return exporter
 
 
 @_once
@@ -185,7 +201,18 @@ def supervisor() -> Supervisor:
         s.instance_id,
         policy,
         parallelism=SUPERVISOR_PARALLELISM,
+        gauges=_gauges().maybe_sample,
     )
+
+
+@_once
+def _gauges() -> QueueGauges:
+    """Queue depth, parked and poisoned counts for the metrics: read by the Supervisor's
+    process, at most once a minute, only while metrics are exported."""
+    r = routes()
+    queues = (*r.consumed, r.alerts)
+    depth = cast(QueueDepth, transport())  # both transports have it; the port stays small
+    return QueueGauges(depth, queues, store(), poison(), clock())
 
 
 @_once
@@ -223,6 +250,7 @@ def breaker(name: str) -> CircuitBreaker:
         found = _breakers.get(name)
         if found is None:
             found = _breakers[name] = CircuitBreaker(_breaker_store(), clock(), name)
+            telemetry.watch_breaker(name, found.last_status)
         return found
 
 

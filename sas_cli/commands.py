@@ -1,13 +1,16 @@
-"""The operator CLI, `sas`, over the HTTP API (so it works locally and against Azure).
+"""The operator CLI, `sas`: reads and changes the app's store and queues itself, through the
+app's own services, with the app's settings (see sas_cli/appsettings.py).
 
-  sas [--url URL] [--key KEY] orders list --state Error
-  sas orders show ORDER_ID
-  sas orders resubmit ORDER_ID [--actor NAME]
+  sas submit WORKFLOW DETAILS [--priority P] [--status-events steps] [--order-id ID]
+  sas status ORDER_ID | history ORDER_ID
+  sas list [--state S] [--priority P] [--older-than 2h] [--newer-than 7d] [--limit N]
+  sas resubmit ORDER_ID [--actor NAME]
   sas rejected list | replay ID | discard ID
   sas poison list | replay ID | discard ID
+  sas purge --older-than 30d [--yes]
+  sas watch [--interval S] [--iterations N]
 
---url defaults to $SAS_API_URL or http://127.0.0.1:7071; --key to $SAS_API_KEY (sent as the
-x-functions-key header). --json prints the raw JSON instead of tables.
+Exit codes: 0 done, 1 not found or refused, 2 bad input (nothing changed).
 """
 
 from __future__ import annotations
@@ -16,188 +19,406 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
-from urllib.parse import quote
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
-import httpx
+from azure.core.exceptions import AzureError
+from pydantic import ValidationError
 from rich.console import Console
-from rich.table import Table
 
+from sas import bootstrap
+from sas.domain.errors import (
+    ConcurrencyConflict,
+    ConfigurationError,
+    IllegalTransition,
+    InvalidMessage,
+    NotFound,
+)
+from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
+from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
+from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery
+from sas_cli import appsettings, views
+from sas_cli.parsing import UsageError, duration, json_object
+from sas_cli.watch import watch
 
 console = Console()
 
-
-def _client(url: str, key: str | None) -> httpx.Client:
-    headers = {"x-functions-key": key} if key else {}
-    return httpx.Client(base_url=url, headers=headers, timeout=30)
+Handler = Callable[[Operator, argparse.Namespace], int]
 
 
-def _table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> Table:
-    table = Table(title=title)
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*("" if cell is None else str(cell) for cell in row))
-    return table
+class _Parser(argparse.ArgumentParser):
+    """Bad usage is one line on stderr and exit code 2, from run() (never a SystemExit)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def run(argv: Sequence[str] | None = None, client: httpx.Client | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sas", description=__doc__.split("\n")[0])
-    parser.add_argument("--url", default=os.environ.get("SAS_API_URL", "http://127.0.0.1:7071"))
-    parser.add_argument("--key", default=os.environ.get("SAS_API_KEY"))
-    parser.add_argument("--json", action="store_true", help="print raw JSON")
-    nouns = parser.add_subparsers(dest="noun", required=True)
-    orders = nouns.add_parser("orders").add_subparsers(dest="verb", required=True)
-    listing = orders.add_parser("list", help="orders in one state")
-    listing.add_argument("--state", required=True, choices=[s.value for s in ProcessState])
-    listing.add_argument("--limit", type=int, default=100)
-    orders.add_parser("show", help="one order: state, steps, history").add_argument("order_id")
-    again = orders.add_parser("resubmit", help="run a failed (Error) order again")
-    again.add_argument("order_id")
-    again.add_argument("--actor", default=os.environ.get("USER", "operator"))
-    for noun in MESSAGE_NOUNS:
-        _add_message_noun(nouns, noun)
-    args = parser.parse_args(argv)
-    http = client or _client(args.url, args.key)
+def _arg(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except UsageError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return parse
+
+
+def _state(text: str) -> ProcessState:
+    for state in ProcessState:
+        if state.value.lower() == text.lower():
+            return state
+    raise UsageError(f"unknown state {text!r}: one of {', '.join(s.value for s in ProcessState)}")
+
+
+def _limit(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= MAX_QUERY_LIMIT:
+        raise UsageError(f"{text!r} is not a limit: a whole number from 1 to {MAX_QUERY_LIMIT}")
+    return int(text)
+
+
+def _seconds(text: str) -> float:
     try:
-        response = _request(http, args)
-    except httpx.HTTPError as exc:
-        console.print(f"[red]cannot reach {args.url}[/]: {type(exc).__name__}")
-        return 1
-    if response.status_code >= 400:
-        detail = response.json().get("detail") if _is_json(response) else response.text
-        console.print(f"[red]{response.status_code}[/]: {detail}")
-        return 1
-    body = response.json()
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.1 <= value <= 3600:
+        raise UsageError(f"{text!r} is not an interval: seconds from 0.1 to 3600")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{text!r} is not a count: a whole number, at least 1")
+    return int(text)
+
+
+def _order_id(text: str) -> str:
+    if not ORDER_ID.matches(text):
+        raise UsageError(f"{text!r} is not an order id ({ORDER_ID.body})")
+    return text
+
+
+def _actor() -> str:
+    return os.environ.get("USER") or os.environ.get("USERNAME") or "operator"
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(prog="sas", description=(__doc__ or "").split("\n")[0])
+    top.add_argument(
+        "--settings",
+        type=Path,
+        metavar="FILE",
+        help="the app's settings: a local.settings.json, or what `az functionapp config "
+        "appsettings list` prints (default: the environment, else .sas-run/local.settings.json, "
+        "else Azurite on 127.0.0.1:10000-10002)",
+    )
+    top.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    # The same options after the command; SUPPRESS keeps them from undoing one given before it.
+    common = _Parser(add_help=False)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
+    common.add_argument("--settings", type=Path, metavar="FILE", default=argparse.SUPPRESS)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, handler: Handler, help: str, parent: Any = commands) -> Any:
+        sub = parent.add_parser(name, help=help, description=help, parents=[common])
+        sub.set_defaults(handler=handler)
+        return sub
+
+    submit = command("submit", _submit, "send an order to its lane, as an application would")
+    submit.add_argument("workflow", help="the workflow's name, like 'order'")
+    submit.add_argument("details", help="the order's details: JSON, or @file")
+    submit.add_argument("--order-id", type=_arg(_order_id), help="default: a new random id")
+    submit.add_argument("--priority", choices=PRIORITIES, default=DEFAULT_PRIORITY)
+    submit.add_argument("--reply-to", metavar="QUEUE", help="your status queue")
+    submit.add_argument("--status-events", choices=("outcome", "steps"), default="outcome")
+
+    command("status", _status, "one order's state").add_argument("order_id", type=_arg(_order_id))
+    command("history", _history, "one order's timeline: history and completed steps").add_argument(
+        "order_id", type=_arg(_order_id)
+    )
+
+    listing = command("list", _list, "orders, most recently updated first")
+    listing.add_argument("--state", type=_arg(_state))
+    listing.add_argument("--priority", choices=PRIORITIES)
+    listing.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="submitted")
+    listing.add_argument("--newer-than", type=_arg(duration), metavar="AGE", help="submitted")
+    listing.add_argument("--limit", type=_arg(_limit), default=100)
+
+    again = command("resubmit", _resubmit, "run an Error order's failed step again")
+    again.add_argument("order_id", type=_arg(_order_id))
+    again.add_argument("--actor", default=_actor(), help="who, for the audit trail")
+
+    for noun, about in (
+        ("rejected", "messages the app parked as bad input"),
+        ("poison", "messages the host gave up on (poison / dead-letter queues)"),
+    ):
+        verbs = commands.add_parser(noun, help=about, description=about).add_subparsers(
+            dest="verb", required=True, metavar="VERB"
+        )
+        command("list", _messages_list, about, verbs).add_argument(
+            "--limit", type=_arg(_limit), default=100
+        )
+        for verb, handler, help in (
+            ("replay", _messages_replay, "send one back to its queue as it was"),
+            ("discard", _messages_discard, "delete one for good"),
+        ):
+            one = command(verb, handler, help, verbs)
+            one.add_argument("message_id")
+            one.add_argument("--actor", default=_actor(), help="who, for the log")
+
+    purge = command(
+        "purge",
+        _purge,
+        "delete Processed and Compensated orders finished longer ago than --older-than "
+        "(a dry run unless --yes; Error orders are never purged)",
+    )
+    purge.add_argument("--older-than", type=_arg(duration), metavar="AGE", required=True)
+    purge.add_argument("--yes", action="store_true", help="delete them (default: only list)")
+    purge.add_argument("--limit", type=_arg(_limit), default=MAX_QUERY_LIMIT)
+
+    live = command("watch", _watch, "counts by state and recent failures, refreshed in place")
+    live.add_argument("--interval", type=_arg(_seconds), default=5.0, help="seconds")
+    live.add_argument("--iterations", type=_arg(_count), help="stop after N refreshes")
+    live.add_argument("--failures", type=_arg(_limit), default=10, help="how many to show")
+
+    # The first spellings, kept as aliases.
+    orders = commands.add_parser("orders", help="aliases: orders list | show | resubmit")
+    old = orders.add_subparsers(dest="verb", required=True, metavar="VERB")
+    by_state = command("list", _list, "= sas list --state", old)
+    by_state.add_argument("--state", type=_arg(_state), required=True)
+    by_state.add_argument("--limit", type=_arg(_limit), default=100)
+    by_state.set_defaults(priority=None, older_than=None, newer_than=None)
+    command("show", _history, "= sas history", old).add_argument("order_id", type=_arg(_order_id))
+    old_resubmit = command("resubmit", _resubmit, "= sas resubmit", old)
+    old_resubmit.add_argument("order_id", type=_arg(_order_id))
+    old_resubmit.add_argument("--actor", default=_actor())
+    return top
+
+
+def run(argv: Sequence[str] | None = None, *, cwd: Path | None = None) -> int:
+    try:
+        args = parser().parse_args(argv)
+        source = appsettings.choose(args.settings, os.environ, cwd or Path.cwd())
+    except UsageError as exc:
+        return _fail(2, str(exc))
+    except SystemExit as exc:  # --help
+        return exc.code if isinstance(exc.code, int) else 0
+    except appsettings.SettingsFileError as exc:
+        return _fail(2, f"settings: {exc}")
+    appsettings.apply(source)
+    if source.values:  # the app may have read its settings already (tests, a second call)
+        bootstrap.reset()
+    args.source = source.description
+    handler: Handler = args.handler
+    try:
+        return handler(bootstrap.operator(), args)
+    except (UsageError, InvalidMessage, ConfigurationError) as exc:
+        return _fail(2, str(exc))
+    except (NotFound, IllegalTransition, ConcurrencyConflict) as exc:
+        return _fail(1, str(exc))
+    except AzureError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return _fail(1, f"{type(exc).__name__} from {source.description}: {first[:300]}")
+    except KeyboardInterrupt:
+        return 0
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"sas: error: {message}", file=sys.stderr)
+    return code
+
+
+def _print_json(document: Any) -> None:
+    print(json.dumps(document, indent=2, default=str))
+
+
+def _submit(operator: Operator, args: argparse.Namespace) -> int:
+    document = {
+        "order_id": args.order_id or uuid.uuid4().hex,
+        "workflow": args.workflow,
+        "details": json_object(args.details, "details"),
+        "priority": args.priority,
+        "status_events": args.status_events,
+        "reply_to": args.reply_to,
+    }
+    try:
+        order = OrderSubmitted.model_validate(document)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise UsageError(f"the order is not valid: {where}: {first['msg']}") from None
+    message_id = operator.submit(order)
     if args.json:
-        print(json.dumps(body, indent=2))
+        _print_json({"order_id": order.order_id, "message_id": message_id})
     else:
-        _render(args, body)
+        print(order.order_id)
     return 0
 
 
-def _request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
-    if args.noun in MESSAGE_NOUNS:
-        return _message_request(http, args)
-    if args.verb == "list":
-        return http.get("/api/orders", params={"state": args.state, "limit": args.limit})
-    # Quoted whole: an id with '#', '?' or '/' must never address another order or route.
-    order = quote(args.order_id, safe="")
-    if args.verb == "show":
-        return http.get(f"/api/orders/{order}")
-    return http.post(f"/api/orders/{order}/resubmit", json={"actor": args.actor})
-
-
-def _render(args: argparse.Namespace, body: Any) -> None:
-    if args.noun in MESSAGE_NOUNS:
-        _render_messages(args, body)
-    elif args.verb == "list":
-        orders = [
-            (o["order_id"], o["process_state"], o.get("priority", "normal"), o["step"],
-             o["attempt"], o["failure_count"], o["last_error"])
-            for o in body
-        ]  # fmt: skip
-        columns = ("order", "state", "priority", "step", "attempt", "failures", "last error")
-        console.print(_table(f"orders in {args.state}", columns, orders))
-    elif args.verb == "show":
-        console.print(
-            f"[bold]{body['order_id']}[/] {body['process_state']} at {body['step']} "
-            f"({body['mode']}), attempt {body['attempt']}, failures {body['failure_count']}, "
-            f"priority {body.get('priority', 'normal')}"
-            + (f", endpoint {body['endpoint']}" if body.get("endpoint") else "")
-        )
-        if body["last_error"]:
-            console.print(f"last error: {body['last_error']}")
-        steps = [(s["index"], s["name"], s["attempt"], s["completed_at"]) for s in body["steps"]]
-        console.print(_table("completed steps", ("#", "step", "attempt", "at"), steps))
-        history = [
-            (h["at"], h["kind"], h["step"], h["mode"], h["attempt"], h.get("endpoint"),
-             h["actor"], h["detail"])
-            for h in body["history"]
-        ]  # fmt: skip
-        events = ("at", "event", "step", "mode", "attempt", "endpoint", "by", "detail")
-        console.print(_table("history", events, history))
+def _status(operator: Operator, args: argparse.Namespace) -> int:
+    state = operator.detail(args.order_id).state
+    if args.json:
+        _print_json(views.state_document(state))
     else:
-        console.print(f"resubmitted {body['order_id']}: now {body['process_state']}")
+        console.print(views.status(state))
+    return 0
 
 
-# Parked (rejected) and poisoned messages are two stores with the same three verbs.
-MESSAGE_NOUNS = {
-    "rejected": (
-        "/api/rejected",
-        "messages the app parked",
-        "send one back to its queue as it was",
-    ),
-    "poison": (
-        "/api/poison",
-        "messages the host gave up on",
-        "send one back to its queue unchanged",
-    ),
-}
+def _history(operator: Operator, args: argparse.Namespace) -> int:
+    detail = operator.detail(args.order_id)
+    if args.json:
+        _print_json(views.detail_document(detail))
+    else:
+        console.print(views.timeline(detail))
+    return 0
 
 
-def _add_message_noun(nouns: Any, noun: str) -> None:
-    _, about, replay = MESSAGE_NOUNS[noun]
-    verbs = nouns.add_parser(noun, help=about).add_subparsers(dest="verb", required=True)
-    verbs.add_parser("list", help=about).add_argument("--limit", type=int, default=100)
-    verbs.add_parser("replay", help=replay).add_argument("message_id")
-    verbs.add_parser("discard", help="delete one for good").add_argument("message_id")
+def _list(operator: Operator, args: argparse.Namespace) -> int:
+    query = OrderQuery(
+        state=args.state,
+        priority=args.priority,
+        older_than=args.older_than,
+        newer_than=args.newer_than,
+        limit=args.limit,
+    )
+    found = operator.find(query)
+    if args.json:
+        _print_json([views.state_document(state) for state in found])
+    else:
+        console.print(views.states_table(_described(query), found))
+    return 0
 
 
-def _message_request(http: httpx.Client, args: argparse.Namespace) -> httpx.Response:
-    path = MESSAGE_NOUNS[args.noun][0]
-    if args.verb == "list":
-        return http.get(path, params={"limit": args.limit})
-    # Quoted whole, like an order id: an id must never address another route.
-    message = quote(args.message_id, safe="")
-    if args.verb == "replay":
-        return http.post(f"{path}/{message}/replay")
-    return http.delete(f"{path}/{message}")
+def _described(query: OrderQuery) -> str:
+    said = [query.state.value if query.state else "all", "orders"]
+    if query.priority:
+        said.append(f"of priority {query.priority}")
+    if query.older_than is not None:
+        said.append(f"submitted over {query.older_than} ago")
+    if query.newer_than is not None:
+        said.append(f"submitted within {query.newer_than}")
+    return " ".join(said) + f" (at most {query.limit})"
 
 
-def _render_messages(args: argparse.Namespace, body: Any) -> None:
-    if args.verb != "list":
-        console.print(f"{body['status']} {body['id']}")
-        return
-    if args.noun == "rejected":
+def _resubmit(operator: Operator, args: argparse.Namespace) -> int:
+    again = operator.resubmit(args.order_id, actor=args.actor)
+    if args.json:
+        _print_json(views.state_document(again))
+    else:
+        print(f"resubmitted {again.order_id}: now {again.process_state.value}")
+    return 0
+
+
+def _messages_list(operator: Operator, args: argparse.Namespace) -> int:
+    if args.command == "rejected":
+        documents = [
+            views.rejected_document(parked, operator.rejected_age_seconds(parked))
+            for parked in operator.rejected(args.limit)
+        ]
         title, columns = "rejected messages", ("#", "at", "queue", "age", "reason", "body")
-        cells = [(m["at"], m["queue"], _age(m["age_seconds"]), m["reason"]) for m in body]
+        cells = [(m["at"], m["queue"], views.age(m["age_seconds"]), m["reason"]) for m in documents]
     else:
+        documents = [
+            views.poisoned_document(message, operator.poison_age_seconds(message))
+            for message in operator.poisoned(args.limit)
+        ]
         title = "poison and dead-lettered messages"
         columns = ("#", "queue", "age", "deliveries", "reason", "body")
         cells = [
-            (m["queue"], _age(m["age_seconds"]), m["delivery_count"], m["reason"]) for m in body
+            (m["queue"], views.age(m["age_seconds"]), m["delivery_count"], m["reason"])
+            for m in documents
         ]
+    if args.json:
+        _print_json(documents)
+        return 0
     rows = [
-        (number, *cell, (m["body_text"] if m["body_text"] is not None else "<binary>")[:60])
-        for number, (cell, m) in enumerate(zip(cells, body, strict=True), 1)
+        (number, *cell, views.body_preview(m["body_text"]))
+        for number, (cell, m) in enumerate(zip(cells, documents, strict=True), 1)
     ]
-    console.print(_table(title, columns, rows))
-    for number, m in enumerate(body, 1):  # ids in full, never wrapped: to copy into replay
-        console.print(f"#{number} {m['id']}", soft_wrap=True, highlight=False)
+    console.print(views.table(title, columns, rows))
+    for number, m in enumerate(documents, 1):  # ids in full, never wrapped: to copy into replay
+        console.print(f"#{number} {m['id']}", soft_wrap=True, highlight=False, markup=False)
+    return 0
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    whole = int(seconds)
-    if whole < 120:
-        return f"{whole}s"
-    if whole < 7200:
-        return f"{whole // 60}m"
-    if whole < 172800:
-        return f"{whole // 3600}h"
-    return f"{whole // 86400}d"
+def _messages_replay(operator: Operator, args: argparse.Namespace) -> int:
+    if args.command == "rejected":
+        operator.replay_rejected(args.message_id, actor=args.actor)
+    else:
+        operator.replay_poisoned(args.message_id, actor=args.actor)
+    return _done(args, "replayed")
 
 
-def _is_json(response: httpx.Response) -> bool:
-    content_type: str = response.headers.get("content-type", "")
-    return content_type.startswith("application/json")
+def _messages_discard(operator: Operator, args: argparse.Namespace) -> int:
+    if args.command == "rejected":
+        operator.discard_rejected(args.message_id, actor=args.actor)
+    else:
+        operator.discard_poisoned(args.message_id, actor=args.actor)
+    return _done(args, "discarded")
+
+
+def _done(args: argparse.Namespace, status: str) -> int:
+    if args.json:
+        _print_json({"id": args.message_id, "status": status})
+    else:
+        print(f"{status} {args.message_id}")
+    return 0
+
+
+def _purge(operator: Operator, args: argparse.Namespace) -> int:
+    report = operator.purge(args.older_than, dry_run=not args.yes, limit=args.limit)
+    missed = 0 if report.dry_run else len(report.candidates) - report.purged
+    if args.json:
+        _print_json(
+            {
+                "cutoff": report.cutoff.isoformat(),
+                "dry_run": report.dry_run,
+                "candidates": [views.state_document(state) for state in report.candidates],
+                "purged": report.purged,
+            }
+        )
+    else:
+        cutoff = views.at(report.cutoff)
+        found = len(report.candidates)
+        columns = ("order", "state", "finished", "workflow", "priority")
+        rows = [
+            (s.order_id, s.process_state.value, s.finished_at, s.workflow, s.priority)
+            for s in report.candidates
+        ]
+        console.print(views.table(f"finished before {cutoff} (UTC)", columns, rows))
+        if report.dry_run:
+            print(
+                f"dry run: {found} order(s) would be purged, nothing was deleted; "
+                "run again with --yes to delete them (Error orders are never purged)"
+            )
+        else:
+            print(f"purged {report.purged} of {found} order(s) finished before {cutoff} (UTC)")
+    if missed:
+        return _fail(1, f"{missed} order(s) changed while being purged and were kept")
+    return 0
+
+
+def _watch(operator: Operator, args: argparse.Namespace) -> int:
+    watch(
+        operator,
+        bootstrap.clock().now,
+        console,
+        interval=args.interval,
+        iterations=args.iterations,
+        failures=args.failures,
+        as_json=args.json,
+        heading=f"sas watch: {args.source}, every {args.interval:g}s",
+    )
+    return 0
 
 
 def main() -> None:
+    # The operator's commands are not the app's work: nothing to trace, and the exporter the
+    # app's settings name signs in as the app's managed identity.
+    os.environ["OTEL_SDK_DISABLED"] = "true"
     sys.exit(run())
 
 

@@ -110,7 +110,15 @@ def drain_status(queue: QueueClient, tracker: Tracker) -> None:
             tracker.finish(event.order_id, event.status)
 
 
-def run(orders: int, workers: int, timeout: float, logs: Path, faults: bool) -> int:
+def run(
+    orders: int,
+    workers: int,
+    timeout: float,
+    logs: Path,
+    faults: bool,
+    screenshot: Path | None = None,
+    keep_running: bool = False,
+) -> int:
     run_id = time.strftime("%H%M%S")
     with console.status("starting Azurite, the remote service simulator and the dev hosts"):
         stack = LocalStack.start(
@@ -128,12 +136,32 @@ def run(orders: int, workers: int, timeout: float, logs: Path, faults: bool) -> 
             f"{' + an agents host' if faults else ''}, API {stack.api_url}, "
             f"simulator {stack.simulator_url}, logs in {logs}"
         )
+        dashboard = f"{stack.api_url}/api/dashboard"
+        console.print(
+            f"[bold]dashboard[/]: {dashboard} (live; API docs at {stack.api_url}/api/docs)"
+        )
         if faults:
             console.print(f"faults: {FAULTS}; one agent worker will be killed mid-run")
-        return _drive(stack, orders, run_id, timeout, faults)
+        outcome = _drive(stack, orders, run_id, timeout, faults)
+        if screenshot is not None:
+            from sas_local.screenshot import capture  # Chromium only when asked for
+
+            console.print(f"dashboard screenshot: {capture(dashboard, screenshot)}")
+        if keep_running:
+            _wait_for_interrupt(dashboard)
+        return outcome
     finally:
         with console.status("stopping everything"):
             stack.stop()
+
+
+def _wait_for_interrupt(dashboard: str) -> None:
+    console.print(f"everything keeps running for the dashboard ({dashboard}): Ctrl-C stops it")
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        pass
 
 
 def _kill_an_agent_worker(stack: LocalStack) -> str:
@@ -343,12 +371,33 @@ def main(argv: list[str] | None = None) -> None:
         "--timeout", type=float, default=None, help="seconds to wait for all orders"
     )
     parser.add_argument("--logs", type=Path, default=Path(".sas-run"), help="where process logs go")
+    parser.add_argument(
+        "--screenshot",
+        type=Path,
+        default=None,
+        help="save a screenshot of the dashboard here once the orders have finished",
+    )
+    parser.add_argument(
+        "--keep-running",
+        action="store_true",
+        help="keep the stack (and the dashboard) up after the summary, until Ctrl-C",
+    )
     args = parser.parse_args(argv)
     if args.orders < 1 or args.workers < 1:
         parser.error("--orders and --workers must be at least 1")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     timeout = args.timeout if args.timeout is not None else 180 + args.orders * 1.0
-    sys.exit(run(args.orders, args.workers, timeout, args.logs, faults=not args.no_faults))
+    sys.exit(
+        run(
+            args.orders,
+            args.workers,
+            timeout,
+            args.logs,
+            faults=not args.no_faults,
+            screenshot=args.screenshot,
+            keep_running=args.keep_running,
+        )
+    )
 
 
 if __name__ == "__main__":

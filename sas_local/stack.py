@@ -93,10 +93,10 @@ class LocalStack:
         endpoints of the simulator per agent (``simulator_endpoints``)."""
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
-        # The env below is the whole config: an empty settings file keeps a developer's
-        # local.settings.json (pointing at some other Azurite) out of it.
-        no_local_settings = logs / "local.settings.json"
-        no_local_settings.write_text('{"IsEncrypted": false, "Values": {}}')
+        # The env below is the whole config: a settings file of our own (the same values; the
+        # env wins anyway) keeps a developer's local.settings.json (pointing at some other
+        # Azurite) out of it. The `sas` CLI reads it to reach this run (.sas-run for the demo).
+        run_settings = logs / "local.settings.json"
         azurite = Azurite.start()
         simulator: ManagedProcess | None = None
         hosts: list[DevHost] = []
@@ -115,6 +115,7 @@ class LocalStack:
             }
             settings = settings_module.load(env)
             provision(settings, extra_queues)
+            run_settings.write_text(json.dumps({"IsEncrypted": False, "Values": env}, indent=2))
             groups = [(CORE_FUNCTIONS, workers, "devhost"), (AGENT_FUNCTIONS, 1, "agents")]
             for functions, count, name in groups if agents_apart else [((), workers, "devhost")]:
                 hosts.append(
@@ -125,7 +126,7 @@ class LocalStack:
                         http_port=0 if name == "agents" else free_port(),
                         functions=functions or None,
                         timers=name != "agents",
-                        settings=no_local_settings,
+                        settings=run_settings,
                         log_dir=logs / name,
                         cwd=app_root,
                         timeout=60,

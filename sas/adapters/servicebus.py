@@ -8,8 +8,9 @@ not promise that a sender is thread-safe.
 
 What goes on the wire: body = ``encode(message)`` (JSON bytes), ``content_type``
 application/json, ``message_id`` (duplicate detection key), ``correlation_id`` (the OrderID),
-``subject`` (the message type) and, when an OpenTelemetry span is active, W3C
-``traceparent``/``tracestate`` application properties. A delay becomes
+``subject`` (the message type) and, when an OpenTelemetry span is active, its W3C
+``traceparent``/``tracestate`` as application properties and in the body's envelope (the
+receiving side reads either: sas/entrypoints/inbound.py). A delay becomes
 ``scheduled_enqueue_time_utc`` = injected clock now + delay.
 
 Errors: a missing queue (``MessagingEntityNotFoundError``) becomes ``NotFound``; every other
@@ -35,14 +36,16 @@ from sas.domain.clock import Clock, require_utc
 from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.messages import Message, encode
 from sas.domain.priority import Waiting
+from sas.domain.wire import TRACEPARENT_PROPERTY, TRACESTATE_PROPERTY
+from sas.services.telemetry import current_carrier, stamped
 from sas.settings import Connection
 
 _ACTIVE = ServiceBusMessageState.ACTIVE
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "application/json"
-TRACEPARENT = "traceparent"
-TRACESTATE = "tracestate"
+TRACEPARENT = TRACEPARENT_PROPERTY
+TRACESTATE = TRACESTATE_PROPERTY
 DEFAULT_SEND_TIMEOUT = 10.0
 """Seconds for one send including the SDK's retries. Below the shortest step complete-by budget
 (15 s, sas/domain/workflow.py): a send that hangs must fail while the step can still be retried
@@ -163,6 +166,11 @@ class ServiceBusTransport:
     def waiting(self, queue: str) -> Waiting:
         return self._peek(queue, Waiting.PEEK)
 
+    def depth(self, queue: str) -> int:
+        """Active messages seen by a peek, so at most ``Waiting.PEEK``: the exact count needs
+        the management API (Manage rights), which the app's identity does not have."""
+        return self._peek(queue, Waiting.PEEK).count
+
     def _peek(self, queue: str, count: int) -> Waiting:
         with self._lock:
             if self._client is None:
@@ -207,7 +215,7 @@ class ServiceBusTransport:
             scheduled = now + timedelta(seconds=delay_seconds)
         properties: dict[str | bytes, PropertyValue] = dict(trace_context().items())
         return ServiceBusMessage(
-            encode(message),
+            encode(stamped(message) if properties else message),
             content_type=CONTENT_TYPE,
             message_id=message_id,
             correlation_id=correlation_id,
@@ -290,23 +298,8 @@ def message_type(message: Message) -> str:
 
 
 def trace_context() -> dict[str, str]:
-    """W3C trace context of the current OpenTelemetry span; empty without one (or without
-    opentelemetry installed)."""
-    try:
-        from opentelemetry import trace
-    except ImportError:  # pragma: no cover - opentelemetry-api is optional
-        return {}
-    context = trace.get_current_span().get_span_context()
-    if not context.is_valid:
-        return {}
-    headers = {
-        TRACEPARENT: (
-            f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
-        )
-    }
-    if context.trace_state:
-        headers[TRACESTATE] = context.trace_state.to_header()
-    return headers
+    """W3C trace context of the current OpenTelemetry span; empty without one."""
+    return current_carrier()
 
 
 def _endpoint_of(connection_string: str) -> str:

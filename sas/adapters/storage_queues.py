@@ -3,7 +3,8 @@
 Bodies are Base64-encoded JSON: what the Functions queue trigger expects by default
 (host.json leaves ``extensions.queues.messageEncoding`` at base64).
 Storage Queues carry no message id or correlation id of ours; both are inside the body
-(order id, step, attempt), and logged here.
+(order id, step, attempt), and logged here. The sending span's W3C trace context goes in the
+envelope too (``Message.trace``): a Storage message has no properties to carry it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64Encod
 from sas.domain.errors import NotFound
 from sas.domain.messages import Message, encode
 from sas.domain.priority import Waiting
+from sas.services.telemetry import stamped
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +44,7 @@ class StorageQueueTransport:
         delay = min(max(int(delay_seconds + 0.999), 0), MAX_DELAY_SECONDS)
         try:
             self._client(queue).send_message(
-                encode(message).decode(), visibility_timeout=delay or None
+                encode(stamped(message)).decode(), visibility_timeout=delay or None
             )
         except ResourceNotFoundError:
             raise NotFound(f"queue {queue} does not exist") from None
@@ -50,6 +52,14 @@ class StorageQueueTransport:
             "sas.message_sent",
             extra={"queue": queue, "message_id": message_id, "order_id": correlation_id},
         )
+
+    def depth(self, queue: str) -> int:
+        """The service's approximate count (visible and delayed messages alike)."""
+        try:
+            properties = self._client(queue).get_queue_properties()
+        except ResourceNotFoundError:
+            raise NotFound(f"queue {queue} does not exist") from None
+        return int(properties.approximate_message_count or 0)
 
     def oldest_waiting(self, queue: str) -> datetime | None:
         return self.waiting(queue).oldest

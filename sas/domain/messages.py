@@ -28,9 +28,12 @@ from sas.domain.wire import (
     ENDPOINT_NAME,
     IDEMPOTENCY_KEY,
     MAX_ATTEMPT,
+    MAX_TRACESTATE,
     ORDER_ID,
     QUEUE_NAME,
     STEP_NAME,
+    TRACE_FIELD,
+    TRACEPARENT,
     Mode,
     Priority,
     StatusLevel,
@@ -57,10 +60,29 @@ BusinessId = Annotated[str, StringConstraints(pattern=BUSINESS_ID.python)]
 ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
 
-class Message(BaseModel):
+class TraceContext(BaseModel):
+    """W3C trace context of the span that sent a message (sas/services/telemetry.py)."""
+
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
 
+    traceparent: Annotated[str, StringConstraints(pattern=TRACEPARENT.python)]
+    tracestate: Annotated[str, StringConstraints(max_length=MAX_TRACESTATE)] | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        strict=True,
+        regex_engine="python-re",
+        validate_by_name=True,
+        validate_by_alias=True,
+    )
+
     v: Literal[1] = 1
+    trace: TraceContext | None = Field(default=None, alias=TRACE_FIELD)
+    """Where the message's trace continues: set by the transport from the sending span, absent
+    when there is none (and in messages sent before it existed)."""
 
 
 class OrderLine(BaseModel):
@@ -108,7 +130,7 @@ class OrderSubmitted(Message):
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
         # Defaults are left out, so an order's fingerprint is what it was before the field
         # existed: a redelivery across an upgrade is still a redelivery.
-        unset = {"deferred_since"}
+        unset = {"deferred_since", "trace"}
         if self.status_events == "outcome":
             unset.add("status_events")
         if self.priority == "normal":
@@ -251,7 +273,7 @@ class OperatorAlert(Message):
 
 
 def encode(message: Message) -> bytes:
-    return message.model_dump_json(exclude_none=True).encode()
+    return message.model_dump_json(exclude_none=True, by_alias=True).encode()
 
 
 M = TypeVar("M", bound=Message)

@@ -75,6 +75,9 @@ class OrderState:
     deferrals: int = 0
     """Times the current step was deferred because no endpoint had room (sets the backoff;
     back to 0 when the next step starts)."""
+    traceparent: str | None = None
+    """The W3C context of the order's trace (its submission's span): what a Supervisor's
+    recovery or an operator's resubmit continues. None when the order was not traced."""
 
     @property
     def is_terminal(self) -> bool:

@@ -99,6 +99,20 @@ def remote_target(agent: str, endpoint: str) -> str:
     return agent if endpoint == DEFAULT_ENDPOINT else f"{agent}@{endpoint}"
 
 
+# --- trace context ------------------------------------------------------------------------
+
+TRACE_FIELD = "trace"
+"""The optional envelope field of every message that carries its W3C trace context
+(``{"traceparent": ..., "tracestate": ...}``): Storage Queues have no message properties."""
+TRACEPARENT_PROPERTY = "traceparent"
+"""The W3C header name, also the Service Bus application property and the envelope key."""
+TRACESTATE_PROPERTY = "tracestate"
+TRACEPARENT = NameRule("traceparent", r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}")
+"""W3C trace context ``version-traceid-parentid-flags``, lowercase hex."""
+MAX_TRACESTATE = 512
+"""W3C allows 32 list members; a vendor's state fits far below this."""
+
+
 # --- step modes -------------------------------------------------------------------------
 
 Mode = Literal["do", "undo"]

@@ -1,18 +1,19 @@
 """HTTP API (FastAPI), served by Azure Functions through its ASGI integration.
 
 Routes are absolute (/api/...): host.json sets the Functions route prefix to "".
-In Azure every route needs a function key (the app is registered with AuthLevel.FUNCTION).
+In Azure every route needs a function key (the app is registered with AuthLevel.FUNCTION),
+the operators' dashboard (GET /api/dashboard) included.
 """
 
 from __future__ import annotations
 
 import base64
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Path, Query, Request, status
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from sas import bootstrap
@@ -20,10 +21,23 @@ from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMes
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.poison import PoisonedMessage
-from sas.domain.wire import ORDER_ID, submission_message_id
+from sas.domain.wire import ORDER_ID, Priority
 from sas.domain.workflow import workflow_named
+from sas.entrypoints import dashboard
+from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
 
-api = FastAPI(title="sas", version="0.1.0", docs_url="/api/docs", openapi_url="/api/openapi.json")
+api = FastAPI(
+    title="sas",
+    version="0.1.0",
+    description=(
+        "The operators' API of the sas app (Scheduler Agent Supervisor on Azure Functions): "
+        "orders by state, one order's timeline, resubmitting an Error order, parked (rejected) "
+        "and poisoned messages, and the dashboard page built on them. In Azure every route "
+        "needs the function key: the `x-functions-key` header, or `?code=` in the URL."
+    ),
+    docs_url="/api/docs",
+    openapi_url="/api/openapi.json",
+)
 
 
 # Domain errors mean the same on every route: no such thing (404), or not now / not in this
@@ -40,7 +54,9 @@ def _conflict(request: Request, exc: Exception) -> JSONResponse:
 
 
 OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
-Limit = Annotated[int, Query(ge=1, le=1000)]
+Limit = Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT, description="at most this many")]
+MAX_AGE_SECONDS = 10 * 366 * 86400
+"""Ten years: older or newer than that filters nothing more, and keeps datetimes in range."""
 
 
 class StateView(BaseModel):
@@ -66,6 +82,9 @@ class StateView(BaseModel):
     deferrals: int = Field(
         description="times in a row the current step waited for an endpoint with room"
     )
+    trace_id: str | None = Field(
+        default=None, description="the order's OpenTelemetry trace id (None: not traced)"
+    )
 
     @classmethod
     def of(cls, state: OrderState) -> StateView:
@@ -88,6 +107,7 @@ class StateView(BaseModel):
             priority=state.priority,
             endpoint=state.endpoint,
             deferrals=state.deferrals,
+            trace_id=state.traceparent.split("-")[1] if state.traceparent else None,
         )
 
 
@@ -151,16 +171,98 @@ class ResubmitRequest(BaseModel):
 
 @api.get("/api/health")
 def health() -> dict[str, str]:
+    """Answers while the app is up; it reads nothing."""
     return {"status": "ok"}
 
 
+AgeSeconds = Annotated[float | None, Query(ge=0, le=MAX_AGE_SECONDS)]
+
+
 @api.get("/api/orders", response_model=list[StateView])
-def list_orders(state: ProcessState, limit: Limit = 100) -> list[StateView]:
-    return [StateView.of(found) for found in bootstrap.operator().in_state(state, limit)]
+def list_orders(
+    state: Annotated[ProcessState | None, Query(description="any state when left out")] = None,
+    priority: Annotated[Priority | None, Query(description="any priority when left out")] = None,
+    older_than_seconds: Annotated[
+        AgeSeconds, Query(description="submitted at least this many seconds ago")
+    ] = None,
+    newer_than_seconds: Annotated[
+        AgeSeconds, Query(description="submitted at most this many seconds ago")
+    ] = None,
+    limit: Limit = 100,
+) -> list[StateView]:
+    """Orders matching every filter given, most recently updated first.
+
+    Filters on anything but the order id scan the table: an operator's look, not a hot path."""
+    if (
+        older_than_seconds is not None
+        and newer_than_seconds is not None
+        and newer_than_seconds < older_than_seconds
+    ):
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            "newer_than_seconds must not be less than older_than_seconds: no order could match",
+        )
+    query = OrderQuery(
+        state=state,
+        priority=priority,
+        older_than=None if older_than_seconds is None else timedelta(seconds=older_than_seconds),
+        newer_than=None if newer_than_seconds is None else timedelta(seconds=newer_than_seconds),
+        limit=limit,
+    )
+    return [StateView.of(found) for found in bootstrap.operator().find(query)]
+
+
+STATS_LIST_CAP = 100
+"""Parked and poisoned messages are counted by listing them, up to this many."""
+
+
+class StatsView(BaseModel):
+    at: datetime = Field(description="when the counts were taken, by the app's clock")
+    states: dict[ProcessState, int] = Field(description="orders in each state, zeros included")
+    rejected: int = Field(description=f"parked (rejected) messages, counted up to {STATS_LIST_CAP}")
+    rejected_more: bool = Field(description=f"more than {STATS_LIST_CAP} are parked")
+    poisoned: int = Field(description=f"poisoned messages, counted up to {STATS_LIST_CAP}")
+    poisoned_more: bool = Field(description=f"more than {STATS_LIST_CAP} are poisoned")
+
+
+@api.get("/api/stats", response_model=StatsView)
+def stats() -> StatsView:
+    """Counts for the dashboard: orders by state, parked and poisoned messages."""
+    operator = bootstrap.operator()
+    counts = operator.counts()
+    rejected = len(operator.rejected(STATS_LIST_CAP + 1))
+    poisoned = len(operator.poisoned(STATS_LIST_CAP + 1))
+    return StatsView(
+        at=bootstrap.clock().now(),
+        states={state: counts.get(state, 0) for state in ProcessState},
+        rejected=min(rejected, STATS_LIST_CAP),
+        rejected_more=rejected > STATS_LIST_CAP,
+        poisoned=min(poisoned, STATS_LIST_CAP),
+        poisoned_more=poisoned > STATS_LIST_CAP,
+    )
+
+
+@api.get("/api/dashboard", response_class=HTMLResponse)
+def dashboard_page() -> HTMLResponse:
+    """The operators' dashboard: one self-contained page (no build step, nothing from a CDN)
+    that refreshes every 2 s. In Azure open it as `/api/dashboard?code=<function key>`: it
+    sends that key on its own API calls, and its source never holds one."""
+    page = dashboard.page()
+    return HTMLResponse(
+        page.html,
+        headers={
+            "content-security-policy": page.content_security_policy,
+            "cache-control": "no-store",
+            "referrer-policy": "no-referrer",
+            "x-content-type-options": "nosniff",
+        },
+    )
 
 
 @api.get("/api/orders/{order_id}", response_model=OrderView)
 def get_order(order_id: OrderIdPath) -> OrderView:
+    """One order's timeline: its state, details, completed steps and every history row
+    (claims, attempts, endpoints, refusals, expiries, compensation, resubmits)."""
     detail = bootstrap.operator().detail(order_id)
     return OrderView(
         **StateView.of(detail.state).model_dump(),
@@ -208,23 +310,17 @@ def discard_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
 
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)
 def submit_order(order: OrderSubmitted) -> dict[str, str]:
-    """Convenience: posts the order to the orders queue, exactly as an application would."""
-    if order.deferred_since is not None:
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT, "deferred_since is set by the app, not by you"
-        )
+    """Convenience: posts the order to the orders queue of its priority lane, exactly as an
+    application would, after the submission function's checks (422 with the reason)."""
     try:
-        bootstrap.submission().check(order)
+        message_id = bootstrap.operator().submit(order)
     except InvalidMessage as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.reason) from None
-    routes = bootstrap.routes()
-    bootstrap.transport().send(
-        routes.lane(routes.orders, order.priority),
-        order,
-        message_id=submission_message_id(order.order_id),
-        correlation_id=order.order_id,
-    )
-    return {"order_id": order.order_id, "status": f"/api/orders/{order.order_id}"}
+    return {
+        "order_id": order.order_id,
+        "message_id": message_id,
+        "status": f"/api/orders/{order.order_id}",
+    }
 
 
 # --- poison and dead-lettered messages --------------------------------------------------

@@ -8,12 +8,13 @@ Infrastructure failures (store or queue unavailable) still raise, so the host re
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol, TypeVar
 
 from sas import bootstrap
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import Message, decode
+from sas.services import telemetry
 
 log = logging.getLogger(__name__)
 M = TypeVar("M", bound=Message)
@@ -23,6 +24,14 @@ class InboundMessage(Protocol):
     """What Storage Queue and Service Bus trigger messages have in common."""
 
     def get_body(self) -> bytes: ...
+
+
+def _properties(message: InboundMessage) -> Mapping[str | bytes, object] | None:
+    """A Service Bus message's application properties (None for a Storage Queue message)."""
+    found = getattr(message, "application_properties", None) or getattr(
+        message, "user_properties", None
+    )
+    return found if isinstance(found, Mapping) else None
 
 
 def handle(
@@ -36,7 +45,8 @@ def handle(
     body = message.get_body()
     try:
         decoded = decode(model, body)
-        return handler(decoded)
+        with telemetry.continued(telemetry.carrier_from(decoded, _properties(message))):
+            return handler(decoded)
     except InvalidMessage as exc:
         queue = bootstrap.settings().queues.get(queue_setting, queue_setting)
         parked_id = bootstrap.store().park_message(queue, exc.reason, body, bootstrap.clock().now())

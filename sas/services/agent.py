@@ -32,6 +32,7 @@ from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, result_problem
 from sas.domain.wire import step_reply_message_id
 from sas.domain.workflow import longest_step_budget
+from sas.services import telemetry
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, Transport
 from sas.services.routes import Routes
@@ -52,6 +53,9 @@ class AgentOutcome(StrEnum):
     """The call finished past complete-by: the reply was suppressed."""
     DEFERRED = "deferred"
     """No endpoint had room: nothing called, a deferred reply sent."""
+
+
+_FAILED = frozenset({AgentOutcome.REFUSED, AgentOutcome.GAVE_UP, AgentOutcome.LATE})
 
 
 class _DeadlineReached(Exception):
@@ -115,6 +119,31 @@ class AgentRunner:
         self._backoff = wait_exponential_jitter(multiplier=0.2, max=5.0, jitter=0.2)
 
     def handle(self, request: StepRequest) -> AgentOutcome:
+        started = time.monotonic()
+        with telemetry.order_span(
+            telemetry.AGENT,
+            request.order_id,
+            step=request.step,
+            attempt=request.attempt,
+            mode=request.mode,
+            priority=request.priority,
+            endpoint=request.endpoint,
+        ) as span:
+            outcome = self._handle(request)
+            telemetry.annotate(span, outcome=outcome.value)
+            if outcome in _FAILED:
+                telemetry.fail(span, outcome.value)
+        telemetry.instruments.step_duration.record(
+            time.monotonic() - started,
+            {
+                telemetry.STEP: request.step,
+                telemetry.MODE: request.mode,
+                telemetry.OUTCOME: outcome.value,
+            },
+        )
+        return outcome
+
+    def _handle(self, request: StepRequest) -> AgentOutcome:
         extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
         if self._clock.now() >= request.complete_by:
             log.info("sas.step_request_expired", extra=extra)
@@ -235,13 +264,18 @@ class AgentRunner:
             if remaining <= 0:
                 raise _DeadlineReached
             try:
-                result = self._remote.perform(
-                    self._agent if endpoint is None else endpoint.target,
-                    request.action,
-                    idempotency_key=request.idempotency_key,
-                    payload=request.payload,
-                    timeout=min(remaining, self._max_call_seconds),
-                )
+                with telemetry.child_span(
+                    telemetry.REMOTE_CALL,
+                    action=request.action,
+                    endpoint=None if endpoint is None else endpoint.name,
+                ):
+                    result = self._remote.perform(
+                        self._agent if endpoint is None else endpoint.target,
+                        request.action,
+                        idempotency_key=request.idempotency_key,
+                        payload=request.payload,
+                        timeout=min(remaining, self._max_call_seconds),
+                    )
             except TransientRemoteError:
                 if breaker is not None:
                     breaker.record_failure()
@@ -266,6 +300,9 @@ class AgentRunner:
             return _would_pass(self._clock.now(), state.upcoming_sleep, deadline)
 
         def before_sleep(state: RetryCallState) -> None:
+            telemetry.instruments.retries.add(
+                1, {"sas.kind": "remote", telemetry.STEP: request.step}
+            )
             log.info(
                 "sas.remote_retry",
                 extra={**extra, "try": state.attempt_number, "sleep": state.upcoming_sleep},

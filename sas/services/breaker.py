@@ -134,6 +134,16 @@ class CircuitBreaker:
         )
         raise TransientRemoteError(f"{self.name} circuit open", retry_after=retry_after)
 
+    def last_status(self) -> str | None:
+        """The status this process last read or wrote (``closed`` if the breaker was never
+        written); None before its first read. Reads nothing: for the metrics gauge."""
+        with self._lock:
+            cached = self._cached
+        if cached is None:
+            return None
+        state = cached.versioned
+        return BreakerStatus.CLOSED.value if state is None else state.value.status.value
+
     def healthy(self) -> bool:
         """Whether a call would be let through now: closed, or open with its probe due and not
         yet taken (so an endpoint that recovered gets its probe even while others have room;

@@ -28,6 +28,7 @@ from sas.domain.wire import (
     schedule_wakeup_message_id,
     status_message_id,
 )
+from sas.services import telemetry
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 
@@ -88,17 +89,29 @@ class Consequences:
             if again_at is None
             else schedule_wakeup_message_id(state.order_id, state.updated_at, again_at)
         )
-        self._transport.send(
-            self._routes.lane(self._routes.scheduler, state.priority),
-            ScheduleRequest(order_id=state.order_id),
-            message_id=message_id,
-            correlation_id=state.order_id,
-            delay_seconds=delay_seconds,
-        )
+        with telemetry.resumed(state.traceparent):
+            self._transport.send(
+                self._routes.lane(self._routes.scheduler, state.priority),
+                ScheduleRequest(order_id=state.order_id),
+                message_id=message_id,
+                correlation_id=state.order_id,
+                delay_seconds=delay_seconds,
+            )
+
+    def compensate(self, state: OrderState, *, reason: str) -> None:
+        """Ask a Scheduler to start undoing ``state`` (already Compensating): ``reason`` is
+        ``refused`` (a step failed for good) or ``expired`` (it ran out of attempts)."""
+        telemetry.instruments.compensations.add(1, {"sas.reason": reason})
+        with telemetry.order_span(
+            telemetry.COMPENSATE, state.order_id, attempt=state.attempt, mode=state.mode
+        ) as span:
+            telemetry.annotate(span, reason=reason)
+            self.request_schedule(state)
 
     def finished(self, state: OrderState, etag: str) -> None:
         """Status for a terminal state; for Error, the one operator alert it is owed."""
         now = state.updated_at
+        telemetry.instruments.orders_finished.add(1, {telemetry.OUTCOME: state.process_state.value})
         if state.process_state is ProcessState.PROCESSED:
             self.notify.about(state, "completed", now)
         elif state.process_state is ProcessState.COMPENSATED:
@@ -235,6 +248,7 @@ class Notifier:
 
     def alert(self, order_id: str, reason: str, at: datetime, *, alert_id: str) -> None:
         """One operator alert: a message on the alerts queue and an ERROR log event."""
+        telemetry.instruments.alerts.add(1)
         log.error(
             "sas.operator_alert order=%s reason=%s",
             order_id,

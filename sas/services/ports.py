@@ -102,10 +102,11 @@ class StateStore(Protocol):
         ...
 
     def purge_order(self, state: Versioned[OrderState]) -> bool:
-        """Delete every row of a finished order (order, state, steps, history, its in-flight
-        marker). The state row goes last and only if unchanged since ``state`` was read, so an
-        interrupted purge leaves an order that the next purge finds again; False if the state
-        changed (nothing of the state row deleted)."""
+        """Delete every row of a finished order (order, state, steps, history). The state row
+        goes last and only if unchanged since ``state`` was read, so an interrupted purge leaves
+        an order that the next purge finds again; False if the state changed (nothing of the
+        state row deleted). A finished order has no in-flight marker left but briefly; one that
+        is left is an orphan the Supervisor drops after its grace."""
         ...
 
     def get_steps(self, order_id: str) -> list[StepRecord]: ...
@@ -151,6 +152,13 @@ class Transport(Protocol):
         """When the oldest message still waiting in ``queue`` was enqueued (None if none is
         visible). Approximate, as the transports' peek is: for holding off decisions, never
         for making them."""
+        ...
+
+
+class QueueDepth(Protocol):
+    def depth(self, queue: str) -> int:
+        """How many messages wait in ``queue``, as the transport estimates it (metrics only);
+        NotFound if the queue does not exist."""
         ...
 
 

@@ -16,9 +16,10 @@ from enum import StrEnum
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition
 from sas.domain.messages import Message, ScheduleRequest, StatusKind, StepReply, encode
-from sas.domain.model import HistoryEntry, OrderState, StepRecord
+from sas.domain.model import HistoryEntry, OrderState, StepRecord, Versioned
 from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
 from sas.domain.workflow import Workflow, workflow_named
+from sas.services import telemetry
 from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
@@ -71,8 +72,22 @@ class Scheduler:
         )
 
     def schedule(self, request: ScheduleRequest) -> ScheduleOutcome:
-        extra: dict[str, object] = {"order_id": request.order_id}
         current = self._store.get_state(request.order_id)
+        # A request that carries no context (sent before tracing, or by hand) continues the
+        # order's stored trace.
+        with telemetry.order_span(
+            telemetry.SCHEDULE,
+            request.order_id,
+            parent=None if current is None else current.value.traceparent,
+        ) as span:
+            outcome = self._schedule(request, current)
+            telemetry.annotate(span, outcome=outcome.value)
+            return outcome
+
+    def _schedule(
+        self, request: ScheduleRequest, current: Versioned[OrderState] | None
+    ) -> ScheduleOutcome:
+        extra: dict[str, object] = {"order_id": request.order_id}
         if current is None:
             self._park(self._routes.scheduler, "schedule request for an unknown order", request)
             log.warning("sas.schedule_unknown_order", extra=extra)
@@ -116,6 +131,19 @@ class Scheduler:
         return ScheduleOutcome.CLAIMED
 
     def on_reply(self, reply: StepReply) -> ReplyOutcome:
+        with telemetry.order_span(
+            telemetry.REPLY,
+            reply.order_id,
+            step=reply.step,
+            attempt=reply.attempt,
+            mode=reply.mode,
+            endpoint=reply.endpoint,
+        ) as span:
+            outcome = self._on_reply(reply)
+            telemetry.annotate(span, outcome=outcome.value, reply=reply.outcome)
+            return outcome
+
+    def _on_reply(self, reply: StepReply) -> ReplyOutcome:
         # A conflict means the state moved under us (a supervisor, a duplicate reply):
         # read again and let the fence decide whether this reply still applies.
         for _ in range(_REPLY_RETRIES):
@@ -225,7 +253,7 @@ class Scheduler:
             return ReplyOutcome.DEFERRED
         if decision.then is Then.COMPENSATE:
             log.warning("sas.compensation_started", extra={"order_id": state.order_id})
-            self._then.request_schedule(state)
+            self._then.compensate(state, reason="refused")
             announce_progress()
             self._then.notify.about(
                 state, "compensating", state.updated_at, detail=state.last_error

@@ -8,6 +8,7 @@ claim rides in the same entity-group transaction, and no ScheduleRequest hop is 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
@@ -19,6 +20,7 @@ from sas.domain.priority import AdmissionPolicy, Waiting
 from sas.domain.transitions import claim, initial_state, look_again_at
 from sas.domain.wire import POISON_SUFFIX, deferred_submission_message_id
 from sas.domain.workflow import WORKFLOWS, Workflow
+from sas.services import telemetry
 from sas.services.backlog import Backlog
 from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
@@ -86,6 +88,16 @@ class Submission:
             raise InvalidMessage(f"reply_to must match {allowed}")
 
     def submit(self, message: OrderSubmitted) -> SubmissionOutcome:
+        # The order's trace: the submitter's, when its message carried one (the entrypoint
+        # made it current), else a new one that starts here.
+        with telemetry.order_span(
+            telemetry.SUBMIT, message.order_id, priority=message.priority
+        ) as span:
+            outcome = self._submit(message)
+            telemetry.annotate(span, outcome=outcome.value)
+            return outcome
+
+    def _submit(self, message: OrderSubmitted) -> SubmissionOutcome:
         self.check(message)
         workflow = WORKFLOWS[message.workflow]
         now = self._clock.now()
@@ -120,6 +132,7 @@ class Submission:
         )
         claimed = claim(pending, instance_id=self._instance_id, now=now, workflow=workflow)
         claimed = self._dispatcher.route(claimed, workflow, now)
+        claimed = replace(claimed, traceparent=telemetry.current_traceparent())
         # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps
         # away, never an order the Supervisor cannot see.
         self._store.touch_live(

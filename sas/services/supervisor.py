@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -30,6 +31,7 @@ from sas.domain.model import HistoryEntry, LiveMarker, OrderState
 from sas.domain.transitions import ExpiryAction, RetryPolicy, expire, look_again_at
 from sas.domain.wire import Priority
 from sas.domain.workflow import shortest_budget, workflow_named
+from sas.services import telemetry
 from sas.services.consequences import AlertOutcome, Consequences
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
@@ -50,7 +52,9 @@ class Supervisor:
         orphan_grace: timedelta = timedelta(minutes=5),
         parallelism: int = 1,
         legacy_check: timedelta = timedelta(minutes=5),
+        gauges: Callable[[], object] | None = None,
     ) -> None:
+        """``gauges``: called after each sweep (it decides itself whether to sample)."""
         self._store = store
         self._transport = transport
         self._routes = routes
@@ -61,6 +65,7 @@ class Supervisor:
         self._parallelism = max(parallelism, 1)
         self._legacy_check = legacy_check
         self._legacy_checked_at: datetime | None = None
+        self._gauges = gauges
         self._then = Consequences(
             store, transport, routes, clock, actor=instance_id, clock_skew=policy.clock_skew
         )
@@ -89,6 +94,8 @@ class Supervisor:
         rearms.flush()
         if report.total() - report["healthy"]:
             log.info("sas.supervisor_sweep", extra={"report": dict(report)})
+        if self._gauges is not None:
+            self._gauges()
         return report
 
     def _adopt_legacy(self, now: datetime) -> None:
@@ -169,6 +176,23 @@ class Supervisor:
     def _expire(
         self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
     ) -> str:
+        # A timer has no trace of its own: the recovery joins the order's.
+        with telemetry.order_span(
+            telemetry.RECOVER,
+            state.order_id,
+            step=workflow_named(state.workflow).step(state.step_index).name,
+            attempt=state.attempt,
+            mode=state.mode,
+            priority=state.priority,
+            parent=state.traceparent,
+        ) as span:
+            outcome = self._recover(marker, etag, state, now, rearms)
+            telemetry.annotate(span, outcome=outcome)
+            return outcome
+
+    def _recover(
+        self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
+    ) -> str:
         workflow = workflow_named(state.workflow)
         decided = expire(state, now=now, workflow=workflow, policy=self._policy)
         decided = replace(decided, state=self._then.claiming_alert(decided.state))
@@ -198,14 +222,18 @@ class Supervisor:
             "action": decided.action,
         }
         log.warning("sas.step_expired", extra=extra)
+        telemetry.instruments.recoveries.add(
+            1, {"sas.action": decided.action.value, telemetry.STEP: step}
+        )
         new = decided.state
         if not new.is_terminal:
             rearms.add(marker, self._next_look(new, now))
         if decided.action is ExpiryAction.RETRY:
+            telemetry.instruments.retries.add(1, {"sas.kind": "step", telemetry.STEP: step})
             self._then.request_schedule(new, delay_seconds=decided.delay.total_seconds())
             self._then.notify.about(new, "step_retry", now, step=step)
         elif decided.action is ExpiryAction.COMPENSATE:
-            self._then.request_schedule(new)
+            self._then.compensate(new, reason="expired")
             self._then.notify.about(new, "compensating", now, detail=new.last_error)
         else:
             self._then.finished(new, etag)

@@ -15,6 +15,8 @@ import queue
 import sys
 from typing import TextIO
 
+from sas.services import telemetry
+
 _STANDARD = frozenset(vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))) | {
     "message",
     "asctime",
@@ -67,6 +69,8 @@ def configure(level: str, role: str, stream: TextIO | None = None) -> None:
         KeyValueFormatter(f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s")
     )
     _pipeline = _Pipeline(handler)
+    # In the logging thread, where the order being handled and its span are known.
+    telemetry.install_log_filter([_pipeline.enqueue])
     root = logging.getLogger()
     root.handlers[:] = [_pipeline.enqueue]
     root.setLevel(level.upper())

@@ -84,10 +84,14 @@ def project_files(root: Path = ROOT) -> list[str]:
     return sorted({p for p in listed.split("\0") if p and (root / p).is_file()})
 
 
+APP_ASSETS = (".py", ".html", ".js", ".css")
+"""The sas package's modules, and the dashboard's page, script and style it serves."""
+
+
 def expected_package(files: Iterable[str]) -> set[str]:
     """What the package must hold, exactly: the entry point, host.json, requirements.txt
-    and the sas package's modules."""
-    return set(APP_FILES) | {p for p in files if p.startswith("sas/") and p.endswith(".py")}
+    and the sas package's modules and assets."""
+    return set(APP_FILES) | {p for p in files if p.startswith("sas/") and p.endswith(APP_ASSETS)}
 
 
 def copy_files(files: Iterable[str], source: Path, target: Path) -> None:

@@ -76,6 +76,11 @@ def test_the_package_of_this_checkout_holds_exactly_the_app(package_zip: Path):
     expected = expected_package(project_files())
     assert built == expected, difference(built, expected)
     assert {"function_app.py", "host.json", "requirements.txt", "sas/bootstrap.py"} <= built
+    # The dashboard is served from files inside the package, not only .py modules.
+    dashboard = "sas/entrypoints/dashboard"
+    assert {
+        f"{dashboard}/{name}" for name in ("index.html", "dashboard.js", "dashboard.css")
+    } <= built
 
 
 def test_the_package_of_a_cluttered_checkout_holds_exactly_the_app(

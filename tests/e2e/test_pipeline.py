@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -177,3 +181,17 @@ def test_a_malformed_order_is_parked_with_its_body_and_settled(stack, store):
     poison = queue_service_client(stack.settings.storage).get_queue_client(f"{orders}-poison")
     with contextlib.suppress(ResourceNotFoundError):  # never created: nothing was poisoned
         assert poison.get_queue_properties().approximate_message_count == 0
+
+
+def test_the_cli_follows_the_local_run_with_the_settings_it_wrote(stack, processed_batch):
+    # LocalStack writes the settings its dev host runs on beside its logs (.sas-run for
+    # `make run`): the operator CLI, a separate process, reads them there.
+    written = stack.devhost.log_dir.parent / "local.settings.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAS_", "SasStorage"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "sas_cli", "--settings", str(written), "--json", "list",
+         "--state", "Processed", "--limit", "1000"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert set(processed_batch) <= {state["order_id"] for state in json.loads(done.stdout)}

@@ -1,4 +1,4 @@
-"""The operator's HTTP API and CLI against Azurite: list by state, history, resubmit, and
+"""The operator's HTTP API against Azurite: list by state, history, resubmit, and
 rejected messages (list with age, replay, discard)."""
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from azure.data.tables import UpdateMode
 from fastapi.testclient import TestClient
-from rich.console import Console
 
 from sas import bootstrap
 from sas.adapters.clients import queue_service_client
@@ -21,7 +20,6 @@ from sas.domain.messages import MAX_MESSAGE_BYTES
 from sas.domain.model import ProcessState
 from sas.domain.wire import REJECTED_PARTITION, rejected_row_key
 from sas.entrypoints.http_api import api
-from sas_cli import commands
 from sas_cli.commands import run
 from sas_local.devhost.queues import decode_body
 from tests.harness import World, permanent
@@ -91,32 +89,6 @@ def test_rejected_messages_are_listed_with_reason_and_body(client, app_env):
         ("invalid", '{"a": 1}'),
     }
     assert {r["body_base64"] for r in listed} >= {"/wA="}
-
-
-def test_the_cli_lists_shows_and_resubmits(client, failed_order, capsys):
-    assert run(["--json", "orders", "list", "--state", "Error"], client=client) == 0
-    assert json.loads(capsys.readouterr().out)[0]["order_id"] == failed_order
-    assert run(["orders", "show", failed_order], client=client) == 0
-    shown = capsys.readouterr().out
-    assert "refused" in shown and "card declined" in shown
-    assert run(["orders", "resubmit", failed_order, "--actor", "bob"], client=client) == 0
-    assert "Pending" in capsys.readouterr().out
-    assert run(["orders", "resubmit", failed_order], client=client) == 1
-    assert "409" in capsys.readouterr().out
-    assert run(["rejected", "list"], client=client) == 0
-
-
-@pytest.mark.parametrize("hostile", ["#", "?state=Error", "/resubmit", "%23", "/../"])
-def test_the_cli_never_lets_an_order_id_address_another_order(
-    client, failed_order, hostile, capsys
-):
-    # Unquoted, "err1#x" asked for /api/orders/err1 and showed the wrong order.
-    assert run(["--json", "orders", "show", failed_order + hostile], client=client) == 1
-    out = capsys.readouterr().out
-    assert failed_order not in out or "422" in out or "404" in out
-    assert "card declined" not in out
-    assert run(["orders", "resubmit", failed_order + hostile], client=client) == 1
-    assert client.get(f"/api/orders/{failed_order}").json()["process_state"] == "Error"
 
 
 # --- rejected messages: age, replay, discard ----------------------------------------------
@@ -328,38 +300,6 @@ def test_dropping_a_parked_message_is_conditional_on_what_was_read(app_env, tabl
     assert store.drop_parked(parked) is False and store.get_parked(parked) is None
 
 
-def test_the_cli_lists_replays_and_discards_rejected_messages(client, app_env, capsys, monkeypatch):
-    monkeypatch.setattr(commands, "console", Console(width=200))
-    replayed = park(body(order_id="cli-1"), ago=7200)
-    discarded = park(b"\xff\x00", reason="not UTF-8")
-
-    assert run(["rejected", "list"], client=client) == 0
-    table = capsys.readouterr().out
-    assert "age" in table and "2h" in table and "not UTF-8" in table and "<binary>" in table
-    assert f" {replayed}\n" in table and f" {discarded}\n" in table  # whole, to copy
-
-    assert run(["rejected", "replay", replayed], client=client) == 0
-    assert f"replayed {replayed}" in capsys.readouterr().out
-    assert raw_contents("sas-orders") == [base64.b64encode(body(order_id="cli-1")).decode()]
-    assert run(["--json", "rejected", "discard", discarded], client=client) == 0
-    assert json.loads(capsys.readouterr().out)["status"] == "discarded"
-    assert rejected(client) == {}
-
-    assert run(["rejected", "discard", discarded], client=client) == 1
-    assert "404" in capsys.readouterr().out
-    assert run(["rejected", "replay", replayed], client=client) == 1
-    assert "404" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#"])
-def test_the_cli_never_lets_a_rejected_id_address_another_route(client, app_env, hostile):
-    target = park(body())
-    assert run(["rejected", "discard", target + hostile], client=client) == 1
-    assert run(["rejected", "replay", target + hostile], client=client) == 1
-    assert set(rejected(client)) == {target}
-    assert raw_contents("sas-orders") == []
-
-
 def test_the_api_queues_an_order_on_its_priority_lane_and_shows_its_priority(
     client, app_env, azurite, capsys
 ):
@@ -379,7 +319,7 @@ def test_the_api_queues_an_order_on_its_priority_lane_and_shows_its_priority(
     assert shown["priority"] == "high"
     assert shown["history"][1]["kind"] == "claimed"
     assert "endpoint" in shown["history"][1]
-    assert run(["orders", "show", "urgent-api"], client=client) == 0
+    assert run(["status", "urgent-api"]) == 0  # the CLI reads the same store
     assert "priority high" in capsys.readouterr().out
 
 

@@ -1,13 +1,13 @@
 """Poison messages in the operator view, against Azurite: list (age, reason, body), replay,
-discard, through the HTTP API and the CLI, and end to end through the local dev host's poison
-path (the Functions host's behaviour: the raw message text moved to ``<queue>-poison``); and the
-Storage adapter's requeue of a raw body, which replays a rejected (parked) message."""
+discard, through the HTTP API (the CLI's own: tests/integration/test_cli.py), and end to end
+through the local dev host's poison path (the Functions host's behaviour: the raw message text
+moved to ``<queue>-poison``); and the Storage adapter's requeue of a raw body, which replays a
+rejected (parked) message."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import threading
 import time
 from datetime import timedelta
@@ -18,7 +18,6 @@ import pytest
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.queue import QueueClient, QueueServiceClient
 from fastapi.testclient import TestClient
-from rich.console import Console
 
 from sas import bootstrap
 from sas.adapters.poison_storage import StoragePoisonQueues
@@ -27,8 +26,6 @@ from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.poison import poison_id
 from sas.domain.wire import POISON_SUFFIX
 from sas.entrypoints.http_api import api
-from sas_cli import commands
-from sas_cli.commands import run
 from sas_local.devhost.config import QueueOptions
 from sas_local.devhost.loader import QueueFunction
 from sas_local.devhost.queues import QueuePoller, decode_body
@@ -61,8 +58,7 @@ class Poison:
         return [m.content for m in self.raw(queue).peek_messages(max_messages=32)]
 
 
-@pytest.fixture
-def poison(app_env, queue_service) -> Poison:
+def empty_poison_queues(queue_service: QueueServiceClient) -> Poison:
     # Poison queues outlive a test (Azurite is shared by the session): start each one empty.
     for name in bootstrap.settings().queues.values():
         client = queue_service.get_queue_client(name + POISON_SUFFIX)
@@ -70,6 +66,11 @@ def poison(app_env, queue_service) -> Poison:
             client.create_queue()
         client.clear_messages()
     return Poison(queue_service)
+
+
+@pytest.fixture
+def poison(app_env, queue_service) -> Poison:
+    return empty_poison_queues(queue_service)
 
 
 @pytest.fixture
@@ -150,38 +151,6 @@ def test_unknown_ids_and_queues_the_app_does_not_consume_are_404(client, poison)
         assert client.delete(f"/api/poison/{unknown}").status_code == 404, unknown
     assert poison.peek("sas-alerts-poison") == [RAW]
     assert set(listed(client)) == {real}
-
-
-def test_the_cli_lists_replays_and_discards(client, poison, capsys, monkeypatch):
-    monkeypatch.setattr(commands, "console", Console(width=200))
-    replayed = poison.put("sas-agent-shipping", RAW)
-    discarded = poison.put("sas-agent-inventory", NOT_BASE64)
-
-    assert run(["--json", "poison", "list"], client=client) == 0
-    assert {p["id"] for p in json.loads(capsys.readouterr().out)} == {replayed, discarded}
-    assert run(["poison", "list"], client=client) == 0
-    table = capsys.readouterr().out
-    assert "sas-agent-shipping" in table and "sas-agent-inventory" in table
-    assert f" {replayed}\n" in table and f" {discarded}\n" in table  # whole, to copy
-
-    assert run(["poison", "replay", replayed], client=client) == 0
-    assert "replayed" in capsys.readouterr().out
-    assert poison.peek("sas-agent-shipping") == [RAW]
-    assert run(["--json", "poison", "discard", discarded], client=client) == 0
-    assert json.loads(capsys.readouterr().out)["status"] == "discarded"
-    assert listed(client) == {}
-
-    assert run(["poison", "discard", discarded], client=client) == 1
-    assert "404" in capsys.readouterr().out
-
-
-@pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#"])
-def test_the_cli_never_lets_an_id_address_another_route(client, poison, hostile, capsys):
-    target = poison.put("sas-orders", RAW)
-    assert run(["poison", "discard", target + hostile], client=client) == 1
-    assert run(["poison", "replay", target + hostile], client=client) == 1
-    assert set(listed(client)) == {target}
-    assert poison.peek("sas-orders") == []
 
 
 def test_the_dev_host_poisons_and_replay_brings_the_message_back(client, poison, azurite):

@@ -20,6 +20,7 @@ ALLOWED_SAS = {
         "sas.domain",
         "sas.services.ports",
         "sas.services.breaker",
+        "sas.services.telemetry",  # the trace context a transport carries; API only
         "sas.adapters",
         "sas.settings",
     ),

@@ -823,3 +823,48 @@ def test_a_lanes_backlog_counts_only_active_messages(
     ]
     seen = transport.waiting("sas-agent-payment")
     assert (seen.oldest, seen.count) == (recent, 1)
+
+
+def test_the_context_also_travels_in_the_body_and_an_untraced_body_is_unchanged(
+    transport: ServiceBusTransport, client: FakeClient
+) -> None:
+    context = SpanContext(trace_id=0xAB, span_id=0xCD, is_remote=True)
+    with trace.use_span(NonRecordingSpan(context)):
+        transport.send("q", ScheduleRequest(order_id="o8"), message_id="m8", correlation_id="o8")
+    transport.send("q", ScheduleRequest(order_id="o9"), message_id="m9", correlation_id="o9")
+
+    traced, untraced = client.sent("q")
+    parent = f"00-{0xAB:032x}-{0xCD:016x}-00"
+    assert traced.application_properties == {"traceparent": parent}
+    assert b"".join(traced.body) == encode(
+        ScheduleRequest.model_validate({"order_id": "o8", "trace": {"traceparent": parent}})
+    )
+    assert untraced.application_properties is None
+    assert b"".join(untraced.body) == encode(ScheduleRequest(order_id="o9"))
+
+
+def test_a_received_service_bus_message_continues_the_trace_its_properties_name() -> None:
+    from sas.entrypoints.inbound import handle
+
+    @dataclass
+    class Received:  # the part of the worker's ServiceBusMessage the inbound path reads
+        body: bytes
+        application_properties: dict[str, object]
+
+        def get_body(self) -> bytes:
+            return self.body
+
+    seen: list[str] = []
+
+    def handler(message: ScheduleRequest) -> None:
+        seen.append(f"{trace.get_current_span().get_span_context().trace_id:032x}")
+
+    message = Received(
+        body=encode(ScheduleRequest(order_id="o1")),
+        application_properties={
+            "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        },
+    )
+    handle(message, function="schedule", queue_setting="x", model=ScheduleRequest, handler=handler)
+    assert seen == ["4bf92f3577b34da6a3ce929d0e0e4736"]
+    assert not trace.get_current_span().get_span_context().is_valid  # detached afterwards

@@ -1,0 +1,280 @@
+"use strict";
+// Everything the page shows comes from the app's own API; text goes in with textContent only,
+// so nothing an order or a message carries can become markup.
+(() => {
+  const REFRESH_MS = 2000;
+  const STATES = ["Pending", "Processing", "Compensating", "Processed", "Compensated", "Error"];
+  // In Azure every route needs the function key: the page is opened with ?code=<key> and sends
+  // it on its own calls. Locally the dev host needs none.
+  const key = new URLSearchParams(location.search).get("code");
+  const $ = (id) => document.getElementById(id);
+  let paused = false;
+  let timer = null;
+  let refreshes = 0;
+  let openOrder = null;
+
+  async function call(method, path, body) {
+    const headers = { accept: "application/json" };
+    if (key) headers["x-functions-key"] = key;
+    if (body !== undefined) headers["content-type"] = "application/json";
+    const response = await fetch(path, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+      cache: "no-store", credentials: "same-origin",
+    });
+    const payload = response.headers.get("content-type")?.includes("json")
+      ? await response.json() : await response.text();
+    if (!response.ok) {
+      const detail = typeof payload === "object" && payload !== null ? payload.detail : payload;
+      const reason = typeof detail === "string" ? detail : JSON.stringify(detail);
+      throw new Error(`${response.status}: ${reason}`);
+    }
+    return payload;
+  }
+
+  function el(tag, text, attrs) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = String(text);
+    for (const [name, value] of Object.entries(attrs || {})) {
+      if (value !== undefined && value !== null) node.setAttribute(name, String(value));
+    }
+    return node;
+  }
+
+  function row(cells, attrs) {
+    const tr = el("tr", null, attrs);
+    for (const cell of cells) {
+      tr.append(cell instanceof Node ? wrap(cell) : el("td", cell ?? "—"));
+    }
+    return tr;
+  }
+
+  function wrap(node) {
+    const td = el("td");
+    td.append(node);
+    return td;
+  }
+
+  // Today's times without the date, so the tables stay narrow.
+  function when(iso) {
+    if (!iso) return "—";
+    const at = new Date(iso);
+    const text = at.toDateString() === new Date().toDateString()
+      ? at.toLocaleTimeString() : at.toLocaleString();
+    return el("time", text, { datetime: iso });
+  }
+
+  function age(seconds) {
+    if (seconds === null || seconds === undefined) return "—";
+    if (seconds < 120) return `${Math.round(seconds)} s`;
+    if (seconds < 7200) return `${Math.round(seconds / 60)} min`;
+    return `${(seconds / 3600).toFixed(1)} h`;
+  }
+
+  function stateBadge(state) {
+    return el("span", state, { class: "state", "data-state": state });
+  }
+
+  function fill(tbody, rows) {
+    tbody.replaceChildren(...rows);
+  }
+
+  function renderCounts(stats) {
+    const cards = STATES.map((state) => {
+      const card = el("div", null, { class: "card", "data-state": state, title: `show ${state} orders` });
+      card.append(el("span", state, { class: "label" }));
+      card.append(el("span", stats.states[state] ?? 0, { class: "count", "data-state-count": state }));
+      if ($("filter-state").value === state) card.classList.add("selected");
+      card.addEventListener("click", () => {
+        const select = $("filter-state");
+        select.value = select.value === state ? "" : state;
+        refresh();
+      });
+      return card;
+    });
+    for (const [kind, label] of [["rejected", "Parked"], ["poisoned", "Poisoned"]]) {
+      const card = el("div", null, { class: "card", "data-kind": kind });
+      card.append(el("span", label, { class: "label" }));
+      const shown = stats[`${kind}_more`] ? `${stats[kind]}+` : stats[kind];
+      card.append(el("span", shown, { class: "count", "data-count": kind }));
+      cards.push(card);
+    }
+    $("counts").replaceChildren(...cards);
+  }
+
+  function ordersQuery() {
+    const query = new URLSearchParams();
+    const state = $("filter-state").value;
+    const priority = $("filter-priority").value;
+    const older = $("filter-older").value;
+    const newer = $("filter-newer").value;
+    if (state) query.set("state", state);
+    if (priority) query.set("priority", priority);
+    if (older !== "") query.set("older_than_seconds", String(Number(older) * 60));
+    if (newer !== "") query.set("newer_than_seconds", String(Number(newer) * 60));
+    query.set("limit", $("filter-limit").value || "50");
+    return query.toString();
+  }
+
+  function renderOrders(orders) {
+    const rows = orders.map((order) => {
+      const tr = row(
+        [
+          el("code", order.order_id), stateBadge(order.process_state), order.priority,
+          `${order.step} (${order.mode})`, order.attempt, order.failure_count,
+          when(order.submitted_at), when(order.updated_at),
+          el("span", order.last_error ?? "", { class: "error" }),
+        ],
+        { "data-order-id": order.order_id, "data-state": order.process_state },
+      );
+      if (order.order_id === openOrder) tr.classList.add("selected");
+      tr.addEventListener("click", () => openTimeline(order.order_id));
+      return tr;
+    });
+    fill($("orders").tBodies[0], rows);
+    $("orders-empty").hidden = orders.length > 0;
+  }
+
+  function renderTimeline(order) {
+    $("timeline").hidden = false;
+    $("timeline").dataset.orderId = order.order_id;
+    $("timeline").dataset.state = order.process_state;
+    $("timeline-order").textContent = order.order_id;
+    $("timeline-state").textContent = order.process_state;
+    $("timeline-state").dataset.state = order.process_state;
+    $("timeline-trace").textContent = order.trace_id || "—";
+    $("timeline-workflow").textContent = `${order.workflow}, ${order.priority} priority`;
+    $("timeline-step").textContent =
+      `${order.step} (${order.mode}), attempt ${order.attempt}, failures ${order.failure_count}`;
+    $("timeline-endpoint").textContent = order.endpoint || "—";
+    $("timeline-error").textContent = order.last_error || "—";
+    $("resubmit-box").hidden = order.process_state !== "Error";
+    fill($("steps").tBodies[0], order.steps.map((step) => row(
+      [step.index, step.name, step.attempt, when(step.completed_at)], { "data-step": step.name },
+    )));
+    const undo = order.history.filter((entry) => entry.mode === "undo");
+    fill($("compensation").tBodies[0], undo.map((entry) => row(
+      [when(entry.at), entry.kind, entry.step, entry.attempt, entry.endpoint, entry.detail],
+      { "data-kind": entry.kind },
+    )));
+    fill($("history").tBodies[0], order.history.map((entry) => row(
+      [when(entry.at), entry.kind, entry.step, entry.mode, entry.attempt, entry.endpoint,
+        entry.actor, entry.detail],
+      { "data-kind": entry.kind, "data-mode": entry.mode },
+    )));
+  }
+
+  function renderRejected(parked) {
+    fill($("rejected").tBodies[0], parked.map((message) => row(
+      [el("code", message.id), message.queue, age(message.age_seconds),
+        el("span", message.reason, { class: "error" }),
+        el("span", message.body_text ?? `(binary) ${message.body_base64}`, { class: "body" })],
+      { "data-rejected-id": message.id },
+    )));
+    $("rejected-count").textContent = `(${parked.length})`;
+  }
+
+  function renderPoisoned(poisoned) {
+    fill($("poisoned").tBodies[0], poisoned.map((message) => row(
+      [message.queue, message.function, age(message.age_seconds), message.delivery_count,
+        el("span", message.reason, { class: "error" }),
+        el("span", message.body_text ?? `(binary) ${message.body_base64}`, { class: "body" })],
+      { "data-poison-id": message.id },
+    )));
+    $("poisoned-count").textContent = `(${poisoned.length})`;
+  }
+
+  async function refresh() {
+    const problems = [];
+    const attempt = async (what, load, render) => {
+      try {
+        render(await load());
+      } catch (error) {
+        problems.push(`${what}: ${error.message}`);
+      }
+    };
+    await Promise.all([
+      attempt("counts", () => call("GET", "/api/stats"), renderCounts),
+      attempt("orders", () => call("GET", `/api/orders?${ordersQuery()}`), renderOrders),
+      attempt("parked", () => call("GET", "/api/rejected?limit=20"), renderRejected),
+      attempt("poisoned", () => call("GET", "/api/poison?limit=20"), renderPoisoned),
+      openOrder === null ? null : attempt(
+        "order", () => call("GET", `/api/orders/${encodeURIComponent(openOrder)}`), renderTimeline,
+      ),
+    ]);
+    $("problem").hidden = problems.length === 0;
+    $("problem").textContent = problems.join(" · ");
+    refreshes += 1;
+    const updated = $("updated-at");
+    updated.textContent = new Date().toLocaleTimeString();
+    updated.dateTime = new Date().toISOString();
+    updated.dataset.refreshes = String(refreshes);
+    $("status").textContent = paused ? "paused" : "live";
+  }
+
+  function schedule() {
+    clearTimeout(timer);
+    if (!paused) timer = setTimeout(async () => { await refresh(); schedule(); }, REFRESH_MS);
+  }
+
+  async function openTimeline(orderId) {
+    openOrder = orderId;
+    $("resubmit-outcome").textContent = "";
+    for (const tr of $("orders").tBodies[0].rows) {
+      tr.classList.toggle("selected", tr.dataset.orderId === orderId);
+    }
+    try {
+      renderTimeline(await call("GET", `/api/orders/${encodeURIComponent(orderId)}`));
+    } catch (error) {
+      $("problem").hidden = false;
+      $("problem").textContent = `order: ${error.message}`;
+    }
+  }
+
+  async function resubmit() {
+    const orderId = openOrder;
+    const button = $("resubmit");
+    const outcome = $("resubmit-outcome");
+    button.disabled = true;
+    try {
+      const state = await call(
+        "POST", `/api/orders/${encodeURIComponent(orderId)}/resubmit`, { actor: "dashboard" },
+      );
+      outcome.textContent = `resubmitted: now ${state.process_state}`;
+      outcome.dataset.outcome = "ok";
+    } catch (error) {
+      outcome.textContent = `not resubmitted: ${error.message}`;
+      outcome.dataset.outcome = "refused";
+    } finally {
+      button.disabled = false;
+    }
+    await refresh();
+  }
+
+  function init() {
+    const select = $("filter-state");
+    for (const state of STATES) select.append(el("option", state));
+    if (key) {
+      for (const link of document.querySelectorAll("footer a")) {
+        link.href = `${link.getAttribute("href")}?code=${encodeURIComponent(key)}`;
+      }
+    }
+    $("filters").addEventListener("change", () => refresh());
+    $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
+    $("pause").addEventListener("click", () => {
+      paused = !paused;
+      $("pause").setAttribute("aria-pressed", String(paused));
+      $("pause").textContent = paused ? "Resume" : "Pause";
+      $("status").textContent = paused ? "paused" : "live";
+      if (!paused) refresh();
+      schedule();
+    });
+    $("timeline-close").addEventListener("click", () => {
+      openOrder = null;
+      $("timeline").hidden = true;
+    });
+    $("resubmit").addEventListener("click", resubmit);
+    refresh().then(schedule);
+  }
+
+  init();
+})();

@@ -1,0 +1,63 @@
+"""The gauges that cost reads (queue depth, parked and poisoned messages), sampled by the
+Supervisor's timer process at most once per interval and only while metrics are exported:
+the hot path never pays for them (docs/architecture.md, "Tracing and metrics")."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sas.domain.clock import Clock
+from sas.services import telemetry
+from sas.services.ports import PoisonStore, QueueDepth, StateStore
+
+log = logging.getLogger(__name__)
+
+SAMPLE_EVERY = timedelta(seconds=60)
+COUNT_LIMIT = 1000
+"""Parked and poisoned messages are counted up to this many (one listing each per sample)."""
+
+
+class QueueGauges:
+    def __init__(
+        self,
+        depth: QueueDepth,
+        queues: Sequence[str],
+        store: StateStore,
+        poison: PoisonStore | None,
+        clock: Clock,
+        *,
+        every: timedelta = SAMPLE_EVERY,
+    ) -> None:
+        self._depth = depth
+        self._queues = tuple(queues)
+        self._store = store
+        self._poison = poison
+        self._clock = clock
+        self._every = every
+        self._sampled_at: datetime | None = None
+
+    def maybe_sample(self) -> bool:
+        """Sample if metrics are exported and the last sample is old enough; True if it did.
+        Never raises: a gauge must not stop a sweep."""
+        if not telemetry.metrics_enabled():
+            return False
+        now = self._clock.now()
+        if self._sampled_at is not None and now - self._sampled_at < self._every:
+            return False
+        self._sampled_at = now
+        try:
+            self.sample()
+        except Exception:
+            log.warning("sas.gauges_sample_failed", exc_info=True)
+        return True
+
+    def sample(self) -> None:
+        telemetry.queue_depth.set({queue: self._depth.depth(queue) for queue in self._queues})
+        parked = Counter(str(p["queue"]) for p in self._store.list_parked(COUNT_LIMIT))
+        telemetry.parked.set({**dict.fromkeys(self._queues, 0), **parked})
+        if self._poison is not None:
+            poisoned = Counter(m.queue for m in self._poison.list(COUNT_LIMIT))
+            telemetry.poisoned.set({**dict.fromkeys(self._queues, 0), **poisoned})

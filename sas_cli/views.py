@@ -1,0 +1,156 @@
+"""What the CLI prints: rich tables for people, and with --json the very documents the HTTP API
+returns for the same question (its views), so a script can move between the two."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from sas.domain.model import OrderState, ProcessState
+from sas.domain.poison import PoisonedMessage
+from sas.entrypoints.http_api import (
+    HistoryView,
+    OrderView,
+    PoisonedView,
+    RejectedView,
+    StateView,
+    StepView,
+)
+from sas.services.operator import OrderDetail
+
+
+def print_json(console: Console, document: Any) -> None:
+    console.print_json(json.dumps(document, default=str), indent=2)
+
+
+def state_document(state: OrderState) -> dict[str, Any]:
+    return StateView.of(state).model_dump(mode="json")
+
+
+def detail_document(detail: OrderDetail) -> dict[str, Any]:
+    view = OrderView(
+        **StateView.of(detail.state).model_dump(),
+        details=detail.order.details,
+        steps=[StepView(**vars(step)) for step in detail.steps],
+        history=[HistoryView(**vars(entry)) for entry in detail.history],
+    )
+    return view.model_dump(mode="json")
+
+
+def rejected_document(parked: Mapping[str, Any], age_seconds: float) -> dict[str, Any]:
+    return RejectedView.of(parked, age_seconds).model_dump(mode="json")
+
+
+def poisoned_document(message: PoisonedMessage, age_seconds: float | None) -> dict[str, Any]:
+    return PoisonedView.of(message, age_seconds).model_dump(mode="json")
+
+
+def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    shown = Table(title=title, title_justify="left")
+    for column in columns:
+        shown.add_column(column)
+    for row in rows:
+        shown.add_row(*(_cell(cell) for cell in row))
+    return shown
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return at(value)
+    return str(value)
+
+
+def at(moment: datetime | None) -> str:
+    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def step_name(state: OrderState) -> str:
+    return str(StateView.of(state).step)
+
+
+def states_table(title: str, states: Sequence[OrderState]) -> Table:
+    columns = ("order", "state", "priority", "step", "attempt", "failures", "updated", "last error")
+    rows = [
+        (s.order_id, s.process_state.value, s.priority, step_name(s), s.attempt, s.failure_count,
+         s.updated_at, s.last_error)
+        for s in states
+    ]  # fmt: skip
+    return table(title, columns, rows)
+
+
+def status(state: OrderState) -> RenderableType:
+    view = StateView.of(state).model_dump()
+    lines = [
+        f"[bold]{state.order_id}[/] {state.process_state.value} at {view['step']} "
+        f"({state.mode}), attempt {state.attempt}, failures {state.failure_count}, "
+        f"priority {state.priority}" + (f", endpoint {state.endpoint}" if state.endpoint else ""),
+        f"workflow {state.workflow}; submitted {at(state.submitted_at)}, "
+        f"updated {at(state.updated_at)}"
+        + (f", finished {at(state.finished_at)}" if state.finished_at else ""),
+    ]
+    if state.locked_by or state.complete_by:
+        lines.append(f"held by {state.locked_by or '-'} until {at(state.complete_by) or '-'}")
+    if state.not_before:
+        lines.append(f"not before {at(state.not_before)}")
+    # Shown only when the app records one (tracing may be off).
+    if view.get("trace_id"):
+        lines.append(f"trace id {view['trace_id']}")
+    shown: list[RenderableType] = [Text.from_markup(line) for line in lines]
+    if state.last_error:
+        shown.append(Text(f"last error: {state.last_error}"))
+    return Group(*shown)
+
+
+def timeline(detail: OrderDetail) -> RenderableType:
+    history = [
+        (h.at, h.kind, h.step, h.mode, h.attempt, h.endpoint, h.actor, h.detail)
+        for h in detail.history
+    ]
+    events = ("at", "event", "step", "mode", "attempt", "endpoint", "by", "detail")
+    steps = [(s.index, s.name, s.attempt, s.completed_at) for s in detail.steps]
+    return Group(
+        status(detail.state),
+        table("history", events, history),
+        table("completed steps", ("#", "step", "attempt", "at"), steps),
+    )
+
+
+def counts_table(counts: Mapping[ProcessState, int]) -> Table:
+    return table(
+        "orders by state",
+        ("state", "orders"),
+        [(state.value, counts.get(state, 0)) for state in ProcessState],
+    )
+
+
+def failures_table(failures: Sequence[OrderState]) -> Table:
+    rows = [
+        (s.updated_at, s.order_id, s.process_state.value, step_name(s), s.last_error)
+        for s in failures
+    ]
+    return table("recent failures", ("at", "order", "state", "step", "last error"), rows)
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    whole = int(seconds)
+    if whole < 120:
+        return f"{whole}s"
+    if whole < 7200:
+        return f"{whole // 60}m"
+    if whole < 172800:
+        return f"{whole // 3600}h"
+    return f"{whole // 86400}d"
+
+
+def body_preview(text: str | None) -> str:
+    return (text if text is not None else "<binary>")[:60]

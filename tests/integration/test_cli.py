@@ -1,0 +1,589 @@
+"""The `sas` CLI against Azurite, every command: it reads and changes the app's own table and
+queues through the app's services, with the app's settings (the environment, a settings file,
+or the local run's), on the operator's clock (injected here)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from azure.core.exceptions import ResourceExistsError
+from azure.data.tables import TableClient
+from rich.console import Console
+
+from sas import bootstrap
+from sas import settings as app_settings
+from sas.adapters.clients import queue_service_client
+from sas.domain.model import ProcessState
+from sas.domain.wire import LIVE_PARTITION, POISON_SUFFIX
+from sas_cli import commands
+from sas_cli.commands import run
+from sas_local.devhost.queues import decode_body
+from tests.harness import World, live_table_of, permanent
+from tests.integration.test_bad_input import VALID_ORDER, body
+from tests.integration.test_poison import NOT_BASE64, RAW, Poison
+from tests.unit.test_services import submitted
+
+pytestmark = pytest.mark.integration
+
+DETAILS = json.dumps(VALID_ORDER["details"])
+
+
+@pytest.fixture
+def world(app_env, table, monkeypatch) -> World:
+    """Orders put in their states by the real services on this test's table; the CLI's
+    operator runs on the same fake clock."""
+    made = World(table)
+    monkeypatch.setattr(bootstrap, "clock", lambda: made.clock)
+    monkeypatch.setattr(commands, "console", Console(width=250))
+    return made
+
+
+def order(world: World, order_id: str, *, workflow: str = "order", priority: str = "normal"):
+    world.submit(
+        submitted(order_id).model_copy(update={"workflow": workflow, "priority": priority})
+    )
+    return order_id
+
+
+def finish(world: World, order_id: str, **kwargs: Any) -> str:
+    order(world, order_id, **kwargs)
+    world.run()
+    return order_id
+
+
+def sas(capsys, *argv: str) -> tuple[int, str, str]:
+    code = run(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def sas_json(capsys, *argv: str) -> Any:
+    code, out, err = sas(capsys, "--json", *argv)
+    assert code == 0, err
+    return json.loads(out)
+
+
+def rows(table: TableClient, order_id: str) -> list[str]:
+    found = table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
+    return [entity["RowKey"] for entity in found]
+
+
+def marker(table: TableClient, order_id: str) -> bool:
+    found = live_table_of(table).query_entities(
+        "PartitionKey eq @pk and RowKey eq @rk", parameters={"pk": LIVE_PARTITION, "rk": order_id}
+    )
+    return any(True for _ in found)
+
+
+def queue_bodies(queue: str) -> list[bytes]:
+    client = queue_service_client(bootstrap.settings().storage).get_queue_client(queue)
+    return [decode_body(m.content, "base64") for m in client.peek_messages(max_messages=32)]
+
+
+# --- submit -------------------------------------------------------------------------------
+
+
+def test_submit_sends_the_order_to_its_priority_lane(world, capsys):
+    code, out, err = sas(capsys, "submit", "order", DETAILS, "--priority", "high")
+    assert code == 0, err
+    order_id = out.strip()
+    settings = bootstrap.settings()
+    (sent,) = queue_bodies(settings.lane(app_settings.QUEUE_ORDERS, "high"))
+    message = json.loads(sent)
+    assert (message["order_id"], message["priority"]) == (order_id, "high")
+    assert message["details"] == VALID_ORDER["details"]
+    assert queue_bodies(settings.lane(app_settings.QUEUE_ORDERS, "normal")) == []
+
+
+def test_submit_takes_details_from_a_file_and_an_order_id(world, capsys, tmp_path):
+    details = tmp_path / "details.json"
+    details.write_text(DETAILS)
+    sent = sas_json(
+        capsys,
+        "submit",
+        "order",
+        f"@{details}",
+        "--order-id",
+        "cli-7",
+        "--reply-to",
+        "status-mine",
+        "--status-events",
+        "steps",
+    )
+    assert sent["order_id"] == "cli-7" and "cli-7" in sent["message_id"]
+    (message,) = queue_bodies(bootstrap.settings().queue(app_settings.QUEUE_ORDERS))
+    document = json.loads(message)
+    assert (document["order_id"], document["reply_to"], document["status_events"]) == (
+        "cli-7",
+        "status-mine",
+        "steps",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["submit", "order", "{not json"], "not valid JSON"),
+        (["submit", "order", "[1, 2]"], "must be a JSON object"),
+        (["submit", "order", "@/nonexistent/details.json"], "cannot read"),
+        (["submit", "order", '{"customer_id": "c1"}'], "the order is not valid: details"),
+        (["submit", "nosuchflow", DETAILS], "unknown workflow 'nosuchflow'"),
+        (["submit", "order", DETAILS, "--reply-to", "sas-orders"], "reply_to"),
+        (["submit", "order", DETAILS, "--priority", "urgent"], "invalid choice: 'urgent'"),
+        (["submit", "order", DETAILS, "--order-id", "a/b"], "not an order id"),
+    ],
+)
+def test_a_bad_submission_is_refused_and_sends_nothing(world, capsys, argv, said):
+    code, out, err = sas(capsys, *argv)
+    assert code == 2 and out == ""
+    assert said in err and len(err.strip().splitlines()) == 1, err
+    for queue in bootstrap.settings().lanes(app_settings.QUEUE_ORDERS).values():
+        assert queue_bodies(queue) == []
+
+
+# --- status, history, list ----------------------------------------------------------------
+
+
+@pytest.fixture
+def mixed(world: World, strict: str) -> World:
+    """Ten minutes apart: Processed (normal), Processed (high), Error (card declined),
+    Compensated (refused), and one still Processing (low)."""
+    finish(world, "done-a")
+    world.clock.advance(600)
+    finish(world, "done-b", priority="high")
+    world.clock.advance(600)
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
+    finish(world, "broken", workflow=strict)
+    world.clock.advance(600)
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 422 refused")]
+    finish(world, "undone")
+    world.clock.advance(600)
+    order(world, "running", priority="low")  # claimed at submission, never delivered
+    return world
+
+
+def test_status_shows_one_orders_state(mixed, capsys):
+    code, out, _ = sas(capsys, "status", "broken")
+    assert code == 0
+    assert "broken Error at charge" in out and "card declined" in out
+    shown = sas_json(capsys, "status", "running")
+    assert (shown["process_state"], shown["priority"], shown["step"]) == (
+        "Processing",
+        "low",
+        "reserve",
+    )
+    assert shown["attempt"] == 1
+
+
+def test_history_shows_the_timeline_and_completed_steps(mixed, capsys):
+    code, out, _ = sas(capsys, "history", "broken")
+    assert code == 0
+    assert "history" in out and "completed steps" in out and "refused" in out
+    timeline = sas_json(capsys, "history", "broken")
+    assert [h["kind"] for h in timeline["history"]] == [
+        "submitted",
+        "claimed",
+        "completed",
+        "claimed",
+        "refused",
+    ]
+    assert timeline["history"][-1]["attempt"] == 2
+    assert "card declined" in timeline["history"][-1]["detail"]
+    assert [s["name"] for s in timeline["steps"]] == ["reserve"]
+    assert timeline["details"] == VALID_ORDER["details"]
+    # The first spelling still works.
+    assert sas(capsys, "orders", "show", "broken")[0] == 0
+
+
+def listed(capsys, *argv: str) -> list[str]:
+    return [state["order_id"] for state in sas_json(capsys, "list", *argv)]
+
+
+def test_list_filters_by_state_priority_age_and_limit(mixed, capsys):
+    assert listed(capsys) == ["running", "undone", "broken", "done-b", "done-a"]
+    assert listed(capsys, "--state", "Processed") == ["done-b", "done-a"]
+    assert listed(capsys, "--state", "error") == ["broken"]
+    assert listed(capsys, "--state", "Compensated") == ["undone"]
+    assert listed(capsys, "--priority", "high") == ["done-b"]
+    assert listed(capsys, "--priority", "low") == ["running"]
+    # Submitted 40, 30, 20, 10 and 0 minutes ago by the operator's clock.
+    assert listed(capsys, "--older-than", "25m") == ["done-b", "done-a"]
+    assert listed(capsys, "--newer-than", "900s") == ["running", "undone"]
+    assert listed(capsys, "--older-than", "5m", "--newer-than", "1h") == [
+        "undone",
+        "broken",
+        "done-b",
+        "done-a",
+    ]
+    assert listed(capsys, "--older-than", "1d") == []
+    assert listed(capsys, "--state", "Processed", "--priority", "normal") == ["done-a"]
+    assert listed(capsys, "--limit", "2") == ["running", "undone"]
+    assert sas_json(capsys, "orders", "list", "--state", "Error")[0]["order_id"] == "broken"
+    code, out, _ = sas(capsys, "list", "--state", "Error")
+    assert code == 0 and "broken" in out and "card declined" in out and "done-a" not in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["list", "--state", "Finished"], "unknown state 'Finished'"),
+        (["list", "--older-than", "7x"], "'7x' is not a duration"),
+        (["list", "--newer-than=-5m"], "not a duration"),
+        (["list", "--limit", "0"], "not a limit"),
+        (["list", "--limit", "1001"], "not a limit"),
+        (["status"], "required: order_id"),
+        (["status", "no#such"], "not an order id"),
+        (["frobnicate"], "invalid choice"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(mixed, capsys, argv, said):
+    code, out, err = sas(capsys, *argv)
+    assert code == 2 and out == ""
+    assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("command", ["status", "history", "resubmit"])
+def test_an_unknown_order_is_not_found_exit_code_1(mixed, capsys, command):
+    code, out, err = sas(capsys, command, "nosuchorder")
+    assert code == 1 and out == ""
+    assert err.strip() == "sas: error: order nosuchorder not found"
+
+
+# --- resubmit -----------------------------------------------------------------------------
+
+
+def test_resubmit_runs_an_error_order_again_and_refuses_a_processed_one(mixed, capsys):
+    code, out, _ = sas(capsys, "resubmit", "broken", "--actor", "alice")
+    assert code == 0 and out.strip() == "resubmitted broken: now Pending"
+    history = sas_json(capsys, "history", "broken")["history"]
+    assert history[-1]["kind"] == "resubmitted" and history[-1]["actor"] == "alice"
+    scheduler = bootstrap.settings().queue(app_settings.QUEUE_SCHEDULER)
+    assert [json.loads(m)["order_id"] for m in queue_bodies(scheduler)] == ["broken"]
+
+    code, out, err = sas(capsys, "resubmit", "broken")  # Pending now: not again
+    assert code == 1 and "Error" in err
+    code, out, err = sas(capsys, "resubmit", "done-a")
+    assert code == 1 and out == "" and "Error" in err
+    assert mixed.state("done-a").process_state is ProcessState.PROCESSED
+    assert len(queue_bodies(scheduler)) == 1
+
+
+# --- rejected and poison ------------------------------------------------------------------
+
+
+def park(world: World, payload: bytes, *, ago: float = 0, reason: str = "invalid") -> str:
+    at = world.clock.now() - timedelta(seconds=ago)
+    return bootstrap.store().park_message("sas-orders", reason, payload, at)
+
+
+def test_rejected_list_replay_and_discard(world, capsys):
+    replayed = park(world, body(order_id="cli-1"), ago=7200)
+    discarded = park(world, b"\xff\x00", reason="not UTF-8")
+
+    code, out, _ = sas(capsys, "rejected", "list")
+    assert code == 0
+    assert "2h" in out and "not UTF-8" in out and "<binary>" in out
+    assert f" {replayed}\n" in out and f" {discarded}\n" in out  # whole, to copy
+    found = {m["id"]: m for m in sas_json(capsys, "rejected", "list")}
+    assert set(found) == {replayed, discarded}
+    assert found[replayed]["age_seconds"] == 7200
+
+    code, out, _ = sas(capsys, "rejected", "replay", replayed)
+    assert code == 0 and out.strip() == f"replayed {replayed}"
+    assert queue_bodies("sas-orders") == [body(order_id="cli-1")]
+    assert sas_json(capsys, "rejected", "discard", discarded)["status"] == "discarded"
+    assert sas_json(capsys, "rejected", "list") == []
+
+    for verb in ("replay", "discard"):
+        code, out, err = sas(capsys, "rejected", verb, replayed)
+        assert code == 1 and err.strip() == "sas: error: no such rejected message"
+    assert queue_bodies("sas-orders") == [body(order_id="cli-1")]
+
+
+def test_a_rejected_message_the_app_would_not_take_is_refused(world, capsys):
+    parked = bootstrap.store().park_message("sas-alerts", "x", b"{}", world.clock.now())
+    code, _, err = sas(capsys, "rejected", "replay", parked)
+    assert code == 1 and "not a queue the app consumes" in err
+    assert [m["id"] for m in sas_json(capsys, "rejected", "list")] == [parked]
+
+
+@pytest.fixture
+def poison(world, queue_service) -> Poison:
+    # Poison queues outlive a test (Azurite is shared by the session): start each one empty.
+    for name in bootstrap.settings().queues.values():
+        client = queue_service.get_queue_client(name + POISON_SUFFIX)
+        with contextlib.suppress(ResourceExistsError):
+            client.create_queue()
+        client.clear_messages()
+    return Poison(queue_service)
+
+
+def test_poison_list_replay_and_discard(poison, capsys):
+    replayed = poison.put("sas-agent-shipping", RAW)
+    discarded = poison.put("sas-agent-inventory", NOT_BASE64)
+
+    assert {m["id"] for m in sas_json(capsys, "poison", "list")} == {replayed, discarded}
+    code, out, _ = sas(capsys, "poison", "list")
+    assert code == 0 and "sas-agent-shipping" in out and "sas-agent-inventory" in out
+    assert f" {replayed}\n" in out and f" {discarded}\n" in out
+
+    code, out, _ = sas(capsys, "poison", "replay", replayed)
+    assert code == 0 and out.strip() == f"replayed {replayed}"
+    assert poison.peek("sas-agent-shipping") == [RAW]  # unchanged
+    assert sas_json(capsys, "poison", "discard", discarded) == {
+        "id": discarded,
+        "status": "discarded",
+    }
+    assert sas_json(capsys, "poison", "list") == []
+    assert poison.peek("sas-agent-inventory") == []
+
+    code, _, err = sas(capsys, "poison", "discard", discarded)
+    assert code == 1 and err.strip() == "sas: error: no such poisoned message"
+
+
+@pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#", "x", ""])
+def test_an_id_that_is_not_exactly_a_messages_id_touches_nothing(world, poison, capsys, hostile):
+    parked = park(world, body())
+    poisoned = poison.put("sas-orders", RAW)
+    for noun, target in (("rejected", parked), ("poison", poisoned)):
+        for verb in ("replay", "discard"):
+            code, out, err = sas(capsys, noun, verb, target + hostile if hostile else target[:-1])
+            assert code == 1 and out == "" and "no such" in err
+    assert [m["id"] for m in sas_json(capsys, "rejected", "list")] == [parked]
+    assert [m["id"] for m in sas_json(capsys, "poison", "list")] == [poisoned]
+    assert queue_bodies("sas-orders") == []
+
+
+@pytest.mark.parametrize("hostile", ["#x", "/resubmit", "?state=Error", "%23", "/../x"])
+def test_an_order_id_with_more_after_it_never_reaches_that_order(mixed, capsys, hostile):
+    for command in ("status", "history", "resubmit"):
+        code, out, err = sas(capsys, command, "broken" + hostile)
+        assert code == 2 and out == "" and "not an order id" in err
+    assert mixed.state("broken").process_state is ProcessState.ERROR
+
+
+# --- purge --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def finished(world, strict) -> dict[str, str]:
+    """Old Processed, Compensated and Error orders; an hour later one Processed order, and one
+    finished a second after it; two running orders (Processing) from the start."""
+    running = [order(world, "run-1"), order(world, "run-2")]
+    for queue in world.routes.all_lanes(world.routes.agents["inventory"]):
+        world.bus.take(queue)  # their agents never answer
+    old = finish(world, "old-done")
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 422 refused")]
+    undone = finish(world, "old-undone")
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
+    broken = finish(world, "old-broken", workflow=strict)
+    world.clock.advance(3600)
+    outside = finish(world, "edge-out")
+    world.clock.advance(1)
+    inside = finish(world, "edge-in")
+    assert {world.state(o).process_state for o in (old, outside, inside)} == {
+        ProcessState.PROCESSED
+    }
+    assert world.state(undone).process_state is ProcessState.COMPENSATED
+    assert world.state(broken).process_state is ProcessState.ERROR
+    # Now is exactly a day after "edge-in" finished: the cutoff of a 1d retention is that
+    # very instant, and "finished before the cutoff" leaves it out.
+    edge = world.state(inside).finished_at
+    assert edge is not None
+    world.clock.current = edge + timedelta(days=1)
+    return {"running": ",".join(running), "broken": broken, "inside": inside}
+
+
+def test_purge_is_a_dry_run_first_then_deletes_exactly_what_it_listed(
+    world, finished, table, capsys
+):
+    everything_before = {o: rows(table, o) for o in listed(capsys)}
+    expected = ["old-done", "old-undone", "edge-out"]
+
+    report = sas_json(capsys, "purge", "--older-than", "1d")
+    assert report["dry_run"] is True and report["purged"] == 0
+    assert [c["order_id"] for c in report["candidates"]] == expected  # oldest first
+    assert datetime.fromisoformat(report["cutoff"]) == world.state("edge-in").finished_at
+    code, out, _ = sas(capsys, "purge", "--older-than", "1d")
+    assert code == 0 and "dry run: 3 order(s) would be purged, nothing was deleted" in out
+    assert all(o in out for o in expected) and "edge-in" not in out
+    assert {o: rows(table, o) for o in listed(capsys)} == everything_before  # nothing gone
+
+    code, out, _ = sas(capsys, "purge", "--older-than", "1d", "--yes")
+    assert code == 0 and "purged 3 of 3 order(s)" in out
+    for gone in expected:
+        assert rows(table, gone) == []  # order, state, steps and history
+        assert sas(capsys, "status", gone)[0] == 1
+    kept = ["edge-in", "old-broken", "run-1", "run-2"]
+    assert sorted(listed(capsys)) == sorted(kept)
+    for left in kept:
+        assert rows(table, left) == everything_before[left]
+    assert marker(table, "run-1") and marker(table, "run-2")
+    assert sas_json(capsys, "purge", "--older-than", "1d")["candidates"] == []
+
+
+def test_purge_past_the_boundary_takes_the_edge_order_and_never_an_error_one(
+    world, finished, capsys
+):
+    world.clock.advance(0.001)
+    report = sas_json(capsys, "purge", "--older-than", "1d", "--yes")
+    assert [c["order_id"] for c in report["candidates"]][-1] == "edge-in"
+    assert report["purged"] == 4
+    assert sorted(listed(capsys)) == ["old-broken", "run-1", "run-2"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["purge"], "required: --older-than"),
+        (["purge", "--older-than", "thirty days"], "not a duration"),
+        (["purge", "--older-than", "30d", "--limit", "x"], "not a limit"),
+    ],
+)
+def test_purge_refuses_bad_input_and_deletes_nothing(world, finished, capsys, argv, said):
+    before = listed(capsys)
+    code, out, err = sas(capsys, *argv, "--yes")
+    assert code == 2 and out == "" and said in err
+    assert listed(capsys) == before
+
+
+# --- watch --------------------------------------------------------------------------------
+
+
+def test_watch_renders_counts_and_recent_failures(mixed, capsys):
+    code, out, _ = sas(capsys, "watch", "--iterations", "1")
+    assert code == 0
+    counts = {
+        line.split()[1]: line.split()[3]
+        for line in out.splitlines()
+        if len(line.split()) == 5 and line.split()[1] in {s.value for s in ProcessState}
+    }
+    assert counts == {
+        "Pending": "0",
+        "Processing": "1",
+        "Compensating": "0",
+        "Processed": "2",
+        "Compensated": "1",
+        "Error": "1",
+    }
+    failures = out[out.index("recent failures") :]
+    assert "broken" in failures and "card declined" in failures
+    assert "undone" in failures and "refused" in failures
+    assert "done-a" not in failures and "running" not in failures
+
+
+def test_watch_as_json_lines_for_scripts(mixed, capsys):
+    code, out, _ = sas(capsys, "--json", "watch", "--iterations", "2", "--interval", "0.1")
+    assert code == 0
+    first, second = (json.loads(line) for line in out.strip().splitlines())
+    assert first["counts"] == second["counts"]
+    assert first["counts"]["Processed"] == 2 and first["counts"]["Pending"] == 0
+    assert [f["order_id"] for f in first["failures"]] == ["undone", "broken"]
+
+
+# --- where the settings come from ---------------------------------------------------------
+
+
+@pytest.fixture
+def bare_environment(app_env, monkeypatch) -> Iterator[dict[str, str]]:
+    """The app's settings taken out of the environment (returned); whatever the CLI loads
+    into it is dropped afterwards."""
+    taken = {
+        key: value
+        for key, value in os.environ.items()
+        if key.startswith(("SAS_", app_settings.STORAGE_CONNECTION))
+    }
+    for key in taken:
+        monkeypatch.delenv(key)
+    saved = dict(os.environ)
+    yield taken
+    os.environ.clear()
+    os.environ.update(saved)
+    bootstrap.reset()
+
+
+def test_a_settings_file_in_either_shape_points_the_cli_at_the_app(
+    world, bare_environment, capsys, tmp_path
+):
+    finish(world, "found-1")
+    local = tmp_path / "local.settings.json"
+    local.write_text(json.dumps({"IsEncrypted": False, "Values": bare_environment}))
+    listed_from_azure = tmp_path / "appsettings.json"
+    listed_from_azure.write_text(
+        json.dumps(
+            [{"name": k, "value": v, "slotSetting": False} for k, v in bare_environment.items()]
+        )
+    )
+    for path in (local, listed_from_azure):
+        shown = sas_json(capsys, "--settings", str(path), "status", "found-1")
+        assert shown["process_state"] == "Processed"
+        os.environ.pop(app_settings.STORAGE_CONNECTION)
+    shown = sas_json(capsys, "status", "found-1", "--settings", str(local))  # after it too
+    assert shown["order_id"] == "found-1"
+
+
+def test_without_settings_the_local_runs_file_is_read(world, bare_environment, capsys, tmp_path):
+    finish(world, "found-2")
+    run_dir = tmp_path / ".sas-run"
+    run_dir.mkdir()
+    (run_dir / "local.settings.json").write_text(json.dumps({"Values": bare_environment}))
+    code = run(["--json", "status", "found-2"], cwd=tmp_path)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert json.loads(out)["process_state"] == "Processed"
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        ("{not json", "is not JSON"),
+        ('{"Settings": {}}', 'expected {"Values"'),
+        ('[{"name": "SasStorage"}]', 'expected {"Values"'),
+        ('{"Values": {"SasStorage": {"nested": 1}}}', "not a name with a plain value"),
+    ],
+)
+def test_a_bad_settings_file_is_exit_code_2(bare_environment, capsys, tmp_path, content, said):
+    path = tmp_path / "settings.json"
+    path.write_text(content)
+    code, out, err = sas(capsys, "--settings", str(path), "list")
+    assert code == 2 and out == "" and said in err
+    code, _, err = sas(capsys, "--settings", str(tmp_path / "missing.json"), "list")
+    assert code == 2 and "cannot read" in err
+
+
+def test_unreachable_storage_is_one_line_and_exit_code_1(bare_environment, capsys, tmp_path):
+    path = tmp_path / "settings.json"
+    dead = re.sub(
+        r"TableEndpoint=[^;]*",
+        "TableEndpoint=http://127.0.0.1:9/devstoreaccount1",
+        bare_environment[app_settings.STORAGE_CONNECTION],
+    )
+    path.write_text(json.dumps({"Values": {**bare_environment, "SasStorage": dead}}))
+    code, out, err = sas(capsys, "--settings", str(path), "status", "any-order")
+    assert code == 1 and out == ""
+    assert err.startswith("sas: error: ServiceRequestError from settings file")
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_help_lists_every_command(capsys):
+    assert run(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in (
+        "submit",
+        "status",
+        "history",
+        "list",
+        "resubmit",
+        "rejected",
+        "poison",
+        "purge",
+        "watch",
+    ):
+        assert command in out

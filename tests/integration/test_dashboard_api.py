@@ -1,0 +1,128 @@
+"""The dashboard's API on Azurite: counts by state, orders filtered by state / priority / age,
+and the page itself (self-contained, its inline code allowed by hash, no key in its source)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sas import bootstrap
+from sas.domain.model import ProcessState
+from sas.entrypoints.http_api import api
+from tests.harness import World, permanent
+from tests.integration.test_poison import Poison, empty_poison_queues
+from tests.unit.test_services import submitted
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def client() -> TestClient:
+    return TestClient(api)
+
+
+@pytest.fixture
+def orders(app_env, table, strict) -> World:
+    """Submitted 10 min ago: old-high (Processed, high) and failed (Error); 1 min ago:
+    new-normal (Processed) and new-low (Processed, low)."""
+    world = World(table)
+    now = datetime.now(UTC)
+    world.clock.current = now - timedelta(minutes=10)
+    world.submit(submitted("old-high", priority="high"))
+    world.run()
+    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
+    world.submit(submitted("failed").model_copy(update={"workflow": strict}))
+    world.run()
+    world.clock.current = now - timedelta(minutes=1)
+    world.submit(submitted("new-normal"))
+    world.submit(submitted("new-low", priority="low"))
+    world.run()
+    assert world.state("failed").process_state is ProcessState.ERROR
+    return world
+
+
+def ids(response) -> set[str]:
+    assert response.status_code == 200, response.text
+    return {found["order_id"] for found in response.json()}
+
+
+@pytest.fixture
+def poisoned(app_env, queue_service) -> Poison:
+    return empty_poison_queues(queue_service)
+
+
+def test_stats_count_every_state_and_the_parked_messages(client, orders, poisoned):
+    bootstrap.store().park_message("sas-orders", "invalid", b"{}", datetime.now(UTC))
+    poisoned.put("sas-orders", "not a message")
+    body = client.get("/api/stats").json()
+    assert body["states"] == {
+        "Pending": 0,
+        "Processing": 0,
+        "Compensating": 0,
+        "Processed": 3,
+        "Compensated": 0,
+        "Error": 1,
+    }
+    assert (body["rejected"], body["rejected_more"]) == (1, False)
+    assert (body["poisoned"], body["poisoned_more"]) == (1, False)
+
+
+def test_orders_are_filtered_by_state_priority_and_age(client, orders):
+    assert ids(client.get("/api/orders")) == {"old-high", "failed", "new-normal", "new-low"}
+    assert ids(client.get("/api/orders", params={"state": "Error"})) == {"failed"}
+    assert ids(client.get("/api/orders", params={"priority": "low"})) == {"new-low"}
+    assert ids(client.get("/api/orders", params={"older_than_seconds": 300})) == {
+        "old-high",
+        "failed",
+    }
+    assert ids(client.get("/api/orders", params={"newer_than_seconds": 300})) == {
+        "new-normal",
+        "new-low",
+    }
+    both = {"state": "Processed", "priority": "high", "older_than_seconds": 300}
+    assert ids(client.get("/api/orders", params=both)) == {"old-high"}
+
+
+def test_orders_come_most_recently_updated_first_up_to_the_limit(client, orders):
+    listed = client.get("/api/orders", params={"limit": 2}).json()
+    assert [found["order_id"] for found in listed] == ["new-low", "new-normal"]
+
+
+@pytest.mark.parametrize(
+    ("params", "complaint"),
+    [
+        ({"state": "Nonsense"}, "state"),
+        ({"priority": "urgent"}, "priority"),
+        ({"older_than_seconds": -1}, "older_than_seconds"),
+        ({"newer_than_seconds": "soon"}, "newer_than_seconds"),
+        ({"limit": 0}, "limit"),
+        ({"limit": 1001}, "limit"),
+        ({"older_than_seconds": 60, "newer_than_seconds": 30}, "no order could match"),
+    ],
+)
+def test_a_bad_filter_is_refused_with_what_is_wrong(client, app_env, params, complaint):
+    response = client.get("/api/orders", params=params)
+    assert response.status_code == 422
+    assert complaint in response.text
+
+
+def test_the_dashboard_is_one_page_whose_inline_code_its_policy_allows(client, app_env):
+    response = client.get("/api/dashboard")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/html")
+    page = response.text
+    policy = response.headers["content-security-policy"]
+    # Nothing is loaded from anywhere: no src= or href= but the API docs links of the footer.
+    assert not re.search(r"<(script|link|img)[^>]+(src|href)=", page)
+    for tag in ("script", "style"):
+        (inline,) = re.findall(rf"<{tag}>(.*?)</{tag}>", page, flags=re.DOTALL)
+        digest = base64.b64encode(hashlib.sha256(inline.encode()).digest()).decode()
+        assert f"{tag}-src 'sha256-{digest}'" in policy
+    assert "default-src 'none'" in policy and "connect-src 'self'" in policy
+    assert "x-functions-key" in page  # the key comes from the page's URL, never its source
+    assert "innerHTML" not in page
