@@ -43,13 +43,16 @@ class Source:
     values: dict[str, str]
     """What to put into the process environment before the app reads its settings."""
     description: str
+    replaces_environment: bool = True
+    """The app's own settings already in the environment go first: a connection string left in
+    the shell must never win over the file's endpoints (and point a purge at another app)."""
 
 
 def choose(path: Path | None, env: Mapping[str, str], cwd: Path) -> Source:
     if path is not None:
         return Source(_without_managed_identity(read_file(path)), f"settings file {path}")
     if _names_storage(env):
-        return Source({}, "the environment")
+        return Source({}, "the environment", replaces_environment=False)
     local = cwd / LOCAL_RUN_SETTINGS
     if local.is_file():
         return Source(read_file(local), f"the local run's settings ({LOCAL_RUN_SETTINGS})")
@@ -62,6 +65,9 @@ def choose(path: Path | None, env: Mapping[str, str], cwd: Path) -> Source:
 def apply(source: Source, env: MutableMapping[str, str] | None = None) -> None:
     """Into the environment (``os.environ`` by default), where the app's settings are read."""
     target = os.environ if env is None else env
+    if source.replaces_environment:
+        for key in [key for key in target if _is_app_setting(key)]:
+            del target[key]
     target.update(source.values)
     for agent in AGENTS:
         if not (
@@ -98,6 +104,17 @@ def read_file(path: Path) -> dict[str, str]:
             raise SettingsFileError(f"{path}: setting {name!r} is not a name with a plain value")
         values[name] = str(value).lower() if isinstance(value, bool) else str(value)
     return values
+
+
+_APP_SETTING_PREFIXES = (
+    app_settings.STORAGE_CONNECTION,
+    app_settings.SERVICEBUS_CONNECTION,
+    "SAS_",
+)
+
+
+def _is_app_setting(key: str) -> bool:
+    return key.startswith(_APP_SETTING_PREFIXES)
 
 
 def _names_storage(env: Mapping[str, str]) -> bool:

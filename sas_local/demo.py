@@ -44,7 +44,9 @@ from sas.domain.model import ProcessState
 from sas.domain.wire import Priority, submission_message_id
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
+from sas_local.devhost.worker import PRELOAD_ENV
 from sas_local.ledger import LedgerReport, check_effects, configure_faults, fetch_ledger
+from sas_local.span_capture import CAPTURE_DIR_ENV, read_spans
 from sas_local.stack import LocalStack
 
 STATUS_QUEUE = "status-demo"
@@ -120,6 +122,7 @@ def run(
     keep_running: bool = False,
 ) -> int:
     run_id = time.strftime("%H%M%S")
+    spans = logs / "spans"
     with console.status("starting Azurite, the remote service simulator and the dev hosts"):
         stack = LocalStack.start(
             workers=workers,
@@ -127,6 +130,7 @@ def run(
             extra_queues=(STATUS_QUEUE,),
             agents_apart=faults,
             endpoints=PAYMENT_ENDPOINTS,
+            env_overrides=_trace_capture(spans),
         )
     try:
         if faults:
@@ -143,6 +147,7 @@ def run(
         if faults:
             console.print(f"faults: {FAULTS}; one agent worker will be killed mid-run")
         outcome = _drive(stack, orders, run_id, timeout, faults)
+        _summarise_traces(spans)
         if screenshot is not None:
             from sas_local.screenshot import capture  # Chromium only when asked for
 
@@ -153,6 +158,25 @@ def run(
     finally:
         with console.status("stopping everything"):
             stack.stop()
+
+
+def _trace_capture(spans: Path) -> dict[str, str]:
+    """Every worker records its spans as JSON lines under ``spans`` (sas_local/span_capture.py),
+    so each order has a trace (its id on the dashboard) to look at after the run; unless an OTLP
+    endpoint is set, where the app's own exporter sends them instead."""
+    if os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        return {}
+    spans.mkdir(parents=True, exist_ok=True)
+    for old in spans.glob("spans-*.jsonl"):
+        old.unlink()
+    return {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans)}
+
+
+def _summarise_traces(spans: Path) -> None:
+    recorded = read_spans(spans) if spans.is_dir() else []
+    if recorded:
+        traces = len({span["trace_id"] for span in recorded})
+        console.print(f"traces: {len(recorded)} spans in {traces} traces, in {spans}/*.jsonl")
 
 
 def _wait_for_interrupt(dashboard: str) -> None:

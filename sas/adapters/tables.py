@@ -8,6 +8,7 @@ Azurite versions ignored If-Match inside batches, so a test pins that the pinned
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import uuid
@@ -328,30 +329,50 @@ class TableStateStore:
 
     def purge_order(self, state: Versioned[OrderState]) -> bool:
         """One entity-group transaction when the order has at most 100 rows (a 3-step order
-        has about 15): all or nothing. A longer order goes in several, the conditional delete
-        of its state row in the last, so a purge cut short is found and finished next time."""
+        has about 15): all or nothing. A longer order goes in several, each of which also
+        rewrites the state row conditionally (a merge of nothing: only its ETag changes), so
+        every one commits only while the order is as it was read, a purge that loses a race
+        deletes nothing more, and one cut short is found and finished by the next."""
         order_id = state.value.order_id
+        key = {"PartitionKey": order_id, "RowKey": STATE_ROW}
+        etag = state.etag
+        others = self._rows_besides_state(order_id)
+        try:
+            while len(others) >= _MAX_BATCH:
+                batch, others = others[: _MAX_BATCH - 1], others[_MAX_BATCH - 1 :]
+                merge = {
+                    "mode": UpdateMode.MERGE,
+                    "etag": etag,
+                    "match_condition": MatchConditions.IfNotModified,
+                }
+                results = self._table.submit_transaction(
+                    [("update", key, merge), *(("delete", row) for row in batch)]
+                )
+                etag = str(results[0]["etag"])
+            unchanged = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+            self._table.submit_transaction(
+                [*(("delete", row) for row in others), ("delete", key, unchanged)]
+            )
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):  # changed, or purged by someone else meanwhile
+                return False
+            raise
+        # A row written while the purge ran (a stale reply's history row) would outlive its
+        # order, where no purge could find it: gone too.
+        for row in self._rows_besides_state(order_id):
+            with contextlib.suppress(ResourceNotFoundError):
+                self._table.delete_entity(order_id, row["RowKey"])
+        return True
+
+    def _rows_besides_state(self, order_id: str) -> list[dict[str, str]]:
         rows = self._table.query_entities(
             "PartitionKey eq @pk", parameters={"pk": order_id}, select=["RowKey"]
         )
-        deletes: list[tuple[str, dict[str, Any]] | tuple[str, dict[str, Any], dict[str, Any]]]
-        deletes = [
-            ("delete", {"PartitionKey": order_id, "RowKey": row["RowKey"]})
+        return [
+            {"PartitionKey": order_id, "RowKey": row["RowKey"]}
             for row in rows
             if row["RowKey"] != STATE_ROW
         ]
-        unchanged = {"etag": state.etag, "match_condition": MatchConditions.IfNotModified}
-        last = ("delete", {"PartitionKey": order_id, "RowKey": STATE_ROW}, unchanged)
-        while len(deletes) >= _MAX_BATCH:
-            self._table.submit_transaction(deletes[: _MAX_BATCH - 1])
-            deletes = deletes[_MAX_BATCH - 1 :]
-        try:
-            self._table.submit_transaction([*deletes, last])
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 412):
-                return False
-            raise
-        return True
 
     # --- steps ------------------------------------------------------------------------
 

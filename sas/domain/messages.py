@@ -34,6 +34,7 @@ from sas.domain.wire import (
     STEP_NAME,
     TRACE_FIELD,
     TRACEPARENT,
+    TRACESTATE,
     Mode,
     Priority,
     StatusLevel,
@@ -67,6 +68,12 @@ class TraceContext(BaseModel):
 
     traceparent: Annotated[str, StringConstraints(pattern=TRACEPARENT.python)]
     tracestate: Annotated[str, StringConstraints(max_length=MAX_TRACESTATE)] | None = None
+
+    @field_validator("tracestate")
+    @classmethod
+    def _drop_malformed_state(cls, value: str | None) -> str | None:
+        # W3C: a tracestate that does not parse is discarded, not an error of the message.
+        return value if value is None or TRACESTATE.matches(value) else None
 
 
 class Message(BaseModel):

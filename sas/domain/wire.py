@@ -111,6 +111,17 @@ TRACEPARENT = NameRule("traceparent", r"[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0
 """W3C trace context ``version-traceid-parentid-flags``, lowercase hex."""
 MAX_TRACESTATE = 512
 """W3C allows 32 list members; a vendor's state fits far below this."""
+_TRACESTATE_KEY = (
+    r"(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})"
+)
+_TRACESTATE_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+_TRACESTATE_MEMBER = f"{_TRACESTATE_KEY}={_TRACESTATE_VALUE}"
+TRACESTATE = NameRule(
+    "tracestate", rf"{_TRACESTATE_MEMBER}(?:[ \t]*,[ \t]*{_TRACESTATE_MEMBER}){{0,31}}"
+)
+"""W3C ``tracestate`` list grammar (printable ASCII, no line breaks). One that does not match
+is dropped, never passed on: OpenTelemetry would log it word for word, and a sender could then
+write what it likes into the app's logs (where the operator alert rule reads)."""
 
 
 # --- step modes -------------------------------------------------------------------------

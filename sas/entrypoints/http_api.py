@@ -24,6 +24,7 @@ from sas.domain.poison import PoisonedMessage
 from sas.domain.wire import ORDER_ID, Priority
 from sas.domain.workflow import workflow_named
 from sas.entrypoints import dashboard
+from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
 
 api = FastAPI(
@@ -107,7 +108,7 @@ class StateView(BaseModel):
             priority=state.priority,
             endpoint=state.endpoint,
             deferrals=state.deferrals,
-            trace_id=state.traceparent.split("-")[1] if state.traceparent else None,
+            trace_id=telemetry.trace_id_of(state.traceparent),
         )
 
 
@@ -183,7 +184,7 @@ def list_orders(
     state: Annotated[ProcessState | None, Query(description="any state when left out")] = None,
     priority: Annotated[Priority | None, Query(description="any priority when left out")] = None,
     older_than_seconds: Annotated[
-        AgeSeconds, Query(description="submitted at least this many seconds ago")
+        AgeSeconds, Query(description="submitted more than this many seconds ago")
     ] = None,
     newer_than_seconds: Annotated[
         AgeSeconds, Query(description="submitted at most this many seconds ago")

@@ -31,7 +31,9 @@ MAX_QUERY_LIMIT = 1000
 
 @dataclass(frozen=True)
 class OrderQuery:
-    """Which orders to list; None means any. Ages are by submission time."""
+    """Which orders to list; None means any. Ages are by submission time, by the operator's
+    clock: ``older_than`` keeps orders submitted more than that long ago, ``newer_than`` those
+    submitted at most that long ago (an order exactly that old is newer, not older)."""
 
     state: ProcessState | None = None
     priority: Priority | None = None

@@ -23,7 +23,13 @@ from opentelemetry.trace import Span, SpanContext, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from sas.domain.messages import Message, TraceContext
-from sas.domain.wire import TRACEPARENT_PROPERTY, TRACESTATE_PROPERTY
+from sas.domain.wire import (
+    MAX_TRACESTATE,
+    TRACEPARENT,
+    TRACEPARENT_PROPERTY,
+    TRACESTATE,
+    TRACESTATE_PROPERTY,
+)
 
 INSTRUMENTATION = "sas"
 _tracer = trace.get_tracer(INSTRUMENTATION)
@@ -121,7 +127,8 @@ def carrier_from(
 def continued(carrier: Mapping[str, str] | None) -> Iterator[None]:
     """Run the block in the trace ``carrier`` names (a message's context); unchanged if it
     names none or one that does not parse."""
-    if not carrier or TRACEPARENT_PROPERTY not in carrier:
+    carrier = _well_formed(carrier)
+    if not carrier:
         yield
         return
     extracted = _propagator.extract(carrier)
@@ -133,6 +140,21 @@ def continued(carrier: Mapping[str, str] | None) -> Iterator[None]:
         yield
     finally:
         otel_context.detach(token)
+
+
+def _well_formed(carrier: Mapping[str, str] | None) -> dict[str, str]:
+    """Only what the W3C grammar allows reaches the propagator, which logs what it cannot parse
+    word for word: a sender must not be able to write into the app's logs. A bad traceparent
+    means no context; a bad tracestate is dropped, as W3C asks."""
+    traceparent = (carrier or {}).get(TRACEPARENT_PROPERTY)
+    if traceparent is None or not TRACEPARENT.matches(traceparent):
+        return {}
+    tracestate = (carrier or {}).get(TRACESTATE_PROPERTY)
+    if tracestate is not None and (
+        len(tracestate) > MAX_TRACESTATE or not TRACESTATE.matches(tracestate)
+    ):
+        tracestate = None
+    return carrier_of(traceparent, tracestate)
 
 
 def resumed(traceparent: str | None) -> AbstractContextManager[None]:
