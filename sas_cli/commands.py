@@ -44,7 +44,8 @@ from sas_cli import appsettings, views
 from sas_cli.parsing import UsageError, duration, json_object
 from sas_cli.watch import watch
 
-console = Console()
+# Piped output (a file, grep, less) has no width: wide enough that tables are not folded to 80.
+console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 Handler = Callable[[Operator, argparse.Namespace], int]
 

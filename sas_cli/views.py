@@ -51,12 +51,21 @@ def poisoned_document(message: PoisonedMessage, age_seconds: float | None) -> di
     return PoisonedView.of(message, age_seconds).model_dump(mode="json")
 
 
+WHOLE_COLUMNS = frozenset({"order", "id"})
+"""Never shortened, whatever the terminal's width: an operator copies an id to act on it."""
+
+
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    cells = [[_cell(cell) for cell in row] for row in rows]
     shown = Table(title=title, title_justify="left")
-    for column in columns:
-        shown.add_column(column)
-    for row in rows:
-        shown.add_row(*(_cell(cell) for cell in row))
+    for index, column in enumerate(columns):
+        if column in WHOLE_COLUMNS:
+            widest = max((len(row[index]) for row in cells), default=0)
+            shown.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
+        else:
+            shown.add_column(column, overflow="fold")  # wrapped when short of room, never cut
+    for row in cells:
+        shown.add_row(*row)
     return shown
 
 

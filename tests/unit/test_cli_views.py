@@ -1,7 +1,8 @@
-"""What `sas status` shows of an order: the trace id only when the order has one."""
+"""What `sas` shows: the trace id only when an order has one; ids whole at any width."""
 
 from __future__ import annotations
 
+import io
 from datetime import UTC, datetime
 
 import pytest
@@ -32,3 +33,12 @@ def test_the_trace_id_is_shown_when_the_order_has_one():
         "o1", "order", ProcessState.ERROR, at, at, traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01"
     )
     assert f"trace id {TRACE_ID}" in shown(traced)
+
+
+def test_an_order_id_is_never_cut_short_however_narrow_the_terminal():
+    narrow = Console(width=40, record=True, file=io.StringIO())
+    rows = [("demo-092322-00010", "Compensated", "charge (do): HTTP 402 card declined " * 3)]
+    narrow.print(views.table("orders", ("order", "state", "last error"), rows))
+    shown = narrow.export_text()
+    assert "demo-092322-00010" in shown
+    assert "…" not in shown  # folded, never elided
