@@ -25,6 +25,14 @@ CONNECTION_STRING = "APPLICATIONINSIGHTS_CONNECTION_STRING"
 AUTHENTICATION_STRING = "APPLICATIONINSIGHTS_AUTHENTICATION_STRING"
 SERVICE_NAME = "sas"
 
+AZURE_MONITOR_INSTRUMENTATIONS = {
+    "requests": {"enabled": False},
+    "urllib": {"enabled": False},
+    "urllib3": {"enabled": False},
+}
+"""The storage and Service Bus calls are already spans of the Azure SDK's own instrumentation
+(``azure_sdk``, kept on); the HTTP libraries under it would record every request again."""
+
 _lock = threading.Lock()
 _configured: list[str] = []
 
@@ -90,6 +98,7 @@ def _azure_monitor(env: Mapping[str, str]) -> None:
         "connection_string": env[CONNECTION_STRING],
         "disable_logging": True,
         "resource": _resource(env),
+        "instrumentation_options": AZURE_MONITOR_INSTRUMENTATIONS,
     }
     client_id = aad_client_id(env.get(AUTHENTICATION_STRING))
     if client_id is not None:

@@ -310,3 +310,26 @@ def _context() -> SpanContext:
         is_remote=True,
         trace_flags=TraceFlags(TraceFlags.SAMPLED),
     )
+
+
+def test_azure_monitor_gets_the_identity_no_log_export_and_no_duplicate_http_spans(monkeypatch):
+    import azure.monitor.opentelemetry as distro
+    from azure.identity import ManagedIdentityCredential
+
+    from sas.adapters import telemetry_setup
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(distro, "configure_azure_monitor", lambda **options: seen.update(options))
+    telemetry_setup._azure_monitor(
+        {
+            telemetry_setup.CONNECTION_STRING: "InstrumentationKey=" + "0" * 32,
+            telemetry_setup.AUTHENTICATION_STRING: "ClientId=abc;Authorization=AAD",
+        }
+    )
+    assert seen["disable_logging"] is True
+    assert isinstance(seen["credential"], ManagedIdentityCredential)
+    assert {name for name, on in seen["instrumentation_options"].items() if not on["enabled"]} == {
+        "requests",
+        "urllib",
+        "urllib3",
+    }
