@@ -16,11 +16,14 @@ from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.tables import TableStateStore
 from sas.domain.model import ProcessState
 from sas.domain.wire import submission_message_id
+from sas.services import telemetry
 from sas.settings import QUEUE_ORDERS
 from sas_local.browser import launch
 from sas_local.demo import demo_order
+from sas_local.devhost.worker import PRELOAD_ENV
 from sas_local.ledger import configure_faults
 from sas_local.processes import wait_until
+from sas_local.span_capture import CAPTURE_DIR_ENV
 from sas_local.stack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -36,7 +39,11 @@ WAIT_MS = 60_000
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[LocalStack]:
-    with LocalStack.start(workers=1, log_dir=tmp_path_factory.mktemp("stack")) as running:
+    # Traced as `make run` is (each worker records its spans), so orders carry a trace id.
+    spans = tmp_path_factory.mktemp("spans")
+    traced = {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans)}
+    logs = tmp_path_factory.mktemp("stack")
+    with LocalStack.start(workers=1, log_dir=logs, env_overrides=traced) as running:
         yield running
 
 
@@ -156,8 +163,8 @@ def test_an_error_order_is_resubmitted_from_its_timeline_and_finishes(
         expect(page.locator(f"#history tbody tr[data-kind='{kind}']")).to_have_count(count)
     expect(page.locator("#compensation tbody tr").first).to_be_visible()
     expect(page.locator("#steps tbody tr")).to_have_count(2)  # reserve and charge were applied
-    traceparent = store.get_state(failed_order).value.traceparent  # version-traceid-span-flags
-    trace_id = traceparent.split("-")[1] if traceparent else "—"
+    trace_id = telemetry.trace_id_of(store.get_state(failed_order).value.traceparent)
+    assert trace_id is not None  # the order was traced: the page must show its id
     expect(page.locator("#timeline-trace")).to_have_text(trace_id)
 
     configure_faults(stack.simulator_url, {})  # the operator fixed the cause
