@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import httpx
@@ -82,10 +83,18 @@ def test_high_priority_orders_overtake_a_backlog_and_low_ones_wait_for_it(stack,
     high = batch("urgent", 5, "high")
     low = batch("later", 5, "low")
     sent_at: dict[str, datetime] = {}
-    for order in normal:
+
+    def send_one(order: OrderSubmitted) -> None:
         sent_at[order.order_id] = datetime.now(UTC)
         send(stack, transport, order)
+
+    # All at once: sent one by one on a loaded machine, the first ones could be done before
+    # the last ones are sent, and there would be no backlog for the low orders to yield to.
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(send_one, normal))
     time.sleep(2)  # the backlog is there: a few seconds of work waits in the normal lanes
+    waiting = transport.waiting(stack.settings.lane(QUEUE_ORDERS, "normal"))
+    assert waiting.count > 0, "the normal orders were all taken in 2 s: no backlog to test with"
     for order in (*low, *high):
         sent_at[order.order_id] = datetime.now(UTC)
         send(stack, transport, order)
