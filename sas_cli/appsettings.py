@@ -19,13 +19,17 @@ from sas.domain.workflow import AGENTS
 
 LOCAL_RUN_SETTINGS = Path(".sas-run") / "local.settings.json"
 
-# Azurite's documented development account; its key is public, the same on every machine.
+# Azurite's documented development account; its key is public, the same on every machine
+# (the local tooling, which does not ship with the CLI, starts Azurite with the same one).
+AZURITE_ACCOUNT = "devstoreaccount1"
+AZURITE_KEY = (
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
 AZURITE_DEVELOPMENT = (
-    "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
-    "AccountKey=Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;"
-    "BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1;"
-    "QueueEndpoint=http://127.0.0.1:10001/devstoreaccount1;"
-    "TableEndpoint=http://127.0.0.1:10002/devstoreaccount1;"
+    f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+    f"BlobEndpoint=http://127.0.0.1:10000/{AZURITE_ACCOUNT};"
+    f"QueueEndpoint=http://127.0.0.1:10001/{AZURITE_ACCOUNT};"
+    f"TableEndpoint=http://127.0.0.1:10002/{AZURITE_ACCOUNT};"
 )
 
 # The operator never calls a remote service, but the app's settings insist on each URL.

@@ -19,12 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from sas_cli.appsettings import AZURITE_ACCOUNT, AZURITE_KEY
 from sas_local.processes import REPO_ROOT, ManagedProcess, start_process
 
 log = logging.getLogger(__name__)
 
-ACCOUNT = "devstoreaccount1"
-DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+ACCOUNT = AZURITE_ACCOUNT
+DEV_KEY = AZURITE_KEY
 
 
 def free_port() -> int:

@@ -169,10 +169,6 @@ class InMemoryStore:
         del self.live[marker.order_id]
         return True
 
-    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
-        found = [s for s, _ in self.states.values() if s.process_state is process_state]
-        return found[:limit]
-
     def query_states(
         self,
         *,

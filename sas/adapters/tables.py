@@ -255,21 +255,6 @@ class TableStateStore:
             moved += 1
         return moved
 
-    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
-        """Operator listing. A filter on a non-key column scans the table: fine for an
-        operator's occasional look, never used on a hot path or by the Supervisor."""
-        entities = self._table.query_entities(
-            "RowKey eq @row and ProcessState eq @state",
-            parameters={"row": STATE_ROW, "state": process_state.value},
-            results_per_page=min(limit, 1000),
-        )
-        found: list[OrderState] = []
-        for entity in entities:
-            found.append(_state_from(entity))
-            if len(found) >= limit:
-                break
-        return found
-
     def query_states(
         self,
         *,

@@ -100,9 +100,6 @@ class Operator:
             order, current.value, self._store.get_steps(order_id), self._store.get_history(order_id)
         )
 
-    def in_state(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
-        return self._store.list_states(process_state, limit)
-
     def counts(self) -> dict[ProcessState, int]:
         return self._store.count_states()
 

@@ -82,8 +82,6 @@ class StateStore(Protocol):
         orders table) into the index, due by ``due_at``; returns how many moved."""
         ...
 
-    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]: ...
-
     def query_states(
         self,
         *,

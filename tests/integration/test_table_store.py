@@ -226,8 +226,10 @@ def test_orders_are_listed_by_state(table):
     store = store_on(table)
     store.create_order(order("a1"), new_state("a1"))
     store.create_order(order("a2"), replace(new_state("a2"), process_state=ProcessState.ERROR))
-    assert [s.order_id for s in store.list_states(ProcessState.ERROR)] == ["a2"]
-    assert [s.order_id for s in store.list_states(ProcessState.PENDING)] == ["a1"]
+    found = store.query_states(process_state=ProcessState.ERROR)
+    assert [s.value.order_id for s in found] == ["a2"]
+    found = store.query_states(process_state=ProcessState.PENDING)
+    assert [s.value.order_id for s in found] == ["a1"]
 
 
 def test_rearming_many_markers_moves_all_but_one_touched_in_between(table):

@@ -221,9 +221,6 @@ class AuditingStore:
     def drop_live(self, marker: LiveMarker) -> bool:
         return self.inner.drop_live(marker)
 
-    def list_states(self, process_state: ProcessState, limit: int = 100) -> list[OrderState]:
-        return self.inner.list_states(process_state, limit)
-
     def query_states(self, **filters: Any) -> Iterator[Versioned[OrderState]]:
         return self.inner.query_states(**filters)
 
