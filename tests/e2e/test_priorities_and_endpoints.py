@@ -22,9 +22,10 @@ from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.tables import TableStateStore
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
+from sas.domain.priority import Waiting
 from sas.domain.wire import Priority
-from sas.domain.workflow import ORDER_WORKFLOW
-from sas.settings import LOW_PRIORITY_BACKLOG, QUEUE_ORDERS
+from sas.domain.workflow import AGENTS, ORDER_WORKFLOW
+from sas.settings import LOW_PRIORITY_BACKLOG, QUEUE_ORDERS, QUEUE_REPLIES, agent_queue_setting
 from sas_local.demo import demo_order
 from sas_local.ledger import check_effects, configure_faults, fetch_ledger
 from sas_local.processes import wait_until
@@ -93,8 +94,13 @@ def test_high_priority_orders_overtake_a_backlog_and_low_ones_wait_for_it(stack,
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(send_one, normal))
     time.sleep(2)  # the backlog is there: a few seconds of work waits in the normal lanes
-    waiting = transport.waiting(stack.settings.lane(QUEUE_ORDERS, "normal"))
-    assert waiting.count > 0, "the normal orders were all taken in 2 s: no backlog to test with"
+    # Where admission looks: the normal lanes of the orders, replies and agent queues (the
+    # submissions themselves are taken in fast; the backlog is their steps').
+    keys = (QUEUE_ORDERS, QUEUE_REPLIES, *(agent_queue_setting(agent) for agent in AGENTS))
+    waiting = sum(
+        (transport.waiting(stack.settings.lane(key, "normal")) for key in keys), start=Waiting()
+    )
+    assert waiting.count > 0, "the normal orders were all done in 2 s: no backlog to test with"
     for order in (*low, *high):
         sent_at[order.order_id] = datetime.now(UTC)
         send(stack, transport, order)
