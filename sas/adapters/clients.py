@@ -38,7 +38,7 @@ from requests.adapters import HTTPAdapter
 from requests.utils import get_environ_proxies
 from urllib3.util.retry import Retry
 
-from sas.adapters import multipart
+from sas.adapters import multipart, queue_models
 from sas.domain.errors import ConfigurationError
 from sas.settings import Connection
 
@@ -174,6 +174,7 @@ def bounded_queue_options() -> dict[str, Any]:
 
 
 def queue_service_client(connection: Connection) -> QueueServiceClient:
+    queue_models.prepare()
     options = bounded_queue_options()
     timeouts = {key: options.pop(key) for key in ("connection_timeout", "read_timeout")}
     if connection.connection_string:

@@ -21,6 +21,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
+from sas.adapters import queue_models
 from sas_local.bench import cpu
 from sas_local.stack import LocalStack
 
@@ -77,6 +78,7 @@ def _percentile(values: list[float], q: float) -> float:
 def run(
     *, commit: str, app_root: Path, workers: int, orders: int, timeout: float, log_dir: Path
 ) -> E2EResult:
+    queue_models.prepare()
     with LocalStack.start(workers=workers, log_dir=log_dir, app_root=app_root) as stack:
         conn = stack.azurite.connection_string
         settings = stack.settings

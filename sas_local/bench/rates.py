@@ -20,6 +20,8 @@ from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from azure.storage.queue import QueueClient, QueueServiceClient
 
+from sas.adapters import queue_models
+
 RATE_TABLE = "benchrates"
 RATE_QUEUE = "bench-rates"
 KINDS = (
@@ -47,6 +49,7 @@ def _entity(partition: str, row: str) -> dict[str, Any]:
 
 def _phase(kind: str, connection_string: str, threads: int, seconds: float, tag: str) -> float:
     """One process: ``threads`` threads doing ``kind`` for ``seconds``; returns requests/s."""
+    queue_models.prepare()
     tables = [
         TableClient.from_connection_string(connection_string, RATE_TABLE) for _ in range(threads)
     ]

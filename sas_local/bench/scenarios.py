@@ -27,6 +27,7 @@ from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
 from sas import settings as settings_module
+from sas.adapters import queue_models
 from sas_local.bench.e2e import _body, _percentile
 from sas_local.stack import LocalStack
 
@@ -110,6 +111,7 @@ def endpoints(*, orders: int, log_dir: Path, timeout: float) -> dict[str, Any]:
 
 
 def _send(conn: str, queue_name: str, ids: list[str], priority: str) -> dict[str, datetime]:
+    queue_models.prepare()
     queue = QueueClient.from_connection_string(conn, queue_name)
     sent: dict[str, datetime] = {}
 

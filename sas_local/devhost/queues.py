@@ -33,6 +33,7 @@ from azure.functions.queue import QueueMessage as FunctionQueueMessage
 from azure.storage.queue import ExponentialRetry, QueueClient
 from azure.storage.queue import QueueMessage as StorageQueueMessage
 
+from sas.adapters import queue_models
 from sas.adapters.clients import pooled_session
 from sas.domain.wire import POISON_SUFFIX
 from sas_local.devhost.config import LEASE_SECONDS, QueueOptions
@@ -82,6 +83,7 @@ def shared_transport() -> RequestsTransport:
 
 def make_client(connection_string: str, queue_name: str) -> QueueClient:
     """A client that sends and receives raw text (no encode/decode policy)."""
+    queue_models.prepare()
     return QueueClient.from_connection_string(
         connection_string,
         queue_name,
