@@ -3,7 +3,8 @@
 The state lives in the state store (one entity per breaker), so an outage seen by some agent
 instances stops all of them from hammering the remote. To keep table traffic off the hot path,
 each process caches what it read for ``cache_ttl`` seconds: a closed breaker costs at most one
-read per ``cache_ttl`` per process, and writes happen only on failures and state changes. Every
+read per ``cache_ttl`` per process (when the copy expires, one thread reads while the others go
+on with the copy), and writes happen only on failures and state changes. Every
 write is conditional on the ETag; a lost race re-reads and re-applies (a bounded number of
 times), which is also how exactly one instance takes the probe of an open breaker.
 
@@ -88,6 +89,7 @@ class CircuitBreaker:
         self._calls = itertools.count(1)
         self._max_races = max_races
         self._lock = threading.Lock()
+        self._refreshing = threading.Lock()
         self._cached: _Cached | None = None
         self._paused_until: datetime | None = None
 
@@ -220,6 +222,18 @@ class CircuitBreaker:
             cached = self._cached
         if not fresh and cached is not None and now < cached.read_at + self._ttl:
             return cached.versioned
+        if fresh or cached is None:
+            return self._read(now)
+        # Expired: one thread reads it again; the others keep the copy they have until that
+        # read lands (it is at most one read older), rather than each reading the same row.
+        if not self._refreshing.acquire(blocking=False):
+            return cached.versioned
+        try:
+            return self._read(now)
+        finally:
+            self._refreshing.release()
+
+    def _read(self, now: datetime) -> Versioned[BreakerState] | None:
         versioned = self._store.get(self.name)
         self._remember(versioned, now)
         return versioned

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 from azure.core.pipeline._base import Pipeline
+from azure.core.rest import _helpers, _http_response_impl
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from sas.adapters import clients, multipart
@@ -78,8 +79,59 @@ def test_unrecognised_sdk_helpers_are_left_alone(monkeypatch, caplog):
     def elsewhere(request: Any) -> None:
         return None
 
-    monkeypatch.setattr(multipart, "_installed", False)
+    monkeypatch.setattr(multipart, "_installed", None)
     monkeypatch.setattr(Pipeline, "_prepare_multipart_mixed_request", staticmethod(elsewhere))
     assert multipart.install() is False
     assert Pipeline.__dict__["_prepare_multipart_mixed_request"].__func__ is elsewhere
     assert "sas.sdk_multipart_kept" in caplog.text
+
+
+@pytest.fixture
+def both_readers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[list[Any], list[Any]]]:
+    """Every transaction response read by this module's reader and by the SDK's, side by side."""
+    assert multipart.install()
+    seen: list[tuple[list[Any], list[Any]]] = []
+
+    def compare(response: Any, http_response_type: Any = None) -> list[Any]:
+        ours = multipart.raw_parts(response, http_response_type)
+        seen.append((ours, list(multipart._sdk_raw_parts(response, http_response_type))))
+        return ours
+
+    monkeypatch.setattr(_http_response_impl, "_get_raw_parts_helper", compare)
+    return seen
+
+
+def _described(parts: list[Any]) -> list[tuple[Any, ...]]:
+    return [(p.status_code, p.reason, dict(p.headers), p.request.method, p.read()) for p in parts]
+
+
+def test_the_reader_reads_every_response_as_the_sdk_does(azurite, table, both_readers):
+    client = app_table(azurite, table.table_name)
+    client.submit_transaction(
+        [
+            ("create", {"PartitionKey": "o3", "RowKey": f"r{n:03d}", "Text": "é€\n"})
+            for n in range(100)
+        ]
+    )
+    client.submit_transaction(
+        [
+            ("delete", {"PartitionKey": "o3", "RowKey": "r000"}),
+            ("upsert", {"PartitionKey": "o3", "RowKey": "r001"}),
+        ]
+    )
+    with pytest.raises(TableTransactionError):
+        client.submit_transaction(
+            [
+                ("create", {"PartitionKey": "o3", "RowKey": "new"}),
+                ("create", {"PartitionKey": "o3", "RowKey": "r002"}),
+            ]
+        )
+    assert [len(ours) for ours, _ in both_readers] == [100, 2, 1]
+    for ours, theirs in both_readers:
+        assert _described(ours) == _described(theirs)
+
+
+def test_the_writer_is_installed_only_because_it_writes_what_the_sdk_writes() -> None:
+    assert multipart.install()
+    assert vars(_helpers)["_prepare_multipart_body_helper"] is multipart.multipart_body
+    assert multipart._same_body_as_the_sdk()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -267,6 +268,42 @@ def test_reads_are_cached_for_the_ttl_and_a_closed_breaker_writes_nothing():
     assert (store.reads, store.writes) == (1, 0)
     clock.advance(0.5)  # 1.0 s since the read
     b.before_call()
+    assert store.reads == 2
+
+
+class SlowReadStore(FakeBreakerStore):
+    """A read that waits until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reading = threading.Event()
+        self.finish = threading.Event()
+        self.slow = False
+
+    def get(self, name: str) -> Versioned[BreakerState] | None:
+        if self.slow:
+            self.reading.set()
+            assert self.finish.wait(5)
+        return super().get(name)
+
+
+def test_when_the_copy_expires_one_thread_reads_and_the_others_go_on_with_the_copy():
+    store, clock = SlowReadStore(), FakeClock(T0)
+    b = breaker(store, clock, cache_ttl=1.0)
+    b.before_call()
+    clock.advance(1.0)
+    store.slow = True
+    reader = threading.Thread(target=b.before_call)
+    reader.start()
+    assert store.reading.wait(5)
+    for _ in range(10):
+        b.before_call()  # the expired copy, no read of their own
+        assert b.healthy()
+    store.finish.set()
+    reader.join(5)
+    assert store.reads == 2
+    store.slow = False
+    b.before_call()  # the copy the reader brought is fresh
     assert store.reads == 2
 
 
