@@ -24,6 +24,7 @@ from sas.services.breaker import BreakerStore, CircuitBreaker
 from sas.services.gauges import QueueGauges
 from sas.services.operator import Operator
 from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
+from sas.services.recent import RecentStates
 from sas.services.routes import Routes
 from sas.services.routing import Router
 from sas.services.scheduler import Scheduler
@@ -171,6 +172,7 @@ def submission() -> Submission:
         admission=s.admission,
         router=router(),
         queue_allowance=True,
+        recent=recent_states(),
     )
 
 
@@ -184,7 +186,15 @@ def scheduler() -> Scheduler:
         settings().instance_id,
         router=router(),
         queue_allowance=True,
+        recent=recent_states(),
     )
+
+
+@_once
+def recent_states() -> RecentStates:
+    """The states this process wrote last: the Submission's and the Scheduler's writes, read
+    back by the Scheduler when a reply comes to the process that claimed the step."""
+    return RecentStates()
 
 
 @_once

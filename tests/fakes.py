@@ -98,12 +98,14 @@ class InMemoryStore:
         order: OrderRecord,
         state: OrderState,
         history: HistoryEntry | Sequence[HistoryEntry] | None = None,
-    ) -> None:
+    ) -> str:
         if order.order_id in self.orders or state.order_id in self.states:
             raise AlreadyExists(order.order_id)
         self.orders[order.order_id] = order
-        self.states[state.order_id] = (state, next(self._etags))
+        etag = next(self._etags)
+        self.states[state.order_id] = (state, etag)
         self.history.extend([history] if isinstance(history, HistoryEntry) else history or ())
+        return etag
 
     def get_order(self, order_id: str) -> OrderRecord | None:
         return self.orders.get(order_id)

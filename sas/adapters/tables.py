@@ -86,7 +86,7 @@ class TableStateStore:
         order: OrderRecord,
         state: OrderState,
         history: HistoryEntry | Sequence[HistoryEntry] | None = None,
-    ) -> None:
+    ) -> str:
         entries = [history] if isinstance(history, HistoryEntry) else list(history or ())
         operations: list[tuple[str, dict[str, Any]]] = [
             ("create", _order_entity(order)),
@@ -94,11 +94,12 @@ class TableStateStore:
             *(("create", _history_entity(entry)) for entry in entries),
         ]
         try:
-            self._table.submit_transaction(operations)
+            results = self._table.submit_transaction(operations)
         except TableTransactionError as exc:
             if exc.status_code == 409:
                 raise AlreadyExists(f"order {order.order_id} exists") from None
             raise
+        return str(results[1]["etag"])  # the results follow the operations' order
 
     def get_order(self, order_id: str) -> OrderRecord | None:
         entity = self._get(order_id, ORDER_ROW)

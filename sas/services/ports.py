@@ -29,8 +29,9 @@ class StateStore(Protocol):
         order: OrderRecord,
         state: OrderState,
         history: HistoryEntry | Sequence[HistoryEntry] | None = None,
-    ) -> None:
-        """Insert order, state (and history) together or not at all; AlreadyExists if taken."""
+    ) -> str:
+        """Insert order, state (and history) together or not at all; AlreadyExists if taken.
+        Returns the state row's ETag."""
         ...
 
     def get_order(self, order_id: str) -> OrderRecord | None: ...

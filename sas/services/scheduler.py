@@ -23,6 +23,7 @@ from sas.services import telemetry
 from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
+from sas.services.recent import RecentStates
 from sas.services.routes import Routes
 from sas.services.routing import Router
 
@@ -60,8 +61,12 @@ class Scheduler:
         instance_id: str,
         router: Router | None = None,
         queue_allowance: bool = False,
+        recent: RecentStates | None = None,
     ) -> None:
+        """``recent``: the states this process wrote, shared with its Submission (a reply
+        that comes back here then needs no read); a Scheduler of its own by default."""
         self._store = store
+        self._recent = recent if recent is not None else RecentStates()
         self._transport = transport
         self._routes = routes
         self._clock = clock
@@ -114,7 +119,7 @@ class Scheduler:
             return ScheduleOutcome.NOT_PENDING
         claimed = self._dispatcher.route(claimed, workflow, now)
         try:
-            self._store.update_state(
+            etag = self._store.update_state(
                 claimed,
                 current.etag,
                 self._dispatcher.claim_history(claimed, workflow, self._instance_id),
@@ -122,6 +127,7 @@ class Scheduler:
         except ConcurrencyConflict:
             log.info("sas.claim_lost", extra=extra)
             return ScheduleOutcome.LOST_RACE
+        self._recent.remember(claimed, etag)
         if not claimed.is_running:
             self._ask_again(claimed, now)
             return ScheduleOutcome.DEFERRED
@@ -146,21 +152,28 @@ class Scheduler:
     def _on_reply(self, reply: StepReply) -> ReplyOutcome:
         # A conflict means the state moved under us (a supervisor, a duplicate reply):
         # read again and let the fence decide whether this reply still applies.
+        remembered = True
         for _ in range(_REPLY_RETRIES):
             try:
-                return self._apply_reply(reply)
+                return self._apply_reply(reply, remembered=remembered)
             except ConcurrencyConflict:
                 log.info("sas.reply_conflict_retry", extra={"order_id": reply.order_id})
-        return self._apply_reply(reply)
+                self._recent.forget(reply.order_id)
+                remembered = False
+        return self._apply_reply(reply, remembered=False)
 
-    def _apply_reply(self, reply: StepReply) -> ReplyOutcome:
+    def _apply_reply(self, reply: StepReply, *, remembered: bool) -> ReplyOutcome:
+        """``remembered``: may start from the state this process last wrote, if it has it."""
         extra: dict[str, object] = {
             "order_id": reply.order_id,
             "step": reply.step,
             "attempt": reply.attempt,
             "mode": reply.mode,
         }
-        current = self._store.get_state(reply.order_id)
+        current = self._recent.get(reply.order_id) if remembered else None
+        if current is None:
+            remembered = False
+            current = self._store.get_state(reply.order_id)
         if current is None:
             self._park(self._routes.replies, "reply for an unknown order", reply)
             log.warning("sas.reply_unknown_order", extra=extra)
@@ -175,6 +188,8 @@ class Scheduler:
             mode=reply.mode,
         )
         if verdict is not Fence.CURRENT:
+            if remembered:  # never refused on a remembered state: someone may have moved it
+                return self._apply_reply(reply, remembered=False)
             return self._drop_stale(reply, state, verdict, extra)
         now = self._clock.now()
         decision = decide_reply(
@@ -218,6 +233,7 @@ class Scheduler:
                 self._dispatcher.claim_history(decision.state, workflow, self._instance_id)
             )
         etag = self._store.update_state(decision.state, current.etag, entries, step=done)
+        self._recent.remember(decision.state, etag)
         log.info("sas.step_%s", decision.history_kind, extra=extra)
         progress: StatusKind | None = None
         if reply.outcome == "ok":

@@ -25,6 +25,7 @@ from sas.services.backlog import Backlog
 from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
 from sas.services.ports import StateStore, Transport
+from sas.services.recent import RecentStates
 from sas.services.routes import Routes
 from sas.services.routing import Router
 
@@ -55,8 +56,11 @@ class Submission:
         admission: AdmissionPolicy | None = None,
         router: Router | None = None,
         queue_allowance: bool = False,
+        recent: RecentStates | None = None,
     ) -> None:
+        """``recent``: where the states this process writes are kept for its Scheduler."""
         self._store = store
+        self._recent = recent
         self._transport = transport
         self._admission = admission or AdmissionPolicy()
         self._backlog = Backlog(transport, clock)
@@ -143,9 +147,11 @@ class Submission:
             self._dispatcher.claim_history(claimed, workflow, self._instance_id),
         ]
         try:
-            self._store.create_order(order, claimed, history)
+            etag = self._store.create_order(order, claimed, history)
         except AlreadyExists:
             return self._resubmitted(order, message)
+        if self._recent is not None:
+            self._recent.remember(claimed, etag)
         log.info("sas.order_accepted", extra=extra)
         if not claimed.is_running:  # deferred: no endpoint had room
             wait = (claimed.not_before or now) - now

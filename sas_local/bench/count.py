@@ -181,6 +181,8 @@ class InProcessHost:
     def __init__(self, connection_string: str, functions: dict[str, Any]) -> None:
         from azure.storage.queue import QueueClient
 
+        self.before_each: Callable[[], None] | None = None
+        """Called before each delivery (``forget`` makes every message land on a new instance)."""
         self._functions = functions
         self._clients = {
             queue: QueueClient.from_connection_string(connection_string, queue)
@@ -195,6 +197,8 @@ class InProcessHost:
             client = self._clients[queue]
             for message in client.receive_messages(max_messages=32, visibility_timeout=60):
                 body = base64.b64decode(message.content)
+                if self.before_each is not None:
+                    self.before_each()
                 fn(**{arg: QueueMessage(id=message.id, body=body, dequeue_count=1)})  # type: ignore[no-untyped-call]
                 client.delete_message(message)
                 delivered += 1
@@ -243,42 +247,55 @@ def main(argv: list[str] | None = None) -> int:
     levels: tuple[str | None, ...] = (None,)
     if "status_events" in OrderSubmitted.model_fields:
         levels = (None, "steps")
+    # A commit whose instances remember the states they wrote is also counted as if every
+    # message landed on another instance (none remembered): the order path at scale out.
+    recent_states = getattr(bootstrap, "recent_states", None)
+    cases: list[tuple[str, int, bool, str | None, bool]] = [
+        (workflow, steps, subscriber, level, False)
+        for workflow, steps in (("single", 1), ("order", 3))
+        for subscriber, level in ((False, None), *((True, level) for level in levels))
+    ]
+    if recent_states is not None:
+        cases.append(("order", 3, False, None, True))
     variants = {}
-    for workflow, steps in (("single", 1), ("order", 3)):
-        for subscriber, level in ((False, None), *((True, level) for level in levels)):
-            name = f"{steps}-step, {'with' if subscriber else 'no'} status subscriber"
-            if level is not None:
-                name += f" ({level} events)"
-            on_path: Counter[str] = Counter()
-            off_path: Counter[str] = Counter()
-            for n in range(args.orders):
-                order_id = f"bench-{workflow}-{int(subscriber)}{level or ''}-{n}"
-                reply_to = STATUS_QUEUE if subscriber else None
-                body = order_body(order_id, workflow, reply_to, level)
-                with counter_paused(counter):
-                    orders_queue.send_message(body)  # the application's send: counted below
-                with counter.window() as measured:
-                    while not _done(table, order_id, counter):
-                        if host.deliver_once() == 0:
-                            time.sleep(0.05)
-                measured["queue.send"] += 1  # the submission the application sent
-                on_path.update(measured)
-                with counter.window() as swept, shifted_clock(supervisor, hours=1):
-                    # Ends the order's in-flight marker, off the order's path: a sweep once
-                    # the marker is due (an hour on, it is, whatever the commit's rule).
-                    supervisor.sweep()
-                off_path.update(swept)
-                with counter_paused(counter):
-                    for message in status.receive_messages(max_messages=32):
-                        status.delete_message(message)
-            variants[name] = {
-                "workflow": workflow,
-                "steps": steps,
-                "status_subscriber": subscriber,
-                "status_events": level or "default",
-                "per_order": {k: v / args.orders for k, v in sorted(on_path.items()) if v},
-                "supervisor_at_end": {k: v / args.orders for k, v in sorted(off_path.items()) if v},
-            }
+    for workflow, steps, subscriber, level, elsewhere in cases:
+        host.before_each = recent_states().clear if elsewhere and recent_states else None
+        name = f"{steps}-step, {'with' if subscriber else 'no'} status subscriber"
+        if level is not None:
+            name += f" ({level} events)"
+        if elsewhere:
+            name += ", each message on another instance"
+        on_path: Counter[str] = Counter()
+        off_path: Counter[str] = Counter()
+        for n in range(args.orders):
+            elsewhere_tag = "-x" if elsewhere else ""
+            order_id = f"bench-{workflow}-{int(subscriber)}{level or ''}{elsewhere_tag}-{n}"
+            reply_to = STATUS_QUEUE if subscriber else None
+            body = order_body(order_id, workflow, reply_to, level)
+            with counter_paused(counter):
+                orders_queue.send_message(body)  # the application's send: counted below
+            with counter.window() as measured:
+                while not _done(table, order_id, counter):
+                    if host.deliver_once() == 0:
+                        time.sleep(0.05)
+            measured["queue.send"] += 1  # the submission the application sent
+            on_path.update(measured)
+            with counter.window() as swept, shifted_clock(supervisor, hours=1):
+                # Ends the order's in-flight marker, off the order's path: a sweep once
+                # the marker is due (an hour on, it is, whatever the commit's rule).
+                supervisor.sweep()
+            off_path.update(swept)
+            with counter_paused(counter):
+                for message in status.receive_messages(max_messages=32):
+                    status.delete_message(message)
+        variants[name] = {
+            "workflow": workflow,
+            "steps": steps,
+            "status_subscriber": subscriber,
+            "status_events": level or "default",
+            "per_order": {k: v / args.orders for k, v in sorted(on_path.items()) if v},
+            "supervisor_at_end": {k: v / args.orders for k, v in sorted(off_path.items()) if v},
+        }
     sweep, sweep_due = _sweep_cost(counter, supervisor, bootstrap)
     for name in settings.queues.values():  # what the live orders sent: not for later runs
         QueueClient.from_connection_string(conn, name).clear_messages()

@@ -151,9 +151,10 @@ class AuditingStore:
         order: OrderRecord,
         state: OrderState,
         history: HistoryEntry | Sequence[HistoryEntry] | None = None,
-    ) -> None:
-        self.inner.create_order(order, state, history)
+    ) -> str:
+        etag = self.inner.create_order(order, state, history)
         self.history.extend([history] if isinstance(history, HistoryEntry) else history or ())
+        return etag
 
     def get_order(self, order_id: str) -> OrderRecord | None:
         return self.inner.get_order(order_id)
