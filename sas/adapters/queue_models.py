@@ -40,8 +40,12 @@ def prepare() -> bool:
         except (ImportError, AttributeError):
             logger.warning("sas.queue_models_not_prepared: the SDK's model layout is not known")
             return False
-        for _, cls in inspect.getmembers(models, inspect.isclass):
-            if issubclass(cls, base) and cls is not base:
-                cls.__new__(cls)  # fills in the class; the bare instance is dropped
+        try:
+            for _, cls in inspect.getmembers(models, inspect.isclass):
+                if issubclass(cls, base) and cls is not base:
+                    cls.__new__(cls)  # fills in the class; the bare instance is dropped
+        except Exception:  # a preparation, never a dependency: the SDK still works without it
+            logger.warning("sas.queue_models_not_prepared", exc_info=True)
+            return False
         _prepared = True
         return True

@@ -4,9 +4,9 @@ The state lives in the state store (one entity per breaker), so an outage seen b
 instances stops all of them from hammering the remote. To keep table traffic off the hot path,
 each process caches what it read for ``cache_ttl`` seconds: a closed breaker costs at most one
 read per ``cache_ttl`` per process (when the copy expires, one thread reads while the others go
-on with the copy), and writes happen only on failures and state changes. Every
-write is conditional on the ETag; a lost race re-reads and re-applies (a bounded number of
-times), which is also how exactly one instance takes the probe of an open breaker.
+on with the copy, for at most one more ``cache_ttl``), and writes happen only on failures and
+state changes. Every write is conditional on the ETag; a lost race re-reads and re-applies (a
+bounded number of times), which is also how exactly one instance takes the probe of an open breaker.
 
 The breaker is an optimisation, never a dependency: if the store fails, the call goes ahead
 (fail open) and store access pauses for ``cache_ttl`` so a broken table does not slow every
@@ -227,7 +227,9 @@ class CircuitBreaker:
         # Expired: one thread reads it again; the others keep the copy they have until that
         # read lands (it is at most one read older), rather than each reading the same row.
         if not self._refreshing.acquire(blocking=False):
-            return cached.versioned
+            if now < cached.read_at + 2 * self._ttl:
+                return cached.versioned
+            return self._read(now)  # that read is slow: do not act on a copy this old
         try:
             return self._read(now)
         finally:

@@ -17,8 +17,9 @@ from collections import OrderedDict
 
 from sas.domain.model import OrderState, Versioned
 
-CAPACITY = 10_000
-"""Orders remembered per process: a few MB; far more than one instance has in flight."""
+CAPACITY = 2_000
+"""Orders remembered per process: about 2 KiB each for a typical order (more with many lines),
+so a few MB; more than one instance has waiting for a reply at once."""
 
 
 class RecentStates:

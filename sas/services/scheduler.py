@@ -14,7 +14,7 @@ from datetime import datetime
 from enum import StrEnum
 
 from sas.domain.clock import Clock
-from sas.domain.errors import ConcurrencyConflict, IllegalTransition
+from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import Message, ScheduleRequest, StatusKind, StepReply, encode
 from sas.domain.model import HistoryEntry, OrderState, StepRecord, Versioned
 from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
@@ -152,14 +152,16 @@ class Scheduler:
     def _on_reply(self, reply: StepReply) -> ReplyOutcome:
         # A conflict means the state moved under us (a supervisor, a duplicate reply):
         # read again and let the fence decide whether this reply still applies.
-        remembered = True
+        if self._recent.get(reply.order_id) is not None:
+            try:
+                return self._apply_reply(reply, remembered=True)
+            except (ConcurrencyConflict, NotFound):  # moved or purged since this process wrote it
+                self._recent.forget(reply.order_id)
         for _ in range(_REPLY_RETRIES):
             try:
-                return self._apply_reply(reply, remembered=remembered)
+                return self._apply_reply(reply, remembered=False)
             except ConcurrencyConflict:
                 log.info("sas.reply_conflict_retry", extra={"order_id": reply.order_id})
-                self._recent.forget(reply.order_id)
-                remembered = False
         return self._apply_reply(reply, remembered=False)
 
     def _apply_reply(self, reply: StepReply, *, remembered: bool) -> ReplyOutcome:

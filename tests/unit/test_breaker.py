@@ -307,6 +307,22 @@ def test_when_the_copy_expires_one_thread_reads_and_the_others_go_on_with_the_co
     assert store.reads == 2
 
 
+def test_a_copy_two_ttls_old_is_not_used_while_a_slow_read_is_under_way():
+    store, clock = SlowReadStore(), FakeClock(T0)
+    b = breaker(store, clock, cache_ttl=1.0)
+    b.before_call()
+    clock.advance(1.0)
+    store.slow = True
+    reader = threading.Thread(target=b.before_call)
+    reader.start()
+    assert store.reading.wait(5)
+    clock.advance(1.0)  # the read is still under way two TTLs after the copy was taken
+    store.finish.set()
+    b.before_call()  # reads for itself
+    reader.join(5)
+    assert store.reads == 3
+
+
 def test_a_cached_view_is_stale_for_at_most_the_ttl():
     store, clock = FakeBreakerStore(), FakeClock(T0)
     b = breaker(store, clock, instance="b", cache_ttl=1.0)

@@ -89,6 +89,8 @@ def test_the_reader_splits_a_crlf_body_into_its_parts() -> None:
             b"Content-Type: application/http\r\n", b"Content-Type: application/http\r\n folded\r\n"
         ),
         BODY.replace(b"Content-Type: application/http\r\n", b""),  # no content type
+        BODY.replace(b"binary", b"base64"),  # an encoded part: the SDK decodes it
+        BODY.replace(b"application/http", "applicätion/http".encode()),  # not ASCII
     ],
 )
 def test_the_reader_leaves_anything_else_to_the_sdk(body: bytes) -> None:

@@ -112,3 +112,13 @@ def test_the_oldest_are_forgotten_past_the_capacity():
     assert [recent.get(o) is not None for o in ("a", "b", "c")] == [False, True, True]
     with pytest.raises(ValueError, match="capacity"):
         RecentStates(capacity=0)
+
+
+def test_a_reply_for_an_order_purged_since_this_process_wrote_it_is_parked(one_process):
+    store, transport, _, recent, submission, scheduler = one_process
+    submission.submit(submitted())
+    request = requests(transport)[-1]
+    del store.states["o1"]  # finished elsewhere, then purged by an operator
+    assert scheduler.on_reply(ok(request)) is ReplyOutcome.UNKNOWN_ORDER
+    assert recent.get("o1") is None
+    assert len(store.parked) == 1
