@@ -155,7 +155,7 @@ class Scheduler:
         if self._recent.get(reply.order_id) is not None:
             try:
                 return self._apply_reply(reply, remembered=True)
-            except (ConcurrencyConflict, NotFound):  # moved or purged since this process wrote it
+            except ConcurrencyConflict:  # moved (or purged) since this process wrote it
                 self._recent.forget(reply.order_id)
         for _ in range(_REPLY_RETRIES):
             try:
@@ -234,7 +234,12 @@ class Scheduler:
             entries.append(
                 self._dispatcher.claim_history(decision.state, workflow, self._instance_id)
             )
-        etag = self._store.update_state(decision.state, current.etag, entries, step=done)
+        try:
+            etag = self._store.update_state(decision.state, current.etag, entries, step=done)
+        except NotFound:
+            if not remembered:
+                raise
+            raise ConcurrencyConflict(reply.order_id) from None  # gone since: read and decide
         self._recent.remember(decision.state, etag)
         log.info("sas.step_%s", decision.history_kind, extra=extra)
         progress: StatusKind | None = None
