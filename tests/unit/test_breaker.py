@@ -287,7 +287,8 @@ class SlowReadStore(FakeBreakerStore):
         return super().get(name)
 
 
-def test_when_the_copy_expires_one_thread_reads_and_the_others_go_on_with_the_copy():
+def expired_copy_being_read() -> tuple[SlowReadStore, FakeClock, CircuitBreaker, threading.Thread]:
+    """A breaker whose copy just expired, and a thread whose read of it has not returned yet."""
     store, clock = SlowReadStore(), FakeClock(T0)
     b = breaker(store, clock, cache_ttl=1.0)
     b.before_call()
@@ -296,6 +297,11 @@ def test_when_the_copy_expires_one_thread_reads_and_the_others_go_on_with_the_co
     reader = threading.Thread(target=b.before_call)
     reader.start()
     assert store.reading.wait(5)
+    return store, clock, b, reader
+
+
+def test_when_the_copy_expires_one_thread_reads_and_the_others_go_on_with_the_copy():
+    store, _, b, reader = expired_copy_being_read()
     for _ in range(10):
         b.before_call()  # the expired copy, no read of their own
         assert b.healthy()
@@ -308,14 +314,7 @@ def test_when_the_copy_expires_one_thread_reads_and_the_others_go_on_with_the_co
 
 
 def test_a_copy_two_ttls_old_is_not_used_while_a_slow_read_is_under_way():
-    store, clock = SlowReadStore(), FakeClock(T0)
-    b = breaker(store, clock, cache_ttl=1.0)
-    b.before_call()
-    clock.advance(1.0)
-    store.slow = True
-    reader = threading.Thread(target=b.before_call)
-    reader.start()
-    assert store.reading.wait(5)
+    store, clock, b, reader = expired_copy_being_read()
     clock.advance(1.0)  # the read is still under way two TTLs after the copy was taken
     store.finish.set()
     b.before_call()  # reads for itself

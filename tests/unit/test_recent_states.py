@@ -7,13 +7,14 @@ from dataclasses import replace
 
 import pytest
 
-from sas.domain.messages import StepReply, StepRequest
+from sas.domain.messages import StepRequest
 from sas.domain.model import ProcessState
 from sas.services.recent import RecentStates
 from sas.services.scheduler import ReplyOutcome, Scheduler
 from sas.services.submission import Submission
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
 from tests.unit.test_services import ROUTES, submitted
+from tests.unit.test_services import ok_reply as ok
 
 pytestmark = pytest.mark.unit
 
@@ -26,17 +27,6 @@ class CountingStore(InMemoryStore):
     def get_state(self, order_id):
         self.state_reads += 1
         return super().get_state(order_id)
-
-
-def ok(request: StepRequest) -> StepReply:
-    return StepReply(
-        order_id=request.order_id,
-        step=request.step,
-        step_index=request.step_index,
-        attempt=request.attempt,
-        outcome="ok",
-        result={"ref": request.step},
-    )
 
 
 def requests(transport: RecordingTransport) -> list[StepRequest]:

@@ -119,6 +119,18 @@ def test_conflicting_resubmission_is_refused_and_reported(parts):
     assert [m.status for m in transport.to("status-q")] == ["rejected"]
 
 
+def ok_reply(request: StepRequest) -> StepReply:
+    """The agent's success for ``request``."""
+    return StepReply(
+        order_id=request.order_id,
+        step=request.step,
+        step_index=request.step_index,
+        attempt=request.attempt,
+        outcome="ok",
+        result={"ref": request.step},
+    )
+
+
 def run_to_completion(store, transport, clock, scheduler):
     """Play the agents: answer every StepRequest with success, in order."""
     handled = 0
@@ -129,16 +141,7 @@ def run_to_completion(store, transport, clock, scheduler):
         req = requests[handled]
         handled += 1
         clock.advance(1)
-        scheduler.on_reply(
-            StepReply(
-                order_id=req.order_id,
-                step=req.step,
-                step_index=req.step_index,
-                attempt=req.attempt,
-                outcome="ok",
-                result={"ref": req.step},
-            )
-        )
+        scheduler.on_reply(ok_reply(req))
 
 
 def test_the_scheduler_drives_every_step_to_processed(parts):
