@@ -46,6 +46,11 @@ class RetryPolicy:
     reply_recheck: timedelta = timedelta(seconds=5)
     """While it holds a step for a queued reply, the Supervisor looks at it again this often
     (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""
+    reply_hold_max: timedelta = timedelta(minutes=5)
+    """Past ``reply_hold``, the step stays held only while the replies lane drains (its oldest
+    waiting message is newer than ``reply_recheck`` ago and still from before the deadline),
+    and never longer than this past the deadline. A backlog that outlasts the hold is still
+    being worked through; a lane that stops moving ends the hold at once."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
@@ -54,6 +59,8 @@ class RetryPolicy:
             raise ValueError("clock_skew must not be negative")
         if self.reply_hold < timedelta(0):
             raise ValueError("reply_hold must not be negative")
+        if self.reply_hold_max < self.reply_hold:
+            raise ValueError("reply_hold_max must not be shorter than reply_hold")
 
     def expired(self, state: OrderState, now: datetime) -> bool:
         """A live record whose deadline (plus the skew allowance) has passed."""

@@ -9,8 +9,9 @@ doubled or missed ticks, and a late reply arriving at the same moment cannot dou
 recovery. It never calls an agent itself.
 
 A running step whose reply may still be waiting in the replies queue (a reply enqueued no
-later than the step's deadline is still there) is not expired yet, for at most
-``RetryPolicy.reply_hold``: expiring it would throw away a step that finished in time and
+later than the step's deadline is still there) is not expired yet, for ``RetryPolicy.reply_hold``,
+and after that for as long as the replies lane keeps draining (at most
+``RetryPolicy.reply_hold_max``): expiring it would throw away a step that finished in time and
 run it again. Nothing is applied late by waiting: the agent sent that reply before its
 deadline, and the fence still decides whether it applies.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -65,6 +66,7 @@ class Supervisor:
         self._parallelism = max(parallelism, 1)
         self._legacy_check = legacy_check
         self._legacy_checked_at: datetime | None = None
+        self._reply_heads = _LaneHeads(keep=policy.reply_hold_max)
         self._gauges = gauges
         self._then = Consequences(
             store, transport, routes, clock, actor=instance_id, clock_skew=policy.clock_skew
@@ -75,7 +77,7 @@ class Supervisor:
         now = self._clock.now()
         self._adopt_legacy(now)
         due = self._store.list_due(now)
-        replies = _OldestReplies(self._transport, self._routes)
+        replies = _OldestReplies(self._transport, self._routes, self._reply_heads, now)
         rearms = _Rearms(self._store)
         report: Counter[str] = Counter()
 
@@ -166,12 +168,20 @@ class Supervisor:
         may still be waiting (None: expire it now)."""
         if not state.is_running or state.complete_by is None:
             return None
-        deadline = state.complete_by + self._policy.clock_skew
-        ends = deadline + self._policy.reply_hold
-        if now >= ends:
+        policy = self._policy
+        deadline = state.complete_by + policy.clock_skew
+        if now >= deadline + policy.reply_hold_max:
             return None
         oldest = replies.get(state.priority)
-        return ends if oldest is not None and oldest <= deadline else None
+        if oldest is None or oldest > deadline:
+            return None  # every reply sent by the deadline has been taken from the queue
+        ends = deadline + policy.reply_hold
+        if now < ends:
+            return ends
+        # A backlog longer than the hold: wait on while it is being worked through.
+        if replies.draining(state.priority, since=now - policy.reply_recheck):
+            return deadline + policy.reply_hold_max
+        return None
 
     def _expire(
         self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
@@ -267,13 +277,44 @@ class _Rearms:
             self._store.rearm_live(batch)
 
 
+class _LaneHeads:
+    """What earlier sweeps saw at the front of each replies lane: (when, oldest waiting), kept
+    for ``keep``, so a sweep can tell a lane that is being worked through from one that is not
+    moving."""
+
+    SEEN = 32
+    """Sightings kept per lane at most (a sweep adds at most one)."""
+
+    def __init__(self, keep: timedelta) -> None:
+        self._keep = keep
+        self._lock = threading.Lock()
+        self._seen: dict[str, deque[tuple[datetime, datetime | None]]] = {}
+
+    def add(self, queue: str, at: datetime, oldest: datetime | None) -> None:
+        with self._lock:
+            seen = self._seen.setdefault(queue, deque(maxlen=self.SEEN))
+            seen.append((at, oldest))
+            while seen and seen[0][0] < at - self._keep:
+                seen.popleft()
+
+    def as_of(self, queue: str, moment: datetime) -> tuple[bool, datetime | None]:
+        """(seen, oldest): the latest sighting no later than ``moment``."""
+        with self._lock:
+            earlier = [oldest for at, oldest in self._seen.get(queue, ()) if at <= moment]
+        return (True, earlier[-1]) if earlier else (False, None)
+
+
 class _OldestReplies:
     """The oldest waiting message of each replies lane, each peeked at most once per sweep and
     only if a running step of that priority has expired (a quiet sweep costs nothing)."""
 
-    def __init__(self, transport: Transport, routes: Routes) -> None:
+    def __init__(
+        self, transport: Transport, routes: Routes, heads: _LaneHeads, now: datetime
+    ) -> None:
         self._transport = transport
         self._routes = routes
+        self._heads = heads
+        self._now = now
         self._lock = threading.Lock()
         self._known: dict[str, datetime | None] = {}
 
@@ -286,4 +327,16 @@ class _OldestReplies:
                 except Exception:  # a failed peek must not stop recovery: hold off nothing
                     log.warning("sas.replies_peek_failed", exc_info=True)
                     self._known[queue] = None
+                else:
+                    self._heads.add(queue, self._now, self._known[queue])
             return self._known[queue]
+
+    def draining(self, priority: Priority, *, since: datetime) -> bool:
+        """Whether the lane's oldest waiting message is newer now than it was at ``since`` (a
+        lane not yet watched that long counts as draining until it has been)."""
+        current = self.get(priority)
+        queue = self._routes.lane(self._routes.replies, priority)
+        seen, before = self._heads.as_of(queue, since)
+        if not seen:
+            return True
+        return current is not None and before is not None and current > before

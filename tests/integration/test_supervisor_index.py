@@ -12,7 +12,7 @@ import pytest
 from sas.domain.model import ProcessState
 from sas.domain.transitions import RetryPolicy
 from sas.services.supervisor import Supervisor
-from tests.harness import BUDGET, ROUTES
+from tests.harness import BUDGET, ROUTES, Envelope
 from tests.integration.test_failure_modes import assert_effects_once, order
 
 pytestmark = pytest.mark.integration
@@ -102,6 +102,48 @@ def test_the_hold_for_a_reply_is_bounded(world):
     assert world.tick(hold)["retry"] == 1  # past the hold: expired, the fence decides later
     world.deliver("replies")
     assert "reply_dropped" in world.history(oid)
+
+
+def test_a_backlog_that_outlasts_the_hold_keeps_the_step_held_while_it_drains(world):
+    """Past the hold, a step whose reply may still be queued stays held as long as the
+    replies lane is being worked through, never past ``reply_hold_max``."""
+    oid = order(world)
+    world.deliver("agent-inventory")  # the reply is queued behind older replies
+    (reply,) = world.bus.queues["replies"]
+    backlog = [
+        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=600 - n))
+        for n in range(200)
+    ]
+    world.bus.queues["replies"][:0] = backlog
+    policy, deadline = world.policy, world.state(oid).complete_by
+    world.clock.advance(BUDGET + 1)
+    recheck = policy.reply_recheck.total_seconds()
+    while world.clock.now() < deadline + policy.reply_hold_max - policy.reply_recheck:
+        assert world.tick(recheck) == {"held_for_reply": 1}
+        del world.bus.queues["replies"][:2]  # other consumers take the oldest replies
+    assert world.clock.now() > deadline + 3 * policy.reply_hold  # well past the plain hold
+    assert world.tick(recheck)["retry"] == 1  # the bound holds even for a draining lane
+    del world.bus.queues["replies"][:-1]
+    world.deliver("replies")
+    assert "reply_dropped" in world.history(oid)
+
+
+def test_past_the_hold_a_lane_that_stops_moving_ends_the_hold(world):
+    oid = order(world)
+    world.deliver("agent-inventory")
+    (reply,) = world.bus.queues["replies"]
+    older = [
+        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=60 - n))
+        for n in range(20)
+    ]
+    world.bus.queues["replies"][:0] = older
+    world.clock.advance(BUDGET + 1)
+    recheck = world.policy.reply_recheck.total_seconds()
+    while world.clock.now() < world.state(oid).complete_by + world.policy.reply_hold:
+        assert world.tick(recheck)["held_for_reply"] == 1
+        del world.bus.queues["replies"][:1]
+    assert world.tick(recheck)["held_for_reply"] == 1  # still draining
+    assert world.tick(recheck)["retry"] == 1  # nothing taken since the last look: expired
 
 
 def test_a_parallel_sweep_examines_every_due_order_once(world):

@@ -580,10 +580,10 @@ class SasMachine(RuleBasedStateMachine):
             assert order_id in indexed, f"live order not indexed: {state}"
             # The Supervisor lists only due markers: one due after the deadline hides it. The
             # one exception is by design: a running step held for a queued reply is looked at
-            # again a little later, never past the end of the hold.
+            # again a little later, never past the longest hold.
             marker, latest = indexed[order_id], state.complete_by
             if state.is_running:
-                latest += self.policy.clock_skew + self.policy.reply_hold
+                latest += self.policy.clock_skew + self.policy.reply_hold_max
             assert marker.due_at <= latest, (marker, state)
         else:
             assert state.complete_by is None and state.finished_at is not None, state

@@ -437,6 +437,12 @@ def test_without_an_allowance_the_deadline_itself_expires_and_a_negative_one_is_
         RetryPolicy(clock_skew=timedelta(seconds=-1))
 
 
+def test_a_longest_hold_shorter_than_the_hold_is_refused():
+    with pytest.raises(ValueError, match="reply_hold_max"):
+        RetryPolicy(reply_hold=timedelta(seconds=30), reply_hold_max=timedelta(seconds=10))
+    assert RetryPolicy(reply_hold_max=RetryPolicy().reply_hold).reply_hold_max.total_seconds() == 30
+
+
 def error_owing_an_alert():
     return refuse_step(
         running_at(0, ERROR_WF), attempt=1, step_index=0, now=NOW, reason="r", workflow=ERROR_WF
