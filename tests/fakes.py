@@ -164,6 +164,15 @@ class InMemoryStore:
                 moved += 1
         return moved
 
+    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
+        moved = 0
+        for order_id, due_at in moves:
+            current = self.live.get(order_id)
+            if current is not None:
+                self.live[order_id] = replace(current, etag=next(self._etags), due_at=due_at)
+                moved += 1
+        return moved
+
     def drop_live(self, marker: LiveMarker) -> bool:
         current = self.live.get(marker.order_id)
         if current is None or current.etag != marker.etag:

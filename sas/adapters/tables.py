@@ -221,6 +221,32 @@ class TableStateStore:
             moved += len(chunk)
         return moved
 
+    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
+        """In transactions of up to 100, each a merge of ``DueAt`` alone (``TouchedAt`` stays)
+        with ``If-Match: *``: a marker that is gone fails its transaction, which is sent again
+        without it (the service names the failed operation)."""
+        moved = 0
+        for start in range(0, len(moves), _MAX_BATCH):
+            operations: list[Any] = [
+                (
+                    "update",
+                    {"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "DueAt": due_at},
+                    {"mode": UpdateMode.MERGE},
+                )
+                for order_id, due_at in moves[start : start + _MAX_BATCH]
+            ]
+            while operations:
+                try:
+                    self._live.submit_transaction(operations)
+                except TableTransactionError as exc:
+                    if exc.status_code != 404 or not 0 <= exc.index < len(operations):
+                        raise
+                    del operations[exc.index]  # dropped since: it stays dropped
+                    continue
+                moved += len(operations)
+                break
+        return moved
+
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""
         try:

@@ -74,6 +74,11 @@ class StateStore(Protocol):
         share one partition, so many go in one request). Returns how many moved."""
         ...
 
+    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
+        """Set the due time of each order's marker, if it has one (never index an order: a
+        marker dropped since stays dropped); many in one request. Returns how many moved."""
+        ...
+
     def drop_live(self, marker: LiveMarker) -> bool:
         """Unindex, unless the marker was touched since it was read."""
         ...

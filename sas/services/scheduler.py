@@ -22,6 +22,7 @@ from sas.domain.workflow import Workflow, workflow_named
 from sas.services import telemetry
 from sas.services.consequences import Consequences
 from sas.services.dispatch import Dispatcher
+from sas.services.marker_moves import MarkerMoves
 from sas.services.ports import StateStore, Transport
 from sas.services.recent import RecentStates
 from sas.services.routes import Routes
@@ -62,11 +63,15 @@ class Scheduler:
         router: Router | None = None,
         queue_allowance: bool = False,
         recent: RecentStates | None = None,
+        moves: MarkerMoves | None = None,
     ) -> None:
         """``recent``: the states this process wrote, shared with its Submission (a reply
-        that comes back here then needs no read); a Scheduler of its own by default."""
+        that comes back here then needs no read); a Scheduler of its own by default.
+        ``moves``: moves the in-flight markers of the orders it writes (one of its own by
+        default)."""
         self._store = store
         self._recent = recent if recent is not None else RecentStates()
+        self._moves = moves if moves is not None else MarkerMoves(store, clock)
         self._transport = transport
         self._routes = routes
         self._clock = clock
@@ -130,10 +135,12 @@ class Scheduler:
         self._recent.remember(claimed, etag)
         if not claimed.is_running:
             self._ask_again(claimed, now)
+            self._moves.after_write(current.value, claimed, now)
             return ScheduleOutcome.DEFERRED
         log.info("sas.step_claimed", extra={**extra, **_step_extra(claimed, workflow)})
         self._dispatcher.dispatch(claimed, workflow)
         self._dispatcher.announce(claimed, workflow)
+        self._moves.after_write(current.value, claimed, now)  # after the step is on its way
         return ScheduleOutcome.CLAIMED
 
     def on_reply(self, reply: StepReply) -> ReplyOutcome:
@@ -250,7 +257,9 @@ class Scheduler:
             if progress is not None:
                 self._then.notify.about(state, progress, now, step=reply.step)
 
-        return self._follow(decision, etag, workflow, announce_progress)
+        outcome = self._follow(decision, etag, workflow, announce_progress)
+        self._moves.after_write(state, decision.state, now)  # after the next step is on its way
+        return outcome
 
     def _follow(
         self,

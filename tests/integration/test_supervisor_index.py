@@ -60,6 +60,23 @@ def test_a_healthy_due_order_is_re_armed_to_its_next_deadline(world):
     assert world.tick(0).total() == 0  # not due again before that
 
 
+def test_a_reply_that_comes_as_the_marker_falls_due_moves_it_and_the_sweep_reads_nothing(world):
+    """Under a backlog a step ends about when its marker is due: the Scheduler moves the
+    marker to the next deadline itself (sas/services/marker_moves.py), so the sweep does not
+    read a healthy order only to re-arm it."""
+    oid = order(world)
+    world.deliver("agent-inventory")
+    world.clock.advance(BUDGET - 1)
+    world.deliver("replies")  # the second step starts a second before the first deadline
+    state = world.state(oid)
+    (marker,) = world.store.list_live()
+    assert marker.due_at == state.complete_by
+    counting = CountingStore(world.store)
+    supervisor = world.new_supervisor("supervisor-2", store=counting)
+    world.clock.advance(2)  # the first deadline passed
+    assert supervisor.sweep().total() == 0 and counting.state_reads == 0
+
+
 def test_recovery_still_comes_by_the_deadline_of_a_later_shorter_step(world):
     """The marker is due no later than any deadline a transition can set after it was
     written: an agent that dies on a later step is recovered within its own budget."""

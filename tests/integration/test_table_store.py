@@ -243,3 +243,23 @@ def test_rearming_many_markers_moves_all_but_one_touched_in_between(table):
     assert store.rearm_live([(m, later) for m in markers]) == len(ids) - 1
     assert [m.order_id for m in store.list_due(NOW)] == ["o007"]
     assert len(store.list_due(later)) == len(ids)
+
+
+def test_advancing_markers_moves_only_those_that_exist(table):
+    """The Scheduler's moves (sas/services/marker_moves.py): many in one request, ``DueAt``
+    alone, and a marker dropped in between stays dropped while the others still move."""
+    store = store_on(table)
+    ids = [f"m{n:03d}" for n in range(130)]  # two transactions' worth
+    for order_id in ids:
+        store.touch_live(order_id, NOW, NOW)
+    for gone in ("m005", "m050", "m120"):
+        (marker,) = [m for m in store.list_live() if m.order_id == gone]
+        assert store.drop_live(marker)
+    later = NOW + timedelta(seconds=15)
+    moves = [(order_id, later) for order_id in ids] + [("never-indexed", later)]
+    assert store.advance_live(moves) == len(ids) - 3
+    live = {m.order_id: m for m in store.list_live()}
+    assert set(live) == set(ids) - {"m005", "m050", "m120"}
+    assert {m.due_at for m in live.values()} == {later}
+    assert {m.touched_at for m in live.values()} == {NOW}
+    assert store.advance_live([]) == 0

@@ -219,6 +219,9 @@ class AuditingStore:
     def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
         return self.inner.rearm_live(rearms)
 
+    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
+        return self.inner.advance_live(moves)
+
     def drop_live(self, marker: LiveMarker) -> bool:
         return self.inner.drop_live(marker)
 
@@ -580,10 +583,17 @@ class SasMachine(RuleBasedStateMachine):
             assert order_id in indexed, f"live order not indexed: {state}"
             # The Supervisor lists only due markers: one due after the deadline hides it. The
             # one exception is by design: a running step held for a queued reply is looked at
-            # again a little later, never past the longest hold.
+            # again a little later (at most one recheck after a sweep), never past the longest
+            # hold. Nothing else (a sweep's re-arm, a Scheduler's marker move, however late it
+            # lands) may set a marker past the deadline.
             marker, latest = indexed[order_id], state.complete_by
             if state.is_running:
-                latest += self.policy.clock_skew + self.policy.reply_hold_max
+                policy = self.policy
+                held = self.clock.now() + policy.reply_recheck
+                latest = max(latest + policy.clock_skew, held)
+                assert (
+                    marker.due_at <= state.complete_by + policy.clock_skew + policy.reply_hold_max
+                )
             assert marker.due_at <= latest, (marker, state)
         else:
             assert state.complete_by is None and state.finished_at is not None, state

@@ -1,0 +1,95 @@
+"""Moving an order's in-flight marker on after the Scheduler writes its state, a batch at a time.
+
+The Supervisor reads an order when its marker comes due (docs/architecture.md, "Recovery").
+Transitions do not touch the marker, so under a backlog, when steps take about as long as their
+budget, the marker comes due at a deadline the order has just moved past, and the sweep reads a
+healthy order only to re-arm it: about two reads per order in a 1,000-order burst, a read
+every budget for as long as the order waits. A Scheduler that writes a state whose marker is
+due (or about to be) moves the marker itself to the new state's next look, in a transaction
+with the other moves of the last second.
+
+Why a move can never hide a deadline: it sets ``look_again_at(state, now)`` for a state this
+process wrote at ``now``: no later than that state's own deadline, and no later than ``now`` +
+the shortest budget, which no deadline set by a later transition can come before. So a move
+may land late, out of order, after a newer move or a sweep's re-arm, or never: the marker is
+never due later than a deadline it must catch, and a lost move costs the read it would have
+saved. A move only changes ``DueAt`` of a marker that exists (a dropped marker stays dropped).
+
+A move is sent only when the marker is due within ``lookahead`` by the state this write
+replaced: when an order moves on well before its marker is due (a quiet system), moving the
+marker would cost a request to save nothing (the order usually finishes before it is due)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from sas.domain.clock import Clock
+from sas.domain.model import OrderState
+from sas.domain.transitions import look_again_at
+from sas.domain.workflow import workflow_named
+
+log = logging.getLogger(__name__)
+
+
+class LiveIndex(Protocol):
+    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int: ...
+
+
+class MarkerMoves:
+    def __init__(
+        self,
+        index: LiveIndex,
+        clock: Clock,
+        *,
+        lookahead: timedelta = timedelta(seconds=5),
+        window: timedelta = timedelta(seconds=1),
+    ) -> None:
+        """``window``: moves are sent at most this often (the ones waiting go together)."""
+        self._index = index
+        self._clock = clock
+        self._lookahead = lookahead
+        self._window = window
+        self._lock = threading.Lock()
+        self._waiting: dict[str, datetime] = {}
+        self._sent_at: datetime | None = None
+
+    def after_write(self, replaced: OrderState, written: OrderState, at: datetime) -> None:
+        """The Scheduler wrote ``written`` over ``replaced`` at ``at`` (its transition time)."""
+        order_id = written.order_id
+        if written.is_terminal:
+            # Its marker is to be dropped by the Supervisor, which reads it once anyway.
+            with self._lock:
+                self._waiting.pop(order_id, None)
+        elif (
+            look_again_at(
+                replaced, now=replaced.updated_at, workflow=workflow_named(replaced.workflow)
+            )
+            <= at + self._lookahead
+        ):
+            due = look_again_at(written, now=at, workflow=workflow_named(written.workflow))
+            with self._lock:
+                self._waiting[order_id] = due  # a newer write's move replaces an older one
+        self.send_waiting()  # any write sends what waits, once the window is over
+
+    def send_waiting(self) -> int:
+        """Send the waiting moves, unless some were sent less than ``window`` ago. Never
+        raises: a move that is not sent costs the Supervisor a read, nothing else."""
+        now = self._clock.now()
+        with self._lock:
+            if not self._waiting:
+                return 0
+            if self._sent_at is not None and now - self._sent_at < self._window:
+                return 0
+            moves, self._waiting = list(self._waiting.items()), {}
+            self._sent_at = now
+        try:
+            moved = self._index.advance_live(moves)
+        except Exception:
+            log.warning("sas.marker_moves_failed", extra={"count": len(moves)}, exc_info=True)
+            return 0
+        log.debug("sas.markers_moved", extra={"count": len(moves), "moved": moved})
+        return moved

@@ -1,0 +1,139 @@
+"""The Scheduler moves an order's in-flight marker on when the marker is due, a batch at a time
+(sas/services/marker_moves.py); in a quiet system it moves nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import pytest
+
+from sas.domain.messages import StepRequest
+from sas.domain.model import ProcessState
+from sas.domain.transitions import look_again_at
+from sas.domain.workflow import ORDER_WORKFLOW
+from sas.services.marker_moves import MarkerMoves
+from sas.services.scheduler import Scheduler
+from sas.services.submission import Submission
+from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
+from tests.unit.test_services import ROUTES, submitted
+from tests.unit.test_services import ok_reply as ok
+
+pytestmark = pytest.mark.unit
+
+BUDGET = ORDER_WORKFLOW.steps[0].budget.total_seconds()
+
+
+class RecordingIndex:
+    def __init__(self, inner: InMemoryStore, *, fail: bool = False) -> None:
+        self.inner = inner
+        self.fail = fail
+        self.calls: list[list[tuple[str, datetime]]] = []
+
+    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
+        self.calls.append(list(moves))
+        if self.fail:
+            raise ConnectionError("storage unreachable")
+        return self.inner.advance_live(moves)
+
+
+@pytest.fixture
+def world():
+    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    index = RecordingIndex(store)
+    moves = MarkerMoves(index, clock)
+    scheduler = Scheduler(store, transport, ROUTES, clock, "s1", moves=moves)
+    submission = Submission(store, transport, ROUTES, clock)
+    return store, transport, clock, index, scheduler, submission
+
+
+def last_request(transport: RecordingTransport, order_id: str = "o1") -> StepRequest:
+    return [
+        s.message
+        for s in transport.sent
+        if isinstance(s.message, StepRequest) and s.message.order_id == order_id
+    ][-1]
+
+
+def test_in_a_quiet_system_no_marker_is_moved(world):
+    store, transport, clock, index, scheduler, submission = world
+    submission.submit(submitted())
+    for _ in range(3):
+        clock.advance(1)  # each step answers long before the marker is due
+        scheduler.on_reply(ok(last_request(transport)))
+    assert store.get_state("o1").value.process_state is ProcessState.PROCESSED
+    assert index.calls == []
+
+
+def test_a_step_that_ends_when_the_marker_is_due_moves_it_to_the_next_look(world):
+    store, transport, clock, index, scheduler, submission = world
+    submission.submit(submitted())
+    (marker,) = store.list_live()
+    clock.advance(BUDGET + 1)  # past the marker's due: the reply came late in a backlog
+    scheduler.on_reply(ok(last_request(transport)))
+    state = store.get_state("o1").value
+    expected = look_again_at(state, now=clock.now(), workflow=ORDER_WORKFLOW)
+    assert index.calls == [[("o1", expected)]]
+    (moved,) = store.list_live()
+    assert moved.due_at == expected == state.complete_by > marker.due_at
+    assert moved.touched_at == marker.touched_at
+
+
+def test_moves_go_together_at_most_once_per_window(world):
+    store, transport, clock, index, scheduler, submission = world
+    for n in range(3):
+        submission.submit(submitted(f"o{n}"))
+    clock.advance(BUDGET - 2)  # within the lookahead of the markers' due
+    for n in range(3):
+        scheduler.on_reply(ok(last_request(transport, f"o{n}")))
+    assert [sorted(dict(call)) for call in index.calls] == [["o0"]]  # at once; two wait
+    clock.advance(1)
+    scheduler.on_reply(ok(last_request(transport, "o0")))  # any write sends what waits
+    assert [sorted(dict(call)) for call in index.calls] == [["o0"], ["o1", "o2"]]
+    assert dict(index.calls[1])["o1"] == store.get_state("o1").value.complete_by
+
+
+def test_a_finished_order_cancels_its_waiting_move(world):
+    store, transport, clock, index, scheduler, submission = world
+    for n in range(3):
+        submission.submit(submitted(f"o{n}"))
+    clock.advance(BUDGET - 2)
+    scheduler.on_reply(ok(last_request(transport, "o0")))  # sent at once
+    scheduler.on_reply(ok(last_request(transport, "o1")))  # waits for the window...
+    for _ in range(2):
+        clock.advance(0.1)
+        scheduler.on_reply(ok(last_request(transport, "o1")))
+    assert store.get_state("o1").value.process_state is ProcessState.PROCESSED  # ...and goes
+    clock.advance(1)
+    scheduler.on_reply(ok(last_request(transport, "o2")))
+    assert [sorted(dict(call)) for call in index.calls] == [["o0"], ["o2"]]
+
+
+def test_a_failed_move_never_fails_the_reply(world, caplog):
+    store, transport, clock, index, scheduler, submission = world
+    index.fail = True
+    submission.submit(submitted())
+    clock.advance(BUDGET + 1)
+    scheduler.on_reply(ok(last_request(transport)))
+    assert store.get_state("o1").value.step_index == 1  # applied and dispatched
+    assert isinstance(last_request(transport).step_index, int)
+    assert "sas.marker_moves_failed" in caplog.text
+
+
+def test_a_move_never_sets_a_marker_past_the_state_it_was_computed_from():
+    """The bound that makes late and lost moves harmless: no later than the state's deadline,
+    nor than the write time plus the shortest budget."""
+    clock = FakeClock()
+    store = InMemoryStore()
+    index = RecordingIndex(store)
+    moves = MarkerMoves(index, clock, lookahead=timedelta(days=1))
+    scheduler = Scheduler(store, RecordingTransport(), ROUTES, clock, "s1", moves=moves)
+    transport = RecordingTransport()
+    Submission(store, transport, ROUTES, clock).submit(submitted())
+    clock.advance(3)
+    scheduler.on_reply(ok(last_request(transport)))
+    ((order_id, due),) = index.calls[0]
+    found = store.get_state(order_id)
+    assert found is not None and found.value.complete_by is not None
+    assert due <= found.value.complete_by
+    assert due <= clock.now() + ORDER_WORKFLOW.shortest_budget
