@@ -91,5 +91,5 @@ class MarkerMoves:
         except Exception:
             log.warning("sas.marker_moves_failed", extra={"count": len(moves)}, exc_info=True)
             return 0
-        log.debug("sas.markers_moved", extra={"count": len(moves), "moved": moved})
+        log.info("sas.markers_moved", extra={"count": len(moves), "moved": moved})
         return moved

@@ -183,6 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         orders=batch,
                         timeout=60 + batch * 1.0,
                         log_dir=logs / f"e2e-{name}-{batch}-{count_of_workers}",
+                        count_supervision=not quick,  # it waits out the last markers
                     ).as_dict()
                 )
         progress(f"{name}: recovery latency", started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,6 +23,7 @@ from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
 from sas.adapters import queue_models
+from sas.domain.wire import live_table_name
 from sas_local.bench import cpu
 from sas_local.stack import LocalStack
 
@@ -47,6 +49,11 @@ class E2EResult:
     cpu_ms_per_order: dict[str, float] = field(default_factory=dict)
     """CPU milliseconds per order of the dev host (with its workers), Azurite and the simulator,
     from the first submission to the end of the run (see cpu.py)."""
+    sweep_reads_per_order: float | None = None
+    """Orders the Supervisor read, per order, until the last marker went (None: the commit
+    does not log them)."""
+    marker_moves_per_order: float | None = None
+    """Transactions of the Scheduler's marker moves, per order (None: as above)."""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,8 +83,17 @@ def _percentile(values: list[float], q: float) -> float:
 
 
 def run(
-    *, commit: str, app_root: Path, workers: int, orders: int, timeout: float, log_dir: Path
+    *,
+    commit: str,
+    app_root: Path,
+    workers: int,
+    orders: int,
+    timeout: float,
+    log_dir: Path,
+    count_supervision: bool = True,
 ) -> E2EResult:
+    """``count_supervision``: also count the Supervisor's reads and the marker moves, which
+    takes waiting until the last marker is gone (about one step budget after the run)."""
     queue_models.prepare()
     with LocalStack.start(workers=workers, log_dir=log_dir, app_root=app_root) as stack:
         conn = stack.azurite.connection_string
@@ -122,6 +138,14 @@ def run(
             last = finished if last is None else max(last, finished)
             processed += state["ProcessState"] == "Processed"
         kinds = _history_kinds(table)
+        logs_reads = (
+            count_supervision
+            and "orders_read" in (app_root / "sas/services/supervisor.py").read_text()
+        )
+        if logs_reads:  # the Supervisor's last read of each order drops its marker: wait for it
+            live = TableClient.from_connection_string(conn, live_table_name(settings.table_name))
+            _wait_until_empty(live, timeout=120.0)
+    sweep_reads, moves = _supervision_cost(log_dir) if logs_reads else (None, None)
     span = (last - first).total_seconds() if first is not None and last is not None else 0.0
     return E2EResult(
         commit=commit,
@@ -137,7 +161,35 @@ def run(
         expiries=sum(n for kind, n in kinds.items() if kind.startswith("expired_")),
         replies_dropped=kinds.get("reply_dropped", 0),
         cpu_ms_per_order=cpu_used,
+        sweep_reads_per_order=None if sweep_reads is None else round(sweep_reads / orders, 3),
+        marker_moves_per_order=None if moves is None else round(moves / orders, 3),
     )
+
+
+def _wait_until_empty(table: TableClient, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if next(iter(table.list_entities(select=["RowKey"], results_per_page=1)), None) is None:
+            return
+        time.sleep(1.0)
+
+
+_SWEPT = re.compile(r"sas\.supervisor_sweep .*\borders_read=(\d+)")
+_MOVED = re.compile(r"sas\.markers_moved .*\bcount=(\d+)")
+
+
+def _supervision_cost(log_dir: Path) -> tuple[int, int]:
+    """From the dev host's log: orders the Supervisor read, and the transactions (of up to 100
+    moves) the Scheduler spent moving markers."""
+    reads = moves = 0
+    for path in sorted(log_dir.glob("devhost*/*.log")):
+        with path.open(encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if swept := _SWEPT.search(line):
+                    reads += int(swept.group(1))
+                elif moved := _MOVED.search(line):
+                    moves += -(-int(moved.group(1)) // 100)
+    return reads, moves
 
 
 def _history_kinds(table: TableClient) -> dict[str, int]:

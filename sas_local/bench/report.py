@@ -89,8 +89,9 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             "",
             "| Orders | Workers | Finished | Orders/s | p50 s | p95 s | p99 s "
             "| % of the 3-step limit | Expiries | Replies thrown away "
+            "| Supervisor reads / marker moves per order "
             "| CPU ms/order: dev host / Azurite / simulator |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         limit = (
             measured["counts"]["variants"]
@@ -103,7 +104,8 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 f"| {run['orders']} | {run['workers']} | {run['finished']} "
                 f"| {run['orders_per_s']:g} | {run['p50_s']:g} | {run['p95_s']:g} "
                 f"| {run['p99_s']:g} | {share} | {run.get('expiries', '-')} "
-                f"| {run.get('replies_dropped', '-')} | {_cpu_cell(run)} |"
+                f"| {run.get('replies_dropped', '-')} | {_supervision_cell(run)} "
+                f"| {_cpu_cell(run)} |"
             )
         lines.append("")
         recovered = measured.get("recovery")
@@ -244,6 +246,13 @@ def into_document(document: Path, section: str) -> None:
     if not found_end:
         raise ValueError(f"{document} has no {END} marker")
     document.write_text(f"{head}{BEGIN}\n{section}\n{END}{tail}")
+
+
+def _supervision_cell(run: dict[str, Any]) -> str:
+    reads, moves = run.get("sweep_reads_per_order"), run.get("marker_moves_per_order")
+    if reads is None:
+        return "-"
+    return f"{reads:g} / {0 if moves is None else moves:g}"
 
 
 def _cpu_cell(run: dict[str, Any]) -> str:
