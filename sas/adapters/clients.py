@@ -127,12 +127,11 @@ class SdkSession(requests.Session):
                 cert=cert,
                 json=json,
             )
+        # As requests merges them: the call's headers over the session's, None removes one.
         merged = CaseInsensitiveDict(self.headers)
-        for key, value in (headers or {}).items():
-            if value is None:
-                merged.pop(key, None)
-            else:
-                merged[key] = value
+        merged.update(headers or {})
+        for key in [key for key, value in merged.items() if value is None]:
+            del merged[key]
         prepared = requests.PreparedRequest()
         prepared.prepare(method=method.upper(), url=url, headers=merged, data=data or {})
         stream = self.stream if stream is None else stream
@@ -144,7 +143,7 @@ class SdkSession(requests.Session):
             timeout=timeout,
             verify=True if verify is None else verify,
             cert=self.cert if cert is None else cert,
-            proxies=dict(proxies or {}),
+            proxies={scheme: url for scheme, url in (proxies or {}).items() if url is not None},
         )
         response.elapsed = timedelta(seconds=time.perf_counter() - start)
         if not stream:

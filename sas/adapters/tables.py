@@ -61,6 +61,7 @@ log = logging.getLogger(__name__)
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
+_GONE_RETRIES = 3  # a batch of marker moves sent again without a marker that went
 _SLACK = timedelta(seconds=1)
 
 
@@ -224,7 +225,9 @@ class TableStateStore:
     def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
         """In transactions of up to 100, each a merge of ``DueAt`` alone (``TouchedAt`` stays)
         with ``If-Match: *``: a marker that is gone fails its transaction, which is sent again
-        without it (the service names the failed operation)."""
+        without it (the service names the failed operation), a few times at most: moves are
+        an optimisation, and an error that names no operation must not cost a request per
+        move."""
         moved = 0
         for start in range(0, len(moves), _MAX_BATCH):
             operations: list[Any] = [
@@ -235,13 +238,16 @@ class TableStateStore:
                 )
                 for order_id, due_at in moves[start : start + _MAX_BATCH]
             ]
-            while operations:
+            for retry in range(_GONE_RETRIES + 1):
                 try:
                     self._live.submit_transaction(operations)
                 except TableTransactionError as exc:
-                    if exc.status_code != 404 or not 0 <= exc.index < len(operations):
+                    gone = exc.status_code == 404 and 0 <= exc.index < len(operations)
+                    if not gone or retry == _GONE_RETRIES:
                         raise
                     del operations[exc.index]  # dropped since: it stays dropped
+                    if not operations:
+                        break
                     continue
                 moved += len(operations)
                 break

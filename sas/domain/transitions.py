@@ -48,9 +48,10 @@ class RetryPolicy:
     (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""
     reply_hold_max: timedelta = timedelta(minutes=5)
     """Past ``reply_hold``, the step stays held only while the replies lane drains (its oldest
-    waiting message is newer than ``reply_recheck`` ago and still from before the deadline),
-    and never longer than this past the deadline. A backlog that outlasts the hold is still
-    being worked through; a lane that stops moving ends the hold at once."""
+    waiting message is newer than at some sweep of the last ``reply_hold``, and still from
+    before the deadline), and never longer than this past the deadline. A backlog that
+    outlasts the hold is still being worked through; a lane that has not moved for a whole
+    ``reply_hold`` ends the hold."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:

@@ -77,7 +77,9 @@ class Supervisor:
         now = self._clock.now()
         self._adopt_legacy(now)
         due = self._store.list_due(now)
-        replies = _OldestReplies(self._transport, self._routes, self._reply_heads, now)
+        replies = _OldestReplies(
+            self._transport, self._routes, self._reply_heads, self._clock, started=now
+        )
         rearms = _Rearms(self._store)
         report: Counter[str] = Counter()
 
@@ -182,7 +184,7 @@ class Supervisor:
         if now < ends:
             return ends
         # A backlog longer than the hold: wait on while it is being worked through.
-        if replies.draining(state.priority, since=now - policy.reply_recheck):
+        if replies.draining(state.priority, window=policy.reply_hold):
             return deadline + policy.reply_hold_max
         return None
 
@@ -300,11 +302,10 @@ class _LaneHeads:
             while seen and seen[0][0] < at - self._keep:
                 seen.popleft()
 
-    def as_of(self, queue: str, moment: datetime) -> tuple[bool, datetime | None]:
-        """(seen, oldest): the latest sighting no later than ``moment``."""
+    def between(self, queue: str, start: datetime, end: datetime) -> list[datetime | None]:
+        """The oldest waiting message of each sighting from ``start`` up to (not at) ``end``."""
         with self._lock:
-            earlier = [oldest for at, oldest in self._seen.get(queue, ()) if at <= moment]
-        return (True, earlier[-1]) if earlier else (False, None)
+            return [oldest for at, oldest in self._seen.get(queue, ()) if start <= at < end]
 
 
 class _OldestReplies:
@@ -312,12 +313,20 @@ class _OldestReplies:
     only if a running step of that priority has expired (a quiet sweep costs nothing)."""
 
     def __init__(
-        self, transport: Transport, routes: Routes, heads: _LaneHeads, now: datetime
+        self,
+        transport: Transport,
+        routes: Routes,
+        heads: _LaneHeads,
+        clock: Clock,
+        *,
+        started: datetime,
     ) -> None:
+        """``started``: when the sweep began (its own sightings are never compared with)."""
         self._transport = transport
         self._routes = routes
         self._heads = heads
-        self._now = now
+        self._clock = clock
+        self._started = started
         self._lock = threading.Lock()
         self._known: dict[str, datetime | None] = {}
 
@@ -331,15 +340,19 @@ class _OldestReplies:
                     log.warning("sas.replies_peek_failed", exc_info=True)
                     self._known[queue] = None
                 else:
-                    self._heads.add(queue, self._now, self._known[queue])
+                    self._heads.add(queue, self._clock.now(), self._known[queue])
             return self._known[queue]
 
-    def draining(self, priority: Priority, *, since: datetime) -> bool:
-        """Whether the lane's oldest waiting message is newer now than it was at ``since`` (a
-        lane not yet watched that long counts as draining until it has been)."""
+    def draining(self, priority: Priority, *, window: timedelta) -> bool:
+        """Whether the lane's oldest waiting message is newer now than at some earlier sweep
+        within ``window`` (a lane not watched in that window yet counts as draining until it
+        has been). A window, not the last sweep alone: a host takes messages in batches, which
+        it hides while it works on them, so the front of the lane moves in steps."""
         current = self.get(priority)
         queue = self._routes.lane(self._routes.replies, priority)
-        seen, before = self._heads.as_of(queue, since)
-        if not seen:
+        before = self._heads.between(queue, self._started - window, self._started)
+        if not before:
             return True
-        return current is not None and before is not None and current > before
+        return current is not None and any(
+            earlier is not None and current > earlier for earlier in before
+        )

@@ -160,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             live=100,
             finished=finished,
             more_live=None if quick else 1_000,
+            settle=not quick,
             log=progress,
             started=started,
         )

@@ -146,6 +146,31 @@ def test_a_backlog_that_outlasts_the_hold_keeps_the_step_held_while_it_drains(wo
 
 
 def test_past_the_hold_a_lane_that_stops_moving_ends_the_hold(world):
+    """A lane counts as moving if its front moved within the last ``reply_hold`` (a host takes
+    replies in batches, so the front moves in steps); one that has not moved for that long
+    ends the hold."""
+    oid = order(world)
+    world.deliver("agent-inventory")
+    (reply,) = world.bus.queues["replies"]
+    older = [
+        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=60 - n))
+        for n in range(20)
+    ]
+    world.bus.queues["replies"][:0] = older
+    world.clock.advance(BUDGET + 1)
+    policy = world.policy
+    recheck = policy.reply_recheck.total_seconds()
+    while world.clock.now() < world.state(oid).complete_by + policy.reply_hold:
+        assert world.tick(recheck)["held_for_reply"] == 1
+        del world.bus.queues["replies"][:1]
+    stopped = world.clock.now()  # the front moved last just before this
+    while world.clock.now() + policy.reply_recheck <= stopped + policy.reply_hold:
+        assert world.tick(recheck)["held_for_reply"] == 1  # a pause shorter than the window
+    assert world.tick(recheck)["retry"] == 1  # not moved for a whole reply_hold: expired
+
+
+def test_a_long_sweep_still_compares_the_lane_with_earlier_sweeps(world, monkeypatch):
+    """A sweep that takes seconds (a burst) must not compare the lane with its own peek."""
     oid = order(world)
     world.deliver("agent-inventory")
     (reply,) = world.bus.queues["replies"]
@@ -159,8 +184,15 @@ def test_past_the_hold_a_lane_that_stops_moving_ends_the_hold(world):
     while world.clock.now() < world.state(oid).complete_by + world.policy.reply_hold:
         assert world.tick(recheck)["held_for_reply"] == 1
         del world.bus.queues["replies"][:1]
-    assert world.tick(recheck)["held_for_reply"] == 1  # still draining
-    assert world.tick(recheck)["retry"] == 1  # nothing taken since the last look: expired
+    peek = world.bus.oldest_waiting
+
+    def slow_peek(queue: str) -> Any:
+        oldest = peek(queue)
+        world.clock.advance(2 * recheck)  # the sweep got here seconds after it began
+        return oldest
+
+    monkeypatch.setattr(world.bus, "oldest_waiting", slow_peek)
+    assert world.tick(recheck)["held_for_reply"] == 1
 
 
 def test_a_parallel_sweep_examines_every_due_order_once(world):

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableTransactionError
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
@@ -263,3 +264,14 @@ def test_advancing_markers_moves_only_those_that_exist(table):
     assert {m.due_at for m in live.values()} == {later}
     assert {m.touched_at for m in live.values()} == {NOW}
     assert store.advance_live([]) == 0
+
+
+def test_advancing_markers_gives_up_after_a_few_that_went(table):
+    store = store_on(table)
+    for order_id in ("a", "c"):
+        store.touch_live(order_id, NOW, NOW)
+    later = NOW + timedelta(seconds=15)
+    gone = [(f"gone-{n}", later) for n in range(4)]
+    with pytest.raises(TableTransactionError):  # the caller logs it; the sweep reads instead
+        store.advance_live([("a", later), *gone, ("c", later)])
+    assert store.advance_live([("a", later), *gone[:3], ("c", later)]) == 2

@@ -109,6 +109,23 @@ def test_a_finished_order_cancels_its_waiting_move(world):
     assert [sorted(dict(call)) for call in index.calls] == [["o0"], ["o2"]]
 
 
+def test_a_state_with_a_far_deadline_moves_the_marker_only_a_shortest_budget_on(world):
+    """Compensation starts with a pickup deadline (a minute): the marker moves no further
+    than the write time plus the shortest budget, the earliest deadline a claim can set."""
+    store, transport, clock, index, scheduler, submission = world
+    submission.submit(submitted())
+    clock.advance(1)
+    scheduler.on_reply(ok(last_request(transport)))  # long before the marker is due: no move
+    clock.advance(BUDGET - 3)  # the marker (the first deadline) is due in 2 s
+    refused = ok(last_request(transport)).model_copy(
+        update={"outcome": "error", "result": {}, "error": "HTTP 422 refused"}
+    )
+    scheduler.on_reply(refused)
+    state = store.get_state("o1").value
+    assert state.mode == "undo" and state.complete_by - clock.now() > timedelta(seconds=BUDGET)
+    assert index.calls == [[("o1", clock.now() + ORDER_WORKFLOW.shortest_budget)]]
+
+
 def test_a_failed_move_never_fails_the_reply(world, caplog):
     store, transport, clock, index, scheduler, submission = world
     index.fail = True

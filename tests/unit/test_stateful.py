@@ -588,12 +588,11 @@ class SasMachine(RuleBasedStateMachine):
             # lands) may set a marker past the deadline.
             marker, latest = indexed[order_id], state.complete_by
             if state.is_running:
-                policy = self.policy
-                held = self.clock.now() + policy.reply_recheck
-                latest = max(latest + policy.clock_skew, held)
-                assert (
-                    marker.due_at <= state.complete_by + policy.clock_skew + policy.reply_hold_max
-                )
+                policy, now = self.policy, self.clock.now()
+                latest = state.complete_by + policy.clock_skew
+                assert marker.due_at <= latest + policy.reply_hold_max, (marker, state)
+                if latest <= now:  # past its deadline: a hold looks again a recheck later
+                    latest = now + policy.reply_recheck
             assert marker.due_at <= latest, (marker, state)
         else:
             assert state.complete_by is None and state.finished_at is not None, state
