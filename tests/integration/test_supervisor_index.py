@@ -121,17 +121,33 @@ def test_the_hold_for_a_reply_is_bounded(world):
     assert "reply_dropped" in world.history(oid)
 
 
+def replied_behind_a_backlog(world, older: int, spread_seconds: float) -> str:
+    """An order whose first step replied in time; the reply waits in the replies queue behind
+    ``older`` replies enqueued before it (the oldest ``spread_seconds`` earlier)."""
+    oid = order(world)
+    world.deliver("agent-inventory")
+    (reply,) = world.bus.queues["replies"]
+    world.bus.queues["replies"][:0] = [
+        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=spread_seconds - n))
+        for n in range(older)
+    ]
+    return oid
+
+
+def held_while_draining_through_the_hold(world, oid: str) -> None:
+    """Sweep every recheck past the plain hold while consumers take one older reply each time:
+    the step stays held all along."""
+    world.clock.advance(BUDGET + 1)
+    recheck = world.policy.reply_recheck.total_seconds()
+    while world.clock.now() < world.state(oid).complete_by + world.policy.reply_hold:
+        assert world.tick(recheck)["held_for_reply"] == 1
+        del world.bus.queues["replies"][:1]
+
+
 def test_a_backlog_that_outlasts_the_hold_keeps_the_step_held_while_it_drains(world):
     """Past the hold, a step whose reply may still be queued stays held as long as the
     replies lane is being worked through, never past ``reply_hold_max``."""
-    oid = order(world)
-    world.deliver("agent-inventory")  # the reply is queued behind older replies
-    (reply,) = world.bus.queues["replies"]
-    backlog = [
-        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=600 - n))
-        for n in range(200)
-    ]
-    world.bus.queues["replies"][:0] = backlog
+    oid = replied_behind_a_backlog(world, older=200, spread_seconds=600)
     policy, deadline = world.policy, world.state(oid).complete_by
     world.clock.advance(BUDGET + 1)
     recheck = policy.reply_recheck.total_seconds()
@@ -149,20 +165,10 @@ def test_past_the_hold_a_lane_that_stops_moving_ends_the_hold(world):
     """A lane counts as moving if its front moved within the last ``reply_hold`` (a host takes
     replies in batches, so the front moves in steps); one that has not moved for that long
     ends the hold."""
-    oid = order(world)
-    world.deliver("agent-inventory")
-    (reply,) = world.bus.queues["replies"]
-    older = [
-        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=60 - n))
-        for n in range(20)
-    ]
-    world.bus.queues["replies"][:0] = older
-    world.clock.advance(BUDGET + 1)
+    oid = replied_behind_a_backlog(world, older=20, spread_seconds=60)
+    held_while_draining_through_the_hold(world, oid)
     policy = world.policy
     recheck = policy.reply_recheck.total_seconds()
-    while world.clock.now() < world.state(oid).complete_by + policy.reply_hold:
-        assert world.tick(recheck)["held_for_reply"] == 1
-        del world.bus.queues["replies"][:1]
     stopped = world.clock.now()  # the front moved last just before this
     while world.clock.now() + policy.reply_recheck <= stopped + policy.reply_hold:
         assert world.tick(recheck)["held_for_reply"] == 1  # a pause shorter than the window
@@ -171,19 +177,9 @@ def test_past_the_hold_a_lane_that_stops_moving_ends_the_hold(world):
 
 def test_a_long_sweep_still_compares_the_lane_with_earlier_sweeps(world, monkeypatch):
     """A sweep that takes seconds (a burst) must not compare the lane with its own peek."""
-    oid = order(world)
-    world.deliver("agent-inventory")
-    (reply,) = world.bus.queues["replies"]
-    older = [
-        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=60 - n))
-        for n in range(20)
-    ]
-    world.bus.queues["replies"][:0] = older
-    world.clock.advance(BUDGET + 1)
+    oid = replied_behind_a_backlog(world, older=20, spread_seconds=60)
+    held_while_draining_through_the_hold(world, oid)
     recheck = world.policy.reply_recheck.total_seconds()
-    while world.clock.now() < world.state(oid).complete_by + world.policy.reply_hold:
-        assert world.tick(recheck)["held_for_reply"] == 1
-        del world.bus.queues["replies"][:1]
     peek = world.bus.oldest_waiting
 
     def slow_peek(queue: str) -> Any:
