@@ -143,7 +143,7 @@ class SdkSession(requests.Session):
             timeout=timeout,
             verify=True if verify is None else verify,
             cert=self.cert if cert is None else cert,
-            proxies={scheme: url for scheme, url in (proxies or {}).items() if url is not None},
+            proxies={scheme: to for scheme, to in (proxies or {}).items() if to is not None},
         )
         response.elapsed = timedelta(seconds=time.perf_counter() - start)
         if not stream:

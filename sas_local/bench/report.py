@@ -252,7 +252,7 @@ def _supervision_cell(run: dict[str, Any]) -> str:
     reads, moves = run.get("sweep_reads_per_order"), run.get("marker_moves_per_order")
     if reads is None:
         return "-"
-    return f"{reads:g} / {0 if moves is None else moves:g}"
+    return f"{reads:g} / {moves:g}"  # both counted, or neither
 
 
 def _cpu_cell(run: dict[str, Any]) -> str:

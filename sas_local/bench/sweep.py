@@ -47,10 +47,9 @@ def _settle(timeout: float = 120.0) -> None:
         time.sleep(0.05)
 
 
-_SETTLE = [True]
-
-
-def _timed_sweeps(make_due: Callable[[], None] | None = None, runs: int = 3) -> float:
+def _timed_sweeps(
+    make_due: Callable[[], None] | None = None, *, settle: bool, runs: int = 3
+) -> float:
     """Median seconds of one sweep; ``make_due``: run before each (untimed), so every
     in-flight marker is due (the sweep re-arms what it finds healthy). Timed once Azurite has
     settled after the last writes (see ``_settle``; not in the quick run)."""
@@ -59,7 +58,7 @@ def _timed_sweeps(make_due: Callable[[], None] | None = None, runs: int = 3) -> 
     for run in range(runs):
         if make_due is not None:
             make_due()
-        if _SETTLE[0] and (make_due is not None or run == 0):
+        if settle and (make_due is not None or run == 0):
             _settle()
         started = time.perf_counter()
         report = supervisor.sweep()
@@ -123,7 +122,6 @@ def measure(
     """Each sweep twice: as a tick mostly finds the index (no marker due: one query), and with
     every in-flight marker due (a read and a re-arm each: the most a sweep does without
     recovering anything)."""
-    _SETTLE[0] = settle
     os.environ.update(app_env(connection_string, "http://127.0.0.1:9"))
     bootstrap.reset()
     from sas_local.provision import provision
@@ -131,10 +129,10 @@ def measure(
     provision(settings_module.load(dict(os.environ)))
     _LIVE_IDS.clear()
     _write(live, "live", finished=False)
-    alone, alone_due = _timed_sweeps(), _timed_sweeps(_all_due)
+    alone, alone_due = _timed_sweeps(settle=settle), _timed_sweeps(_all_due, settle=settle)
     log(f"sweep: {live} in flight alone {alone}s ({alone_due}s all due)", started)
     _write(finished, "done", finished=True)
-    beside, beside_due = _timed_sweeps(), _timed_sweeps(_all_due)
+    beside, beside_due = _timed_sweeps(settle=settle), _timed_sweeps(_all_due, settle=settle)
     result: dict[str, Any] = {
         "live": live,
         "finished": finished,
@@ -148,8 +146,8 @@ def measure(
     }
     if more_live:
         _write(more_live - live, "more", finished=False)
-        result[f"sweep_s_{more_live}_live"] = _timed_sweeps()
-        result[f"sweep_s_{more_live}_live_all_due"] = _timed_sweeps(_all_due)
+        result[f"sweep_s_{more_live}_live"] = _timed_sweeps(settle=settle)
+        result[f"sweep_s_{more_live}_live_all_due"] = _timed_sweeps(_all_due, settle=settle)
     return result
 
 
