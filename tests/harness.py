@@ -32,6 +32,8 @@ from sas.services.submission import Submission
 from sas.services.supervisor import Supervisor
 from tests.fakes import FakeClock
 
+NO_HOST = timedelta(0)
+"""``RetryPolicy.reply_in_flight`` where replies go straight from the bus to the Scheduler."""
 BUDGET = ORDER_WORKFLOW.steps[0].budget.total_seconds()
 """A step's complete-by budget in the order workflow, in seconds."""
 
@@ -184,7 +186,11 @@ class World:
         self.bus = Bus(self.clock)
         self.store = store_on(table)
         self.remote = remote(self.clock) if remote is not None else LedgerRemote(self.clock)
-        self.policy = RetryPolicy(max_failures=max_failures, base_backoff=timedelta(seconds=2))
+        # This bus hands a reply to the Scheduler as it is taken: no host holds one in flight
+        # (tests/integration/test_supervisor_index.py covers the hold for one that is).
+        self.policy = RetryPolicy(
+            max_failures=max_failures, base_backoff=timedelta(seconds=2), reply_in_flight=NO_HOST
+        )
         self.submission = Submission(self.store, self.bus, routes, self.clock, router=self.router)
         self.scheduler = self.new_scheduler("scheduler-1")
         self.supervisor = self.new_supervisor("supervisor-1")

@@ -198,28 +198,37 @@ class TableStateStore:
         return [_marker_from(e) for e in entities]
 
     def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
-        """In transactions of up to 100 (one partition); a transaction that fails because one
-        marker changed is retried marker by marker, so the others still move."""
+        """In transactions of up to 100 (one partition). A marker that changed (or went) since
+        read fails its transaction, which is sent again without it (the service names the
+        failed operation), so the others still move: one more transaction per changed marker,
+        where moving each alone cost one per marker. An index the chunk does not have moves
+        them one by one."""
         moved = 0
         for start in range(0, len(rearms), _MAX_BATCH):
-            chunk = rearms[start : start + _MAX_BATCH]
-            operations: list[Any] = [
-                (
-                    "update",
-                    _marker_entity(marker.order_id, marker.touched_at, due_at),
-                    _if_unchanged(marker.etag),
-                )
-                for marker, due_at in chunk
-            ]
-            try:
-                self._live.submit_transaction(operations)
-            except TableTransactionError as exc:
-                if exc.status_code not in (404, 412):
-                    raise
-                if len(chunk) > 1:  # one marker changed (or went): move the others one by one
-                    moved += sum(self.rearm_live([one]) for one in chunk)
-                continue
-            moved += len(chunk)
+            chunk = list(rearms[start : start + _MAX_BATCH])
+            while chunk:
+                try:
+                    self._live.submit_transaction(
+                        [
+                            (
+                                "update",
+                                _marker_entity(marker.order_id, marker.touched_at, due_at),
+                                _if_unchanged(marker.etag),
+                            )
+                            for marker, due_at in chunk
+                        ]
+                    )
+                except TableTransactionError as exc:
+                    if exc.status_code not in (404, 412):
+                        raise
+                    if 0 <= exc.index < len(chunk):
+                        del chunk[exc.index]  # touched or dropped since: its new owner decides
+                        continue
+                    if len(chunk) > 1:
+                        moved += sum(self.rearm_live([one]) for one in chunk)
+                    break
+                moved += len(chunk)
+                break
         return moved
 
     def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:

@@ -43,6 +43,11 @@ class RetryPolicy:
     """How long past its deadline a running step is not expired while a reply enqueued by the
     deadline still waits in the replies queue (it may be this step's: expiring would run a
     finished step again). Only a backlog of replies delays recovery, by at most this."""
+    reply_in_flight: timedelta = timedelta(seconds=5)
+    """How long past its deadline a running step is not expired even when no reply enqueued by
+    the deadline still waits: a host hides the messages it has taken while it works on them,
+    and a reply taken just before the deadline may still be on its way to a Scheduler (a
+    batch of replies behind a busy thread pool). Recovery comes at most this much later."""
     reply_recheck: timedelta = timedelta(seconds=5)
     """While it holds a step for a queued reply, the Supervisor looks at it again this often
     (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""
@@ -60,6 +65,8 @@ class RetryPolicy:
             raise ValueError("clock_skew must not be negative")
         if self.reply_hold < timedelta(0):
             raise ValueError("reply_hold must not be negative")
+        if not timedelta(0) <= self.reply_in_flight <= self.reply_hold:
+            raise ValueError("reply_in_flight must be between 0 and reply_hold")
         if self.reply_hold_max < self.reply_hold:
             raise ValueError("reply_hold_max must not be shorter than reply_hold")
 

@@ -211,6 +211,7 @@ class AgentRunner:
             result=_usable_result(result or {}, extra),
             error=None if error is None else _printable(error),
             endpoint=None if endpoint is None else endpoint.name,
+            carried_state=request.carried_state,
         )
         self._transport.send(
             self._routes.lane(self._routes.replies, request.priority),

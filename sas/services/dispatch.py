@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from sas.domain.carried import carry
 from sas.domain.clock import Clock
 from sas.domain.endpoints import DeferralPolicy
 from sas.domain.errors import IllegalTransition
@@ -103,9 +104,10 @@ class Dispatcher:
             endpoint=state.endpoint,
         )
 
-    def dispatch(self, state: OrderState, workflow: Workflow) -> None:
+    def dispatch(self, state: OrderState, workflow: Workflow, etag: str | None = None) -> None:
         """Send the StepRequest for the state's current attempt (already persisted), and
-        nothing else (``announce`` tells the submitter).
+        nothing else (``announce`` tells the submitter). ``etag``: what the write of ``state``
+        returned; the request then carries both (sas/domain/carried.py).
 
         Reads nothing on a forward step: the state carries the order's details. An undo
         reads the completed step's record (what the undo needs); a state written before
@@ -143,6 +145,7 @@ class Dispatcher:
             payload=payload,
             priority=state.priority,
             endpoint=state.endpoint,
+            carried_state=None if etag is None else carry(state, etag),
         )
         self._transport.send(
             self._routes.agent(step.agent, state.priority),

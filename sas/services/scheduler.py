@@ -13,6 +13,7 @@ from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
 
+from sas.domain.carried import carried_state
 from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import Message, ScheduleRequest, StatusKind, StepReply, encode
@@ -138,7 +139,7 @@ class Scheduler:
             self._moves.after_write(current.value, claimed, now)
             return ScheduleOutcome.DEFERRED
         log.info("sas.step_claimed", extra={**extra, **_step_extra(claimed, workflow)})
-        self._dispatcher.dispatch(claimed, workflow)
+        self._dispatcher.dispatch(claimed, workflow, etag)
         self._dispatcher.announce(claimed, workflow)
         self._moves.after_write(current.value, claimed, now)  # after the step is on its way
         return ScheduleOutcome.CLAIMED
@@ -157,32 +158,38 @@ class Scheduler:
             return outcome
 
     def _on_reply(self, reply: StepReply) -> ReplyOutcome:
-        # A conflict means the state moved under us (a supervisor, a duplicate reply):
-        # read again and let the fence decide whether this reply still applies.
-        if self._recent.get(reply.order_id) is not None:
+        # Start from the state the reply carries back, else the one this process remembers
+        # writing: either saves a read. A conflict means the state moved under us (a
+        # supervisor, a duplicate reply): read again and let the fence decide whether this
+        # reply still applies.
+        known = carried_state(reply.carried_state, reply.order_id) or self._recent.get(
+            reply.order_id
+        )
+        if known is not None:
             try:
-                return self._apply_reply(reply, remembered=True)
-            except ConcurrencyConflict:  # moved (or purged) since this process wrote it
+                return self._apply_reply(reply, known)
+            except ConcurrencyConflict:  # moved (or purged) since it was written
                 self._recent.forget(reply.order_id)
         for _ in range(_REPLY_RETRIES):
             try:
-                return self._apply_reply(reply, remembered=False)
+                return self._apply_reply(reply)
             except ConcurrencyConflict:
                 log.info("sas.reply_conflict_retry", extra={"order_id": reply.order_id})
-        return self._apply_reply(reply, remembered=False)
+        return self._apply_reply(reply)
 
-    def _apply_reply(self, reply: StepReply, *, remembered: bool) -> ReplyOutcome:
-        """``remembered``: may start from the state this process last wrote, if it has it."""
+    def _apply_reply(
+        self, reply: StepReply, known: Versioned[OrderState] | None = None
+    ) -> ReplyOutcome:
+        """``known``: a state written at its ETag, to start from instead of reading (carried
+        back by the reply, or remembered by this process)."""
         extra: dict[str, object] = {
             "order_id": reply.order_id,
             "step": reply.step,
             "attempt": reply.attempt,
             "mode": reply.mode,
         }
-        current = self._recent.get(reply.order_id) if remembered else None
-        if current is None:
-            remembered = False
-            current = self._store.get_state(reply.order_id)
+        remembered = known is not None
+        current = known if known is not None else self._store.get_state(reply.order_id)
         if current is None:
             self._park(self._routes.replies, "reply for an unknown order", reply)
             log.warning("sas.reply_unknown_order", extra=extra)
@@ -197,8 +204,8 @@ class Scheduler:
             mode=reply.mode,
         )
         if verdict is not Fence.CURRENT:
-            if remembered:  # never refused on a remembered state: someone may have moved it
-                return self._apply_reply(reply, remembered=False)
+            if remembered:  # never refused on a known state: someone may have moved it since
+                return self._apply_reply(reply)
             return self._drop_stale(reply, state, verdict, extra)
         now = self._clock.now()
         decision = decide_reply(
@@ -291,7 +298,7 @@ class Scheduler:
                 state, "compensating", state.updated_at, detail=state.last_error
             )
             return ReplyOutcome.COMPENSATING
-        self._dispatcher.dispatch(state, workflow)
+        self._dispatcher.dispatch(state, workflow, etag)
         announce_progress()
         self._dispatcher.announce(state, workflow)
         return ReplyOutcome.ADVANCED

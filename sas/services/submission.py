@@ -163,7 +163,7 @@ class Submission:
             "sas.step_claimed",
             extra={**extra, "step": history[1].step, "attempt": claimed.attempt, "mode": "do"},
         )
-        self._dispatcher.dispatch(claimed, workflow)  # the work first: its deadline runs
+        self._dispatcher.dispatch(claimed, workflow, etag)  # the work first: its deadline runs
         self._then.notify.about(claimed, "received", now)
         self._dispatcher.announce(claimed, workflow)
         return SubmissionOutcome.ACCEPTED

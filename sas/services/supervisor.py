@@ -170,13 +170,15 @@ class Supervisor:
         self, state: OrderState, now: datetime, replies: _OldestReplies
     ) -> datetime | None:
         """When the hold of an expired running step ends, if a reply enqueued by its deadline
-        may still be waiting (None: expire it now)."""
+        may still be waiting or on its way (None: expire it now)."""
         if not state.is_running or state.complete_by is None:
             return None
         policy = self._policy
         deadline = state.complete_by + policy.clock_skew
         if now >= deadline + policy.reply_hold_max:
             return None
+        if now < deadline + policy.reply_in_flight:  # a reply taken may still be on its way
+            return deadline + policy.reply_in_flight
         oldest = replies.get(state.priority)
         if oldest is None or oldest > deadline:
             return None  # every reply sent by the deadline has been taken from the queue

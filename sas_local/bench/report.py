@@ -118,7 +118,8 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 f"step budget {recovered['budget_s']:g} s + the period {recovered['period_s']:g}"
                 f" s + 1 s = {recovered['target_s']:g} s; it is the skew allowance "
                 f"{recovered['clock_skew_s']:g} s + up to one period + the first retry's "
-                "backoff + one hop).",
+                "backoff + one hop, and since the hold for a reply a host has taken, "
+                "`RetryPolicy.reply_in_flight`, 5 s more).",
                 "",
             ]
     sweep = results.get("sweep")

@@ -9,7 +9,8 @@ from dataclasses import replace
 import pytest
 
 from sas.adapters.tables import TableStateStore
-from sas.domain.messages import ScheduleRequest, StepReply, StepRequest
+from sas.domain.carried import carried_state
+from sas.domain.messages import ScheduleRequest, StepReply, StepRequest, decode, encode
 from sas.domain.model import ProcessState
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
 from sas.services.submission import Submission, SubmissionOutcome
@@ -192,3 +193,43 @@ def test_a_late_duplicate_leaves_the_marker_due_by_the_existing_deadline(table):
     assert found is not None and found.value.complete_by is not None
     (marker,) = store.list_live()
     assert marker.due_at <= found.value.complete_by
+
+
+def test_a_reply_taken_by_another_process_starts_from_the_state_it_carries(table):
+    """sas/domain/carried.py on the real store: what a request carries is the row as stored
+    (equal to a read, at the read's ETag), so the other process's write needs no read."""
+    clock, transport = FakeClock(), RecordingTransport()
+    Submission(store_on(table), transport, ROUTES, clock).submit(submitted())
+    reads: list[str] = []
+
+    class CountingStore(TableStateStore):
+        def get_state(self, order_id):
+            reads.append(order_id)
+            return super().get_state(order_id)
+
+    other = Scheduler(CountingStore(table, live_table_of(table)), transport, ROUTES, clock, "s2")
+    for _ in range(3):
+        clock.advance(1)
+        latest = [m.message for m in transport.sent if isinstance(m.message, StepRequest)][-1]
+        request = decode(StepRequest, encode(latest))
+        carried = carried_state(request.carried_state, "o1")
+        stored = store_on(table).get_state("o1")
+        assert carried == stored  # the same state, at the same ETag
+        reply = StepReply(
+            order_id="o1",
+            step=request.step,
+            step_index=request.step_index,
+            attempt=request.attempt,
+            outcome="ok",
+            result={"ref": request.step},
+            carried_state=request.carried_state,
+        )
+        assert other.on_reply(decode(StepReply, encode(reply))) in (
+            ReplyOutcome.ADVANCED,
+            ReplyOutcome.FINISHED,
+        )
+        other._recent.clear()  # the next reply comes to it as to a stranger
+    assert reads == []
+    found = store_on(table).get_state("o1")
+    assert found is not None
+    assert found.value.process_state is ProcessState.PROCESSED

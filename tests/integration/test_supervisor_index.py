@@ -4,6 +4,7 @@ expired while that reply may still be waiting in the replies queue."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 
 from sas.domain.model import ProcessState
 from sas.domain.transitions import RetryPolicy
+from sas.services.scheduler import ReplyOutcome
 from sas.services.supervisor import Supervisor
 from tests.harness import BUDGET, ROUTES, Envelope
 from tests.integration.test_failure_modes import assert_effects_once, order
@@ -200,7 +202,7 @@ def test_a_parallel_sweep_examines_every_due_order_once(world):
         ROUTES,
         world.clock,
         "supervisor-p",
-        RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2)),
+        world.policy,
         parallelism=4,
     )
     world.clock.advance(BUDGET + 1)
@@ -218,3 +220,40 @@ def test_a_held_step_is_looked_at_again_after_the_recheck_not_on_every_sweep(wor
     assert world.tick(1).total() == 0  # a backlog costs one read per held step per recheck
     recheck = world.policy.reply_recheck.total_seconds()
     assert world.tick(recheck)["held_for_reply"] == 1
+
+
+def hosted(world) -> tuple[Supervisor, float]:
+    """A Supervisor with the product's ``reply_in_flight``: its replies come through a host,
+    which hides the ones it has taken while it works on them (the harness's bus hands them
+    over at once)."""
+    policy = replace(world.policy, reply_in_flight=RetryPolicy().reply_in_flight)
+    supervisor = Supervisor(world.store, world.bus, ROUTES, world.clock, "hosted", policy)
+    return supervisor, policy.reply_in_flight.total_seconds()
+
+
+def test_a_reply_a_host_took_by_the_deadline_is_not_run_again(world):
+    oid = order(world)
+    world.deliver("agent-inventory")  # replied in time...
+    (reply,) = world.bus.take("replies")  # ...and taken by a host: no longer in the queue
+    supervisor, in_flight = hosted(world)
+    world.clock.advance(BUDGET + in_flight - 0.5)
+    assert supervisor.sweep()["held_for_reply"] == 1
+    assert world.scheduler.on_reply(reply) is ReplyOutcome.ADVANCED  # it arrives: applied
+    world.clock.advance(1)
+    assert supervisor.sweep()["retry"] == 0
+    world.run()
+    assert "reply_dropped" not in world.history(oid)
+    assert_effects_once(world, oid, *ALL_STEPS)
+    assert len([e for q, e in world.bus.sent if q == "agent-inventory"]) == 1
+
+
+def test_without_a_reply_recovery_comes_reply_in_flight_later(world):
+    oid = order(world)
+    world.drop("agent-inventory")  # the agent died: no reply anywhere
+    supervisor, in_flight = hosted(world)
+    world.clock.advance(BUDGET + in_flight - 0.5)
+    assert supervisor.sweep()["held_for_reply"] == 1
+    assert world.state(oid).process_state is ProcessState.PROCESSING
+    world.clock.advance(0.5)  # the marker was re-armed to the end of the hold
+    assert supervisor.sweep()["retry"] == 1
+    assert world.state(oid).process_state is ProcessState.PENDING

@@ -240,10 +240,28 @@ def test_rearming_many_markers_moves_all_but_one_touched_in_between(table):
         store.touch_live(order_id, NOW, NOW)
     markers = store.list_due(NOW)
     store.touch_live("o007", NOW, NOW)  # e.g. an operator resubmits it meanwhile
+    store.drop_live(next(m for m in markers if m.order_id == "o042"))  # or it finished
     later = NOW + timedelta(seconds=15)
-    assert store.rearm_live([(m, later) for m in markers]) == len(ids) - 1
+    sent = transactions_sent(store)
+    assert store.rearm_live([(m, later) for m in markers]) == len(ids) - 2
+    # the first hundred again without o007, then without o042, then the other thirty
+    assert [len(operations) for operations in sent] == [100, 99, 98, 30]
     assert [m.order_id for m in store.list_due(NOW)] == ["o007"]
-    assert len(store.list_due(later)) == len(ids)
+    assert len(store.list_due(later)) == len(ids) - 1
+
+
+def transactions_sent(store: TableStateStore) -> list[list[object]]:
+    """Records the in-flight index's transactions (each still goes to Azurite)."""
+    sent: list[list[object]] = []
+    live = store._live
+    submit = live.submit_transaction
+
+    def recording(operations, **kwargs):
+        sent.append(list(operations))
+        return submit(operations, **kwargs)
+
+    live.submit_transaction = recording
+    return sent
 
 
 def test_advancing_markers_moves_only_those_that_exist(table):

@@ -156,3 +156,16 @@ def test_a_deadline_far_in_the_future_is_capped_at_the_longest_step_budget():
     remote = ScriptedRemote([TransientRemoteError("503")] * 10_000)
     assert runner(remote, transport, clock).handle(far) is AgentOutcome.GAVE_UP
     assert clock.now() - started <= longest_step_budget()
+
+
+@pytest.mark.parametrize("remote_answer", [{"effect_id": "e1"}, PermanentRemoteError("HTTP 402")])
+def test_the_carried_state_goes_back_in_the_reply_and_never_to_the_remote(remote_answer):
+    clock, transport = FakeClock(), RecordingTransport()
+    remote = ScriptedRemote([remote_answer])
+    carried = {"v": 1, "etag": 'W/"e"', "state": {"order_id": "o1", "secret-ish": "kept"}}
+    asked = request(clock).model_copy(update={"carried_state": carried})
+    runner(remote, transport, clock).handle(asked)
+    (sent,) = transport.sent
+    assert isinstance(sent.message, StepReply)
+    assert sent.message.carried_state == carried
+    assert "secret-ish" not in repr(remote.calls)
