@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -84,6 +85,7 @@ class InMemoryStore:
     """ETag semantics like Table Storage: every write gets a new ETag; stale ones fail."""
 
     def __init__(self) -> None:
+        self._key = os.urandom(32)
         self._etags = (f"W/{n}" for n in itertools.count(1))
         self._parked_ids = itertools.count(1)
         self.orders: dict[str, OrderRecord] = {}
@@ -92,6 +94,9 @@ class InMemoryStore:
         self.parked: dict[str, dict[str, Any]] = {}
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
+
+    def carry_key(self) -> bytes:
+        return self._key
 
     def create_order(
         self,

@@ -8,9 +8,13 @@ Azurite versions ignored If-Match inside batches, so a test pins that the pinned
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import json
 import logging
+import secrets
+import threading
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -18,6 +22,7 @@ from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
+    ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
 )
@@ -34,8 +39,10 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.wire import (
+    CARRIED_STATE_KEY_ROW,
     DEFAULT_PRIORITY,
     HISTORY_ROW_PREFIX,
+    KEYS_PARTITION,
     LIVE_PARTITION,
     ORDER_ROW,
     PRIORITIES,
@@ -63,12 +70,15 @@ _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
 _GONE_RETRIES = 3  # a batch of marker moves sent again without a marker that went
 _SLACK = timedelta(seconds=1)
+_KEY_BYTES = 32
 
 
 class TableStateStore:
     def __init__(self, table: TableClient, live_table: TableClient) -> None:
         self._table = table
         self._live = live_table
+        self._key_lock = threading.Lock()
+        self._key: bytes | None = None
 
     @classmethod
     def connect(cls, connection: Connection, table_name: str) -> TableStateStore:
@@ -79,6 +89,41 @@ class TableStateStore:
             table_client(connection, table_name),
             table_client(connection, live_table_name(table_name)),
         )
+
+    def carry_key(self) -> bytes:
+        """The key that signs carried states (sas/domain/carried.py), read once per process.
+        The first instance that finds none inserts a random one; an instance that loses that
+        race reads the winner's. Only what can read this table can sign."""
+        with self._key_lock:
+            if self._key is None:
+                self._key = self._read_or_make_key()
+            return self._key
+
+    def _read_or_make_key(self) -> bytes:
+        for _ in range(2):
+            try:
+                entity = self._table.get_entity(KEYS_PARTITION, CARRIED_STATE_KEY_ROW)
+            except ResourceNotFoundError:
+                key = secrets.token_bytes(_KEY_BYTES)
+                made = {
+                    "PartitionKey": KEYS_PARTITION,
+                    "RowKey": CARRIED_STATE_KEY_ROW,
+                    "Key": base64.b64encode(key).decode("ascii"),
+                }
+                try:
+                    self._table.create_entity(made)
+                except ResourceExistsError:
+                    continue  # another instance made it first: read theirs
+                log.info("sas.carry_key_made")
+                return key
+            try:
+                key = base64.b64decode(entity["Key"], validate=True)
+            except (KeyError, TypeError, binascii.Error):
+                key = b""
+            if len(key) < _KEY_BYTES:
+                raise ValueError(f"{KEYS_PARTITION}/{CARRIED_STATE_KEY_ROW} holds no usable key")
+            return key
+        raise ConcurrencyConflict("the carried-state key was made and went again")
 
     # --- orders and state -------------------------------------------------------------
 
@@ -201,8 +246,8 @@ class TableStateStore:
         """In transactions of up to 100 (one partition). A marker that changed (or went) since
         read fails its transaction, which is sent again without it (the service names the
         failed operation), so the others still move: one more transaction per changed marker,
-        where moving each alone cost one per marker. An index the chunk does not have moves
-        them one by one."""
+        where moving each alone cost one per marker. A failure that names no operation of the
+        chunk moves them one by one."""
         moved = 0
         for start in range(0, len(rearms), _MAX_BATCH):
             chunk = list(rearms[start : start + _MAX_BATCH])
@@ -221,8 +266,9 @@ class TableStateStore:
                 except TableTransactionError as exc:
                     if exc.status_code not in (404, 412):
                         raise
-                    if 0 <= exc.index < len(chunk):
-                        del chunk[exc.index]  # touched or dropped since: its new owner decides
+                    index = _named_index(exc)
+                    if index is not None and index < len(chunk):
+                        del chunk[index]  # touched or dropped since: its new owner decides
                         continue
                     if len(chunk) > 1:
                         moved += sum(self.rearm_live([one]) for one in chunk)
@@ -251,10 +297,11 @@ class TableStateStore:
                 try:
                     self._live.submit_transaction(operations)
                 except TableTransactionError as exc:
-                    gone = exc.status_code == 404 and 0 <= exc.index < len(operations)
-                    if not gone or retry == _GONE_RETRIES:
+                    index = _named_index(exc)
+                    gone = exc.status_code == 404 and index is not None and index < len(operations)
+                    if not gone or retry == _GONE_RETRIES or index is None:
                         raise
-                    del operations[exc.index]  # dropped since: it stays dropped
+                    del operations[index]  # dropped since: it stays dropped
                     if not operations:
                         break
                     continue
@@ -557,6 +604,13 @@ def _order_from(entity: Mapping[str, Any]) -> OrderRecord:
         reply_to=entity.get("ReplyTo"),
         priority=_priority(entity.get("Priority")),
     )
+
+
+def _named_index(error: TableTransactionError) -> int | None:
+    """The operation a failed transaction names (its message starts ``<index>:``). The SDK's
+    ``index`` is 0 also when the service names none, which would blame the first operation."""
+    head, colon, _ = (error.message or "").partition(":")
+    return int(head) if colon and head.strip().isdigit() else None
 
 
 def _state_entity(state: OrderState) -> dict[str, Any]:

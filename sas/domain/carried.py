@@ -11,13 +11,20 @@ succeeds only if the row is still exactly the state carried; otherwise it reads 
 again, and a fence that does not let the reply through on a carried state is decided again on
 a read.
 
-Untrusted like the rest of a message: a carried state that does not decode, is not of the
-reply's order or is larger than :data:`MAX_CARRIED_BYTES` is ignored (the Scheduler reads), and
-never makes the reply invalid.
+Signed, because the ETag alone proves nothing about the state beside it: anyone who can read
+an agent's queue sees the current ETag, and could otherwise send a reply whose carried state
+rewrites the order (skips its steps, changes its details or ``reply_to``) under that ETag.
+The signature is an HMAC-SHA256 under a key the app makes for itself and keeps in its own
+table (``StateStore.carry_key``): a writer of the queues who cannot write the table cannot
+sign, and a writer of the table needs no forged reply. A carried state whose signature does
+not verify, that does not decode, is another order's or names an unknown workflow is ignored
+(the Scheduler reads), and never makes the reply invalid.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 from dataclasses import fields, replace
 from datetime import UTC, datetime
@@ -27,14 +34,16 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from sas.domain.model import OrderState, Versioned
+from sas.domain.workflow import workflow_named
 
 VERSION = 1
 """Of the carried form; a reply with another is read instead (a rolling upgrade may change it)."""
 
-MAX_CARRIED_BYTES = 16 * 1024
-"""As compact JSON. The largest valid order's state is about 11 KiB (100 lines, all at their
-longest: tests/unit/test_carried.py), so every state is carried; a request then stays well
-under the message limit (``messages.MAX_MESSAGE_BYTES``) with its payload beside it."""
+MAX_CARRIED_BYTES = 20 * 1024
+"""As compact JSON. The largest valid order's state, every text at its longest in 4-byte
+characters, is under 15 KiB signed (tests/unit/test_carried.py), so every state is carried; a
+request then stays under the message limit (``messages.MAX_MESSAGE_BYTES``) with its payload
+and an undo's original result beside it."""
 
 
 @cache
@@ -42,29 +51,59 @@ def _states() -> TypeAdapter[OrderState]:
     return TypeAdapter(OrderState)
 
 
-def carry(state: OrderState, etag: str) -> dict[str, Any] | None:
-    """What a step request carries for ``state`` as written at ``etag`` (None: too large)."""
-    written = _states().dump_python(state, mode="json", exclude_defaults=True)
-    carried = {"v": VERSION, "etag": etag, "state": written}
+def carry(state: OrderState, etag: str, key: bytes) -> dict[str, Any] | None:
+    """What a step request carries for ``state`` as written at ``etag``, signed with ``key``
+    (None: too large)."""
+    in_utc = _in_utc(state)
+    if in_utc is None:
+        return None
+    signed = {
+        "v": VERSION,
+        "etag": etag,
+        "state": _states().dump_python(in_utc, mode="json", exclude_defaults=True),
+    }
+    signature = _signature(signed, key)
+    if signature is None:
+        return None
+    carried = {**signed, "sig": signature}
     return carried if size_of(carried) <= MAX_CARRIED_BYTES else None
 
 
-def carried_state(carried: dict[str, Any] | None, order_id: str) -> Versioned[OrderState] | None:
+def carried_state(
+    carried: dict[str, Any] | None, order_id: str, key: bytes
+) -> Versioned[OrderState] | None:
     """The state and ETag a reply carries back for ``order_id``; None if there is none it can
-    start from (absent, another version or order, or not a state)."""
+    start from (absent, not signed with ``key``, another version or order, not a state)."""
     if not carried or carried.get("v") != VERSION:
         return None
-    etag = carried.get("etag")
-    if not isinstance(etag, str) or not etag:
+    signature, etag = carried.get("sig"), carried.get("etag")
+    if not isinstance(signature, str) or not isinstance(etag, str) or not etag:
+        return None
+    signed = {name: carried.get(name) for name in ("v", "etag", "state")}
+    expected = _signature(signed, key)
+    if expected is None or not hmac.compare_digest(signature, expected):
         return None
     try:
         state = _states().validate_python(carried.get("state"))
-    except (ValidationError, TypeError, ValueError):
+        workflow_named(state.workflow)
+    except (ValidationError, TypeError, ValueError, KeyError):
         return None
     if state.order_id != order_id:
         return None
     in_utc = _in_utc(state)
     return None if in_utc is None else Versioned(in_utc, etag)
+
+
+def _signature(signed: dict[str, Any], key: bytes) -> str | None:
+    """Over the canonical JSON of what is signed (a queue may reorder nothing, but a decoder
+    need not keep the key order either)."""
+    try:
+        text = json.dumps(
+            signed, sort_keys=True, separators=(",", ":"), allow_nan=False, ensure_ascii=False
+        )
+    except (TypeError, ValueError):
+        return None
+    return hmac.new(key, text.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()
 
 
 def size_of(carried: dict[str, Any]) -> int:

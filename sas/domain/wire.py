@@ -241,6 +241,10 @@ REJECTED_PARTITION = "~rejected"
 """Messages parked as unprocessable, RowKey = time + random tail."""
 BREAKER_PARTITION = "~breaker"
 """Circuit breakers, RowKey = the agent's name."""
+KEYS_PARTITION = "~keys"
+"""Keys the app makes for itself, RowKey = what the key is for."""
+CARRIED_STATE_KEY_ROW = "carried-state"
+"""The key that signs the state a step request carries (sas/domain/carried.py)."""
 
 
 def load_row_key(target: str, instance_id: str) -> str:

@@ -3,8 +3,10 @@ claims the first step itself) and the Scheduler (every later claim)."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sas.domain.carried import carry
 from sas.domain.clock import Clock
@@ -20,6 +22,8 @@ from sas.services.consequences import Notifier
 from sas.services.ports import StateStore, Transport
 from sas.services.routes import Routes
 from sas.services.routing import Router
+
+log = logging.getLogger(__name__)
 
 QUEUE_ALLOWANCE_BUDGETS = 4
 """The most a claimed step's deadline is lengthened for its queue's backlog, in step budgets."""
@@ -145,7 +149,7 @@ class Dispatcher:
             payload=payload,
             priority=state.priority,
             endpoint=state.endpoint,
-            carried_state=None if etag is None else carry(state, etag),
+            carried_state=None if etag is None else self._carry(state, etag),
         )
         self._transport.send(
             self._routes.agent(step.agent, state.priority),
@@ -155,6 +159,14 @@ class Dispatcher:
             ),
             correlation_id=state.order_id,
         )
+
+    def _carry(self, state: OrderState, etag: str) -> dict[str, Any] | None:
+        """Never fails the dispatch: a request without it costs its reply one read."""
+        try:
+            return carry(state, etag, self._store.carry_key())
+        except Exception:
+            log.warning("sas.carry_key_unavailable", exc_info=True)
+            return None
 
     def announce(self, state: OrderState, workflow: Workflow) -> None:
         """The step's start, to a submitter that asked for every step: only after its request

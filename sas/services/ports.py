@@ -24,6 +24,10 @@ from sas.domain.wire import Priority
 
 
 class StateStore(Protocol):
+    def carry_key(self) -> bytes:
+        """The key that signs carried states (made once per store, kept in it)."""
+        ...
+
     def create_order(
         self,
         order: OrderRecord,

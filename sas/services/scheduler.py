@@ -162,9 +162,7 @@ class Scheduler:
         # writing: either saves a read. A conflict means the state moved under us (a
         # supervisor, a duplicate reply): read again and let the fence decide whether this
         # reply still applies.
-        known = carried_state(reply.carried_state, reply.order_id) or self._recent.get(
-            reply.order_id
-        )
+        known = self._carried(reply) or self._recent.get(reply.order_id)
         if known is not None:
             try:
                 return self._apply_reply(reply, known)
@@ -176,6 +174,16 @@ class Scheduler:
             except ConcurrencyConflict:
                 log.info("sas.reply_conflict_retry", extra={"order_id": reply.order_id})
         return self._apply_reply(reply)
+
+    def _carried(self, reply: StepReply) -> Versioned[OrderState] | None:
+        if reply.carried_state is None:
+            return None
+        try:
+            key = self._store.carry_key()
+        except Exception:  # the reply is decided on a read instead
+            log.warning("sas.carry_key_unavailable", exc_info=True)
+            return None
+        return carried_state(reply.carried_state, reply.order_id, key)
 
     def _apply_reply(
         self, reply: StepReply, known: Versioned[OrderState] | None = None

@@ -257,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if recent_states is not None:
         cases.append(("order", 3, False, None, True))
+    # Once per process, not per order: the key that signs carried states (if the commit has one).
+    carry_key = getattr(bootstrap.store(), "carry_key", None)
+    if carry_key is not None:
+        with counter_paused(counter):
+            carry_key()
     variants = {}
     for workflow, steps, subscriber, level, elsewhere in cases:
         host.before_each = recent_states().clear if elsewhere and recent_states else None

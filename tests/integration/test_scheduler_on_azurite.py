@@ -212,7 +212,7 @@ def test_a_reply_taken_by_another_process_starts_from_the_state_it_carries(table
         clock.advance(1)
         latest = [m.message for m in transport.sent if isinstance(m.message, StepRequest)][-1]
         request = decode(StepRequest, encode(latest))
-        carried = carried_state(request.carried_state, "o1")
+        carried = carried_state(request.carried_state, "o1", store_on(table).carry_key())
         stored = store_on(table).get_state("o1")
         assert carried == stored  # the same state, at the same ETag
         reply = StepReply(
@@ -233,3 +233,15 @@ def test_a_reply_taken_by_another_process_starts_from_the_state_it_carries(table
     found = store_on(table).get_state("o1")
     assert found is not None
     assert found.value.process_state is ProcessState.PROCESSED
+
+
+def test_every_instance_signs_with_the_one_key_the_first_made(table):
+    """The carried-state key (sas/domain/carried.py): made once, at random, kept in the table,
+    read (not made again) by every other store; the same for a store that starts later."""
+    with ThreadPoolExecutor(4) as pool:
+        keys = list(pool.map(lambda _: store_on(table).carry_key(), range(4)))
+    assert len(set(keys)) == 1
+    assert len(keys[0]) == 32
+    assert store_on(table).carry_key() == keys[0]
+    (row,) = table.query_entities("PartitionKey eq '~keys'")
+    assert row["RowKey"] == "carried-state"

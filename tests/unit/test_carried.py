@@ -12,9 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sas.domain import carried
-from sas.domain.messages import StepReply, StepRequest, decode, encode
+from sas.domain.messages import (
+    MAX_MESSAGE_BYTES,
+    MAX_RESULT_BYTES,
+    StepReply,
+    StepRequest,
+    decode,
+    encode,
+)
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import idempotency_key
+from sas.domain.workflow import WORKFLOWS
 from sas.services.recent import RecentStates
 from sas.services.scheduler import ReplyOutcome, Scheduler
 from sas.services.submission import Submission
@@ -42,7 +50,7 @@ JSON = st.recursive(
 STATES = st.builds(
     OrderState,
     order_id=st.just("o1"),
-    workflow=st.sampled_from(["order", "single"]),
+    workflow=st.sampled_from(sorted(WORKFLOWS)),
     process_state=st.sampled_from(ProcessState),
     submitted_at=TIMES,
     updated_at=TIMES,
@@ -68,9 +76,18 @@ STATES = st.builds(
 )
 
 
+KEY = bytes(range(32))
+
+
+def resigned(value: dict, key: bytes = KEY) -> dict:
+    """``value`` changed and signed again: what only a holder of the key can make."""
+    unsigned = {name: value[name] for name in ("v", "etag", "state")}
+    return {**unsigned, "sig": carried._signature(unsigned, key)}
+
+
 @given(STATES)
 def test_a_carried_state_comes_back_equal_with_every_time_in_utc(state):
-    back = carried.carried_state(decode_json(carried.carry(state, 'W/"e1"')), "o1")
+    back = carried.carried_state(decode_json(carried.carry(state, 'W/"e1"', KEY)), "o1", KEY)
     assert back is not None
     assert back.value == state
     assert back.etag == 'W/"e1"'
@@ -86,6 +103,9 @@ def decode_json(value):
         order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok", carried_state=value
     )
     return decode(StepReply, encode(reply)).carried_state
+
+
+WIDE = "\U0001f600"  # 4 bytes in UTF-8
 
 
 def largest_order_state() -> OrderState:
@@ -109,44 +129,82 @@ def largest_order_state() -> OrderState:
         locked_by="instance-" + "x" * 100,
         attempt=99,
         reply_to="status-" + "q" * 56,
-        last_error="e" * 1000,
+        last_error=WIDE * 1000,
         details=details,
         traceparent="00-" + "a" * 32 + "-" + "b" * 16 + "-01",
         endpoint="e" * 40,
     )
 
 
-def test_the_largest_order_is_carried_and_its_request_fits_a_message():
+def test_the_largest_order_is_carried_and_its_messages_fit():
     state = largest_order_state()
-    value = carried.carry(state, "W/\"datetime'2026-11-23T00%3A00%3A00.1234567Z'\"")
-    assert value is not None
-    assert carried.size_of(value) < 12 * 1024
-    request = StepRequest(
+    value = carried.carry(state, "W/\"datetime'2026-11-23T00%3A00%3A00.1234567Z'\"", KEY)
+    assert value is not None  # carried: within MAX_CARRIED_BYTES
+    largest_result = {"r": "x" * (MAX_RESULT_BYTES - 10)}
+    undo = StepRequest(
         order_id="o1",
         step="reserve",
         step_index=0,
-        attempt=1,
-        action="reserve",
+        attempt=99,
+        mode="undo",
+        action="release",
         complete_by=state.updated_at,
-        idempotency_key=idempotency_key("o1", "reserve", "do"),
-        payload={"order_id": "o1", **state.details},
+        idempotency_key=idempotency_key("o1", "reserve", "undo"),
+        payload={
+            "order_id": "o1",
+            **state.details,
+            "original_action": "reserve",
+            "original_key": idempotency_key("o1", "reserve", "do"),
+            "original_result": largest_result,
+        },
         carried_state=value,
     )
-    assert len(encode(request)) < 40 * 1024  # the limit is 48 KiB
+    reply = StepReply(
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=99,
+        outcome="error",
+        result=largest_result,
+        error=WIDE * 1000,
+        carried_state=value,
+    )
+    for message in (undo, reply):
+        assert len(encode(message)) < MAX_MESSAGE_BYTES
+        assert decode(type(message), encode(message)).carried_state == value
 
 
 def test_what_it_cannot_start_from_is_ignored():
-    value = carried.carry(largest_order_state(), "W/1")
+    value = carried.carry(largest_order_state(), "W/1", KEY)
     assert value is not None
-    assert carried.carried_state(value, "another") is None
-    assert carried.carried_state({**value, "v": 2}, "o" * 64) is None
-    assert carried.carried_state({**value, "etag": ""}, "o" * 64) is None
-    assert carried.carried_state({**value, "state": {"order_id": "o" * 64}}, "o" * 64) is None
+    oid = "o" * 64
+    assert carried.carried_state(value, oid, KEY) is not None
+    assert carried.carried_state(value, "another", KEY) is None
+    assert carried.carried_state(resigned({**value, "v": 2}), oid, KEY) is None
+    assert carried.carried_state(resigned({**value, "etag": ""}), oid, KEY) is None
+    assert carried.carried_state(resigned({**value, "state": {"order_id": oid}}), oid, KEY) is None
     naive = {**value, "state": {**value["state"], "updated_at": "2026-11-23T00:00:00"}}
-    assert carried.carried_state(naive, "o" * 64) is None
-    assert carried.carried_state(None, "o1") is None
-    assert carried.carried_state({}, "o1") is None
-    assert carried.carried_state({**value, "state": "text"}, "o" * 64) is None
+    assert carried.carried_state(resigned(naive), oid, KEY) is None
+    unknown = {**value, "state": {**value["state"], "workflow": "nosuchflow"}}
+    assert carried.carried_state(resigned(unknown), oid, KEY) is None
+    assert carried.carried_state(None, "o1", KEY) is None
+    assert carried.carried_state({}, "o1", KEY) is None
+    assert carried.carried_state(resigned({**value, "state": "text"}), oid, KEY) is None
+
+
+def test_only_what_the_key_signed_is_believed():
+    value = carried.carry(largest_order_state(), "W/1", KEY)
+    assert value is not None
+    oid = "o" * 64
+    rewritten = {**value, "state": {**value["state"], "reply_to": "someone-elses-queue"}}
+    assert carried.carried_state(rewritten, oid, KEY) is None  # changed after signing
+    assert carried.carried_state(value, oid, bytes(32)) is None  # another deployment's key
+    assert carried.carried_state({**value, "sig": ""}, oid, KEY) is None
+    assert carried.carried_state({k: v for k, v in value.items() if k != "sig"}, oid, KEY) is None
+    assert carried.carried_state({**value, "etag": "W/2"}, oid, KEY) is None
+    # The order of the keys is not part of what is signed: a decoder may reorder them.
+    reordered = dict(reversed(list(value.items())))
+    assert carried.carried_state(reordered, oid, KEY) is not None
 
 
 def test_an_oversize_carried_state_is_dropped_and_the_message_stands():
@@ -155,7 +213,8 @@ def test_an_oversize_carried_state_is_dropped_and_the_message_stands():
         order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok", carried_state=huge
     )
     assert reply.carried_state is None
-    assert carried.carry(replace(largest_order_state(), last_error="x" * 20_000), "W/1") is None
+    too_long = replace(largest_order_state(), last_error="x" * 20_000)
+    assert carried.carry(too_long, "W/1", KEY) is None
 
 
 # --- the Scheduler: two processes, each with its own memory --------------------------------
@@ -225,14 +284,40 @@ def test_a_reply_is_never_refused_on_a_carried_state(two_processes):
     store, transport, _, submission, scheduler = two_processes
     submission.submit(submitted())
     request = requests(transport)[-1]
-    stale = carried.carried_state(request.carried_state, "o1")
+    key = store.carry_key()
+    stale = carried.carried_state(request.carried_state, "o1", key)
     assert stale is not None
-    # A forged or mixed-up carried state that says attempt 7 (the reply is for attempt 1).
-    forged = carried.carry(replace(stale.value, attempt=7), stale.etag)
+    # A mixed-up carried state that says attempt 7 (the reply is for attempt 1).
+    forged = carried.carry(replace(stale.value, attempt=7), stale.etag, key)
     reads = store.state_reads
     reply = agent_reply(request).model_copy(update={"carried_state": forged})
     assert scheduler.on_reply(reply) is ReplyOutcome.ADVANCED
     assert store.state_reads == reads + 1
+
+
+def test_a_forged_carried_state_under_the_real_etag_changes_nothing(two_processes):
+    """Whoever reads an agent's queue sees the current ETag. A reply for the last step whose
+    carried state says the order is there, with another address and status queue, is not
+    signed with the store's key: the Scheduler reads, and the fence refuses the reply."""
+    store, transport, _, submission, scheduler = two_processes
+    submission.submit(submitted())
+    request = requests(transport)[-1]
+    seen = request.carried_state
+    assert seen is not None
+    state = dict(seen["state"], step_index=2, reply_to="evil-q")
+    state["details"] = dict(state["details"], address="attacker")
+    forged_state = {**seen, "state": state}
+    forged_state["sig"] = carried._signature(
+        {k: forged_state[k] for k in ("v", "etag", "state")}, bytes(32)
+    )
+    reply = agent_reply(request).model_copy(
+        update={"step": "ship", "step_index": 2, "carried_state": forged_state}
+    )
+    before = store.get_state("o1")
+    reads = store.state_reads
+    assert scheduler.on_reply(reply) is ReplyOutcome.STALE
+    assert store.state_reads == reads + 1
+    assert store.get_state("o1") == before  # nothing written
 
 
 def test_a_carried_state_of_another_order_is_read_instead(two_processes):

@@ -216,6 +216,9 @@ class AuditingStore:
     def adopt_legacy_markers(self, due_at: datetime) -> int:
         return self.inner.adopt_legacy_markers(due_at)
 
+    def carry_key(self) -> bytes:
+        return self.inner.carry_key()
+
     def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
         return self.inner.rearm_live(rearms)
 
