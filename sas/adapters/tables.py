@@ -15,6 +15,7 @@ import json
 import logging
 import secrets
 import threading
+import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -28,7 +29,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, ConfigurationError, NotFound
 from sas.domain.model import (
     HistoryEntry,
     LiveMarker,
@@ -71,6 +72,7 @@ _MAX_BATCH = 100  # operations in one entity-group transaction
 _GONE_RETRIES = 3  # a batch of marker moves sent again without a marker that went
 _SLACK = timedelta(seconds=1)
 _KEY_BYTES = 32
+_KEY_RETRY_SECONDS = 60.0  # after a failed read of the carried-state key
 
 
 class TableStateStore:
@@ -79,6 +81,7 @@ class TableStateStore:
         self._live = live_table
         self._key_lock = threading.Lock()
         self._key: bytes | None = None
+        self._key_retry_at = 0.0
 
     @classmethod
     def connect(cls, connection: Connection, table_name: str) -> TableStateStore:
@@ -96,7 +99,17 @@ class TableStateStore:
         race reads the winner's. Only what can read this table can sign."""
         with self._key_lock:
             if self._key is None:
-                self._key = self._read_or_make_key()
+                now = time.monotonic()
+                if now < self._key_retry_at:
+                    raise ConfigurationError("the carried-state key is unavailable")
+                try:
+                    self._key = self._read_or_make_key()
+                except Exception:
+                    # Not again on every dispatch and reply: a request without a carried state
+                    # costs its reply one read, a read of the key on each would cost one more.
+                    self._key_retry_at = now + _KEY_RETRY_SECONDS
+                    log.warning("sas.carry_key_unavailable", exc_info=True)
+                    raise
             return self._key
 
     def _read_or_make_key(self) -> bytes:

@@ -15,10 +15,13 @@ Signed, because the ETag alone proves nothing about the state beside it: anyone 
 an agent's queue sees the current ETag, and could otherwise send a reply whose carried state
 rewrites the order (skips its steps, changes its details or ``reply_to``) under that ETag.
 The signature is an HMAC-SHA256 under a key the app makes for itself and keeps in its own
-table (``StateStore.carry_key``): a writer of the queues who cannot write the table cannot
-sign, and a writer of the table needs no forged reply. A carried state whose signature does
-not verify, that does not decode, is another order's or names an unknown workflow is ignored
-(the Scheduler reads), and never makes the reply invalid.
+table (``StateStore.carry_key``, read once per process): a principal that may use the queues
+but not read the table cannot sign. (A shared connection string or account key grants both;
+the protection holds where queues and table are granted apart, as with role assignments.) It
+protects the carried state, not the reply: a writer of the replies queue can still answer the
+current attempt, as before. A carried state whose signature does not verify, that does not
+decode, is another order's or names an unknown workflow is ignored (the Scheduler reads), and
+never makes the reply invalid.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 from dataclasses import fields, replace
 from datetime import UTC, datetime
 from functools import cache
@@ -36,8 +40,11 @@ from pydantic import TypeAdapter, ValidationError
 from sas.domain.model import OrderState, Versioned
 from sas.domain.workflow import workflow_named
 
-VERSION = 1
-"""Of the carried form; a reply with another is read instead (a rolling upgrade may change it)."""
+VERSION = 2
+"""Of the carried form; a reply with another is read instead. 2: signed (1 was not, and an
+instance that still trusts it must not be handed a signed one)."""
+
+_SIGNATURE = re.compile(r"[0-9a-f]{64}")
 
 MAX_CARRIED_BYTES = 20 * 1024
 """As compact JSON. The largest valid order's state, every text at its longest in 4-byte
@@ -53,7 +60,7 @@ def _states() -> TypeAdapter[OrderState]:
 
 def carry(state: OrderState, etag: str, key: bytes) -> dict[str, Any] | None:
     """What a step request carries for ``state`` as written at ``etag``, signed with ``key``
-    (None: too large)."""
+    (None: too large, or not a state a read could give: a time without a zone)."""
     in_utc = _in_utc(state)
     if in_utc is None:
         return None
@@ -81,7 +88,11 @@ def carried_state(
         return None
     signed = {name: carried.get(name) for name in ("v", "etag", "state")}
     expected = _signature(signed, key)
-    if expected is None or not hmac.compare_digest(signature, expected):
+    if (
+        expected is None
+        or not _SIGNATURE.fullmatch(signature)
+        or not hmac.compare_digest(signature, expected)
+    ):
         return None
     try:
         state = _states().validate_python(carried.get("state"))

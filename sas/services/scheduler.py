@@ -179,11 +179,10 @@ class Scheduler:
         if reply.carried_state is None:
             return None
         try:
-            key = self._store.carry_key()
-        except Exception:  # the reply is decided on a read instead
-            log.warning("sas.carry_key_unavailable", exc_info=True)
+            return carried_state(reply.carried_state, reply.order_id, self._store.carry_key())
+        except Exception:  # decided on a read instead (the store has logged why)
+            log.debug("sas.carried_state_skipped", exc_info=True)
             return None
-        return carried_state(reply.carried_state, reply.order_id, key)
 
     def _apply_reply(
         self, reply: StepReply, known: Versioned[OrderState] | None = None

@@ -11,6 +11,7 @@ time minus the first attempt's deadline (first claim + the step budget).
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from pathlib import Path
@@ -58,11 +59,23 @@ def measure(
         "budget_s": BUDGET_S,
         "period_s": period,
         "clock_skew_s": skew,
+        "reply_in_flight_s": reply_in_flight_s(app_root or REPO_ROOT),
         "target_s": BUDGET_S + period + 1,
         "p50_s": round(statistics.median(values), 2) if values else None,
         "max_s": round(values[-1], 2) if values else None,
         "latencies_s": [round(v, 2) for v in values],
     }
+
+
+_IN_FLIGHT = re.compile(r"reply_in_flight: timedelta = timedelta\(seconds=([0-9.]+)\)")
+
+
+def reply_in_flight_s(app_root: Path) -> float | None:
+    """The commit's hold for a reply a host has taken (``RetryPolicy.reply_in_flight``), from
+    its source: the commit measured may not be the one running this (None: it has none)."""
+    source = (app_root / "sas/domain/transitions.py").read_text(encoding="utf-8")
+    found = _IN_FLIGHT.search(source)
+    return float(found.group(1)) if found else None
 
 
 def _latency(table: TableClient, order_id: str) -> float | None:

@@ -118,8 +118,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 f"step budget {recovered['budget_s']:g} s + the period {recovered['period_s']:g}"
                 f" s + 1 s = {recovered['target_s']:g} s; it is the skew allowance "
                 f"{recovered['clock_skew_s']:g} s + up to one period + the first retry's "
-                "backoff + one hop, and since the hold for a reply a host has taken, "
-                "`RetryPolicy.reply_in_flight`, 5 s more).",
+                f"backoff + one hop{_in_flight(recovered)}).",
                 "",
             ]
     sweep = results.get("sweep")
@@ -262,3 +261,10 @@ def _cpu_cell(run: dict[str, Any]) -> str:
     if not all(name in used for name in names):
         return "-"
     return " / ".join(f"{used[name]:g}" for name in names)
+
+
+def _in_flight(recovered: dict[str, Any]) -> str:
+    held = recovered.get("reply_in_flight_s")
+    if not held:
+        return ""
+    return f" + the hold for a reply a host has taken, `RetryPolicy.reply_in_flight`, {held:g} s"

@@ -10,6 +10,7 @@ import pytest
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.carried import carried_state
+from sas.domain.errors import ConfigurationError
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest, decode, encode
 from sas.domain.model import ProcessState
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
@@ -245,3 +246,22 @@ def test_every_instance_signs_with_the_one_key_the_first_made(table):
     assert store_on(table).carry_key() == keys[0]
     (row,) = table.query_entities("PartitionKey eq '~keys'")
     assert row["RowKey"] == "carried-state"
+
+
+def test_a_key_row_that_holds_no_key_is_read_once_a_minute_not_on_every_message(table, monkeypatch):
+    table.create_entity({"PartitionKey": "~keys", "RowKey": "carried-state", "Key": "c2hvcnQ="})
+    store = store_on(table)
+    reads: list[object] = []
+    get_entity = table.get_entity
+
+    def counting(*args, **kwargs):
+        reads.append(args)
+        return get_entity(*args, **kwargs)
+
+    monkeypatch.setattr(table, "get_entity", counting)
+    with pytest.raises(ValueError, match="no usable key"):
+        store.carry_key()
+    for _ in range(3):
+        with pytest.raises(ConfigurationError):
+            store.carry_key()
+    assert len(reads) == 1
