@@ -17,6 +17,7 @@ from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
 from sas.services.submission import Submission, SubmissionOutcome
 from tests.fakes import FakeClock, RecordingTransport
 from tests.harness import live_table_of, store_on
+from tests.unit.test_carried import agent_reply
 from tests.unit.test_services import ROUTES, submitted
 
 pytestmark = pytest.mark.integration
@@ -216,16 +217,7 @@ def test_a_reply_taken_by_another_process_starts_from_the_state_it_carries(table
         carried = carried_state(request.carried_state, "o1", store_on(table).carry_key())
         stored = store_on(table).get_state("o1")
         assert carried == stored  # the same state, at the same ETag
-        reply = StepReply(
-            order_id="o1",
-            step=request.step,
-            step_index=request.step_index,
-            attempt=request.attempt,
-            outcome="ok",
-            result={"ref": request.step},
-            carried_state=request.carried_state,
-        )
-        assert other.on_reply(decode(StepReply, encode(reply))) in (
+        assert other.on_reply(agent_reply(request)) in (
             ReplyOutcome.ADVANCED,
             ReplyOutcome.FINISHED,
         )
