@@ -270,9 +270,11 @@ def _break_key_attempt() -> None:
     original_dispatch = dispatching.Dispatcher.dispatch
     original_key: Callable[[str, str, Any], str] = getattr(dispatching, "idempotency_key")  # noqa: B009
 
-    def dispatch(self: dispatching.Dispatcher, state: Any, workflow: Any) -> None:
+    def dispatch(
+        self: dispatching.Dispatcher, state: Any, workflow: Any, *args: Any, **kwargs: Any
+    ) -> None:
         _attempt.value = state.attempt
-        original_dispatch(self, state, workflow)
+        original_dispatch(self, state, workflow, *args, **kwargs)
 
     def key(order_id: str, step: str, mode: Any) -> str:
         # Still a well-formed key (the step request's schema checks it), one per attempt.
