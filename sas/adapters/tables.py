@@ -97,6 +97,9 @@ class TableStateStore:
         """The key that signs carried states (sas/domain/carried.py), read once per process.
         The first instance that finds none inserts a random one; an instance that loses that
         race reads the winner's. Only what can read this table can sign."""
+        known = self._key
+        if known is not None:  # every dispatch and reply asks: no lock once it is known
+            return known
         with self._key_lock:
             if self._key is None:
                 now = time.monotonic()

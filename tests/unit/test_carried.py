@@ -23,11 +23,12 @@ from sas.domain.messages import (
 )
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import idempotency_key
-from sas.domain.workflow import WORKFLOWS
+from sas.domain.workflow import WORKFLOWS, workflow_named
+from sas.services.agent import AgentRunner
 from sas.services.recent import RecentStates
 from sas.services.scheduler import ReplyOutcome, Scheduler
 from sas.services.submission import Submission
-from tests.fakes import FakeClock, RecordingTransport
+from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
 from tests.unit.test_recent_states import CountingStore, requests
 from tests.unit.test_services import ROUTES, submitted
 
@@ -234,19 +235,15 @@ def two_processes():
 
 
 def agent_reply(request: StepRequest) -> StepReply:
-    """What the agent sends for ``request`` (it returns the carried state:
-    tests/unit/test_agent_runner.py), through the wire."""
-    reply = StepReply(
-        order_id=request.order_id,
-        step=request.step,
-        step_index=request.step_index,
-        attempt=request.attempt,
-        mode=request.mode,
-        outcome="ok",
-        result={"ref": request.step},
-        carried_state=request.carried_state,
-    )
-    return decode(StepReply, encode(reply))
+    """What the agent (``AgentRunner``) sends for ``request`` when the remote succeeds, as it
+    comes off the wire."""
+    transport, clock = RecordingTransport(), FakeClock()
+    agent = workflow_named("order").step(request.step_index).agent
+    remote = ScriptedRemote([{"ref": request.step}])
+    AgentRunner(agent, remote, transport, ROUTES, clock, sleep=clock.sleep).handle(request)
+    (sent,) = transport.sent
+    assert isinstance(sent.message, StepReply)
+    return decode(StepReply, encode(sent.message))
 
 
 def test_replies_taken_by_another_process_read_nothing(two_processes):
