@@ -37,6 +37,7 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import ExponentialRetry, QueueServiceClient
 from requests.adapters import HTTPAdapter
+from requests.hooks import dispatch_hook
 from requests.structures import CaseInsensitiveDict
 from requests.utils import get_environ_proxies
 from urllib3.util.retry import Retry
@@ -69,10 +70,12 @@ class SdkSession(requests.Session):
     the dev host, docs/benchmarks.md), for a session that has no cookies, params, auth or hooks
     and never follows a redirect. Here the request is prepared by requests (``PreparedRequest``,
     with the session's headers merged as requests merges them) and sent by the session's
-    adapter: the same request on the wire (``tests/unit/test_sdk_session.py``). Anything else
-    (params, cookies, files, auth, hooks, json, redirects, a session that trusts the
-    environment or holds settings of its own) takes requests' full path. One difference: cookies
-    a response sets are not kept (Azure Storage sets none)."""
+    adapter: the same request on the wire (``tests/unit/test_sdk_session.py``), and the session's
+    own response hooks run on the response as requests runs them (the dev host watches the app's
+    sends with one: with it, every request used to take the full path). Anything else
+    (params, cookies, files, auth, hooks given to the call, json, redirects, a session that
+    trusts the environment or holds settings of its own) takes requests' full path. One
+    difference: cookies a response sets are not kept (Azure Storage sets none)."""
 
     def request(  # type: ignore[override]  # the parent's keyword types are requests' private aliases
         self,
@@ -106,7 +109,6 @@ class SdkSession(requests.Session):
             or self.auth
             or self.params
             or self.proxies
-            or any(self.hooks.values())
             or isinstance(url, bytes)
         ):
             return super().request(
@@ -136,16 +138,18 @@ class SdkSession(requests.Session):
         prepared.prepare(method=method.upper(), url=url, headers=merged, data=data or {})
         stream = self.stream if stream is None else stream
         verify = self.verify if verify is None else verify
+        options: dict[str, Any] = {
+            "stream": stream,
+            "timeout": timeout,
+            "verify": True if verify is None else verify,
+            "cert": self.cert if cert is None else cert,
+            "proxies": {scheme: to for scheme, to in (proxies or {}).items() if to is not None},
+        }
         start = time.perf_counter()
-        response = self.get_adapter(url).send(
-            prepared,
-            stream=stream,
-            timeout=timeout,
-            verify=True if verify is None else verify,
-            cert=self.cert if cert is None else cert,
-            proxies={scheme: to for scheme, to in (proxies or {}).items() if to is not None},
-        )
+        response = self.get_adapter(url).send(prepared, **options)
         response.elapsed = timedelta(seconds=time.perf_counter() - start)
+        if any(self.hooks.values()):  # the session's own response hooks, as requests runs them
+            response = dispatch_hook("response", self.hooks, response, **options)  # type: ignore[no-untyped-call]
         if not stream:
             response.content  # noqa: B018  # read now, as requests does: the connection goes back to the pool
         return response

@@ -5,25 +5,41 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from datetime import datetime, timedelta
+from typing import Protocol
 
 from sas.domain.clock import Clock
 from sas.domain.priority import Waiting
-from sas.services.ports import Transport
 
 log = logging.getLogger(__name__)
+
+
+class Peeks(Protocol):
+    """What the Backlog needs of a transport (``Transport.waiting``)."""
+
+    def waiting(self, queue: str) -> Waiting: ...
+
+
+PACE_WINDOW = timedelta(seconds=10)
+"""How far back the drain pace of a queue is measured."""
+MIN_PACE_SPAN = timedelta(seconds=2)
+"""The shortest span a pace is measured over (looks are at least ``ttl`` apart)."""
+MIN_PACE = 0.25
+"""The slowest pace believed: a head that hardly moves stretches the wait at most fourfold."""
 
 
 class Backlog:
     """What waits in a set of queues, peeked at most once per ``ttl`` per process (asked for
     every low-priority submission and, for the queue allowance, every claim)."""
 
-    def __init__(self, transport: Transport, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
+    def __init__(self, transport: Peeks, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
         self._transport = transport
         self._clock = clock
         self._ttl = ttl
         self._lock = threading.Lock()
         self._seen: dict[tuple[str, ...], tuple[datetime, Waiting]] = {}
+        self._heads: dict[tuple[str, ...], deque[tuple[datetime, datetime]]] = {}
 
     def waiting(self, queues: tuple[str, ...]) -> Waiting:
         now = self._clock.now()
@@ -38,4 +54,45 @@ class Backlog:
                 except Exception:  # no backlog known: admit rather than hold orders back
                     log.warning("sas.backlog_peek_failed", extra={"queue": queue}, exc_info=True)
             self._seen[queues] = (now, total)
+            self._remember_head(queues, now, total.oldest)
             return total
+
+    def expected_wait(self, queues: tuple[str, ...], now: datetime | None = None) -> timedelta:
+        """How long a message sent to ``queues`` now can expect to wait before it is taken.
+
+        The age of the oldest message waiting, stretched by how fast the consumers get through
+        the queue: if in the last PACE_WINDOW its head moved on by only half as much enqueue
+        time as went by, the queue grows, and what joins it now waits twice the head's age (the
+        head's age alone trails a lane that is still filling, early in a burst). Never less than
+        the head's age, at most 1/MIN_PACE times it; nothing without a backlog."""
+        waiting = self.waiting(queues)
+        now = now or self._clock.now()
+        if waiting.oldest is None or waiting.oldest >= now:
+            return timedelta(0)
+        age = now - waiting.oldest
+        pace = self._pace(queues)
+        return age if pace is None or pace >= 1 else age / max(pace, MIN_PACE)
+
+    def _remember_head(
+        self, queues: tuple[str, ...], now: datetime, oldest: datetime | None
+    ) -> None:
+        heads = self._heads.setdefault(queues, deque())
+        if oldest is None:  # empty: a later head says nothing of how fast this one drained
+            heads.clear()
+            return
+        heads.append((now, oldest))
+        while len(heads) > 1 and now - heads[1][0] >= PACE_WINDOW:
+            heads.popleft()
+
+    def _pace(self, queues: tuple[str, ...]) -> float | None:
+        """Enqueue time the head moved on by per second, over the last PACE_WINDOW or so (None
+        until two looks MIN_PACE_SPAN apart)."""
+        with self._lock:
+            heads = self._heads.get(queues)
+            if not heads:
+                return None
+            (first_at, first_head), (last_at, last_head) = heads[0], heads[-1]
+        span = (last_at - first_at).total_seconds()
+        if span < MIN_PACE_SPAN.total_seconds():
+            return None
+        return (last_head - first_head).total_seconds() / span

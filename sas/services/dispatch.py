@@ -74,15 +74,16 @@ class Dispatcher:
         """Under a backlog a request waits in its agent's lane before any agent can start it;
         a deadline that ran from the claim alone would expire requests nobody had started (and
         a burst would compensate orders that never had a chance). So the deadline also covers
-        the wait the lane's oldest request has had so far — the wait this one can expect — up
-        to QUEUE_ALLOWANCE_BUDGETS budgets. Without a backlog it adds nothing."""
+        the wait this one can expect (``Backlog.expected_wait``: the lane's oldest request's
+        wait so far, stretched while the lane grows), up to QUEUE_ALLOWANCE_BUDGETS budgets.
+        Without a backlog it adds nothing."""
         if self._backlog is None or claimed.complete_by is None:
             return claimed
         lane = self._routes.agent(agent, claimed.priority)
-        oldest = self._backlog.waiting((lane,)).oldest
-        if oldest is None or oldest >= now:
+        wait = self._backlog.expected_wait((lane,), now)
+        if wait <= timedelta(0):
             return claimed
-        allowance = min(now - oldest, budget * QUEUE_ALLOWANCE_BUDGETS)
+        allowance = min(wait, budget * QUEUE_ALLOWANCE_BUDGETS)
         return replace(claimed, complete_by=claimed.complete_by + allowance)
 
     @staticmethod

@@ -1,8 +1,9 @@
 """Queue trigger: the Functions host's polling, lease, retry and poison-queue semantics.
 
 Per queue function: fetch up to ``batchSize`` messages under a lease, run them concurrently,
-fetch again once no more than ``newBatchThreshold`` are still running; back off from 50 ms to
-``maxPollingInterval`` while the queue is empty. Success deletes the message; a failure makes
+fetch again once no more than ``newBatchThreshold`` are still running; back off from 100 ms to
+``maxPollingInterval`` while the queue is empty, each wait randomised by a fifth either way (the
+host's randomized exponential back-off). Success deletes the message; a failure makes
 it visible again after ``visibilityTimeout`` until its dequeue count reaches
 ``maxDequeueCount``, then it is copied as-is to ``<queue>-poison`` and deleted.
 
@@ -21,6 +22,7 @@ import binascii
 import contextlib
 import logging
 import math
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +38,7 @@ from azure.storage.queue import QueueMessage as StorageQueueMessage
 from sas.adapters import queue_models
 from sas.adapters.clients import pooled_session
 from sas.domain.wire import POISON_SUFFIX
-from sas_local.devhost.config import LEASE_SECONDS, QueueOptions
+from sas_local.devhost.config import LEASE_SECONDS, POLLING_JITTER, QueueOptions
 from sas_local.devhost.invoke import InvocationContext, arguments, call_sync
 from sas_local.devhost.loader import QueueFunction
 
@@ -90,6 +92,11 @@ def make_client(connection_string: str, queue_name: str) -> QueueClient:
         retry_policy=ExponentialRetry(initial_backoff=1, increment_base=2, random_jitter_range=1),
         transport=shared_transport(),
     )
+
+
+def jittered(delay: float, ceiling: float) -> float:
+    """One wait of the back-off: ``delay`` give or take POLLING_JITTER, never past ``ceiling``."""
+    return min(delay * random.uniform(1 - POLLING_JITTER, 1 + POLLING_JITTER), ceiling)  # noqa: S311  # spreading polls, not a secret
 
 
 def ensure_queue(client: QueueClient) -> None:
@@ -191,7 +198,7 @@ class QueuePoller:
                 delay = min(delay * 2, options.max_polling_interval)
                 continue
             if not messages:
-                woken = self._wake.wait(delay)
+                woken = self._wake.wait(jittered(delay, options.max_polling_interval))
                 delay = (
                     options.min_polling_interval
                     if woken

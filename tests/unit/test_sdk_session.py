@@ -170,3 +170,24 @@ def test_the_lean_path_reads_the_body_and_times_the_call(monkeypatch: pytest.Mon
 def test_the_app_sends_through_it() -> None:
     assert isinstance(pooled_session(), SdkSession)
     assert isinstance(http_session(), SdkSession)
+
+
+@pytest.mark.parametrize("cls", [requests.Session, SdkSession])
+def test_the_sessions_own_response_hooks_run_on_the_lean_path(
+    cls: type[requests.Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dev host watches the app's sends with a session hook (sas_local/devhost/watcher.py):
+    the hook sees the response, and the options it was sent with, as requests' own path gives
+    them, and the lean path stays lean."""
+    session, adapter = _session(cls)
+    seen: list[tuple[str, str, dict[str, Any]]] = []
+    session.hooks["response"].append(
+        lambda r, **options: seen.append((r.request.method, r.url, options))
+    )
+    if cls is SdkSession:
+        monkeypatch.setattr(requests.Session, "prepare_request", _not_this_path)
+    session.request(
+        "POST", "http://127.0.0.1/q/messages", data=b"<m/>", timeout=(3, 7), allow_redirects=False
+    )
+    ((_, options),) = adapter.sent
+    assert seen == [("POST", "http://127.0.0.1/q/messages", options)]
