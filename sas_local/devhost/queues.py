@@ -2,10 +2,10 @@
 
 Per queue function: fetch up to ``batchSize`` messages under a lease, run them concurrently,
 fetch again once no more than ``newBatchThreshold`` are still running; back off from 100 ms to
-``maxPollingInterval`` while the queue is empty, each wait randomised by a fifth either way (the
-host's randomized exponential back-off). Success deletes the message; a failure makes
-it visible again after ``visibilityTimeout`` until its dequeue count reaches
-``maxDequeueCount``, then it is copied as-is to ``<queue>-poison`` and deleted.
+``maxPollingInterval`` while the queue is empty, what each wait adds to the first one randomised
+by a fifth either way (the host's randomized exponential back-off). Success deletes the
+message; a failure makes it visible again after ``visibilityTimeout`` until its dequeue count
+reaches ``maxDequeueCount``, then it is copied as-is to ``<queue>-poison`` and deleted.
 
 :meth:`QueuePoller.wake` ends a back-off at once: the worker calls it when a function in the
 same process has just put a message on the poller's queue (``watcher.py``), as the Functions
@@ -94,9 +94,13 @@ def make_client(connection_string: str, queue_name: str) -> QueueClient:
     )
 
 
-def jittered(delay: float, ceiling: float) -> float:
-    """One wait of the back-off: ``delay`` give or take POLLING_JITTER, never past ``ceiling``."""
-    return min(delay * random.uniform(1 - POLLING_JITTER, 1 + POLLING_JITTER), ceiling)  # noqa: S311  # spreading polls, not a secret
+def jittered(delay: float, floor: float, ceiling: float) -> float:
+    """One wait of the back-off: what it adds to ``floor`` give or take POLLING_JITTER, as the
+    host's randomized back-off draws it; the first wait is ``floor``, the last ``ceiling``."""
+    if delay <= floor or delay >= ceiling:
+        return min(max(delay, floor), ceiling)
+    spread = random.uniform(1 - POLLING_JITTER, 1 + POLLING_JITTER)  # noqa: S311  # spreading polls, not a secret
+    return min(floor + (delay - floor) * spread, ceiling)
 
 
 def ensure_queue(client: QueueClient) -> None:
@@ -198,7 +202,9 @@ class QueuePoller:
                 delay = min(delay * 2, options.max_polling_interval)
                 continue
             if not messages:
-                woken = self._wake.wait(jittered(delay, options.max_polling_interval))
+                woken = self._wake.wait(
+                    jittered(delay, options.min_polling_interval, options.max_polling_interval)
+                )
                 delay = (
                     options.min_polling_interval
                     if woken

@@ -16,8 +16,13 @@ def test_the_first_wait_is_the_hosts_minimum() -> None:
     assert QueueOptions(max_polling_interval=0.05).min_polling_interval == 0.05
 
 
-def test_waits_spread_around_the_back_off_and_never_pass_the_ceiling() -> None:
-    waits = [jittered(1.0, 2.0) for _ in range(2000)]
-    assert min(waits) >= 1 - POLLING_JITTER and max(waits) <= 1 + POLLING_JITTER
+def test_waits_between_the_first_and_the_ceiling_spread_around_the_back_off() -> None:
+    waits = [jittered(1.1, 0.1, 2.0) for _ in range(2000)]
+    assert min(waits) >= 0.1 + 1 - POLLING_JITTER and max(waits) <= 0.1 + 1 + POLLING_JITTER
     assert max(waits) - min(waits) > POLLING_JITTER  # spread, not one value
-    assert all(jittered(2.0, 2.0) <= 2.0 for _ in range(200))
+    assert all(jittered(1.9, 0.1, 2.0) <= 2.0 for _ in range(200))
+
+
+def test_the_first_wait_and_the_ceiling_are_exact() -> None:
+    assert {jittered(0.1, 0.1, 2.0) for _ in range(50)} == {0.1}
+    assert {jittered(4.0, 0.1, 2.0) for _ in range(50)} == {2.0}
