@@ -153,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with store_and_remote(logs / "rates") as (azurite, _):
         progress("raw rates", started)
-        results["rates"] = rates.measure(azurite.connection_string, seconds=1.5 if quick else 5.0)
+        rate_runs = [rates.measure(azurite.connection_string, seconds=1.5 if quick else 5.0)]
         progress("sweep", started)
         results["sweep"] = sweep.measure(
             azurite.connection_string,
@@ -168,10 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     def measure_commit(name: str, root: Path) -> None:
         progress(f"{name}: requests per order", started)
         counted = count(root, logs / f"count-{name}", orders=2 if quick else 3)
-        for variant in counted["variants"].values():
-            variant["limit_orders_per_s"] = rates.order_limit(
-                variant["per_order"], results["rates"]
-            )
         runs = []
         for batch in batches:
             for count_of_workers in workers:
@@ -208,6 +204,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.compare:
         with worktree(args.compare) as other:
             measure_commit(commit_of(other), other)
+
+    # The store's speed on this shared machine drifts within a run (one run's raw rates came
+    # out a third lower than the next run's while its end-to-end runs were faster): measured
+    # again at the end, each kind is taken at the better of its two showings, the capacity the
+    # limit is about.
+    with Azurite.start() as azurite:
+        progress("raw rates again", started)
+        rate_runs.append(rates.measure(azurite.connection_string, seconds=1.5 if quick else 5.0))
+    results["rate_runs"] = rate_runs
+    results["rates"] = rates.best(rate_runs)
+    for measured in results["commits"].values():
+        for variant in measured["counts"]["variants"].values():
+            variant["limit_orders_per_s"] = rates.order_limit(
+                variant["per_order"], results["rates"]
+            )
 
     args.out.mkdir(parents=True, exist_ok=True)
     json_path = args.out / f"{args.name}.json"

@@ -168,6 +168,14 @@ _SAME_COST_AS = {
 """A kind whose rate was not measured costs about what this measured kind costs."""
 
 
+def best(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Each kind's best rate over several measurements of the same store."""
+    return {
+        kind: max(run[kind] for run in runs if kind in run)
+        for kind in dict.fromkeys(kind for run in runs for kind in run)
+    }
+
+
 def order_limit(per_order: dict[str, float], rates: dict[str, float]) -> float | None:
     """Orders/s the raw rates allow for one order's requests: 1 / sum(count / rate).
 

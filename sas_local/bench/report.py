@@ -33,11 +33,22 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
         + (" — `--quick` run" if results["quick"] else "")
         + ".",
         "",
-        "**Raw rates** (requests/s from 4 processes of 4 threads, this run's Azurite):",
+        "**Raw rates** (requests/s from 4 processes of 4 threads, this run's Azurite, measured "
+        "before and after the end-to-end runs; the limits use each kind's better figure):",
         "",
-        "| " + " | ".join(measured_kinds) + " |",
-        "|" + "---|" * len(measured_kinds),
-        "| " + " | ".join(f"{results['rates'][k]:g}" for k in measured_kinds) + " |",
+        "| Measured | " + " | ".join(measured_kinds) + " |",
+        "|---|" + "---|" * len(measured_kinds),
+    ]
+    runs = results.get("rate_runs") or [results["rates"]]
+    labels = ["first", "last"] if len(runs) == 2 else [str(n + 1) for n in range(len(runs))]
+    for label, run in zip(labels, runs, strict=True):
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{run[k]:g}" if k in run else "-" for k in measured_kinds)
+            + " |"
+        )
+    lines += [
+        "| **used** | " + " | ".join(f"**{results['rates'][k]:g}**" for k in measured_kinds) + " |",
         "",
     ]
     for commit, measured in results["commits"].items():
