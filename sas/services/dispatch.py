@@ -75,7 +75,8 @@ class Dispatcher:
         a deadline that ran from the claim alone would expire requests nobody had started (and
         a burst would compensate orders that never had a chance). So the deadline also covers
         the wait this one can expect (``Backlog.expected_wait``: the lane's oldest request's
-        wait so far, stretched while the lane grows), up to QUEUE_ALLOWANCE_BUDGETS budgets.
+        wait so far, stretched while its head moves on more slowly than time goes by), up to
+        QUEUE_ALLOWANCE_BUDGETS budgets.
         Without a backlog it adds nothing."""
         if self._backlog is None or claimed.complete_by is None:
             return claimed

@@ -14,8 +14,9 @@ MIN_POLLING_INTERVAL = 0.1
 """The first wait after an empty receive, in seconds: the Functions host's
 (``QueuePollingIntervals.Minimum``)."""
 POLLING_JITTER = 0.2
-"""Each wait is drawn within this fraction either side of the back-off, as the host's randomized
-exponential back-off does: workers that found a lane empty together do not poll it together."""
+"""What each wait adds to the first one is drawn within this fraction either side of the
+back-off, as the host's randomized exponential back-off draws it: workers that found a lane
+empty together do not poll it together."""
 LEASE_SECONDS = 300  # visibility timeout while a message is being processed
 
 _TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,7}))?$")
