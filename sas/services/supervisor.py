@@ -12,8 +12,11 @@ A running step whose reply may still be waiting in the replies queue (a reply en
 later than the step's deadline is still there) is not expired yet, for ``RetryPolicy.reply_hold``,
 and after that for as long as the replies lane keeps draining (at most
 ``RetryPolicy.reply_hold_max``): expiring it would throw away a step that finished in time and
-run it again. Nothing is applied late by waiting: the agent sent that reply before its
-deadline, and the fence still decides whether it applies.
+run it again. Once no such reply waits, the last one taken may still be on its way through a
+busy host, so the step is held for ``RetryPolicy.reply_in_flight`` more: from its deadline, or
+from when a sweep first saw the lane without one (an earlier sweep having seen one waiting).
+Nothing is applied late by waiting: the agent sent that reply before its deadline, and the
+fence still decides whether it applies.
 """
 
 from __future__ import annotations
@@ -177,18 +180,23 @@ class Supervisor:
         deadline = state.complete_by + policy.clock_skew
         if now >= deadline + policy.reply_hold_max:
             return None
-        if now < deadline + policy.reply_in_flight:  # a reply taken may still be on its way
-            return deadline + policy.reply_in_flight
         oldest = replies.get(state.priority)
-        if oldest is None or oldest > deadline:
-            return None  # every reply sent by the deadline has been taken from the queue
-        ends = deadline + policy.reply_hold
-        if now < ends:
-            return ends
-        # A backlog longer than the hold: wait on while it is being worked through.
-        if replies.draining(state.priority, window=policy.reply_hold):
-            return deadline + policy.reply_hold_max
-        return None
+        if oldest is not None and oldest <= deadline:  # a reply sent by the deadline waits
+            ends = deadline + policy.reply_hold
+            if now < ends:
+                return ends
+            # A backlog longer than the hold: wait on while it is being worked through.
+            if replies.draining(state.priority, window=policy.reply_hold):
+                return deadline + policy.reply_hold_max
+            return None
+        # Every reply sent by the deadline has been taken, but the last one taken may still be
+        # on its way through a busy host: from the deadline, or from when a sweep first saw
+        # the lane without one after an earlier sweep had seen one waiting past the deadline.
+        ends = deadline + policy.reply_in_flight
+        taken = replies.taken_at(state.priority, deadline)
+        if taken is not None:
+            ends = max(ends, taken + policy.reply_in_flight)
+        return ends if now < ends else None
 
     def _expire(
         self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
@@ -304,6 +312,23 @@ class _LaneHeads:
             while seen and seen[0][0] < at - self._keep:
                 seen.popleft()
 
+    def taken_at(self, queue: str, deadline: datetime) -> datetime | None:
+        """When a sweep first saw every message enqueued by ``deadline`` taken, after the last
+        sweep (at or after the deadline) that saw one of them still waiting; None if no sweep
+        since the deadline saw one waiting, or none has seen them taken since."""
+        with self._lock:
+            seen = sorted(
+                (s for s in self._seen.get(queue, ()) if s[0] >= deadline), key=lambda s: s[0]
+            )
+        waited = False
+        taken: datetime | None = None
+        for at, oldest in seen:
+            if oldest is not None and oldest <= deadline:
+                waited, taken = True, None  # (again: a host that let one go puts it back)
+            elif waited and taken is None:
+                taken = at
+        return taken
+
     def between(self, queue: str, start: datetime, end: datetime) -> list[datetime | None]:
         """The oldest waiting message of each sighting from ``start`` up to (not at) ``end``."""
         with self._lock:
@@ -344,6 +369,11 @@ class _OldestReplies:
                 else:
                     self._heads.add(queue, self._clock.now(), self._known[queue])
             return self._known[queue]
+
+    def taken_at(self, priority: Priority, deadline: datetime) -> datetime | None:
+        """See ``_LaneHeads.taken_at`` (this sweep's own peek included)."""
+        self.get(priority)
+        return self._heads.taken_at(self._routes.lane(self._routes.replies, priority), deadline)
 
     def draining(self, priority: Priority, *, window: timedelta) -> bool:
         """Whether the lane's oldest waiting message is newer now than at some earlier sweep

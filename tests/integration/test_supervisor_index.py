@@ -257,3 +257,39 @@ def test_without_a_reply_recovery_comes_reply_in_flight_later(world):
     world.clock.advance(0.5)  # the marker was re-armed to the end of the hold
     assert supervisor.sweep()["retry"] == 1
     assert world.state(oid).process_state is ProcessState.PENDING
+
+
+def seen_waiting_past_the_deadline_then_taken(world) -> tuple[str, Supervisor, float, Any]:
+    """An order whose first step replied in time; a sweep in the first hold saw the reply
+    still queued, and a host took it after that hold ended (returned, not yet applied)."""
+    oid = order(world)
+    world.deliver("agent-inventory")  # replied in time; the reply waits behind a backlog
+    supervisor, in_flight = hosted(world)
+    world.clock.advance(BUDGET + 1)
+    assert supervisor.sweep()["held_for_reply"] == 1  # seen waiting, past the deadline
+    world.clock.advance(in_flight + 5)  # the first hold is over; the reply is still queued
+    (reply,) = world.bus.take("replies")  # now a host takes it, and is slow to apply it
+    return oid, supervisor, in_flight, reply
+
+
+def test_a_reply_taken_after_the_deadline_is_awaited_from_when_a_sweep_saw_it_gone(world):
+    oid, supervisor, in_flight, reply = seen_waiting_past_the_deadline_then_taken(world)
+    assert supervisor.sweep()["held_for_reply"] == 1  # gone from the lane: maybe on its way
+    world.clock.advance(in_flight - 0.5)
+    assert world.scheduler.on_reply(reply) is ReplyOutcome.ADVANCED  # it arrives: applied
+    world.clock.advance(1)
+    assert supervisor.sweep()["retry"] == 0
+    world.run()
+    assert "reply_dropped" not in world.history(oid)
+    assert_effects_once(world, oid, *ALL_STEPS)
+    assert len([e for q, e in world.bus.sent if q == "agent-inventory"]) == 1
+
+
+def test_a_reply_seen_waiting_and_then_never_applied_ends_the_hold_in_flight_after(world):
+    oid, supervisor, in_flight, reply = seen_waiting_past_the_deadline_then_taken(world)
+    assert supervisor.sweep()["held_for_reply"] == 1
+    world.clock.advance(in_flight)  # the host that took it died with it: recovery comes now
+    assert supervisor.sweep()["retry"] == 1
+    assert world.state(oid).process_state is ProcessState.PENDING
+    assert world.scheduler.on_reply(reply) is ReplyOutcome.STALE  # too late: fenced
+    assert "reply_dropped" in world.history(oid)
