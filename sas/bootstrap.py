@@ -239,8 +239,9 @@ def _check_order(order: OrderSubmitted) -> None:
 
 @_once
 def _remote() -> Any:
-    from sas.adapters.remote_http import HttpRemoteService
+    from sas.adapters.remote_http import HttpRemoteService, quiet_request_log
 
+    quiet_request_log()
     return HttpRemoteService(settings().remote_targets)
 
 

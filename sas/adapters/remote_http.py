@@ -7,6 +7,7 @@ duplicate deliveries safe at the provider.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,16 @@ from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 _TRANSIENT_STATUS = frozenset({408, 425, 429})
 MAX_RETRY_AFTER = 3600.0
 """A provider's hint beyond an hour is no hint for a step with a deadline."""
+
+
+def quiet_request_log() -> None:
+    """httpx logs every request at INFO (method, full URL, status): a record per remote call
+    that the Functions host would ship to Application Insights beside the step's own
+    ``sas.step_replied``, with whatever the URL carries. Left at WARNING unless someone set a
+    level for it on purpose."""
+    httpx_log = logging.getLogger("httpx")
+    if httpx_log.level == logging.NOTSET:
+        httpx_log.setLevel(logging.WARNING)
 
 
 class HttpRemoteService:

@@ -48,8 +48,9 @@ class RetryPolicy:
     the deadline still waits: a host hides the messages it has taken while it works on them,
     and a reply taken just before the deadline may still be on its way to a Scheduler (a
     batch of replies behind a busy thread pool). Recovery comes at most this much later. When
-    a sweep past the deadline saw such a reply still waiting, the hold runs this long from the
-    first sweep that saw none (the reply was taken in between, maybe just before it)."""
+    a sweep past the deadline saw such a reply still waiting, and waiting this long already
+    (a host behind), the hold runs this long from the first sweep that saw none (the reply
+    was taken in between, maybe just before it)."""
     reply_recheck: timedelta = timedelta(seconds=5)
     """While it holds a step for a queued reply, the Supervisor looks at it again this often
     (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""

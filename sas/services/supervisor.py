@@ -14,7 +14,8 @@ and after that for as long as the replies lane keeps draining (at most
 ``RetryPolicy.reply_hold_max``): expiring it would throw away a step that finished in time and
 run it again. Once no such reply waits, the last one taken may still be on its way through a
 busy host, so the step is held for ``RetryPolicy.reply_in_flight`` more: from its deadline, or
-from when a sweep first saw the lane without one (an earlier sweep having seen one waiting).
+from when a sweep first saw the lane without one, if an earlier sweep had seen one waiting that
+had already waited that long (a host behind is as slow to apply what it takes).
 Nothing is applied late by waiting: the agent sent that reply before its deadline, and the
 fence still decides whether it applies.
 """
@@ -190,10 +191,11 @@ class Supervisor:
                 return deadline + policy.reply_hold_max
             return None
         # Every reply sent by the deadline has been taken, but the last one taken may still be
-        # on its way through a busy host: from the deadline, or from when a sweep first saw
-        # the lane without one after an earlier sweep had seen one waiting past the deadline.
+        # on its way through a busy host: from the deadline, or, if a sweep past the deadline
+        # saw one that had waited that long already (a host behind), from when a sweep first
+        # saw the lane without one.
         ends = deadline + policy.reply_in_flight
-        taken = replies.taken_at(state.priority, deadline)
+        taken = replies.taken_at(state.priority, deadline, behind=policy.reply_in_flight)
         if taken is not None:
             ends = max(ends, taken + policy.reply_in_flight)
         return ends if now < ends else None
@@ -312,19 +314,21 @@ class _LaneHeads:
             while seen and seen[0][0] < at - self._keep:
                 seen.popleft()
 
-    def taken_at(self, queue: str, deadline: datetime) -> datetime | None:
-        """When a sweep first saw every message enqueued by ``deadline`` taken, after the last
-        sweep (at or after the deadline) that saw one of them still waiting; None if no sweep
-        since the deadline saw one waiting, or none has seen them taken since."""
+    def taken_at(self, queue: str, deadline: datetime, *, behind: timedelta) -> datetime | None:
+        """When a sweep first saw every message enqueued by ``deadline`` gone, after the last
+        sweep (at or after the deadline) that saw one of them still waiting, and waiting for
+        ``behind`` or longer already: a host that far behind can be as slow to apply a reply
+        once it has taken it. None if no such sweep, or none has seen them gone since.
+        Sightings are read in the order they were made, whatever the clock said."""
         with self._lock:
-            seen = sorted(
-                (s for s in self._seen.get(queue, ()) if s[0] >= deadline), key=lambda s: s[0]
-            )
+            seen = [s for s in self._seen.get(queue, ()) if s[0] >= deadline]
         waited = False
         taken: datetime | None = None
         for at, oldest in seen:
             if oldest is not None and oldest <= deadline:
-                waited, taken = True, None  # (again: a host that let one go puts it back)
+                if at - oldest >= behind:
+                    waited = True
+                taken = None  # still waiting (or again: a host that let one go puts it back)
             elif waited and taken is None:
                 taken = at
         return taken
@@ -348,7 +352,8 @@ class _OldestReplies:
         *,
         started: datetime,
     ) -> None:
-        """``started``: when the sweep began (its own sightings are never compared with)."""
+        """``started``: when the sweep began (``draining`` never compares the lane with this
+        sweep's own peek)."""
         self._transport = transport
         self._routes = routes
         self._heads = heads
@@ -356,6 +361,7 @@ class _OldestReplies:
         self._started = started
         self._lock = threading.Lock()
         self._known: dict[str, datetime | None] = {}
+        self._failed: set[str] = set()
 
     def get(self, priority: Priority) -> datetime | None:
         queue = self._routes.lane(self._routes.replies, priority)
@@ -366,14 +372,22 @@ class _OldestReplies:
                 except Exception:  # a failed peek must not stop recovery: hold off nothing
                     log.warning("sas.replies_peek_failed", exc_info=True)
                     self._known[queue] = None
+                    self._failed.add(queue)
                 else:
                     self._heads.add(queue, self._clock.now(), self._known[queue])
             return self._known[queue]
 
-    def taken_at(self, priority: Priority, deadline: datetime) -> datetime | None:
-        """See ``_LaneHeads.taken_at`` (this sweep's own peek included)."""
+    def taken_at(
+        self, priority: Priority, deadline: datetime, *, behind: timedelta
+    ) -> datetime | None:
+        """See ``_LaneHeads.taken_at``; this sweep's own peek included, and None if it failed
+        (a failed peek holds off nothing)."""
         self.get(priority)
-        return self._heads.taken_at(self._routes.lane(self._routes.replies, priority), deadline)
+        queue = self._routes.lane(self._routes.replies, priority)
+        with self._lock:
+            if queue in self._failed:
+                return None
+        return self._heads.taken_at(queue, deadline, behind=behind)
 
     def draining(self, priority: Priority, *, window: timedelta) -> bool:
         """Whether the lane's oldest waiting message is newer now than at some earlier sweep

@@ -6,8 +6,10 @@ orders/s the raw rates allow for them; end-to-end throughput and latency per dev
 count, with the expiries and thrown-away replies of each run; the supervisor's sweep over
 in-flight orders, alone and beside finished history; the recovery latency after an agent dies.
 ``--compare REV`` runs the counts, the end-to-end runs and the recovery for another commit too
-(from a git worktree), side by side. ``--quick`` (CI) keeps it short. Figures are reported, never
-asserted.
+(from a git worktree), side by side: each end-to-end configuration runs for both commits back to
+back, so a drift of the shared machine's speed during the run falls on both alike.
+``--repeat N`` runs each end-to-end configuration N times (the report shows the median run and
+every run's orders/s). ``--quick`` (CI) keeps it short. Figures are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +44,28 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", default=None, help="comma-separated worker counts")
     p.add_argument("--orders", default=None, help="comma-separated batch sizes")
     p.add_argument("--finished", type=int, default=None, help="finished orders beside the sweep")
+    p.add_argument(
+        "--repeat",
+        type=_at_least_one,
+        default=1,
+        help="runs of each end-to-end configuration (the report shows the median)",
+    )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "docs", help="where to write")
     p.add_argument("--name", default="benchmarks", help="file stem of the outputs")
     p.add_argument(
         "--report-only", action="store_true", help="rewrite the page and chart from the JSON"
     )
     return p
+
+
+def _at_least_one(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def commit_of(root: Path) -> str:
@@ -147,6 +165,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {platform.python_version()}, {_cpus()} cores (shared)",
         "quick": quick,
+        "interleaved": True,  # each end-to-end configuration runs for every commit back to back
         "commits": {},
     }
     head = commit_of(REPO_ROOT)
@@ -165,31 +184,51 @@ def main(argv: Sequence[str] | None = None) -> int:
             started=started,
         )
 
-    def measure_commit(name: str, root: Path) -> None:
-        progress(f"{name}: requests per order", started)
-        counted = count(root, logs / f"count-{name}", orders=2 if quick else 3)
-        runs = []
-        for batch in batches:
-            for count_of_workers in workers:
-                progress(f"{name}: {batch} orders, {count_of_workers} worker(s)", started)
-                runs.append(
-                    e2e.run(
-                        commit=name,
-                        app_root=root,
-                        workers=count_of_workers,
-                        orders=batch,
-                        timeout=60 + batch * 1.0,
-                        log_dir=logs / f"e2e-{name}-{batch}-{count_of_workers}",
-                        count_supervision=not quick,  # it waits out the last markers
-                    ).as_dict()
-                )
-        progress(f"{name}: recovery latency", started)
-        recovered = recovery.measure(
-            orders=2 if quick else 5, log_dir=logs / f"recovery-{name}", app_root=root
+    def end_to_end(
+        name: str, root: Path, batch: int, count_of_workers: int, repetition: int
+    ) -> None:
+        progress(
+            f"{name}: {batch} orders, {count_of_workers} worker(s), run {repetition + 1}", started
         )
-        results["commits"][name] = {"counts": counted, "e2e": runs, "recovery": recovered}
+        measured = e2e.run(
+            commit=name,
+            app_root=root,
+            workers=count_of_workers,
+            orders=batch,
+            timeout=60 + batch * 1.0,
+            log_dir=logs / f"e2e-{name}-{batch}-{count_of_workers}-{repetition + 1}",
+            count_supervision=not quick,  # it waits out the last markers
+        ).as_dict()
+        results["commits"][name]["e2e"].append({**measured, "repetition": repetition + 1})
 
-    measure_commit(head, REPO_ROOT)
+    with ExitStack() as stack:
+        roots = {head: REPO_ROOT}
+        if args.compare:
+            other = stack.enter_context(worktree(args.compare))
+            roots[commit_of(other)] = other
+        for name, root in roots.items():
+            progress(f"{name}: requests per order", started)
+            counted = count(root, logs / f"count-{name}", orders=2 if quick else 3)
+            results["commits"][name] = {"counts": counted, "e2e": []}
+        configurations = [
+            (repetition, batch, count_of_workers)
+            for repetition in range(args.repeat)
+            for batch in batches
+            for count_of_workers in workers
+        ]
+        for turn, (repetition, batch, count_of_workers) in enumerate(configurations):
+            # Back to back, each commit first in turn: drift falls on both alike.
+            order = list(roots.items())
+            if turn % 2:
+                order.reverse()
+            for name, root in order:
+                end_to_end(name, root, batch, count_of_workers, repetition)
+        for name, root in roots.items():
+            progress(f"{name}: recovery latency", started)
+            results["commits"][name]["recovery"] = recovery.measure(
+                orders=2 if quick else 5, log_dir=logs / f"recovery-{name}", app_root=root
+            )
+
     progress(f"{head}: priorities under a backlog", started)
     results["priorities"] = scenarios.priorities(
         backlog=60 if quick else 1_000,
@@ -201,9 +240,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["endpoints"] = scenarios.endpoints(
         orders=30 if quick else 300, log_dir=logs / "endpoints", timeout=120 if quick else 600
     )
-    if args.compare:
-        with worktree(args.compare) as other:
-            measure_commit(commit_of(other), other)
 
     # The store's speed on this shared machine drifts within a run (one run's raw rates came
     # out a third lower than the next run's while its end-to-end runs were faster): measured

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -109,16 +110,22 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             .get("3-step, no status subscriber", {})
             .get("limit_orders_per_s")
         )
-        for run in measured["e2e"]:
+        for run in median_runs(measured["e2e"]):
             share = f"{100 * run['orders_per_s'] / limit:.0f} %" if limit else "-"
             lines.append(
                 f"| {run['orders']} | {run['workers']} | {run['finished']} "
-                f"| {run['orders_per_s']:g} | {run['p50_s']:g} | {run['p95_s']:g} "
-                f"| {run['p99_s']:g} | {share} | {run.get('expiries', '-')} "
-                f"| {run.get('replies_dropped', '-')} | {_supervision_cell(run)} "
+                f"| {_each(run, 'orders_per_s')} | {run['p50_s']:g} | {run['p95_s']:g} "
+                f"| {run['p99_s']:g} | {share} | {_each(run, 'expiries')} "
+                f"| {_each(run, 'replies_dropped')} | {_supervision_cell(run)} "
                 f"| {_cpu_cell(run)} |"
             )
         lines.append("")
+        if any(len(runs) > 1 for runs in _by_configuration(measured["e2e"]).values()):
+            lines += [
+                "Each row is the run of median throughput; in brackets, every run's figure in "
+                "the order they ran.",
+                "",
+            ]
         recovered = measured.get("recovery")
         if recovered:
             lines += [
@@ -135,7 +142,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
     sweep = results.get("sweep")
     if sweep:
         lines += [
-            "**Supervisor sweep** (median of 3): "
+            f"**Supervisor sweep** (median of {sweep.get('runs', 3)}): "
             f"{sweep['live']} in flight alone {sweep['sweep_s_live_only']} s; "
             f"beside {sweep['finished']:,} finished orders {sweep['sweep_s_with_finished']} s "
             f"(ratio {sweep['ratio']})"
@@ -146,7 +153,8 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             )
             + "."
             + (
-                " **With every marker due** (each order read and re-armed): "
+                " **With every marker due** (each order read and re-armed; median of "
+                f"{sweep.get('runs_all_due', 3)}): "
                 f"{sweep['live']} alone {sweep['sweep_s_live_only_all_due']} s, beside the "
                 f"finished {sweep['sweep_s_with_finished_all_due']} s "
                 f"(ratio {sweep['ratio_all_due']})"
@@ -161,6 +169,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             ),
             "",
         ]
+    lines += _side_by_side(results)
     lines += _scenarios(results)
     if chart_name:
         lines += [f"![Throughput and latency per worker count]({chart_name})", ""]
@@ -217,9 +226,10 @@ def chart(results: dict[str, Any], path: Path) -> Path | None:
         return None
     fig, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 4))
     for commit, measured in results["commits"].items():
-        batches = sorted({run["orders"] for run in measured["e2e"]})
+        medians = median_runs(measured["e2e"])
+        batches = sorted({run["orders"] for run in medians})
         for batch in batches:
-            runs = [run for run in measured["e2e"] if run["orders"] == batch]
+            runs = [run for run in medians if run["orders"] == batch]
             workers = [run["workers"] for run in runs]
             label = f"{commit}, {batch} orders"
             throughput.plot(workers, [run["orders_per_s"] for run in runs], "o-", label=label)
@@ -279,3 +289,74 @@ def _in_flight(recovered: dict[str, Any]) -> str:
     if not held:
         return ""
     return f" + the hold for a reply a host has taken, `RetryPolicy.reply_in_flight`, {held:g} s"
+
+
+def _by_configuration(runs: list[dict[str, Any]]) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    """The end-to-end runs by (orders, workers), each group in the order they ran."""
+    groups: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        groups[(run["orders"], run["workers"])].append(run)
+    return dict(sorted(groups.items()))
+
+
+def median_runs(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One run per (orders, workers): the one of median throughput (the lower middle of an
+    even count), with ``each``: every run of that configuration, in the order they ran."""
+    medians = []
+    for group in _by_configuration(runs).values():
+        ranked = sorted(group, key=lambda run: run["orders_per_s"])
+        medians.append({**ranked[(len(ranked) - 1) // 2], "each": group})
+    return medians
+
+
+def _each(run: dict[str, Any], key: str) -> str:
+    """The median run's figure, and every run's in brackets when there were several."""
+    value = run.get(key)
+    shown = "-" if value is None else f"{value:g}"
+    each = run.get("each") or [run]
+    if len(each) < 2:
+        return shown
+    return f"{shown} ({', '.join('-' if r.get(key) is None else f'{r[key]:g}' for r in each)})"
+
+
+def _side_by_side(results: dict[str, Any]) -> list[str]:
+    """With ``--compare``: each configuration's median throughput for both commits and their
+    ratio, and the finished steps each run threw away (replies dropped by the fence)."""
+    commits = list(results["commits"].items())
+    if len(commits) != 2:
+        return []
+    (new, measured_new), (old, measured_old) = commits
+    limit = (
+        measured_new["counts"]["variants"]
+        .get("3-step, no status subscriber", {})
+        .get("limit_orders_per_s")
+    )
+    olds = {(r["orders"], r["workers"]): r for r in median_runs(measured_old["e2e"])}
+    repeats = max(len(run["each"]) for run in median_runs(measured_new["e2e"]))
+    how = [
+        "each configuration run for both commits back to back"
+        if results.get("interleaved")
+        else "",
+        f"the run of median throughput of {repeats}" if repeats > 1 else "",
+    ]
+    lines = [
+        "**Side by side**" + (f" ({'; '.join(h for h in how if h)})" if any(how) else "") + ":",
+        "",
+        f"| Orders | Workers | `{old}` orders/s | `{new}` orders/s | ratio "
+        f"| `{new}` % of the 3-step limit | replies thrown away, `{old}` / `{new}` |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in median_runs(measured_new["e2e"]):
+        before = olds.get((run["orders"], run["workers"]))
+        if before is None:
+            continue
+        times = "-"
+        if before["orders_per_s"]:
+            times = f"{run['orders_per_s'] / before['orders_per_s']:.2f}\N{MULTIPLICATION SIGN}"
+        share = f"{100 * run['orders_per_s'] / limit:.0f} %" if limit else "-"
+        lines.append(
+            f"| {run['orders']} | {run['workers']} | {_each(before, 'orders_per_s')} "
+            f"| {_each(run, 'orders_per_s')} | {times} "
+            f"| {share} | {_each(before, 'replies_dropped')} / {_each(run, 'replies_dropped')} |"
+        )
+    return [*lines, ""]

@@ -84,3 +84,41 @@ def test_the_generated_section_replaces_only_what_lies_between_the_markers(
     document.write_text("no markers")
     with pytest.raises(ValueError, match="marker"):
         report.into_document(document, "x")
+
+
+def _run(orders: int, workers: int, per_s: float, dropped: int = 0) -> dict[str, object]:
+    return {
+        "orders": orders,
+        "workers": workers,
+        "finished": orders,
+        "orders_per_s": per_s,
+        "p50_s": 1.0,
+        "p95_s": 2.0,
+        "p99_s": 3.0,
+        "replies_dropped": dropped,
+    }
+
+
+def test_repeated_runs_are_shown_by_their_median_with_every_run_in_the_order_they_ran() -> None:
+    runs = [_run(100, 1, 9.0), _run(100, 2, 5.0), _run(100, 1, 3.0), _run(100, 1, 6.0, 2)]
+    one, two = report.median_runs(runs)
+    assert (one["workers"], one["orders_per_s"], one["replies_dropped"]) == (1, 6.0, 2)
+    assert [r["orders_per_s"] for r in one["each"]] == [9.0, 3.0, 6.0]
+    assert report._each(one, "orders_per_s") == "6 (9, 3, 6)"
+    assert report._each(two, "orders_per_s") == "5"  # a single run: no brackets
+
+
+def test_side_by_side_divides_the_medians_of_each_configuration() -> None:
+    counts = {"variants": {"3-step, no status subscriber": {"limit_orders_per_s": 20.0}}}
+    results = {
+        "interleaved": True,
+        "commits": {
+            "new": {"counts": counts, "e2e": [_run(100, 1, 12.0), _run(100, 1, 16.0)]},
+            "old": {"counts": counts, "e2e": [_run(100, 1, 5.0, 3), _run(100, 1, 8.0, 1)]},
+        },
+    }
+    lines = report._side_by_side(results)
+    assert "back to back" in lines[0] and "median throughput of 2" in lines[0]
+    (row,) = [line for line in lines if line.startswith("| 100 |")]
+    assert "| 2.40\N{MULTIPLICATION SIGN} |" in row  # 12 / 5: the lower middle of two runs each
+    assert "| 60 % |" in row and "3 (3, 1) / 0 (0, 0)" in row

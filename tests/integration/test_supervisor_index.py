@@ -293,3 +293,43 @@ def test_a_reply_seen_waiting_and_then_never_applied_ends_the_hold_in_flight_aft
     assert world.state(oid).process_state is ProcessState.PENDING
     assert world.scheduler.on_reply(reply) is ReplyOutcome.STALE  # too late: fenced
     assert "reply_dropped" in world.history(oid)
+
+
+def test_a_dead_agents_recovery_waits_for_no_reply_that_was_only_passing_through(world):
+    """Another order's reply, queued a moment before the deadline and taken a moment after
+    it, is no sign of a host behind: the dead agent's step is recovered as without it."""
+    dead = order(world, "o-dead")
+    world.drop("agent-inventory")  # its agent died holding the request
+    supervisor, in_flight = hosted(world)
+    world.clock.advance(BUDGET - 0.1)
+    order(world, "o-other")
+    world.deliver("agent-inventory")  # the other order's reply, just before the deadline
+    world.clock.advance(0.2)
+    assert supervisor.sweep()["held_for_reply"] == 1  # a reply from before the deadline waits
+    world.deliver("replies")  # taken and applied at once
+    world.clock.advance(world.policy.reply_recheck.total_seconds())  # looked at again
+    assert world.clock.now() - world.state(dead).complete_by < timedelta(seconds=in_flight + 0.5)
+    assert supervisor.sweep()["retry"] == 1  # deadline + reply_in_flight, as with no reply
+    assert world.state(dead).process_state is ProcessState.PENDING
+
+
+def test_a_failed_peek_holds_off_nothing_whatever_earlier_sweeps_saw(world, monkeypatch):
+    oid = order(world, "o1")
+    world.deliver("agent-inventory")  # replied in time; the reply waits behind a backlog
+    world.clock.advance(3)
+    order(world, "o2")
+    world.drop("agent-inventory")  # a later order whose agent died
+    supervisor, _ = hosted(world)
+    world.clock.advance(BUDGET - 3 + 1)
+    assert supervisor.sweep() == {"held_for_reply": 1}  # o1: its reply seen waiting
+    world.bus.take("replies")  # a host takes it...
+    world.clock.advance(3)
+    assert supervisor.sweep() == {"held_for_reply": 1}  # o2's look at the lane: it is gone
+
+    def unreachable(queue: str) -> Any:
+        raise ConnectionError("the queue service is unreachable")
+
+    monkeypatch.setattr(world.bus, "oldest_waiting", unreachable)
+    world.clock.advance(2)  # o1 looked at again, within reply_in_flight of that look
+    assert supervisor.sweep() == {"retry": 1}  # no peek now: held as if nothing was seen
+    assert world.state(oid).process_state is ProcessState.PENDING

@@ -1,9 +1,11 @@
+import logging
+
 import httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sas.adapters.remote_http import MAX_RETRY_AFTER, HttpRemoteService
+from sas.adapters.remote_http import MAX_RETRY_AFTER, HttpRemoteService, quiet_request_log
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 
 pytestmark = pytest.mark.unit
@@ -84,3 +86,25 @@ def test_any_answer_is_a_result_or_a_classified_error(status, content):
     except (TransientRemoteError, PermanentRemoteError):
         return
     assert isinstance(result, dict)
+
+
+@pytest.fixture
+def httpx_log():
+    logger = logging.getLogger("httpx")
+    level = logger.level
+    yield logger
+    logger.setLevel(level)
+
+
+def test_httpx_does_not_log_each_remote_call(httpx_log, caplog):
+    httpx_log.setLevel(logging.NOTSET)
+    quiet_request_log()
+    with caplog.at_level(logging.INFO):
+        call(remote(200, body={"ok": True}))
+    assert not [r for r in caplog.records if r.name.startswith("httpx")]
+
+
+def test_a_level_set_for_httpx_on_purpose_is_kept(httpx_log):
+    httpx_log.setLevel(logging.DEBUG)
+    quiet_request_log()
+    assert httpx_log.level == logging.DEBUG
