@@ -42,15 +42,16 @@ class RetryPolicy:
     reply_hold: timedelta = timedelta(seconds=30)
     """How long past its deadline a running step is not expired while a reply enqueued by the
     deadline still waits in the replies queue (it may be this step's: expiring would run a
-    finished step again). Only a backlog of replies delays recovery, by at most this."""
+    finished step again). Only a backlog of replies delays recovery: by at most this, plus
+    ``reply_in_flight`` once it is seen gone, or while it drains, ``reply_hold_max``."""
     reply_in_flight: timedelta = timedelta(seconds=5)
     """How long past its deadline a running step is not expired even when no reply enqueued by
     the deadline still waits: a host hides the messages it has taken while it works on them,
     and a reply taken just before the deadline may still be on its way to a Scheduler (a
-    batch of replies behind a busy thread pool). Recovery comes at most this much later. When
-    a sweep past the deadline saw such a reply still waiting, and waiting this long already
-    (a host behind), the hold runs this long from the first sweep that saw none (the reply
-    was taken in between, maybe just before it)."""
+    batch of replies behind a busy thread pool). Without a backlog, recovery comes this much
+    later. When a sweep past the deadline saw such a reply still waiting, and waiting this
+    long already (a host behind), the hold runs this long from the first sweep that saw none
+    (the reply was taken in between, maybe just before it), within ``reply_hold_max``."""
     reply_recheck: timedelta = timedelta(seconds=5)
     """While it holds a step for a queued reply, the Supervisor looks at it again this often
     (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""

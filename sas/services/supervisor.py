@@ -12,10 +12,10 @@ A running step whose reply may still be waiting in the replies queue (a reply en
 later than the step's deadline is still there) is not expired yet, for ``RetryPolicy.reply_hold``,
 and after that for as long as the replies lane keeps draining (at most
 ``RetryPolicy.reply_hold_max``): expiring it would throw away a step that finished in time and
-run it again. Once no such reply waits, the last one taken may still be on its way through a
-busy host, so the step is held for ``RetryPolicy.reply_in_flight`` more: from its deadline, or
-from when a sweep first saw the lane without one, if an earlier sweep had seen one waiting that
-had already waited that long (a host behind is as slow to apply what it takes).
+run it again. A reply taken may still be on its way through a busy host, so a step is held
+for ``RetryPolicy.reply_in_flight`` past its deadline whatever the lane shows, and as long past
+the first sweep that saw the lane without such a reply if an earlier sweep had seen one that
+had waited that long already (a host behind is about as slow to apply what it takes).
 Nothing is applied late by waiting: the agent sent that reply before its deadline, and the
 fence still decides whether it applies.
 """
@@ -181,7 +181,9 @@ class Supervisor:
         deadline = state.complete_by + policy.clock_skew
         if now >= deadline + policy.reply_hold_max:
             return None
-        oldest = replies.get(state.priority)
+        oldest = replies.get(state.priority)  # looked at from the deadline on: see taken_at
+        if now < deadline + policy.reply_in_flight:  # a reply taken may still be on its way
+            return deadline + policy.reply_in_flight
         if oldest is not None and oldest <= deadline:  # a reply sent by the deadline waits
             ends = deadline + policy.reply_hold
             if now < ends:
@@ -190,14 +192,13 @@ class Supervisor:
             if replies.draining(state.priority, window=policy.reply_hold):
                 return deadline + policy.reply_hold_max
             return None
-        # Every reply sent by the deadline has been taken, but the last one taken may still be
-        # on its way through a busy host: from the deadline, or, if a sweep past the deadline
-        # saw one that had waited that long already (a host behind), from when a sweep first
-        # saw the lane without one.
-        ends = deadline + policy.reply_in_flight
+        # Every reply sent by the deadline has been taken. If a sweep past the deadline saw one
+        # that had waited reply_in_flight already (a host behind), the last one taken may still
+        # be on its way: held that long from when a sweep first saw the lane without one.
         taken = replies.taken_at(state.priority, deadline, behind=policy.reply_in_flight)
-        if taken is not None:
-            ends = max(ends, taken + policy.reply_in_flight)
+        if taken is None:
+            return None
+        ends = min(taken + policy.reply_in_flight, deadline + policy.reply_hold_max)
         return ends if now < ends else None
 
     def _expire(
@@ -316,10 +317,11 @@ class _LaneHeads:
 
     def taken_at(self, queue: str, deadline: datetime, *, behind: timedelta) -> datetime | None:
         """When a sweep first saw every message enqueued by ``deadline`` gone, after the last
-        sweep (at or after the deadline) that saw one of them still waiting, and waiting for
-        ``behind`` or longer already: a host that far behind can be as slow to apply a reply
-        once it has taken it. None if no such sweep, or none has seen them gone since.
-        Sightings are read in the order they were made, whatever the clock said."""
+        sweep (at or after the deadline) that saw one of them still waiting, provided a sweep
+        since the deadline saw one that had waited ``behind`` or longer already: a host that
+        far behind can be as slow to apply a reply once it has taken it. None if no sweep saw
+        that, or none has seen them gone since. Sightings are read in the order they were
+        made, whatever the clock said."""
         with self._lock:
             seen = [s for s in self._seen.get(queue, ()) if s[0] >= deadline]
         waited = False

@@ -58,6 +58,22 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def schedule(
+    commits: Sequence[str], repeat: int, batches: Sequence[int], workers: Sequence[int]
+) -> list[tuple[int, int, int, str]]:
+    """The end-to-end runs in the order they run: (repetition, orders, workers, commit). Each
+    configuration runs for every commit back to back, and which commit goes first alternates
+    from one configuration to the next and, for each configuration, from one repetition to the
+    next, so a drift of the machine's speed falls on both alike."""
+    runs = []
+    for repetition in range(repeat):
+        configurations = [(batch, count) for batch in batches for count in workers]
+        for index, (batch, count) in enumerate(configurations):
+            order = list(commits) if (index + repetition) % 2 == 0 else list(reversed(commits))
+            runs += [(repetition, batch, count, commit) for commit in order]
+    return runs
+
+
 def _at_least_one(text: str) -> int:
     try:
         value = int(text)
@@ -66,6 +82,18 @@ def _at_least_one(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
     return value
+
+
+def _short(rev: str) -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", f"{rev}^{{commit}}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode:
+        raise SystemExit(f"--compare {rev}: not a commit of this repository")
+    return done.stdout.strip()
 
 
 def commit_of(root: Path) -> str:
@@ -169,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "commits": {},
     }
     head = commit_of(REPO_ROOT)
+    if args.compare and _short(args.compare) == head:
+        parser().error(f"--compare {args.compare} is the commit being measured ({head})")
 
     with store_and_remote(logs / "rates") as (azurite, _):
         progress("raw rates", started)
@@ -210,19 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             progress(f"{name}: requests per order", started)
             counted = count(root, logs / f"count-{name}", orders=2 if quick else 3)
             results["commits"][name] = {"counts": counted, "e2e": []}
-        configurations = [
-            (repetition, batch, count_of_workers)
-            for repetition in range(args.repeat)
-            for batch in batches
-            for count_of_workers in workers
-        ]
-        for turn, (repetition, batch, count_of_workers) in enumerate(configurations):
-            # Back to back, each commit first in turn: drift falls on both alike.
-            order = list(roots.items())
-            if turn % 2:
-                order.reverse()
-            for name, root in order:
-                end_to_end(name, root, batch, count_of_workers, repetition)
+        for repetition, batch, count_of_workers, name in schedule(
+            list(roots), args.repeat, batches, workers
+        ):
+            end_to_end(name, roots[name], batch, count_of_workers, repetition)
         for name, root in roots.items():
             progress(f"{name}: recovery latency", started)
             results["commits"][name]["recovery"] = recovery.measure(

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sas_local.bench import rates, report
+from sas_local.bench.__main__ import parser, schedule
 from sas_local.processes import REPO_ROOT
 
 pytestmark = pytest.mark.bench
@@ -121,4 +122,24 @@ def test_side_by_side_divides_the_medians_of_each_configuration() -> None:
     assert "back to back" in lines[0] and "median throughput of 2" in lines[0]
     (row,) = [line for line in lines if line.startswith("| 100 |")]
     assert "| 2.40\N{MULTIPLICATION SIGN} |" in row  # 12 / 5: the lower middle of two runs each
-    assert "| 60 % |" in row and "3 (3, 1) / 0 (0, 0)" in row
+    assert "| 60 % |" in row and "4 (3, 1) / 0 (0, 0)" in row  # thrown away: every run's
+
+
+def test_each_configuration_runs_for_both_commits_back_to_back_first_one_then_the_other() -> None:
+    runs = schedule(["new", "old"], 2, [100, 1000], [1, 2])
+    assert len(runs) == 2 * 2 * 2 * 2
+    pairs = [runs[n : n + 2] for n in range(0, len(runs), 2)]
+    assert all(a[:3] == b[:3] and {a[3], b[3]} == {"new", "old"} for a, b in pairs)
+    first: dict[tuple[int, int], list[str]] = {}
+    for (_, batch, workers, commit), _ in pairs:
+        first.setdefault((batch, workers), []).append(commit)
+    # From one configuration to the next, and for each from one repetition to the next.
+    assert [firsts[0] for firsts in first.values()] == ["new", "old", "new", "old"]
+    assert all(firsts[0] != firsts[1] for firsts in first.values())
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "two"])
+def test_repeat_must_be_a_whole_number_of_at_least_one(value: str, capsys) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--repeat", value])
+    assert "--repeat" in capsys.readouterr().err

@@ -295,22 +295,44 @@ def test_a_reply_seen_waiting_and_then_never_applied_ends_the_hold_in_flight_aft
     assert "reply_dropped" in world.history(oid)
 
 
-def test_a_dead_agents_recovery_waits_for_no_reply_that_was_only_passing_through(world):
+@pytest.mark.parametrize("first_look", [0.1, 2.0, 4.0])
+def test_a_dead_agents_recovery_waits_for_no_reply_that_was_only_passing_through(world, first_look):
     """Another order's reply, queued a moment before the deadline and taken a moment after
-    it, is no sign of a host behind: the dead agent's step is recovered as without it."""
+    the Supervisor's first look, is no sign of a host behind: the dead agent's step is
+    recovered as without it, whenever that look came."""
     dead = order(world, "o-dead")
     world.drop("agent-inventory")  # its agent died holding the request
     supervisor, in_flight = hosted(world)
     world.clock.advance(BUDGET - 0.1)
     order(world, "o-other")
     world.deliver("agent-inventory")  # the other order's reply, just before the deadline
-    world.clock.advance(0.2)
+    world.clock.advance(0.1 + first_look)
     assert supervisor.sweep()["held_for_reply"] == 1  # a reply from before the deadline waits
     world.deliver("replies")  # taken and applied at once
-    world.clock.advance(world.policy.reply_recheck.total_seconds())  # looked at again
-    assert world.clock.now() - world.state(dead).complete_by < timedelta(seconds=in_flight + 0.5)
+    deadline = world.state(dead).complete_by
+    world.clock.advance(
+        (deadline + timedelta(seconds=in_flight) - world.clock.now()).total_seconds()
+    )
     assert supervisor.sweep()["retry"] == 1  # deadline + reply_in_flight, as with no reply
     assert world.state(dead).process_state is ProcessState.PENDING
+
+
+def test_the_hold_from_a_reply_seen_gone_still_ends_by_reply_hold_max(world):
+    oid = replied_behind_a_backlog(world, older=200, spread_seconds=600)
+    supervisor, _ = hosted(world)
+    policy, deadline = world.policy, world.state(oid).complete_by
+    recheck = policy.reply_recheck
+    last_look = deadline + policy.reply_hold_max - timedelta(seconds=3)
+    world.clock.advance(BUDGET + 1)
+    while world.clock.now() + recheck <= last_look:
+        assert supervisor.sweep() == {"held_for_reply": 1}  # the backlog drains slowly
+        del world.bus.queues["replies"][:2]
+        world.clock.advance(recheck.total_seconds())
+    world.clock.advance((last_look - world.clock.now()).total_seconds())
+    world.bus.take("replies")  # a host takes the rest, this step's reply among them
+    assert supervisor.sweep() == {"held_for_reply": 1}  # seen gone: maybe on its way
+    world.clock.advance(3)  # reply_hold_max past the deadline, less than reply_in_flight on
+    assert supervisor.sweep() == {"retry": 1}
 
 
 def test_a_failed_peek_holds_off_nothing_whatever_earlier_sweeps_saw(world, monkeypatch):

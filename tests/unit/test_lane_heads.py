@@ -62,3 +62,9 @@ def test_sightings_are_read_in_the_order_they_were_made_whatever_the_clock_said(
     """A clock that stepped back: the sighting made while it ran ahead came first."""
     lane = heads((30, 40), (6, None), (11, None))
     assert lane.taken_at(LANE, DEADLINE, behind=BEHIND) == at(6)
+
+
+def test_a_host_seen_behind_once_counts_until_the_replies_are_seen_gone():
+    """Old enough at one look, younger at the next (the oldest was taken): still behind."""
+    lane = heads((1, 20), (3, 3.5), (8, None))
+    assert lane.taken_at(LANE, DEADLINE, behind=BEHIND) == at(8)
