@@ -42,8 +42,9 @@ class RetryPolicy:
     reply_hold: timedelta = timedelta(seconds=30)
     """How long past its deadline a running step is not expired while a reply enqueued by the
     deadline still waits in the replies queue (it may be this step's: expiring would run a
-    finished step again). Only a backlog of replies delays recovery: by at most this, plus
-    ``reply_in_flight`` once it is seen gone, or while it drains, ``reply_hold_max``."""
+    finished step again). Beyond ``reply_in_flight``, only a backlog of replies delays
+    recovery: by at most this, plus ``reply_in_flight`` once it is seen gone, or while it
+    drains, up to ``reply_hold_max``."""
     reply_in_flight: timedelta = timedelta(seconds=5)
     """How long past its deadline a running step is not expired even when no reply enqueued by
     the deadline still waits: a host hides the messages it has taken while it works on them,

@@ -15,7 +15,8 @@ and after that for as long as the replies lane keeps draining (at most
 run it again. A reply taken may still be on its way through a busy host, so a step is held
 for ``RetryPolicy.reply_in_flight`` past its deadline whatever the lane shows, and as long past
 the first sweep that saw the lane without such a reply if an earlier sweep had seen one that
-had waited that long already (a host behind is about as slow to apply what it takes).
+had waited that long already (a host behind is about as slow to apply what it takes), never
+past ``RetryPolicy.reply_hold_max``.
 Nothing is applied late by waiting: the agent sent that reply before its deadline, and the
 fence still decides whether it applies.
 """
@@ -307,13 +308,22 @@ class _LaneHeads:
         self._keep = keep
         self._lock = threading.Lock()
         self._seen: dict[str, deque[tuple[datetime, datetime | None]]] = {}
+        self._since: dict[str, datetime] = {}
 
     def add(self, queue: str, at: datetime, oldest: datetime | None) -> None:
         with self._lock:
             seen = self._seen.setdefault(queue, deque(maxlen=self.SEEN))
+            if not seen or at - seen[-1][0] > self._keep:  # a watch starts (again)
+                self._since[queue] = at
             seen.append((at, oldest))
             while seen and seen[0][0] < at - self._keep:
                 seen.popleft()
+
+    def watched_since(self, queue: str) -> datetime | None:
+        """When this watch of the lane began: its first sighting with no gap longer than
+        ``keep`` since (None: never watched)."""
+        with self._lock:
+            return self._since.get(queue)
 
     def taken_at(self, queue: str, deadline: datetime, *, behind: timedelta) -> datetime | None:
         """When a sweep first saw every message enqueued by ``deadline`` gone, after the last
@@ -393,11 +403,15 @@ class _OldestReplies:
 
     def draining(self, priority: Priority, *, window: timedelta) -> bool:
         """Whether the lane's oldest waiting message is newer now than at some earlier sweep
-        within ``window`` (a lane not watched in that window yet counts as draining until it
-        has been). A window, not the last sweep alone: a host takes messages in batches, which
-        it hides while it works on them, so the front of the lane moves in steps."""
+        within ``window`` (a lane not watched for a whole window yet, by this Supervisor since
+        it started or since a gap, counts as draining until it has been). A window, not the
+        last sweep alone: a host takes messages in batches, which it hides while it works on
+        them, so the front of the lane moves in steps."""
         current = self.get(priority)
         queue = self._routes.lane(self._routes.replies, priority)
+        since = self._heads.watched_since(queue)
+        if since is None or since > self._started - window:
+            return True
         before = self._heads.between(queue, self._started - window, self._started)
         if not before:
             return True

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sas_local.bench import rates, report
-from sas_local.bench.__main__ import parser, schedule
+from sas_local.bench.__main__ import _short, parser, schedule
 from sas_local.processes import REPO_ROOT
 
 pytestmark = pytest.mark.bench
@@ -138,8 +138,19 @@ def test_each_configuration_runs_for_both_commits_back_to_back_first_one_then_th
     assert all(firsts[0] != firsts[1] for firsts in first.values())
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "two"])
-def test_repeat_must_be_a_whole_number_of_at_least_one(value: str, capsys) -> None:
+@pytest.mark.parametrize(
+    ("value", "said"), [("0", "at least 1"), ("-1", "at least 1"), ("two", "whole number")]
+)
+def test_repeat_must_be_a_whole_number_of_at_least_one(value: str, said: str, capsys) -> None:
     with pytest.raises(SystemExit):
         parser().parse_args(["--repeat", value])
-    assert "--repeat" in capsys.readouterr().err
+    assert said in capsys.readouterr().err
+
+
+def test_compare_names_a_commit_of_this_repository() -> None:
+    head = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    assert _short("HEAD") == head  # what main compares with the commit being measured
+    with pytest.raises(SystemExit, match="not a commit"):
+        _short("no-such-revision")

@@ -335,6 +335,26 @@ def test_the_hold_from_a_reply_seen_gone_still_ends_by_reply_hold_max(world):
     assert supervisor.sweep() == {"retry": 1}
 
 
+def test_a_supervisor_that_has_not_watched_the_lane_for_a_whole_hold_keeps_holding(world):
+    """A Supervisor that took over (a restart, the timer moved) and has watched the lane for
+    only 2 s does not judge it stopped: a host takes replies in steps."""
+    a = order(world, "o-a")
+    world.deliver("agent-inventory")  # a's reply waits at the front of the lane all along
+    deadline = world.state(a).complete_by
+    hold = world.policy.reply_hold.total_seconds()
+    world.clock.advance(hold - 3)
+    order(world, "o-b")
+    world.drop("agent-inventory")  # b's agent died: looked at 1 s past its deadline, 2 s before a
+    (marker,) = [m for m in world.store.list_due(world.clock.now()) if m.order_id == a]
+    look_at_a = deadline + timedelta(seconds=hold)  # another instance held a until then
+    assert world.store.rearm_live([(marker, look_at_a)]) == 1
+    supervisor, _ = hosted(world)  # this instance's first sweeps
+    world.clock.advance(BUDGET + 1)
+    assert supervisor.sweep() == {"held_for_reply": 1}  # b, in its first seconds: a peek
+    world.clock.advance((look_at_a - world.clock.now()).total_seconds())
+    assert supervisor.sweep() == {"held_for_reply": 1}  # a: the lane watched for 2 s only
+
+
 def test_a_failed_peek_holds_off_nothing_whatever_earlier_sweeps_saw(world, monkeypatch):
     oid = order(world, "o1")
     world.deliver("agent-inventory")  # replied in time; the reply waits behind a backlog

@@ -68,3 +68,11 @@ def test_a_host_seen_behind_once_counts_until_the_replies_are_seen_gone():
     """Old enough at one look, younger at the next (the oldest was taken): still behind."""
     lane = heads((1, 20), (3, 3.5), (8, None))
     assert lane.taken_at(LANE, DEADLINE, behind=BEHIND) == at(8)
+
+
+def test_a_watch_begins_at_the_first_sighting_and_again_after_a_gap_longer_than_kept():
+    lane = heads((1, 20), (6, 20), (11, None))
+    assert lane.watched_since(LANE) == at(1)
+    lane.add(LANE, at(11 + 301), None)  # nothing seen for longer than the 5 minutes kept
+    assert lane.watched_since(LANE) == at(312)
+    assert _LaneHeads(keep=timedelta(minutes=5)).watched_since(LANE) is None
