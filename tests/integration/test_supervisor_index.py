@@ -231,13 +231,9 @@ def hosted(world) -> tuple[Supervisor, float]:
     return supervisor, policy.reply_in_flight.total_seconds()
 
 
-def test_a_reply_a_host_took_by_the_deadline_is_not_run_again(world):
-    oid = order(world)
-    world.deliver("agent-inventory")  # replied in time...
-    (reply,) = world.bus.take("replies")  # ...and taken by a host: no longer in the queue
-    supervisor, in_flight = hosted(world)
-    world.clock.advance(BUDGET + in_flight - 0.5)
-    assert supervisor.sweep()["held_for_reply"] == 1
+def applied_and_never_run_again(world, supervisor: Supervisor, oid: str, reply: Any) -> None:
+    """The held step's reply arrives and applies; the step is not expired, and the order
+    finishes with each effect once and one request to the first agent."""
     assert world.scheduler.on_reply(reply) is ReplyOutcome.ADVANCED  # it arrives: applied
     world.clock.advance(1)
     assert supervisor.sweep()["retry"] == 0
@@ -245,6 +241,16 @@ def test_a_reply_a_host_took_by_the_deadline_is_not_run_again(world):
     assert "reply_dropped" not in world.history(oid)
     assert_effects_once(world, oid, *ALL_STEPS)
     assert len([e for q, e in world.bus.sent if q == "agent-inventory"]) == 1
+
+
+def test_a_reply_a_host_took_by_the_deadline_is_not_run_again(world):
+    oid = order(world)
+    world.deliver("agent-inventory")  # replied in time...
+    (reply,) = world.bus.take("replies")  # ...and taken by a host: no longer in the queue
+    supervisor, in_flight = hosted(world)
+    world.clock.advance(BUDGET + in_flight - 0.5)
+    assert supervisor.sweep()["held_for_reply"] == 1
+    applied_and_never_run_again(world, supervisor, oid, reply)
 
 
 def test_without_a_reply_recovery_comes_reply_in_flight_later(world):
@@ -276,13 +282,7 @@ def test_a_reply_taken_after_the_deadline_is_awaited_from_when_a_sweep_saw_it_go
     oid, supervisor, in_flight, reply = seen_waiting_past_the_deadline_then_taken(world)
     assert supervisor.sweep()["held_for_reply"] == 1  # gone from the lane: maybe on its way
     world.clock.advance(in_flight - 0.5)
-    assert world.scheduler.on_reply(reply) is ReplyOutcome.ADVANCED  # it arrives: applied
-    world.clock.advance(1)
-    assert supervisor.sweep()["retry"] == 0
-    world.run()
-    assert "reply_dropped" not in world.history(oid)
-    assert_effects_once(world, oid, *ALL_STEPS)
-    assert len([e for q, e in world.bus.sent if q == "agent-inventory"]) == 1
+    applied_and_never_run_again(world, supervisor, oid, reply)
 
 
 def test_a_reply_seen_waiting_and_then_never_applied_ends_the_hold_in_flight_after(world):
