@@ -51,8 +51,9 @@ class RetryPolicy:
     and a reply taken just before the deadline may still be on its way to a Scheduler (a
     batch of replies behind a busy thread pool). Without a backlog, recovery comes this much
     later. When a sweep past the deadline saw such a reply still waiting, and waiting this
-    long already (a host behind), the hold runs this long from the first sweep that saw none
-    (the reply was taken in between, maybe just before it), within ``reply_hold_max``."""
+    long already (a host behind), or the first sweep to find them gone saw the lane's front
+    waiting this long, the hold runs this long from that first sweep (the reply was taken
+    before it, maybe just before), within ``reply_hold_max``."""
     reply_recheck: timedelta = timedelta(seconds=5)
     """While it holds a step for a queued reply, the Supervisor looks at it again this often
     (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""

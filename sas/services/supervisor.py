@@ -14,9 +14,9 @@ and after that for as long as the replies lane keeps draining (at most
 ``RetryPolicy.reply_hold_max``): expiring it would throw away a step that finished in time and
 run it again. A reply taken may still be on its way through a busy host, so a step is held
 for ``RetryPolicy.reply_in_flight`` past its deadline whatever the lane shows, and as long past
-the first sweep that saw the lane without such a reply if an earlier sweep had seen one that
-had waited that long already (a host behind is about as slow to apply what it takes), never
-past ``RetryPolicy.reply_hold_max``.
+the first sweep that saw the lane without such a reply if the lane showed a host behind (such a
+reply seen waiting that long already, or, at that first sweep, a front that had: a host behind
+is about as slow to apply what it takes), never past ``RetryPolicy.reply_hold_max``.
 Nothing is applied late by waiting: the agent sent that reply before its deadline, and the
 fence still decides whether it applies.
 """
@@ -193,9 +193,9 @@ class Supervisor:
             if replies.draining(state.priority, window=policy.reply_hold):
                 return deadline + policy.reply_hold_max
             return None
-        # Every reply sent by the deadline has been taken. If a sweep past the deadline saw one
-        # that had waited reply_in_flight already (a host behind), the last one taken may still
-        # be on its way: held that long from when a sweep first saw the lane without one.
+        # Every reply sent by the deadline has been taken. If the lane showed a host behind
+        # (replies waiting reply_in_flight already), the last one taken may still be on its
+        # way: held that long from when a sweep first saw the lane without one.
         taken = replies.taken_at(state.priority, deadline, behind=policy.reply_in_flight)
         if taken is None:
             return None
@@ -326,23 +326,30 @@ class _LaneHeads:
             return self._since.get(queue)
 
     def taken_at(self, queue: str, deadline: datetime, *, behind: timedelta) -> datetime | None:
-        """When a sweep first saw every message enqueued by ``deadline`` gone, after the last
-        sweep (at or after the deadline) that saw one of them still waiting, provided a sweep
-        since the deadline saw one that had waited ``behind`` or longer already: a host that
-        far behind can be as slow to apply a reply once it has taken it. None if no sweep saw
-        that, or none has seen them gone since. Sightings are read in the order they were
+        """When a sweep (at or after the deadline) first saw every message enqueued by
+        ``deadline`` gone, since the last one that saw one of them still waiting, provided the
+        lane showed a host ``behind``: a message from by the deadline that had waited that
+        long already at a sweep since the deadline, or, at that first sweep, a front that had
+        (a host that far behind can be as slow to apply a reply once it has taken it, and one
+        may have been taken just before). None if the first sweep to see them gone showed no
+        host behind, or none has seen them gone yet. Sightings are read in the order they were
         made, whatever the clock said."""
         with self._lock:
             seen = [s for s in self._seen.get(queue, ()) if s[0] >= deadline]
         waited = False
+        settled = False
         taken: datetime | None = None
         for at, oldest in seen:
             if oldest is not None and oldest <= deadline:
                 if at - oldest >= behind:
                     waited = True
-                taken = None  # still waiting (or again: a host that let one go puts it back)
-            elif waited and taken is None:
-                taken = at
+                settled, taken = False, None  # waiting (again: a host that let one go puts it back)
+            elif not settled:
+                # The first look that finds them gone: taken in between, maybe just before, by
+                # a host that is behind if its replies waited that long then or before.
+                settled = True
+                if waited or (oldest is not None and at - oldest >= behind):
+                    taken = at
         return taken
 
     def between(self, queue: str, start: datetime, end: datetime) -> list[datetime | None]:

@@ -295,6 +295,40 @@ def test_a_reply_seen_waiting_and_then_never_applied_ends_the_hold_in_flight_aft
     assert "reply_dropped" in world.history(oid)
 
 
+def replied_then_taken_unseen_behind_a_lagging_lane(world) -> tuple[Supervisor, float, Any]:
+    """o1's first step replied in time and a host took the reply, while nobody looked; the
+    replies sent since, from 5 s past the deadline on, wait 7 s when the Supervisor first
+    looks (its sweeps run late on a saturated instance)."""
+    order(world, "o1")
+    world.deliver("agent-inventory")
+    (reply,) = world.bus.take("replies")  # taken by a host that is behind
+    supervisor, in_flight = hosted(world)
+    world.clock.advance(BUDGET + in_flight)
+    order(world, "o2")
+    world.deliver("agent-inventory")  # its reply waits: the lane lags
+    world.clock.advance(7)
+    return supervisor, in_flight, reply
+
+
+def test_a_reply_taken_unseen_by_a_host_that_is_behind_is_awaited_from_the_first_look(world):
+    supervisor, in_flight, reply = replied_then_taken_unseen_behind_a_lagging_lane(world)
+    assert supervisor.sweep() == {"held_for_reply": 1}  # o1, looked at 12 s past its deadline
+    world.clock.advance(in_flight - 0.5)
+    assert world.scheduler.on_reply(reply) is ReplyOutcome.ADVANCED  # it arrives: applied
+    world.clock.advance(1)
+    assert supervisor.sweep()["retry"] == 0
+    assert "reply_dropped" not in world.history("o1")
+    assert world.state("o1").step_index == 1
+
+
+def test_a_dead_agent_behind_a_lagging_lane_is_recovered_reply_in_flight_after_the_look(world):
+    supervisor, in_flight, _ = replied_then_taken_unseen_behind_a_lagging_lane(world)
+    assert supervisor.sweep() == {"held_for_reply": 1}  # the host that took it died with it
+    world.clock.advance(in_flight)
+    assert supervisor.sweep() == {"retry": 1}
+    assert world.state("o1").process_state is ProcessState.PENDING
+
+
 @pytest.mark.parametrize("first_look", [0.1, 2.0, 4.0])
 def test_a_dead_agents_recovery_waits_for_no_reply_that_was_only_passing_through(world, first_look):
     """Another order's reply, queued a moment before the deadline and taken a moment after

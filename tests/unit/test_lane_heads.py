@@ -76,3 +76,14 @@ def test_a_watch_begins_at_the_first_sighting_and_again_after_a_gap_longer_than_
     lane.add(LANE, at(11 + 301), None)  # nothing seen for longer than the 5 minutes kept
     assert lane.watched_since(LANE) == at(312)
     assert _LaneHeads(keep=timedelta(minutes=5)).watched_since(LANE) is None
+
+
+def test_a_first_look_that_finds_them_gone_behind_a_lagging_front_counts_from_itself():
+    """Nobody looked while the reply waited; the front, newer than the deadline, has waited
+    ``behind`` already: a host that far behind may have taken it just before."""
+    assert heads((12, 7), (17, None)).taken_at(LANE, DEADLINE, behind=BEHIND) == at(12)
+
+
+def test_a_first_look_that_finds_the_lane_keeping_up_settles_it():
+    assert heads((1, None), (12, 7)).taken_at(LANE, DEADLINE, behind=BEHIND) is None
+    assert heads((6, 2), (12, 7)).taken_at(LANE, DEADLINE, behind=BEHIND) is None
