@@ -105,13 +105,9 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             "| CPU ms/order: dev host / Azurite / simulator |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        limit = (
-            measured["counts"]["variants"]
-            .get("3-step, no status subscriber", {})
-            .get("limit_orders_per_s")
-        )
+        limit = _three_step_limit(measured)
         for run in median_runs(measured["e2e"]):
-            share = f"{100 * run['orders_per_s'] / limit:.0f} %" if limit else "-"
+            share = _share_of(limit, run)
             lines.append(
                 f"| {run['orders']} | {run['workers']} | {run['finished']} "
                 f"| {_each(run, 'orders_per_s')} | {run['p50_s']:g} | {run['p95_s']:g} "
@@ -234,7 +230,7 @@ def chart(results: dict[str, Any], path: Path) -> Path | None:
             label = f"{commit}, {batch} orders"
             throughput.plot(workers, [run["orders_per_s"] for run in runs], "o-", label=label)
             latency.plot(workers, [run["p50_s"] for run in runs], "o-", label=label)
-        limit = measured["counts"]["variants"]["3-step, no status subscriber"]["limit_orders_per_s"]
+        limit = _three_step_limit(measured)
         if limit:
             throughput.axhline(limit, linestyle="--", label=f"{commit}: limit from raw rates")
     throughput.set_xlabel("dev-host workers")
@@ -291,6 +287,17 @@ def _in_flight(recovered: dict[str, Any]) -> str:
     return f" + the hold for a reply a host has taken, `RetryPolicy.reply_in_flight`, {held:g} s"
 
 
+def _three_step_limit(measured: dict[str, Any]) -> float | None:
+    """The orders/s the raw rates allow a 3-step order without a status subscriber."""
+    variant = measured["counts"]["variants"].get("3-step, no status subscriber", {})
+    limit: float | None = variant.get("limit_orders_per_s")
+    return limit
+
+
+def _share_of(limit: float | None, run: dict[str, Any]) -> str:
+    return f"{100 * run['orders_per_s'] / limit:.0f} %" if limit else "-"
+
+
 def _by_configuration(runs: list[dict[str, Any]]) -> dict[tuple[int, int], list[dict[str, Any]]]:
     """The end-to-end runs by (orders, workers), each group in the order they ran."""
     groups: dict[tuple[int, int], list[dict[str, Any]]] = defaultdict(list)
@@ -330,13 +337,10 @@ def _side_by_side(results: dict[str, Any]) -> list[str]:
     if len(commits) != 2:
         return []
     (new, measured_new), (old, measured_old) = commits
-    limit = (
-        measured_new["counts"]["variants"]
-        .get("3-step, no status subscriber", {})
-        .get("limit_orders_per_s")
-    )
+    limit = _three_step_limit(measured_new)
     olds = {(r["orders"], r["workers"]): r for r in median_runs(measured_old["e2e"])}
-    repeats = max((len(run["each"]) for run in median_runs(measured_new["e2e"])), default=1)
+    news = median_runs(measured_new["e2e"])
+    repeats = max((len(run["each"]) for run in news), default=1)
     how = [
         "each configuration run for both commits back to back"
         if results.get("interleaved")
@@ -351,14 +355,14 @@ def _side_by_side(results: dict[str, Any]) -> list[str]:
         f"| replies thrown away in all runs, `{old}` / `{new}` |",
         "|---|---|---|---|---|---|---|",
     ]
-    for run in median_runs(measured_new["e2e"]):
+    for run in news:
         before = olds.get((run["orders"], run["workers"]))
         if before is None:
             continue
         times = "-"
         if before["orders_per_s"]:
             times = f"{run['orders_per_s'] / before['orders_per_s']:.2f}\N{MULTIPLICATION SIGN}"
-        share = f"{100 * run['orders_per_s'] / limit:.0f} %" if limit else "-"
+        share = _share_of(limit, run)
         lines.append(
             f"| {run['orders']} | {run['workers']} | {_each(before, 'orders_per_s')} "
             f"| {_each(run, 'orders_per_s')} | {times} "
