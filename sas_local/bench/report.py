@@ -102,8 +102,8 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             "| Orders | Workers | Finished | Orders/s | p50 s | p95 s | p99 s "
             "| % of the 3-step limit | Expiries | Replies thrown away "
             "| Supervisor reads / marker moves per order "
-            "| CPU ms/order: dev host / Azurite / simulator |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "| CPU ms/order: dev host / Azurite / simulator | Cores busy |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         limit = _three_step_limit(measured)
         for run in median_runs(measured["e2e"]):
@@ -113,9 +113,15 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 f"| {_each(run, 'orders_per_s')} | {run['p50_s']:g} | {run['p95_s']:g} "
                 f"| {run['p99_s']:g} | {share} | {_each(run, 'expiries')} "
                 f"| {_each(run, 'replies_dropped')} | {_supervision_cell(run)} "
-                f"| {_cpu_cell(run)} |"
+                f"| {_cpu_cell(run)} | {_cores_busy(run)} |"
             )
-        lines.append("")
+        lines += [
+            "",
+            "Cores busy: orders/s times the CPU an order cost the dev host, Azurite and the "
+            f"simulator together (this machine: {results['machine']}); a little high, as the "
+            "CPU is counted until the queues are quiet, a few seconds past the last finish.",
+            "",
+        ]
         if any(len(runs) > 1 for runs in _by_configuration(measured["e2e"]).values()):
             lines += [
                 "Each row is the run of median throughput; in brackets, every run's figure in "
@@ -278,6 +284,16 @@ def _cpu_cell(run: dict[str, Any]) -> str:
     if not all(name in used for name in names):
         return "-"
     return " / ".join(f"{used[name]:g}" for name in names)
+
+
+def _cores_busy(run: dict[str, Any]) -> str:
+    """How many cores the run kept busy: its orders/s times the CPU an order cost the dev
+    host, Azurite and the simulator (the benchmark's own process not included)."""
+    used = run.get("cpu_ms_per_order") or {}
+    names = ("devhost", "azurite", "simulator")
+    if not all(name in used for name in names):
+        return "-"
+    return f"{run['orders_per_s'] * sum(used[name] for name in names) / 1000:.2f}"
 
 
 def _in_flight(recovered: dict[str, Any]) -> str:

@@ -154,3 +154,12 @@ def test_compare_names_a_commit_of_this_repository() -> None:
     assert _short("HEAD") == head  # what main compares with the commit being measured
     with pytest.raises(SystemExit, match="not a commit"):
         _short("no-such-revision")
+
+
+def test_cores_busy_are_orders_per_second_times_the_cpu_each_order_cost() -> None:
+    run: dict[str, object] = {
+        **_run(1000, 4, 20.0),
+        "cpu_ms_per_order": {"devhost": 50.0, "azurite": 40.0, "simulator": 2.5},
+    }
+    assert report._cores_busy(run) == "1.85"  # 20/s x 92.5 ms
+    assert report._cores_busy(_run(1000, 4, 20.0)) == "-"  # CPU not measured: nothing made up
