@@ -148,8 +148,10 @@ class InMemoryStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return [h for h in self.history if h.order_id == order_id]
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
-        self.live[order_id] = LiveMarker(order_id, at, next(self._etags), due_at)
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
+        marker = LiveMarker(order_id, at, next(self._etags), due_at)
+        self.live[order_id] = marker
+        return marker.etag
 
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())
@@ -169,14 +171,21 @@ class InMemoryStore:
                 moved += 1
         return moved
 
-    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
-        moved = 0
+    def settle_live(
+        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+    ) -> tuple[int, int]:
+        moved = dropped = 0
         for order_id, due_at in moves:
             current = self.live.get(order_id)
             if current is not None:
                 self.live[order_id] = replace(current, etag=next(self._etags), due_at=due_at)
                 moved += 1
-        return moved
+        for order_id, etag in drops:
+            current = self.live.get(order_id)
+            if current is not None and current.etag == etag:
+                del self.live[order_id]
+                dropped += 1
+        return moved, dropped
 
     def drop_live(self, marker: LiveMarker) -> bool:
         current = self.live.get(marker.order_id)

@@ -69,7 +69,6 @@ log = logging.getLogger(__name__)
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
-_GONE_RETRIES = 3  # a batch of marker moves sent again without a marker that went
 _SLACK = timedelta(seconds=1)
 _KEY_BYTES = 32
 _KEY_RETRY_SECONDS = 60.0  # after a failed read of the carried-state key
@@ -239,10 +238,13 @@ class TableStateStore:
 
     # --- in-flight index --------------------------------------------------------------
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
         """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
         re-touching changes its ETag so a concurrent drop_live of an older read fails."""
-        self._live.upsert_entity(_marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE)
+        written = self._live.upsert_entity(
+            _marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE
+        )
+        return str(written["etag"])
 
     def list_live(self) -> list[LiveMarker]:
         entities = self._live.query_entities(
@@ -293,37 +295,46 @@ class TableStateStore:
                 break
         return moved
 
-    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
-        """In transactions of up to 100, each a merge of ``DueAt`` alone (``TouchedAt`` stays)
-        with ``If-Match: *``: a marker that is gone fails its transaction, which is sent again
-        without it (the service names the failed operation), a few times at most: moves are
-        an optimisation, and an error that names no operation must not cost a request per
-        move."""
-        moved = 0
-        for start in range(0, len(moves), _MAX_BATCH):
-            operations: list[Any] = [
-                (
-                    "update",
-                    {"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "DueAt": due_at},
-                    {"mode": UpdateMode.MERGE},
-                )
-                for order_id, due_at in moves[start : start + _MAX_BATCH]
-            ]
-            for retry in range(_GONE_RETRIES + 1):
+    def settle_live(
+        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+    ) -> tuple[int, int]:
+        """In transactions of up to 100: each move a merge of ``DueAt`` alone (``TouchedAt``
+        stays) with ``If-Match: *``, each drop a delete conditional on the marker's ETag. An
+        operation the service names as failed (its marker gone, or a dropped marker touched
+        since) is taken out and the rest sent again, once per such marker: moves are an
+        optimisation and a drop that fails leaves the marker to the Supervisor, so neither is
+        retried on its own, and an error that names no operation is raised."""
+        operations: list[Any] = [
+            (
+                "update",
+                {"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "DueAt": due_at},
+                {"mode": UpdateMode.MERGE},
+            )
+            for order_id, due_at in moves
+        ] + [
+            (
+                "delete",
+                {"PartitionKey": LIVE_PARTITION, "RowKey": order_id},
+                {"etag": etag, "match_condition": MatchConditions.IfNotModified},
+            )
+            for order_id, etag in drops
+        ]
+        moved = dropped = 0
+        for start in range(0, len(operations), _MAX_BATCH):
+            chunk = operations[start : start + _MAX_BATCH]
+            while chunk:
                 try:
-                    self._live.submit_transaction(operations)
+                    self._live.submit_transaction(chunk)
                 except TableTransactionError as exc:
                     index = _named_index(exc)
-                    gone = exc.status_code == 404 and index is not None and index < len(operations)
-                    if not gone or retry == _GONE_RETRIES or index is None:
+                    if exc.status_code not in (404, 412) or index is None or index >= len(chunk):
                         raise
-                    del operations[index]  # dropped since: it stays dropped
-                    if not operations:
-                        break
+                    del chunk[index]  # gone, or touched since: its new owner decides
                     continue
-                moved += len(operations)
+                moved += sum(1 for kind, _, _ in chunk if kind == "update")
+                dropped += sum(1 for kind, _, _ in chunk if kind == "delete")
                 break
-        return moved
+        return moved, dropped
 
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""
@@ -656,6 +667,7 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "Endpoint": state.endpoint,
             "Deferrals": state.deferrals or None,
             "TraceParent": state.traceparent,
+            "MarkerEtag": state.marker_etag,
             "Details": None
             if state.details is None
             else json.dumps(state.details, separators=(",", ":")),
@@ -689,6 +701,7 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         endpoint=entity.get("Endpoint"),
         deferrals=int(entity.get("Deferrals") or 0),
         traceparent=entity.get("TraceParent"),
+        marker_etag=entity.get("MarkerEtag"),
     )
 
 

@@ -78,6 +78,11 @@ class OrderState:
     traceparent: str | None = None
     """The W3C context of the order's trace (its submission's span): what a Supervisor's
     recovery or an operator's resubmit continues. None when the order was not traced."""
+    marker_etag: str | None = None
+    """The ETag of the order's in-flight marker as its submission wrote it: the Scheduler that
+    finishes the order deletes the marker on that condition, so a marker touched since (moved,
+    re-armed, or a new order's under the same id) stays for the Supervisor to judge. None when
+    not known (rows written before it was kept, or after a resubmit)."""
 
     @property
     def is_terminal(self) -> bool:

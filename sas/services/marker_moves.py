@@ -17,7 +17,16 @@ saved. A move only changes ``DueAt`` of a marker that exists (a dropped marker s
 
 A move is sent only when the marker is due within ``lookahead`` by the state this write
 replaced: when an order moves on well before its marker is due (a quiet system), moving the
-marker would cost a request to save nothing (the order usually finishes before it is due)."""
+marker would cost a request to save nothing (the order usually finishes before it is due).
+
+A write that finishes an order (Processed or Compensated: states nothing leads out of) drops
+its marker in the same transaction as the moves, where the Supervisor would read the order
+once its marker came due and then delete the marker: two requests per order, one by one.
+The drop is conditional on the ETag the submission's upsert gave the marker (kept in the
+state, ``OrderState.marker_etag``), so it deletes only the marker as the submission wrote it:
+one moved or re-armed since, touched by an operator, or written for a new order under the same
+id after a purge fails its condition and stays for the Supervisor, which drops it as before.
+An Error keeps its marker: the Supervisor sees its alert sent."""
 
 from __future__ import annotations
 
@@ -28,15 +37,20 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from sas.domain.clock import Clock
-from sas.domain.model import OrderState
+from sas.domain.model import OrderState, ProcessState
 from sas.domain.transitions import look_again_at
 from sas.domain.workflow import workflow_named
 
 log = logging.getLogger(__name__)
 
+_FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
+"""Terminal states no transition leaves (an operator resubmits only an Error)."""
+
 
 class LiveIndex(Protocol):
-    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int: ...
+    def settle_live(
+        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+    ) -> tuple[int, int]: ...
 
 
 class MarkerMoves:
@@ -48,22 +62,25 @@ class MarkerMoves:
         lookahead: timedelta = timedelta(seconds=5),
         window: timedelta = timedelta(seconds=1),
     ) -> None:
-        """``window``: moves are sent at most this often (the ones waiting go together)."""
+        """``window``: moves and drops are sent at most this often (the ones waiting go
+        together)."""
         self._index = index
         self._clock = clock
         self._lookahead = lookahead
         self._window = window
         self._lock = threading.Lock()
         self._waiting: dict[str, datetime] = {}
+        self._drops: dict[str, str] = {}
         self._sent_at: datetime | None = None
 
     def after_write(self, replaced: OrderState, written: OrderState, at: datetime) -> None:
         """The Scheduler wrote ``written`` over ``replaced`` at ``at`` (its transition time)."""
         order_id = written.order_id
         if written.is_terminal:
-            # Its marker is to be dropped by the Supervisor, which reads it once anyway.
             with self._lock:
                 self._waiting.pop(order_id, None)
+                if written.process_state in _FINAL and written.marker_etag is not None:
+                    self._drops[order_id] = written.marker_etag
         elif (
             look_again_at(
                 replaced, now=replaced.updated_at, workflow=workflow_named(replaced.workflow)
@@ -73,23 +90,30 @@ class MarkerMoves:
             due = look_again_at(written, now=at, workflow=workflow_named(written.workflow))
             with self._lock:
                 self._waiting[order_id] = due  # a newer write's move replaces an older one
+                self._drops.pop(order_id, None)  # one operation per marker in a transaction
         self.send_waiting()  # any write sends what waits, once the window is over
 
     def send_waiting(self) -> int:
-        """Send the waiting moves, unless some were sent less than ``window`` ago. Never
-        raises: a move that is not sent costs the Supervisor a read, nothing else."""
+        """Send the waiting moves and drops, unless some were sent less than ``window`` ago.
+        Returns how many markers moved or went. Never raises: a move or drop that is not sent
+        costs the Supervisor a read (and a drop its delete), nothing else."""
         now = self._clock.now()
         with self._lock:
-            if not self._waiting:
+            if not self._waiting and not self._drops:
                 return 0
             if self._sent_at is not None and now - self._sent_at < self._window:
                 return 0
             moves, self._waiting = list(self._waiting.items()), {}
+            drops, self._drops = list(self._drops.items()), {}
             self._sent_at = now
+        count = len(moves) + len(drops)
         try:
-            moved = self._index.advance_live(moves)
+            moved, dropped = self._index.settle_live(moves, drops)
         except Exception:
-            log.warning("sas.marker_moves_failed", extra={"count": len(moves)}, exc_info=True)
+            log.warning("sas.marker_moves_failed", extra={"count": count}, exc_info=True)
             return 0
-        log.info("sas.markers_moved", extra={"count": len(moves), "moved": moved})
-        return moved
+        log.info(
+            "sas.markers_settled",
+            extra={"count": count, "moved": moved, "dropped": dropped},
+        )
+        return moved + dropped

@@ -60,9 +60,9 @@ class StateStore(Protocol):
 
     def get_history(self, order_id: str) -> list[HistoryEntry]: ...
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
         """Index the order as possibly in flight (before it can become live), due by
-        ``due_at``."""
+        ``due_at``; returns the marker's new ETag."""
         ...
 
     def list_live(self) -> list[LiveMarker]:
@@ -78,9 +78,13 @@ class StateStore(Protocol):
         share one partition, so many go in one request). Returns how many moved."""
         ...
 
-    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
-        """Set the due time of each order's marker, if it has one (never index an order: a
-        marker dropped since stays dropped); many in one request. Returns how many moved."""
+    def settle_live(
+        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+    ) -> tuple[int, int]:
+        """Set the due time of each order's marker in ``moves``, if it has one (never index an
+        order: a marker dropped since stays dropped), and unindex each ``(order id, ETag)`` in
+        ``drops`` unless its marker was touched since that ETag; many in one request. Returns
+        how many moved and how many were dropped."""
         ...
 
     def drop_live(self, marker: LiveMarker) -> bool:

@@ -138,10 +138,12 @@ class Submission:
         claimed = self._dispatcher.route(claimed, workflow, now)
         claimed = replace(claimed, traceparent=telemetry.current_traceparent())
         # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps
-        # away, never an order the Supervisor cannot see.
-        self._store.touch_live(
+        # away, never an order the Supervisor cannot see. The marker's ETag goes in the state:
+        # the Scheduler that finishes the order drops the marker on it (marker_moves.py).
+        marker_etag = self._store.touch_live(
             order.order_id, now, look_again_at(claimed, now=now, workflow=workflow)
         )
+        claimed = replace(claimed, marker_etag=marker_etag)
         history = [
             HistoryEntry(order.order_id, now, "submitted", attempt=0, actor="submit"),
             self._dispatcher.claim_history(claimed, workflow, self._instance_id),

@@ -175,12 +175,13 @@ def _wait_until_empty(table: TableClient, *, timeout: float) -> None:
 
 
 _SWEPT = re.compile(r"sas\.supervisor_sweep .*\borders_read=(\d+)")
-_MOVED = re.compile(r"sas\.markers_moved .*\bcount=(\d+)")
+_MOVED = re.compile(r"sas\.markers_(?:moved|settled) .*\bcount=(\d+)")
+"""``markers_moved`` before the Scheduler dropped the markers of finished orders too."""
 
 
 def _supervision_cost(log_dir: Path) -> tuple[int, int]:
     """From the dev host's log: orders the Supervisor read, and the transactions (of up to 100
-    moves) the Scheduler spent moving markers."""
+    moves and drops) the Scheduler spent on markers."""
     reads = moves = 0
     for path in sorted(log_dir.glob("devhost*/*.log")):
         with path.open(encoding="utf-8", errors="replace") as lines:

@@ -409,3 +409,43 @@ def test_a_failed_peek_holds_off_nothing_whatever_earlier_sweeps_saw(world, monk
     world.clock.advance(2)  # o1 looked at again, within reply_in_flight of that look
     assert supervisor.sweep() == {"retry": 1}  # no peek now: held as if nothing was seen
     assert world.state(oid).process_state is ProcessState.PENDING
+
+
+def test_a_finished_order_takes_its_marker_with_it_and_no_sweep_reads_it(world):
+    """The Scheduler that finishes an order drops its marker (sas/services/marker_moves.py):
+    the Supervisor's read of the finished order and its delete of the marker are not needed."""
+    oid = order(world)
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert world.store.list_live() == []
+    counting = CountingStore(world.store)
+    supervisor = world.new_supervisor("supervisor-2", store=counting)
+    world.clock.advance(3600)
+    assert supervisor.sweep().total() == 0 and counting.state_reads == 0
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_a_drop_held_past_a_purge_never_takes_the_marker_of_a_new_order_under_that_id(world):
+    """A finished order's drop waits for the Scheduler's next send; meanwhile the order is
+    purged and a new order arrives under its id. The drop names the marker the first order's
+    submission wrote, so the new order keeps its own and stays supervised."""
+    first, held = order(world, "first"), order(world, "held")
+    world.run()  # both finish: the first's drop goes at once, the other waits for the window
+    assert [m.order_id for m in world.store.list_live()] == [held]
+    old_etag = world.state(held).marker_etag
+    world.clock.advance(0.5)
+    report = world.operator.purge(timedelta(0), dry_run=False)
+    assert {s.order_id for s in report.candidates} == {first, held} and report.purged == 2
+    order(world, held)  # the same id again: a new order, indexed anew
+    world.deliver("orders")
+    (marker,) = world.store.list_live()
+    assert marker.etag != old_etag
+    world.clock.advance(1)  # the window is over: the next write sends the held drop with it
+    world.deliver("agent-inventory")
+    world.deliver("replies")
+    assert world.state(held).step_index == 1 and not world.state(held).is_terminal
+    (kept,) = world.store.list_live()
+    assert kept.order_id == held and kept.touched_at == marker.touched_at
+    world.clock.advance(BUDGET + 1)  # its agent never answers: the Supervisor still sees it
+    assert world.tick().total() == 1
+    assert world.history(held)[-1] == "expired_retry"

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableTransactionError
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
@@ -218,7 +217,9 @@ def test_the_in_flight_index_is_a_table_of_its_own(table):
 
 def test_new_state_fields_round_trip(table):
     store = store_on(table)
-    state = replace(new_state(), mode="undo", not_before=NOW, alert_pending=True)
+    state = replace(
+        new_state(), mode="undo", not_before=NOW, alert_pending=True, marker_etag='W/"m1"'
+    )
     store.create_order(order(), state)
     assert stored_state(store).value == state
 
@@ -264,7 +265,7 @@ def transactions_sent(store: TableStateStore) -> list[list[object]]:
     return sent
 
 
-def test_advancing_markers_moves_only_those_that_exist(table):
+def test_settling_markers_moves_only_those_that_exist(table):
     """The Scheduler's moves (sas/services/marker_moves.py): many in one request, ``DueAt``
     alone, and a marker dropped in between stays dropped while the others still move."""
     store = store_on(table)
@@ -276,20 +277,31 @@ def test_advancing_markers_moves_only_those_that_exist(table):
         assert store.drop_live(marker)
     later = NOW + timedelta(seconds=15)
     moves = [(order_id, later) for order_id in ids] + [("never-indexed", later)]
-    assert store.advance_live(moves) == len(ids) - 3
+    assert store.settle_live(moves, []) == (len(ids) - 3, 0)
     live = {m.order_id: m for m in store.list_live()}
     assert set(live) == set(ids) - {"m005", "m050", "m120"}
     assert {m.due_at for m in live.values()} == {later}
     assert {m.touched_at for m in live.values()} == {NOW}
-    assert store.advance_live([]) == 0
+    assert store.settle_live([], []) == (0, 0)
 
 
-def test_advancing_markers_gives_up_after_a_few_that_went(table):
+def test_a_drop_takes_only_the_marker_its_etag_names(table):
+    """The Scheduler drops a finished order's marker on the ETag its submission's touch gave it:
+    a marker moved since, touched again (a new order under the same id after a purge), or gone
+    stays as it is, and the moves and drops beside it still go, one request more per failure."""
     store = store_on(table)
-    for order_id in ("a", "c"):
-        store.touch_live(order_id, NOW, NOW)
     later = NOW + timedelta(seconds=15)
-    gone = [(f"gone-{n}", later) for n in range(4)]
-    with pytest.raises(TableTransactionError):  # the caller logs it; the sweep reads instead
-        store.advance_live([("a", later), *gone, ("c", later)])
-    assert store.advance_live([("a", later), *gone[:3], ("c", later)]) == 2
+    etags = {order_id: store.touch_live(order_id, NOW, NOW) for order_id in
+             ("finished", "moved", "reused", "gone", "other")}  # fmt: skip
+    assert store.settle_live([("moved", later)], []) == (1, 0)
+    store.touch_live("reused", NOW + timedelta(hours=1), later)
+    (gone,) = [m for m in store.list_live() if m.order_id == "gone"]
+    assert store.drop_live(gone)
+    sent = transactions_sent(store)
+    drops = [(order_id, etags[order_id]) for order_id in ("moved", "finished", "reused", "gone")]
+    assert store.settle_live([("other", later)], drops) == (1, 1)
+    assert [len(operations) for operations in sent] == [5, 4, 3, 2]
+    live = {m.order_id: m for m in store.list_live()}
+    assert set(live) == {"moved", "reused", "other"}
+    assert live["reused"].touched_at == NOW + timedelta(hours=1)
+    assert live["other"].due_at == later

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
 
 from sas.domain.messages import StepRequest
 from sas.domain.model import ProcessState
-from sas.domain.transitions import look_again_at
+from sas.domain.transitions import claim, initial_state, look_again_at, resubmit
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.marker_moves import MarkerMoves
 from sas.services.scheduler import Scheduler
@@ -29,12 +30,16 @@ class RecordingIndex:
         self.inner = inner
         self.fail = fail
         self.calls: list[list[tuple[str, datetime]]] = []
+        self.drops: list[list[tuple[str, str]]] = []
 
-    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
+    def settle_live(
+        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+    ) -> tuple[int, int]:
         self.calls.append(list(moves))
+        self.drops.append(list(drops))
         if self.fail:
             raise ConnectionError("storage unreachable")
-        return self.inner.advance_live(moves)
+        return self.inner.settle_live(moves, drops)
 
 
 @pytest.fixture
@@ -55,14 +60,52 @@ def last_request(transport: RecordingTransport, order_id: str = "o1") -> StepReq
     ][-1]
 
 
-def test_in_a_quiet_system_no_marker_is_moved(world):
+def test_in_a_quiet_system_no_marker_is_moved_and_the_finished_order_drops_its_own(world):
     store, transport, clock, index, scheduler, submission = world
     submission.submit(submitted())
+    (marker,) = store.list_live()
     for _ in range(3):
         clock.advance(1)  # each step answers long before the marker is due
         scheduler.on_reply(ok(last_request(transport)))
-    assert store.get_state("o1").value.process_state is ProcessState.PROCESSED
-    assert index.calls == []
+    state = store.get_state("o1").value
+    assert state.process_state is ProcessState.PROCESSED
+    assert state.marker_etag == marker.etag  # as the submission's touch left it
+    assert index.calls == [[]]  # one request, at the end: no move, the drop
+    assert index.drops == [[("o1", marker.etag)]]
+    assert store.list_live() == []  # nothing left for the Supervisor to read
+
+
+def test_only_orders_that_can_never_run_again_drop_their_marker():
+    """Processed and Compensated are final; an Error keeps its marker (the Supervisor sees
+    its alert sent, and an operator may resubmit it); a state that does not know the marker's
+    ETag (written before it was kept, or resubmitted since) leaves it to the Supervisor."""
+    clock = FakeClock()
+    index = RecordingIndex(InMemoryStore())
+    moves = MarkerMoves(index, clock, window=timedelta(0))
+    running = replace(
+        claim(
+            initial_state("o1", ORDER_WORKFLOW, reply_to=None, now=clock.now()),
+            instance_id="s1",
+            now=clock.now(),
+            workflow=ORDER_WORKFLOW,
+        ),
+        marker_etag='W/"m1"',
+    )
+    for ending, dropped in (
+        (ProcessState.PROCESSED, True),
+        (ProcessState.COMPENSATED, True),
+        (ProcessState.ERROR, False),
+    ):
+        sent = len(index.drops)
+        moves.after_write(running, replace(running, process_state=ending), clock.now())
+        assert index.drops[sent:] == ([[("o1", 'W/"m1"')]] if dropped else []), ending
+    sent = len(index.drops)
+    unknown = replace(running, process_state=ProcessState.PROCESSED, marker_etag=None)
+    moves.after_write(running, unknown, clock.now())
+    assert index.drops[sent:] == []  # nothing to send at all
+    failed = replace(running, process_state=ProcessState.ERROR, alert_pending=False)
+    again = resubmit(failed, now=clock.now(), workflow=ORDER_WORKFLOW)
+    assert again.marker_etag is None  # the operator touches the marker again
 
 
 def test_a_step_that_ends_when_the_marker_is_due_moves_it_to_the_next_look(world):
@@ -107,6 +150,7 @@ def test_a_finished_order_cancels_its_waiting_move(world):
     clock.advance(1)
     scheduler.on_reply(ok(last_request(transport, "o2")))
     assert [sorted(dict(call)) for call in index.calls] == [["o0"], ["o2"]]
+    assert [order_id for order_id, _ in index.drops[-1]] == ["o1"]  # with the next move
 
 
 def test_a_state_with_a_far_deadline_moves_the_marker_only_a_shortest_budget_on(world):

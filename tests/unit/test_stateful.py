@@ -204,8 +204,8 @@ class AuditingStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return self.inner.get_history(order_id)
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> None:
-        self.inner.touch_live(order_id, at, due_at)
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
+        return self.inner.touch_live(order_id, at, due_at)
 
     def list_live(self) -> list[LiveMarker]:
         return self.inner.list_live()
@@ -222,8 +222,10 @@ class AuditingStore:
     def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
         return self.inner.rearm_live(rearms)
 
-    def advance_live(self, moves: Sequence[tuple[str, datetime]]) -> int:
-        return self.inner.advance_live(moves)
+    def settle_live(
+        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+    ) -> tuple[int, int]:
+        return self.inner.settle_live(moves, drops)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         return self.inner.drop_live(marker)
