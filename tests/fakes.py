@@ -17,6 +17,7 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
+    Settled,
     StepRecord,
     Versioned,
 )
@@ -173,7 +174,7 @@ class InMemoryStore:
 
     def settle_live(
         self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
-    ) -> tuple[int, int]:
+    ) -> Settled:
         moved = dropped = 0
         for order_id, due_at in moves:
             current = self.live.get(order_id)
@@ -185,7 +186,7 @@ class InMemoryStore:
             if current is not None and current.etag == etag:
                 del self.live[order_id]
                 dropped += 1
-        return moved, dropped
+        return Settled(moved, dropped, requests=1)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         current = self.live.get(marker.order_id)

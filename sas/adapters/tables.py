@@ -36,6 +36,7 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
+    Settled,
     StepRecord,
     Versioned,
 )
@@ -69,6 +70,7 @@ log = logging.getLogger(__name__)
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
+_FAILED_RETRIES = 3  # a batch of marker moves and drops sent again without one that failed
 _SLACK = timedelta(seconds=1)
 _KEY_BYTES = 32
 _KEY_RETRY_SECONDS = 60.0  # after a failed read of the carried-state key
@@ -297,13 +299,13 @@ class TableStateStore:
 
     def settle_live(
         self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
-    ) -> tuple[int, int]:
+    ) -> Settled:
         """In transactions of up to 100: each move a merge of ``DueAt`` alone (``TouchedAt``
         stays) with ``If-Match: *``, each drop a delete conditional on the marker's ETag. An
         operation the service names as failed (its marker gone, or a dropped marker touched
-        since) is taken out and the rest sent again, once per such marker: moves are an
-        optimisation and a drop that fails leaves the marker to the Supervisor, so neither is
-        retried on its own, and an error that names no operation is raised."""
+        since) is taken out and the rest sent again, a few times per transaction at most:
+        moves are an optimisation and a drop that fails leaves the marker to the Supervisor,
+        so neither is worth a request each, and an error that names no operation is raised."""
         operations: list[Any] = [
             (
                 "update",
@@ -319,22 +321,30 @@ class TableStateStore:
             )
             for order_id, etag in drops
         ]
-        moved = dropped = 0
+        moved = dropped = requests = 0
         for start in range(0, len(operations), _MAX_BATCH):
             chunk = operations[start : start + _MAX_BATCH]
-            while chunk:
+            for retry in range(_FAILED_RETRIES + 1):
+                requests += 1
                 try:
                     self._live.submit_transaction(chunk)
                 except TableTransactionError as exc:
                     index = _named_index(exc)
-                    if exc.status_code not in (404, 412) or index is None or index >= len(chunk):
+                    if (
+                        exc.status_code not in (404, 412)
+                        or index is None
+                        or index >= len(chunk)
+                        or retry == _FAILED_RETRIES
+                    ):
                         raise
-                    del chunk[index]  # gone, or touched since: its new owner decides
+                    del chunk[index]  # gone, or touched since
+                    if not chunk:
+                        break
                     continue
                 moved += sum(1 for kind, _, _ in chunk if kind == "update")
                 dropped += sum(1 for kind, _, _ in chunk if kind == "delete")
                 break
-        return moved, dropped
+        return Settled(moved, dropped, requests)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""

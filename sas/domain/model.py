@@ -140,6 +140,16 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True)
+class Settled:
+    """What one sending of marker moves and drops did (``StateStore.settle_live``)."""
+
+    moved: int
+    dropped: int
+    requests: int
+    """Transactions sent: one per 100 operations, and one more per operation that failed."""
+
+
+@dataclass(frozen=True)
 class LiveMarker:
     """Index entry: this order may be in flight. The Supervisor sweeps these, not history.
 

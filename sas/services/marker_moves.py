@@ -26,6 +26,9 @@ The drop is conditional on the ETag the submission's upsert gave the marker (kep
 state, ``OrderState.marker_etag``), so it deletes only the marker as the submission wrote it:
 one moved or re-armed since, touched by an operator, or written for a new order under the same
 id after a purge fails its condition and stays for the Supervisor, which drops it as before.
+Such a failure costs a request (the transaction is sent again without it), so a drop is sent
+only while the marker cannot have come due yet (``_drop_by``): in a backlog, where orders
+finish after their marker came due and was moved or re-armed, the Supervisor drops them.
 An Error keeps its marker: the Supervisor sees its alert sent."""
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from datetime import datetime, timedelta
 from typing import Protocol
 
 from sas.domain.clock import Clock
-from sas.domain.model import OrderState, ProcessState
+from sas.domain.model import OrderState, ProcessState, Settled
 from sas.domain.transitions import look_again_at
 from sas.domain.workflow import workflow_named
 
@@ -50,7 +53,7 @@ _FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
 class LiveIndex(Protocol):
     def settle_live(
         self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
-    ) -> tuple[int, int]: ...
+    ) -> Settled: ...
 
 
 class MarkerMoves:
@@ -61,26 +64,30 @@ class MarkerMoves:
         *,
         lookahead: timedelta = timedelta(seconds=5),
         window: timedelta = timedelta(seconds=1),
+        clock_skew: timedelta = timedelta(seconds=2),
     ) -> None:
         """``window``: moves and drops are sent at most this often (the ones waiting go
-        together)."""
+        together). ``clock_skew``: how far ahead a Supervisor's clock may run (a drop is not
+        sent once a sweep may have re-armed the marker)."""
         self._index = index
         self._clock = clock
         self._lookahead = lookahead
         self._window = window
+        self._drop_margin = lookahead + window + clock_skew
         self._lock = threading.Lock()
         self._waiting: dict[str, datetime] = {}
-        self._drops: dict[str, str] = {}
+        self._drops: dict[str, tuple[str, datetime]] = {}
         self._sent_at: datetime | None = None
 
     def after_write(self, replaced: OrderState, written: OrderState, at: datetime) -> None:
         """The Scheduler wrote ``written`` over ``replaced`` at ``at`` (its transition time)."""
         order_id = written.order_id
         if written.is_terminal:
+            etag, send_by = written.marker_etag, self._drop_by(written)
             with self._lock:
                 self._waiting.pop(order_id, None)
-                if written.process_state in _FINAL and written.marker_etag is not None:
-                    self._drops[order_id] = written.marker_etag
+                if etag is not None and send_by is not None and at < send_by:
+                    self._drops[order_id] = (etag, send_by)
         elif (
             look_again_at(
                 replaced, now=replaced.updated_at, workflow=workflow_named(replaced.workflow)
@@ -93,6 +100,19 @@ class MarkerMoves:
                 self._drops.pop(order_id, None)  # one operation per marker in a transaction
         self.send_waiting()  # any write sends what waits, once the window is over
 
+    def _drop_by(self, written: OrderState) -> datetime | None:
+        """Until when a drop of the finished order's marker is worth sending; None: never.
+
+        Only while the marker the submission wrote cannot have come due: its first due time is
+        at most the submission's time + the workflow's shortest budget, and from ``lookahead``
+        before it a move may change it (and its ETag), from ``clock_skew`` before it a sweep.
+        A drop after that would usually fail its condition: one request more, and the
+        Supervisor's read and delete still to come."""
+        if written.process_state not in _FINAL or written.marker_etag is None:
+            return None
+        first_due = written.submitted_at + workflow_named(written.workflow).shortest_budget
+        return first_due - self._drop_margin
+
     def send_waiting(self) -> int:
         """Send the waiting moves and drops, unless some were sent less than ``window`` ago.
         Returns how many markers moved or went. Never raises: a move or drop that is not sent
@@ -104,16 +124,24 @@ class MarkerMoves:
             if self._sent_at is not None and now - self._sent_at < self._window:
                 return 0
             moves, self._waiting = list(self._waiting.items()), {}
-            drops, self._drops = list(self._drops.items()), {}
+            drops = [(order_id, etag) for order_id, (etag, by) in self._drops.items() if now < by]
+            self._drops = {}
             self._sent_at = now
+        if not moves and not drops:
+            return 0  # only drops that waited too long: the Supervisor drops those markers
         count = len(moves) + len(drops)
         try:
-            moved, dropped = self._index.settle_live(moves, drops)
+            settled = self._index.settle_live(moves, drops)
         except Exception:
             log.warning("sas.marker_moves_failed", extra={"count": count}, exc_info=True)
             return 0
         log.info(
             "sas.markers_settled",
-            extra={"count": count, "moved": moved, "dropped": dropped},
+            extra={
+                "count": count,
+                "moved": settled.moved,
+                "dropped": settled.dropped,
+                "requests": settled.requests,
+            },
         )
-        return moved + dropped
+        return settled.moved + settled.dropped

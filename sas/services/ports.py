@@ -15,6 +15,7 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
+    Settled,
     StepRecord,
     Versioned,
 )
@@ -80,11 +81,10 @@ class StateStore(Protocol):
 
     def settle_live(
         self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
-    ) -> tuple[int, int]:
+    ) -> Settled:
         """Set the due time of each order's marker in ``moves``, if it has one (never index an
         order: a marker dropped since stays dropped), and unindex each ``(order id, ETag)`` in
-        ``drops`` unless its marker was touched since that ETag; many in one request. Returns
-        how many moved and how many were dropped."""
+        ``drops`` unless its marker was touched since that ETag; many in one request."""
         ...
 
     def drop_live(self, marker: LiveMarker) -> bool:

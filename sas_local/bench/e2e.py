@@ -175,8 +175,9 @@ def _wait_until_empty(table: TableClient, *, timeout: float) -> None:
 
 
 _SWEPT = re.compile(r"sas\.supervisor_sweep .*\borders_read=(\d+)")
-_MOVED = re.compile(r"sas\.markers_(?:moved|settled) .*\bcount=(\d+)")
-"""``markers_moved`` before the Scheduler dropped the markers of finished orders too."""
+_MOVED = re.compile(r"sas\.markers_(?:moved|settled) .*\bcount=(\d+)(?:.*\brequests=(\d+))?")
+"""``markers_moved`` before the Scheduler dropped the markers of finished orders too; since then
+the line says how many transactions it sent (one per 100, and one more per failed marker)."""
 
 
 def _supervision_cost(log_dir: Path) -> tuple[int, int]:
@@ -189,7 +190,8 @@ def _supervision_cost(log_dir: Path) -> tuple[int, int]:
                 if swept := _SWEPT.search(line):
                     reads += int(swept.group(1))
                 elif moved := _MOVED.search(line):
-                    moves += -(-int(moved.group(1)) // 100)
+                    count, requests = moved.groups()
+                    moves += int(requests) if requests else -(-int(count) // 100)
     return reads, moves
 
 

@@ -101,7 +101,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             "",
             "| Orders | Workers | Finished | Orders/s | p50 s | p95 s | p99 s "
             "| % of the 3-step limit | Expiries | Replies thrown away "
-            "| Supervisor reads / marker moves per order "
+            "| Supervisor reads / marker transactions per order "
             "| CPU ms/order: dev host / Azurite / simulator | Cores busy |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]

@@ -440,9 +440,18 @@ def test_a_drop_held_past_a_purge_never_takes_the_marker_of_a_new_order_under_th
     world.deliver("orders")
     (marker,) = world.store.list_live()
     assert marker.etag != old_etag
+    sent = []
+    settle = world.store.settle_live
+
+    def recording(moves: Any, drops: Any) -> Any:
+        sent.append(list(drops))
+        return settle(moves, drops)
+
+    world.store.settle_live = recording
     world.clock.advance(1)  # the window is over: the next write sends the held drop with it
     world.deliver("agent-inventory")
     world.deliver("replies")
+    assert sent == [[(held, old_etag)]]  # sent, and refused by the new marker's ETag
     assert world.state(held).step_index == 1 and not world.state(held).is_terminal
     (kept,) = world.store.list_live()
     assert kept.order_id == held and kept.touched_at == marker.touched_at

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import TableTransactionError
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
@@ -15,6 +16,7 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
+    Settled,
     StepRecord,
     Versioned,
 )
@@ -277,12 +279,13 @@ def test_settling_markers_moves_only_those_that_exist(table):
         assert store.drop_live(marker)
     later = NOW + timedelta(seconds=15)
     moves = [(order_id, later) for order_id in ids] + [("never-indexed", later)]
-    assert store.settle_live(moves, []) == (len(ids) - 3, 0)
+    # each transaction sent again twice: without m005, then m050; without m120, then the stray
+    assert store.settle_live(moves, []) == Settled(len(ids) - 3, 0, requests=6)
     live = {m.order_id: m for m in store.list_live()}
     assert set(live) == set(ids) - {"m005", "m050", "m120"}
     assert {m.due_at for m in live.values()} == {later}
     assert {m.touched_at for m in live.values()} == {NOW}
-    assert store.settle_live([], []) == (0, 0)
+    assert store.settle_live([], []) == Settled(0, 0, requests=0)
 
 
 def test_a_drop_takes_only_the_marker_its_etag_names(table):
@@ -293,15 +296,31 @@ def test_a_drop_takes_only_the_marker_its_etag_names(table):
     later = NOW + timedelta(seconds=15)
     etags = {order_id: store.touch_live(order_id, NOW, NOW) for order_id in
              ("finished", "moved", "reused", "gone", "other")}  # fmt: skip
-    assert store.settle_live([("moved", later)], []) == (1, 0)
+    assert store.settle_live([("moved", later)], []) == Settled(1, 0, requests=1)
     store.touch_live("reused", NOW + timedelta(hours=1), later)
     (gone,) = [m for m in store.list_live() if m.order_id == "gone"]
     assert store.drop_live(gone)
     sent = transactions_sent(store)
     drops = [(order_id, etags[order_id]) for order_id in ("moved", "finished", "reused", "gone")]
-    assert store.settle_live([("other", later)], drops) == (1, 1)
+    assert store.settle_live([("other", later)], drops) == Settled(1, 1, requests=4)
     assert [len(operations) for operations in sent] == [5, 4, 3, 2]
     live = {m.order_id: m for m in store.list_live()}
     assert set(live) == {"moved", "reused", "other"}
     assert live["reused"].touched_at == NOW + timedelta(hours=1)
     assert live["other"].due_at == later
+
+
+def test_settling_markers_gives_up_after_a_few_that_failed(table):
+    """Moves and drops are worth a request between them, not one each: a transaction is sent
+    again without a failed operation three times at most, then the error is raised (the caller
+    logs it; the Supervisor reads those orders instead)."""
+    store = store_on(table)
+    for order_id in ("a", "c"):
+        store.touch_live(order_id, NOW, NOW)
+    later = NOW + timedelta(seconds=15)
+    gone = [(f"gone-{n}", later) for n in range(4)]
+    with pytest.raises(TableTransactionError):
+        store.settle_live([("a", later), *gone, ("c", later)], [])
+    assert store.settle_live([("a", later), *gone[:3], ("c", later)], []) == Settled(
+        2, 0, requests=4
+    )

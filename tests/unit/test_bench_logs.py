@@ -22,7 +22,7 @@ LOG = "".join(
             "report={'held_for_reply': 120} orders_read=120",
             "sas.services.marker_moves: sas.markers_moved count=1 moved=1 order_id=b-2",
             "sas.services.marker_moves: sas.markers_moved count=150 moved=149",
-            "sas.services.marker_moves: sas.markers_settled count=30 moved=2 dropped=27",
+            "sas.services.marker_moves: sas.markers_settled count=30 moved=2 dropped=27 requests=2",
         )
     )
 )
@@ -33,5 +33,5 @@ def test_reads_and_move_transactions_are_summed_over_every_worker_log(tmp_path: 
     (tmp_path / "devhost" / "stderr.log").write_text(LOG)
     (tmp_path / "simulator").mkdir()
     (tmp_path / "simulator" / "stderr.log").write_text("sas.supervisor_sweep orders_read=999\n")
-    assert _supervision_cost(tmp_path) == (125, 1 + 2 + 1)
+    assert _supervision_cost(tmp_path) == (125, 1 + 2 + 2)  # 2: one marker failed
     assert _supervision_cost(tmp_path / "simulator") == (0, 0)  # not a dev host log

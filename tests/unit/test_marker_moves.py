@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from sas.domain.messages import StepRequest
-from sas.domain.model import ProcessState
+from sas.domain.model import OrderState, ProcessState, Settled
 from sas.domain.transitions import claim, initial_state, look_again_at, resubmit
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.marker_moves import MarkerMoves
@@ -34,7 +34,7 @@ class RecordingIndex:
 
     def settle_live(
         self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
-    ) -> tuple[int, int]:
+    ) -> Settled:
         self.calls.append(list(moves))
         self.drops.append(list(drops))
         if self.fail:
@@ -150,7 +150,7 @@ def test_a_finished_order_cancels_its_waiting_move(world):
     clock.advance(1)
     scheduler.on_reply(ok(last_request(transport, "o2")))
     assert [sorted(dict(call)) for call in index.calls] == [["o0"], ["o2"]]
-    assert [order_id for order_id, _ in index.drops[-1]] == ["o1"]  # with the next move
+    assert index.drops[-1] == []  # o1 finished too near its marker's due: no drop either
 
 
 def test_a_state_with_a_far_deadline_moves_the_marker_only_a_shortest_budget_on(world):
@@ -198,3 +198,38 @@ def test_a_move_never_sets_a_marker_past_the_state_it_was_computed_from():
     assert found is not None and found.value.complete_by is not None
     assert due <= found.value.complete_by
     assert due <= clock.now() + ORDER_WORKFLOW.shortest_budget
+
+
+def _finished(clock: FakeClock, order_id: str) -> tuple[OrderState, OrderState]:
+    running = replace(
+        claim(
+            initial_state(order_id, ORDER_WORKFLOW, reply_to=None, now=clock.now()),
+            instance_id="s1",
+            now=clock.now(),
+            workflow=ORDER_WORKFLOW,
+        ),
+        marker_etag=f'W/"{order_id}"',
+    )
+    return running, replace(running, process_state=ProcessState.PROCESSED)
+
+
+def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
+    """A drop is worth sending only while the marker is surely as the submission wrote it:
+    until its first due time (at most the submission + the shortest budget) less a move's
+    lookahead, the window and a clock allowance. After that it would fail its condition
+    (one request more, and the Supervisor's read and delete still to come): not sent."""
+    clock = FakeClock()
+    index = RecordingIndex(InMemoryStore())
+    moves = MarkerMoves(index, clock)  # lookahead 5 s, window 1 s, clock skew 2 s
+    last_useful = ORDER_WORKFLOW.shortest_budget - timedelta(seconds=8)
+    running, finished = _finished(clock, "late")
+    clock.advance(last_useful.total_seconds())  # finished in a backlog
+    moves.after_write(running, finished, clock.now())
+    assert index.drops == []
+    running, finished = _finished(clock, "first")
+    moves.after_write(running, finished, clock.now())  # sent at once
+    running, finished = _finished(clock, "held")
+    moves.after_write(running, finished, clock.now())  # waits for the window...
+    clock.advance(last_useful.total_seconds())  # ...and nothing writes until it is too late
+    assert moves.send_waiting() == 0
+    assert index.drops == [[("first", 'W/"first"')]]

@@ -47,6 +47,7 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
+    Settled,
     StepRecord,
     Versioned,
 )
@@ -224,7 +225,7 @@ class AuditingStore:
 
     def settle_live(
         self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
-    ) -> tuple[int, int]:
+    ) -> Settled:
         return self.inner.settle_live(moves, drops)
 
     def drop_live(self, marker: LiveMarker) -> bool:
