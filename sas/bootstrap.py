@@ -22,6 +22,7 @@ from sas.services import telemetry
 from sas.services.agent import AgentRunner
 from sas.services.breaker import BreakerStore, CircuitBreaker
 from sas.services.gauges import QueueGauges
+from sas.services.marker_moves import MarkerMoves
 from sas.services.operator import Operator
 from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
 from sas.services.recent import RecentStates
@@ -187,6 +188,9 @@ def scheduler() -> Scheduler:
         router=router(),
         queue_allowance=True,
         recent=recent_states(),
+        moves=MarkerMoves(
+            store(), clock(), clock_skew=timedelta(seconds=settings().clock_skew_seconds)
+        ),
     )
 
 

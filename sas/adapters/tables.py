@@ -303,9 +303,10 @@ class TableStateStore:
         """In transactions of up to 100: each move a merge of ``DueAt`` alone (``TouchedAt``
         stays) with ``If-Match: *``, each drop a delete conditional on the marker's ETag. An
         operation the service names as failed (its marker gone, or a dropped marker touched
-        since) is taken out and the rest sent again, a few times per transaction at most:
-        moves are an optimisation and a drop that fails leaves the marker to the Supervisor,
-        so neither is worth a request each, and an error that names no operation is raised."""
+        since) is taken out and the rest sent again, a few times per transaction at most,
+        then that transaction is given up and the next one sent: moves are an optimisation
+        and a drop that fails leaves the marker to the Supervisor, so neither is worth many
+        requests. An error that names no operation is raised."""
         operations: list[Any] = [
             (
                 "update",
@@ -330,16 +331,11 @@ class TableStateStore:
                     self._live.submit_transaction(chunk)
                 except TableTransactionError as exc:
                     index = _named_index(exc)
-                    if (
-                        exc.status_code not in (404, 412)
-                        or index is None
-                        or index >= len(chunk)
-                        or retry == _FAILED_RETRIES
-                    ):
+                    if exc.status_code not in (404, 412) or index is None or index >= len(chunk):
                         raise
                     del chunk[index]  # gone, or touched since
-                    if not chunk:
-                        break
+                    if not chunk or retry == _FAILED_RETRIES:
+                        break  # the rest of this one is left to the Supervisor
                     continue
                 moved += sum(1 for kind, _, _ in chunk if kind == "update")
                 dropped += sum(1 for kind, _, _ in chunk if kind == "delete")

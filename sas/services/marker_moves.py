@@ -46,6 +46,9 @@ from sas.domain.workflow import workflow_named
 
 log = logging.getLogger(__name__)
 
+_IN_TRANSIT = timedelta(seconds=1)
+"""Allowed for a drop on its way to the store, beside a move or sweep that may overtake it."""
+
 _FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
 """Terminal states no transition leaves (an operator resubmits only an Error)."""
 
@@ -73,7 +76,7 @@ class MarkerMoves:
         self._clock = clock
         self._lookahead = lookahead
         self._window = window
-        self._drop_margin = lookahead + window + clock_skew
+        self._drop_margin = max(lookahead, clock_skew) + _IN_TRANSIT
         self._lock = threading.Lock()
         self._waiting: dict[str, datetime] = {}
         self._drops: dict[str, tuple[str, datetime]] = {}
@@ -103,11 +106,13 @@ class MarkerMoves:
     def _drop_by(self, written: OrderState) -> datetime | None:
         """Until when a drop of the finished order's marker is worth sending; None: never.
 
-        Only while the marker the submission wrote cannot have come due: its first due time is
-        at most the submission's time + the workflow's shortest budget, and from ``lookahead``
-        before it a move may change it (and its ETag), from ``clock_skew`` before it a sweep.
-        A drop after that would usually fail its condition: one request more, and the
-        Supervisor's read and delete still to come."""
+        Only while the marker the submission wrote cannot have been moved or re-armed: its
+        first due time is the submission's time + the workflow's shortest budget (no claim sets
+        an earlier deadline); a move may change it (and its ETag) from ``lookahead`` before
+        that, a sweep whose clock runs ahead from ``clock_skew`` before; and the drop needs a
+        moment to land. A drop after that would usually fail its condition: one request more,
+        and the Supervisor's read and delete still to come. Safety does not rest on this: the
+        condition does."""
         if written.process_state not in _FINAL or written.marker_etag is None:
             return None
         first_due = written.submitted_at + workflow_named(written.workflow).shortest_budget
@@ -126,9 +131,9 @@ class MarkerMoves:
             moves, self._waiting = list(self._waiting.items()), {}
             drops = [(order_id, etag) for order_id, (etag, by) in self._drops.items() if now < by]
             self._drops = {}
+            if not moves and not drops:
+                return 0  # only drops that waited too long: the Supervisor drops those markers
             self._sent_at = now
-        if not moves and not drops:
-            return 0  # only drops that waited too long: the Supervisor drops those markers
         count = len(moves) + len(drops)
         try:
             settled = self._index.settle_live(moves, drops)

@@ -7,7 +7,6 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
-from azure.data.tables import TableTransactionError
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
@@ -310,17 +309,19 @@ def test_a_drop_takes_only_the_marker_its_etag_names(table):
     assert live["other"].due_at == later
 
 
-def test_settling_markers_gives_up_after_a_few_that_failed(table):
+def test_settling_markers_gives_up_a_transaction_after_a_few_that_failed(table):
     """Moves and drops are worth a request between them, not one each: a transaction is sent
-    again without a failed operation three times at most, then the error is raised (the caller
-    logs it; the Supervisor reads those orders instead)."""
+    again without a failed operation three times at most, then given up (the Supervisor reads
+    those orders instead) and the next transaction is sent."""
     store = store_on(table)
-    for order_id in ("a", "c"):
+    ids = [f"m{n:03d}" for n in range(103)]
+    for order_id in ids:
         store.touch_live(order_id, NOW, NOW)
     later = NOW + timedelta(seconds=15)
     gone = [(f"gone-{n}", later) for n in range(4)]
-    with pytest.raises(TableTransactionError):
-        store.settle_live([("a", later), *gone, ("c", later)], [])
-    assert store.settle_live([("a", later), *gone[:3], ("c", later)], []) == Settled(
-        2, 0, requests=4
-    )
+    moves = [(ids[0], later), *gone, *((order_id, later) for order_id in ids[1:])]
+    sent = transactions_sent(store)
+    # the first hundred: sent 4 times, given up; the seven after it go in one
+    assert store.settle_live(moves, []) == Settled(7, 0, requests=5)
+    assert [len(operations) for operations in sent] == [100, 99, 98, 97, 7]
+    assert {m.order_id for m in store.list_live() if m.due_at == later} == set(ids[-7:])

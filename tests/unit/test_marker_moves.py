@@ -215,21 +215,32 @@ def _finished(clock: FakeClock, order_id: str) -> tuple[OrderState, OrderState]:
 
 def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     """A drop is worth sending only while the marker is surely as the submission wrote it:
-    until its first due time (at most the submission + the shortest budget) less a move's
-    lookahead, the window and a clock allowance. After that it would fail its condition
-    (one request more, and the Supervisor's read and delete still to come): not sent."""
+    until its first due time (the submission + the shortest budget) less a move's lookahead
+    (or a clock allowance, if larger) and a second for the drop to land. After that it would
+    fail its condition (one request more, and the Supervisor's read and delete still to
+    come): not sent."""
     clock = FakeClock()
     index = RecordingIndex(InMemoryStore())
     moves = MarkerMoves(index, clock)  # lookahead 5 s, window 1 s, clock skew 2 s
-    last_useful = ORDER_WORKFLOW.shortest_budget - timedelta(seconds=8)
-    running, finished = _finished(clock, "late")
-    clock.advance(last_useful.total_seconds())  # finished in a backlog
+    last_useful = ORDER_WORKFLOW.shortest_budget - timedelta(seconds=6)
+    running, finished = _finished(clock, "in-time")
+    clock.advance(last_useful.total_seconds() - 0.01)
     moves.after_write(running, finished, clock.now())
-    assert index.drops == []
+    assert index.drops == [[("in-time", 'W/"in-time"')]]  # just in time: sent at once
+    running, finished = _finished(clock, "late")
+    clock.advance(last_useful.total_seconds() + 1)  # finished in a backlog
+    moves.after_write(running, finished, clock.now())
+    assert len(index.drops) == 1
+    held_running, held = _finished(clock, "held")  # submitted now
+    clock.advance(last_useful.total_seconds() - 0.5)
     running, finished = _finished(clock, "first")
     moves.after_write(running, finished, clock.now())  # sent at once
-    running, finished = _finished(clock, "held")
-    moves.after_write(running, finished, clock.now())  # waits for the window...
-    clock.advance(last_useful.total_seconds())  # ...and nothing writes until it is too late
+    clock.advance(0.1)
+    moves.after_write(held_running, held, clock.now())  # in time, but waits for the window...
+    clock.advance(1)  # ...and nothing writes until it is too late
     assert moves.send_waiting() == 0
-    assert index.drops == [[("first", 'W/"first"')]]
+    assert index.drops[1:] == [[("first", 'W/"first"')]]
+    clock.advance(0.5)  # a pass that sent nothing does not start a window
+    running, finished = _finished(clock, "next")
+    moves.after_write(running, finished, clock.now())
+    assert index.drops[2:] == [[("next", 'W/"next"')]]
