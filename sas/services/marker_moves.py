@@ -27,8 +27,9 @@ state, ``OrderState.marker_etag``), so it deletes only the marker as the submiss
 one moved or re-armed since, touched by an operator, or written for a new order under the same
 id after a purge fails its condition and stays for the Supervisor, which drops it as before.
 Such a failure costs a request (the transaction is sent again without it), so a drop is sent
-only while the marker cannot have come due yet (``_drop_by``): in a backlog, where orders
-finish after their marker came due and was moved or re-armed, the Supervisor drops them.
+only while the marker is unlikely to have been moved or re-armed (``_drop_by``): in a backlog,
+where orders finish after their marker came due and was moved or re-armed, the Supervisor
+drops them.
 An Error keeps its marker: the Supervisor sees its alert sent."""
 
 from __future__ import annotations
@@ -106,12 +107,14 @@ class MarkerMoves:
     def _drop_by(self, written: OrderState) -> datetime | None:
         """Until when a drop of the finished order's marker is worth sending; None: never.
 
-        Only while the marker the submission wrote cannot have been moved or re-armed: its
-        first due time is the submission's time + the workflow's shortest budget (no claim sets
-        an earlier deadline); a move may change it (and its ETag) from ``lookahead`` before
-        that, a sweep whose clock runs ahead from ``clock_skew`` before; and the drop needs a
-        moment to land. A drop after that would usually fail its condition: one request more,
-        and the Supervisor's read and delete still to come. Safety does not rest on this: the
+        A heuristic of cost: while the marker the submission wrote is unlikely to have been
+        moved or re-armed. Its first due time is the submission's time + the workflow's
+        shortest budget (no claim sets an earlier deadline); a move may change it (and its
+        ETag) from ``lookahead`` before that, a sweep whose clock runs ahead from
+        ``clock_skew`` before; and the drop needs a moment to land. The larger of the two
+        leads, not their sum: a move decided on another Scheduler whose clock is ahead of this
+        one's can still come first, and then the drop fails its condition, one request more
+        with the Supervisor's read and delete still to come. Safety does not rest on this: the
         condition does."""
         if written.process_state not in _FINAL or written.marker_etag is None:
             return None

@@ -244,3 +244,16 @@ def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     running, finished = _finished(clock, "next")
     moves.after_write(running, finished, clock.now())
     assert index.drops[2:] == [[("next", 'W/"next"')]]
+
+
+def test_a_larger_clock_allowance_ends_drops_sooner():
+    """With Supervisors allowed to run 10 s ahead (``SAS_CLOCK_SKEW_SECONDS``), a sweep may
+    re-arm a marker 10 s before it is due: drops stop 11 s before it."""
+    clock = FakeClock()
+    index = RecordingIndex(InMemoryStore())
+    moves = MarkerMoves(index, clock, window=timedelta(0), clock_skew=timedelta(seconds=10))
+    last_useful = ORDER_WORKFLOW.shortest_budget - timedelta(seconds=11)
+    for order_id, after in (("in-time", -0.01), ("late", 0.0)):
+        running, finished = _finished(clock, order_id)
+        moves.after_write(running, finished, clock.now() + last_useful + timedelta(seconds=after))
+    assert index.drops == [[("in-time", 'W/"in-time"')]]
