@@ -278,22 +278,27 @@ def _supervision_cell(run: dict[str, Any]) -> str:
     return f"{reads:g} / {moves:g}"  # both counted, or neither
 
 
+_CPU_PARTS = ("devhost", "azurite", "simulator")
+
+
+def _cpu_used(run: dict[str, Any]) -> dict[str, float] | None:
+    """CPU ms per order of each part, or None if the run did not measure all of them."""
+    used: dict[str, float] = run.get("cpu_ms_per_order") or {}
+    return used if all(name in used for name in _CPU_PARTS) else None
+
+
 def _cpu_cell(run: dict[str, Any]) -> str:
-    used = run.get("cpu_ms_per_order") or {}
-    names = ("devhost", "azurite", "simulator")
-    if not all(name in used for name in names):
-        return "-"
-    return " / ".join(f"{used[name]:g}" for name in names)
+    used = _cpu_used(run)
+    return "-" if used is None else " / ".join(f"{used[name]:g}" for name in _CPU_PARTS)
 
 
 def _cores_busy(run: dict[str, Any]) -> str:
     """How many cores the run kept busy: its orders/s times the CPU an order cost the dev
     host, Azurite and the simulator (the benchmark's own process not included)."""
-    used = run.get("cpu_ms_per_order") or {}
-    names = ("devhost", "azurite", "simulator")
-    if not all(name in used for name in names):
+    used = _cpu_used(run)
+    if used is None:
         return "-"
-    return f"{run['orders_per_s'] * sum(used[name] for name in names) / 1000:.2f}"
+    return f"{run['orders_per_s'] * sum(used[name] for name in _CPU_PARTS) / 1000:.2f}"
 
 
 def _in_flight(recovered: dict[str, Any]) -> str:
