@@ -4,6 +4,8 @@ Records go through a queue: the thread that logs formats its record and enqueues
 listener thread writes to stderr. A worker runs well over a hundred invocation threads; with
 the stream handler on the root logger they queued on its lock behind every write (and behind
 a full stderr pipe). :func:`shutdown` writes what is still queued; call it before exiting.
+:func:`flush` waits until what was logged so far is written (a worker calls it before it
+reports ready, so its start-up lines are on stderr by then).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import logging.handlers
 import queue
 import sys
+import threading
 from typing import TextIO
 
 from sas.services import telemetry
@@ -47,8 +50,24 @@ class _EnqueueHandler(logging.handlers.QueueHandler):
         return bool(kept)
 
 
+_FLUSH = "sas_local.devhost.logs.flush"
+"""The logger name of the marker :func:`flush` queues behind what was logged before it."""
+
+
+def _flush_marker(record: logging.LogRecord) -> bool:
+    """Writes every record but the flush marker, which it signals instead: one writer thread
+    takes records in order, so everything queued before the marker has been written."""
+    if record.name != _FLUSH:
+        return True
+    done = getattr(record, "done", None)
+    if isinstance(done, threading.Event):
+        done.set()
+    return False
+
+
 class _Pipeline:
     def __init__(self, stream: logging.Handler) -> None:
+        stream.addFilter(_flush_marker)
         self.stream = stream
         self.records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
         self.enqueue = _EnqueueHandler(self.records)
@@ -76,6 +95,17 @@ def configure(level: str, role: str, stream: TextIO | None = None) -> None:
     root.setLevel(level.upper())
     for name in _QUIET:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+
+
+def flush(timeout: float = 5.0) -> None:
+    """Wait (at most ``timeout`` seconds) until every record logged so far is written."""
+    pipeline = _pipeline
+    if pipeline is None:
+        return
+    done = threading.Event()
+    pipeline.records.put(logging.makeLogRecord({"name": _FLUSH, "done": done}))
+    done.wait(timeout)
+    pipeline.stream.flush()
 
 
 def shutdown() -> None:

@@ -114,6 +114,7 @@ def _start(options: WorkerOptions) -> Started:
 def _report_ready(options: WorkerOptions, started: Started) -> None:
     if options.ready_fd is None:
         return
+    logs.flush()  # ready means its start-up lines are on stderr (tests and users read them)
     line = json.dumps(
         {
             "worker": options.index,

@@ -84,3 +84,25 @@ def test_shutdown_writes_what_is_queued_and_later_records_go_straight_out(stream
     assert head.endswith("ERROR [w1 2] sas.test: failed attempt=2")
     assert text.count("ValueError: boom") == 1  # the traceback, once
     assert text.splitlines()[-1].endswith("WARNING [w1 2] sas.test: after")
+
+
+def test_flush_returns_once_what_was_logged_is_written_and_writes_no_marker(stream):
+    """A worker flushes before it reports ready: its start-up lines are on stderr by then."""
+    logs.configure("INFO", "w0 3", stream)
+    log = logging.getLogger("sas.test")
+    log.info("first")
+    assert stream.entered.wait(10)  # the writer is stuck in that line...
+    log.info("started", extra={"queues": "record<-in"})  # ...so this one waits in the queue
+    flushed = threading.Event()
+
+    def flush() -> None:
+        logs.flush()
+        flushed.set()
+
+    threading.Thread(target=flush, daemon=True).start()
+    assert not flushed.wait(0.2)  # nothing written yet: flush waits
+    stream.release.set()
+    assert flushed.wait(10)
+    lines = stream.getvalue().splitlines()  # both, and not the marker
+    assert len(lines) == 2
+    assert lines[1].endswith("INFO [w0 3] sas.test: started queues=record<-in")
