@@ -163,17 +163,22 @@ class InMemoryStore:
     def list_due(self, at: datetime) -> list[LiveMarker]:
         return [m for m in self.live.values() if m.due_at <= at]
 
-    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
+    def rearm_live(
+        self, rearms: Sequence[tuple[LiveMarker, datetime]], drops: Sequence[LiveMarker] = ()
+    ) -> int:
         moved = 0
         for marker, due_at in rearms:
             current = self.live.get(marker.order_id)
             if current is not None and current.etag == marker.etag:
                 self.live[marker.order_id] = replace(current, etag=next(self._etags), due_at=due_at)
                 moved += 1
-        return moved
+        return moved + sum(self.drop_live(marker) for marker in drops)
 
     def settle_live(
-        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+        self,
+        moves: Sequence[tuple[str, datetime]],
+        drops: Sequence[tuple[str, str]],
+        finishes: Sequence[tuple[str, datetime, datetime]] = (),
     ) -> Settled:
         moved = dropped = 0
         for order_id, due_at in moves:
@@ -186,7 +191,18 @@ class InMemoryStore:
             if current is not None and current.etag == etag:
                 del self.live[order_id]
                 dropped += 1
-        return Settled(moved, dropped, requests=1)
+        finished = 0
+        for order_id, due_at, submitted_at in finishes:
+            current = self.live.get(order_id)
+            if current is not None:
+                self.live[order_id] = replace(
+                    current,
+                    etag=next(self._etags),
+                    due_at=due_at,
+                    finished_submission=submitted_at,
+                )
+                finished += 1
+        return Settled(moved, dropped, requests=1, finished=finished)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         current = self.live.get(marker.order_id)

@@ -71,6 +71,7 @@ _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
 _FAILED_RETRIES = 3  # a batch of marker moves and drops sent again without one that failed
+_FINISHED_COLUMN = "FinishedSubmission"  # LiveMarker.finished_submission
 _SLACK = timedelta(seconds=1)
 _KEY_BYTES = 32
 _KEY_RETRY_SECONDS = 60.0  # after a failed read of the carried-state key
@@ -262,27 +263,28 @@ class TableStateStore:
         )
         return [_marker_from(e) for e in entities]
 
-    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
-        """In transactions of up to 100 (one partition). A marker that changed (or went) since
-        read fails its transaction, which is sent again without it (the service names the
-        failed operation), so the others still move: one more transaction per changed marker,
-        where moving each alone cost one per marker. A failure that names no operation of the
-        chunk moves them one by one."""
-        moved = 0
-        for start in range(0, len(rearms), _MAX_BATCH):
-            chunk = list(rearms[start : start + _MAX_BATCH])
+    def rearm_live(
+        self,
+        rearms: Sequence[tuple[LiveMarker, datetime]],
+        drops: Sequence[LiveMarker] = (),
+    ) -> int:
+        """In transactions of up to 100 (one partition), each operation conditional on the
+        ETag the marker was read with: a re-arm replaces the marker with its new due time, a
+        drop deletes it. A marker that changed (or went) since read fails its transaction,
+        which is sent again without it (the service names the failed operation), so the others
+        still go: one more transaction per changed marker, where writing each alone cost one
+        per marker. A failure that names no operation of the chunk writes them one by one.
+        Returns how many markers moved or went."""
+        writes: list[tuple[LiveMarker, datetime | None]] = [*rearms, *((m, None) for m in drops)]
+        return self._write_markers(writes)
+
+    def _write_markers(self, writes: Sequence[tuple[LiveMarker, datetime | None]]) -> int:
+        done = 0
+        for start in range(0, len(writes), _MAX_BATCH):
+            chunk = list(writes[start : start + _MAX_BATCH])
             while chunk:
                 try:
-                    self._live.submit_transaction(
-                        [
-                            (
-                                "update",
-                                _marker_entity(marker.order_id, marker.touched_at, due_at),
-                                _if_unchanged(marker.etag),
-                            )
-                            for marker, due_at in chunk
-                        ]
-                    )
+                    self._live.submit_transaction([_marker_write(*write) for write in chunk])
                 except TableTransactionError as exc:
                     if exc.status_code not in (404, 412):
                         raise
@@ -291,38 +293,49 @@ class TableStateStore:
                         del chunk[index]  # touched or dropped since: its new owner decides
                         continue
                     if len(chunk) > 1:
-                        moved += sum(self.rearm_live([one]) for one in chunk)
+                        done += sum(self._write_markers([one]) for one in chunk)
                     break
-                moved += len(chunk)
+                done += len(chunk)
                 break
-        return moved
+        return done
 
     def settle_live(
-        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+        self,
+        moves: Sequence[tuple[str, datetime]],
+        drops: Sequence[tuple[str, str]],
+        finishes: Sequence[tuple[str, datetime, datetime]] = (),
     ) -> Settled:
         """In transactions of up to 100: each move a merge of ``DueAt`` alone (``TouchedAt``
-        stays) with ``If-Match: *``, each drop a delete conditional on the marker's ETag. An
-        operation the service names as failed (its marker gone, or a dropped marker touched
-        since) is taken out and the rest sent again, a few times per transaction at most,
-        then that transaction is given up and the next one sent: moves are an optimisation
-        and a drop that fails leaves the marker to the Supervisor, so neither is worth many
-        requests. An error that names no operation is raised."""
-        operations: list[Any] = [
-            (
-                "update",
-                {"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "DueAt": due_at},
-                {"mode": UpdateMode.MERGE},
-            )
-            for order_id, due_at in moves
-        ] + [
-            (
-                "delete",
-                {"PartitionKey": LIVE_PARTITION, "RowKey": order_id},
-                {"etag": etag, "match_condition": MatchConditions.IfNotModified},
-            )
-            for order_id, etag in drops
-        ]
-        moved = dropped = requests = 0
+        stays) with ``If-Match: *``, each drop a delete conditional on the marker's ETag, each
+        finish a merge of ``DueAt`` and the finish mark with ``If-Match: *``. An operation the
+        service names as failed (its marker gone, or a dropped marker touched since) is taken
+        out and the rest sent again, a few times per transaction at most, then that
+        transaction is given up and the next one sent: moves and finishes are an
+        optimisation and a drop that fails leaves the marker to the Supervisor, so none is
+        worth many requests. An error that names no operation is raised."""
+        operations: list[Any] = (
+            [
+                ("update", {**_marker_key(order_id), "DueAt": due_at}, {"mode": UpdateMode.MERGE})
+                for order_id, due_at in moves
+            ]
+            + [
+                (
+                    "delete",
+                    _marker_key(order_id),
+                    {"etag": etag, "match_condition": MatchConditions.IfNotModified},
+                )
+                for order_id, etag in drops
+            ]
+            + [
+                (
+                    "update",
+                    {**_marker_key(order_id), "DueAt": due_at, _FINISHED_COLUMN: submitted_at},
+                    {"mode": UpdateMode.MERGE},
+                )
+                for order_id, due_at, submitted_at in finishes
+            ]
+        )
+        moved = dropped = finished = requests = 0
         for start in range(0, len(operations), _MAX_BATCH):
             chunk = operations[start : start + _MAX_BATCH]
             for retry in range(_FAILED_RETRIES + 1):
@@ -337,10 +350,15 @@ class TableStateStore:
                     if not chunk or retry == _FAILED_RETRIES:
                         break  # the rest of this one is left to the Supervisor
                     continue
-                moved += sum(1 for kind, _, _ in chunk if kind == "update")
-                dropped += sum(1 for kind, _, _ in chunk if kind == "delete")
+                for kind, entity, _ in chunk:
+                    if kind == "delete":
+                        dropped += 1
+                    elif _FINISHED_COLUMN in entity:
+                        finished += 1
+                    else:
+                        moved += 1
                 break
-        return Settled(moved, dropped, requests)
+        return Settled(moved, dropped, requests, finished)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""
@@ -585,13 +603,18 @@ def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dict[str, Any]:
-    return {
+def _marker_entity(
+    order_id: str, touched_at: datetime, due_at: datetime, finished: datetime | None = None
+) -> dict[str, Any]:
+    entity: dict[str, Any] = {
         "PartitionKey": LIVE_PARTITION,
         "RowKey": order_id,
         "TouchedAt": touched_at,
         "DueAt": due_at,
     }
+    if finished is not None:
+        entity[_FINISHED_COLUMN] = finished
+    return entity
 
 
 def _if_unchanged(etag: str) -> dict[str, Any]:
@@ -602,6 +625,20 @@ def _if_unchanged(etag: str) -> dict[str, Any]:
     }
 
 
+def _marker_write(marker: LiveMarker, due_at: datetime | None) -> tuple[Any, ...]:
+    """A re-arm to ``due_at`` (None: a drop), as a transaction operation conditional on the
+    ETag ``marker`` was read with. A re-arm keeps the marker's finish mark as read."""
+    if due_at is None:
+        condition = {"etag": marker.etag, "match_condition": MatchConditions.IfNotModified}
+        return ("delete", _marker_key(marker.order_id), condition)
+    entity = _marker_entity(marker.order_id, marker.touched_at, due_at, marker.finished_submission)
+    return ("update", entity, _if_unchanged(marker.etag))
+
+
+def _marker_key(order_id: str) -> dict[str, Any]:
+    return {"PartitionKey": LIVE_PARTITION, "RowKey": order_id}
+
+
 def _marker_from(entity: Any) -> LiveMarker:
     touched = utc(entity["TouchedAt"])
     return LiveMarker(
@@ -609,6 +646,7 @@ def _marker_from(entity: Any) -> LiveMarker:
         touched,
         str(entity.metadata["etag"]),
         optional_utc(entity.get("DueAt")) or touched,
+        optional_utc(entity.get(_FINISHED_COLUMN)),
     )
 
 

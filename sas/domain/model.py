@@ -147,6 +147,8 @@ class Settled:
     dropped: int
     requests: int
     """Transactions sent: one per 100 operations, and one more per operation that failed."""
+    finished: int = 0
+    """Markers marked finished (``LiveMarker.finished``), for the Supervisor to drop unread."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,17 @@ class LiveMarker:
     touched_at: datetime
     etag: str
     due_at: datetime
+    finished_submission: datetime | None = None
+    """Set by a Scheduler that wrote a final state (Processed or Compensated) for the order
+    submitted at this time (``MarkerMoves``); None on a marker no Scheduler saw finish."""
+
+    @property
+    def finished(self) -> bool:
+        """A Scheduler saw the order this marker was written for finish: the finish names the
+        submission whose own touch the marker still carries. Any touch since (a redelivered
+        submission, an operator, a new order under the id after a purge) sets another
+        ``touched_at`` and clears the mark, and then the Supervisor reads the order."""
+        return self.finished_submission is not None and self.finished_submission == self.touched_at
 
 
 T = TypeVar("T")

@@ -27,10 +27,17 @@ state, ``OrderState.marker_etag``), so it deletes only the marker as the submiss
 one moved or re-armed since, touched by an operator, or written for a new order under the same
 id after a purge fails its condition and stays for the Supervisor, which drops it as before.
 Such a failure costs a request (the transaction is sent again without it), so a drop is sent
-only while the marker is unlikely to have been moved or re-armed (``_drop_by``): in a backlog,
-where orders finish after their marker came due and was moved or re-armed, the Supervisor
-drops them.
-An Error keeps its marker: the Supervisor sees its alert sent."""
+only while the marker is unlikely to have been moved or re-armed (``_drop_by``).
+
+Later than that (in a backlog, orders finish after their marker came due and was moved or
+re-armed), the write marks the marker finished instead, in the same transaction: a merge of
+the submission's time into it (``LiveMarker.finished``), due at once, that needs no ETag. The
+Supervisor drops a marker so marked without reading the order, a hundred to a request, where it
+used to read each order and then delete its marker alone. The mark names the submission, and a
+marker counts as finished only while it still carries that submission's own touch: one touched
+since (a redelivered submission, an operator, a new order under the id after a purge) is read
+as before, so a mark, however late, never unindexes an order that may be live.
+An Error keeps its marker unmarked: the Supervisor sees its alert sent."""
 
 from __future__ import annotations
 
@@ -56,7 +63,10 @@ _FINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
 
 class LiveIndex(Protocol):
     def settle_live(
-        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+        self,
+        moves: Sequence[tuple[str, datetime]],
+        drops: Sequence[tuple[str, str]],
+        finishes: Sequence[tuple[str, datetime, datetime]] = (),
     ) -> Settled: ...
 
 
@@ -80,7 +90,10 @@ class MarkerMoves:
         self._drop_margin = max(lookahead, clock_skew) + _IN_TRANSIT
         self._lock = threading.Lock()
         self._waiting: dict[str, datetime] = {}
-        self._drops: dict[str, tuple[str, datetime]] = {}
+        self._drops: dict[str, tuple[str, datetime, datetime]] = {}
+        """By order id: the marker's ETag, until when a drop is worth sending, the submission."""
+        self._finishes: dict[str, datetime] = {}
+        """By order id: the finished order's submission time."""
         self._sent_at: datetime | None = None
 
     def after_write(self, replaced: OrderState, written: OrderState, at: datetime) -> None:
@@ -90,8 +103,12 @@ class MarkerMoves:
             etag, send_by = written.marker_etag, self._drop_by(written)
             with self._lock:
                 self._waiting.pop(order_id, None)
-                if etag is not None and send_by is not None and at < send_by:
-                    self._drops[order_id] = (etag, send_by)
+                if etag is None or send_by is None:
+                    pass  # an Error keeps its marker; one touched since is the Supervisor's
+                elif at < send_by:
+                    self._drops[order_id] = (etag, send_by, written.submitted_at)
+                else:
+                    self._finishes[order_id] = written.submitted_at
         elif (
             look_again_at(
                 replaced, now=replaced.updated_at, workflow=workflow_named(replaced.workflow)
@@ -102,6 +119,7 @@ class MarkerMoves:
             with self._lock:
                 self._waiting[order_id] = due  # a newer write's move replaces an older one
                 self._drops.pop(order_id, None)  # one operation per marker in a transaction
+                self._finishes.pop(order_id, None)
         self.send_waiting()  # any write sends what waits, once the window is over
 
     def _drop_by(self, written: OrderState) -> datetime | None:
@@ -122,24 +140,29 @@ class MarkerMoves:
         return first_due - self._drop_margin
 
     def send_waiting(self) -> int:
-        """Send the waiting moves and drops, unless some were sent less than ``window`` ago.
-        Returns how many markers moved or went. Never raises: a move or drop that is not sent
-        costs the Supervisor a read (and a drop its delete), nothing else."""
+        """Send the waiting moves, drops and finish marks, unless some were sent less than
+        ``window`` ago. Returns how many markers moved, went or were marked. Never raises: a
+        move that is not sent costs the Supervisor a read, a drop or mark its read and
+        delete, nothing else."""
         now = self._clock.now()
         with self._lock:
-            if not self._waiting and not self._drops:
+            if not self._waiting and not self._drops and not self._finishes:
                 return 0
             if self._sent_at is not None and now - self._sent_at < self._window:
                 return 0
             moves, self._waiting = list(self._waiting.items()), {}
-            drops = [(order_id, etag) for order_id, (etag, by) in self._drops.items() if now < by]
-            self._drops = {}
-            if not moves and not drops:
-                return 0  # only drops that waited too long: the Supervisor drops those markers
+            drops: list[tuple[str, str]] = []
+            for order_id, (etag, by, submitted_at) in self._drops.items():
+                if now < by:
+                    drops.append((order_id, etag))
+                else:  # waited past its time: the marker may have moved since, so marked
+                    self._finishes[order_id] = submitted_at
+            finishes = [(order_id, now, at) for order_id, at in self._finishes.items()]
+            self._drops, self._finishes = {}, {}
             self._sent_at = now
-        count = len(moves) + len(drops)
+        count = len(moves) + len(drops) + len(finishes)
         try:
-            settled = self._index.settle_live(moves, drops)
+            settled = self._index.settle_live(moves, drops, finishes)
         except Exception:
             log.warning("sas.marker_moves_failed", extra={"count": count}, exc_info=True)
             return 0
@@ -149,7 +172,8 @@ class MarkerMoves:
                 "count": count,
                 "moved": settled.moved,
                 "dropped": settled.dropped,
+                "finished": settled.finished,
                 "requests": settled.requests,
             },
         )
-        return settled.moved + settled.dropped
+        return settled.moved + settled.dropped + settled.finished

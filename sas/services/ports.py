@@ -74,17 +74,25 @@ class StateStore(Protocol):
         """The markers due at or before ``at``: one query, whatever else is in flight."""
         ...
 
-    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
-        """Move each marker's due time, unless it was touched since it was read (all markers
-        share one partition, so many go in one request). Returns how many moved."""
+    def rearm_live(
+        self, rearms: Sequence[tuple[LiveMarker, datetime]], drops: Sequence[LiveMarker] = ()
+    ) -> int:
+        """Move each marker's due time in ``rearms`` and unindex each marker in ``drops``,
+        unless it was touched since it was read (all markers share one partition, so many go
+        in one request). Returns how many moved or went."""
         ...
 
     def settle_live(
-        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+        self,
+        moves: Sequence[tuple[str, datetime]],
+        drops: Sequence[tuple[str, str]],
+        finishes: Sequence[tuple[str, datetime, datetime]] = (),
     ) -> Settled:
         """Set the due time of each order's marker in ``moves``, if it has one (never index an
-        order: a marker dropped since stays dropped), and unindex each ``(order id, ETag)`` in
-        ``drops`` unless its marker was touched since that ETag; many in one request."""
+        order: a marker dropped since stays dropped); unindex each ``(order id, ETag)`` in
+        ``drops`` unless its marker was touched since that ETag; and mark each
+        ``(order id, due at, submitted at)`` in ``finishes`` finished for that submission
+        (``LiveMarker.finished``), due at that time, if it has a marker. Many in one request."""
         ...
 
     def drop_live(self, marker: LiveMarker) -> bool:

@@ -44,6 +44,9 @@ from sas.services.routes import Routes
 
 log = logging.getLogger(__name__)
 
+_FINISHED_UNREAD = "finished_unindexed"
+"""A sweep's outcome for a marker a Scheduler marked finished: dropped, the order not read."""
+
 
 class Supervisor:
     def __init__(
@@ -85,7 +88,7 @@ class Supervisor:
         replies = _OldestReplies(
             self._transport, self._routes, self._reply_heads, self._clock, started=now
         )
-        rearms = _Rearms(self._store)
+        rearms = _MarkerWrites(self._store)
         report: Counter[str] = Counter()
 
         def examine(marker: LiveMarker) -> str:
@@ -101,10 +104,13 @@ class Supervisor:
             with ThreadPoolExecutor(min(self._parallelism, len(due))) as pool:
                 report.update(pool.map(examine, due))
         rearms.flush()
-        if report.total():  # every due order was read once (benchmarks count them here)
-            log.info(
+        if report.total():  # every due order was read once but the finished ones
+            log.info(  # (benchmarks count the reads here)
                 "sas.supervisor_sweep",
-                extra={"report": dict(report), "orders_read": report.total()},
+                extra={
+                    "report": dict(report),
+                    "orders_read": report.total() - report[_FINISHED_UNREAD],
+                },
             )
         if self._gauges is not None:
             self._gauges()
@@ -126,7 +132,12 @@ class Supervisor:
         if moved:
             log.warning("sas.legacy_markers_adopted", extra={"count": moved})
 
-    def _examine(self, marker: LiveMarker, replies: _OldestReplies, rearms: _Rearms) -> str:
+    def _examine(self, marker: LiveMarker, replies: _OldestReplies, rearms: _MarkerWrites) -> str:
+        if marker.finished:
+            # A Scheduler saw this submission's order finish, and nothing touched the marker
+            # since (marker_moves.py): nothing left to watch, so not read.
+            rearms.drop(marker)
+            return _FINISHED_UNREAD
         now = self._clock.now()
         current = self._store.get_state(marker.order_id)
         if current is None:
@@ -147,10 +158,10 @@ class Supervisor:
                 lapses = (state.alert_claimed_until or now) + self._policy.clock_skew
                 rearms.add(marker, max(lapses, now))
                 return "alert_claimed_elsewhere"
-            dropped = self._store.drop_live(marker)
+            rearms.drop(marker)  # unless touched since: then its toucher's order decides
             if alert is AlertOutcome.SENT:
                 return "alert_resent"
-            return "unindexed" if dropped else "retouched"
+            return "unindexed"
         if state.complete_by is None or not self._policy.expired(state, now):
             rearms.add(marker, self._next_look(state, now))
             return "healthy"
@@ -203,7 +214,7 @@ class Supervisor:
         return ends if now < ends else None
 
     def _expire(
-        self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
+        self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _MarkerWrites
     ) -> str:
         # A timer has no trace of its own: the recovery joins the order's.
         with telemetry.order_span(
@@ -220,7 +231,7 @@ class Supervisor:
             return outcome
 
     def _recover(
-        self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _Rearms
+        self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _MarkerWrites
     ) -> str:
         workflow = workflow_named(state.workflow)
         decided = expire(state, now=now, workflow=workflow, policy=self._policy)
@@ -269,31 +280,43 @@ class Supervisor:
         return decided.action
 
 
-class _Rearms:
-    """The markers a sweep moves. Every marker sits in one partition, so they are written a
-    hundred to a request, as soon as a hundred are waiting (a long sweep loses none of them
-    if it is cut short), and the rest at the end."""
+class _MarkerWrites:
+    """The markers a sweep moves or drops, each on the ETag it was read with. Every marker
+    sits in one partition, so they are written a hundred to a request, as soon as a hundred
+    are waiting (a long sweep loses none of them if it is cut short), and the rest at the end.
+    A drop is sent after whatever the sweep did for its order (an alert sent first)."""
 
     BATCH = 100
 
     def __init__(self, store: StateStore) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._pending: list[tuple[LiveMarker, datetime]] = []
+        self._pending: list[tuple[LiveMarker, datetime | None]] = []
 
     def add(self, marker: LiveMarker, due_at: datetime) -> None:
+        self._queue(marker, due_at)
+
+    def drop(self, marker: LiveMarker) -> None:
+        self._queue(marker, None)
+
+    def _queue(self, marker: LiveMarker, due_at: datetime | None) -> None:
         with self._lock:
             self._pending.append((marker, due_at))
             if len(self._pending) < self.BATCH:
                 return
             batch, self._pending = self._pending, []
-        self._store.rearm_live(batch)
+        self._write(batch)
 
     def flush(self) -> None:
         with self._lock:
             batch, self._pending = self._pending, []
         if batch:
-            self._store.rearm_live(batch)
+            self._write(batch)
+
+    def _write(self, batch: list[tuple[LiveMarker, datetime | None]]) -> None:
+        rearms = [(marker, due_at) for marker, due_at in batch if due_at is not None]
+        drops = [marker for marker, due_at in batch if due_at is None]
+        self._store.rearm_live(rearms, drops)
 
 
 class _LaneHeads:

@@ -4,6 +4,7 @@ expired while that reply may still be waiting in the replies queue."""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -443,9 +444,9 @@ def test_a_drop_held_past_a_purge_never_takes_the_marker_of_a_new_order_under_th
     sent = []
     settle = world.store.settle_live
 
-    def recording(moves: Any, drops: Any) -> Any:
+    def recording(moves: Any, drops: Any, finishes: Any = ()) -> Any:
         sent.append(list(drops))
-        return settle(moves, drops)
+        return settle(moves, drops, finishes)
 
     world.store.settle_live = recording
     world.clock.advance(1)  # the window is over: the next write sends the held drop with it
@@ -458,3 +459,72 @@ def test_a_drop_held_past_a_purge_never_takes_the_marker_of_a_new_order_under_th
     world.clock.advance(BUDGET + 1)  # its agent never answers: the Supervisor still sees it
     assert world.tick().total() == 1
     assert world.history(held)[-1] == "expired_retry"
+
+
+def finished_in_a_backlog(world) -> str:
+    """An order whose steps answer as their deadlines come near, so it finishes well past
+    the time its marker could still be dropped by the submission's ETag."""
+    oid = order(world)
+    world.deliver("agent-inventory")
+    world.clock.advance(BUDGET - 1)
+    world.deliver("replies")  # the marker falls due: the Scheduler moves it
+    world.deliver("agent-payment")
+    world.clock.advance(1.5)  # the moves' window is over
+    world.deliver("replies")
+    world.deliver("agent-shipping")
+    world.deliver("replies")
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    return oid
+
+
+def test_an_order_finished_in_a_backlog_is_marked_and_the_sweep_drops_it_unread(world, caplog):
+    """Too late to drop the marker on the submission's ETag, the Scheduler marks it finished
+    (sas/services/marker_moves.py); the next sweep drops it without reading the order, where
+    it used to read the order and then delete the marker alone."""
+    oid = finished_in_a_backlog(world)
+    (marker,) = world.store.list_live()
+    assert marker.finished and marker.due_at <= world.clock.now()
+    assert marker.finished_submission == world.state(oid).submitted_at
+    counting = CountingStore(world.store)
+    supervisor = world.new_supervisor("supervisor-2", store=counting)
+    caplog.set_level(logging.INFO, logger="sas.services.supervisor")
+    assert supervisor.sweep() == {"finished_unindexed": 1} and counting.state_reads == 0
+    (swept,) = [r for r in caplog.records if r.getMessage() == "sas.supervisor_sweep"]
+    assert swept.orders_read == 0  # what the benchmark counts as the Supervisor's reads
+    assert world.store.list_live() == []
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_a_finished_mark_on_a_marker_touched_since_is_not_trusted(world):
+    """A redelivered submission touches the marker again after the mark: the sweep reads
+    the order before it drops the marker."""
+    oid = finished_in_a_backlog(world)
+    order(world, oid)  # the order's message delivered again
+    (marker,) = world.store.list_live()
+    assert not marker.finished
+    counting = CountingStore(world.store)
+    supervisor = world.new_supervisor("supervisor-2", store=counting)
+    world.clock.advance(BUDGET)
+    assert supervisor.sweep() == {"unindexed": 1} and counting.state_reads == 1
+    assert world.store.list_live() == []
+
+
+def test_a_late_finished_mark_never_unindexes_a_new_order_under_that_id(world):
+    """A mark of a finished order lands after the order was purged and a new one arrived
+    under its id: it names the first order's submission, so the new order stays supervised
+    and a dead agent's step is still recovered."""
+    oid = order(world)
+    world.run()
+    first = world.state(oid)
+    assert first.process_state is ProcessState.PROCESSED and world.store.list_live() == []
+    world.clock.advance(0.5)
+    assert world.operator.purge(timedelta(0), dry_run=False).purged == 1
+    order(world, oid)  # a new order under the same id
+    world.store.settle_live([], [], [(oid, world.clock.now(), first.submitted_at)])
+    (marker,) = world.store.list_live()
+    assert marker.finished_submission == first.submitted_at and not marker.finished
+    assert world.tick(0) == {"healthy": 1}  # due at once, read, and re-armed
+    world.drop("agent-inventory")  # its agent never answers
+    world.clock.advance(BUDGET + 1)
+    assert world.tick().total() == 1
+    assert world.history(oid)[-1] == "expired_retry"

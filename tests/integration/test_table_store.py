@@ -325,3 +325,52 @@ def test_settling_markers_gives_up_a_transaction_after_a_few_that_failed(table):
     assert store.settle_live(moves, []) == Settled(7, 0, requests=5)
     assert [len(operations) for operations in sent] == [100, 99, 98, 97, 7]
     assert {m.order_id for m in store.list_live() if m.due_at == later} == set(ids[-7:])
+
+
+def test_a_finish_mark_names_the_submission_and_only_lands_on_a_marker_that_exists(table):
+    """The Scheduler marks a marker finished when it is too late to drop it by ETag
+    (sas/services/marker_moves.py): a merge of the submission's time and the due time that
+    never indexes an order. The mark counts only on the marker of that submission's touch;
+    a re-arm keeps it; any touch since clears it."""
+    store = store_on(table)
+    later = NOW + timedelta(seconds=15)
+    submitted = NOW + timedelta(microseconds=123457)  # kept to the microsecond
+    for order_id in ("finished", "retouched", "other-life"):
+        store.touch_live(order_id, submitted, later)
+    sent = transactions_sent(store)
+    finishes = [
+        (order_id, NOW, submitted) for order_id in ("finished", "retouched", "never-indexed")
+    ] + [("other-life", NOW, submitted - timedelta(microseconds=1))]
+    assert store.settle_live([], [], finishes) == Settled(0, 0, requests=2, finished=3)
+    assert [len(operations) for operations in sent] == [4, 3]
+    live = {m.order_id: m for m in store.list_live()}
+    assert set(live) == {"finished", "retouched", "other-life"}
+    assert live["finished"].finished and live["finished"].due_at == NOW
+    assert live["finished"].finished_submission == submitted
+    assert not live["other-life"].finished  # a mark for another submission of that id
+    store.touch_live("retouched", NOW + timedelta(seconds=2), later)  # e.g. a redelivery
+    (retouched,) = [m for m in store.list_live() if m.order_id == "retouched"]
+    assert retouched.finished_submission is None and not retouched.finished
+    assert store.rearm_live([(live["finished"], later)]) == 1
+    (rearmed,) = [m for m in store.list_live() if m.order_id == "finished"]
+    assert rearmed.finished and rearmed.due_at == later
+
+
+def test_a_sweeps_drops_go_with_its_re_arms_each_on_the_etag_it_read(table):
+    """The Supervisor drops the markers of finished orders a hundred to a request, beside its
+    re-arms; a marker touched since it was read stays."""
+    store = store_on(table)
+    ids = [f"d{n:03d}" for n in range(120)]
+    for order_id in ids:
+        store.touch_live(order_id, NOW, NOW)
+    markers = store.list_due(NOW)
+    store.touch_live("d003", NOW + timedelta(seconds=1), NOW)  # touched after the read
+    later = NOW + timedelta(seconds=15)
+    sent = transactions_sent(store)
+    rearms = [(m, later) for m in markers[:20]]
+    assert store.rearm_live(rearms, markers[20:]) == len(ids) - 1
+    assert [len(operations) for operations in sent] == [100, 99, 20]
+    live = {m.order_id: m for m in store.list_live()}
+    assert set(live) == {f"d{n:03d}" for n in range(20)}
+    assert live["d003"].touched_at == NOW + timedelta(seconds=1)
+    assert {m.due_at for k, m in live.items() if k != "d003"} == {later}

@@ -31,15 +31,20 @@ class RecordingIndex:
         self.fail = fail
         self.calls: list[list[tuple[str, datetime]]] = []
         self.drops: list[list[tuple[str, str]]] = []
+        self.finishes: list[list[tuple[str, datetime, datetime]]] = []
 
     def settle_live(
-        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+        self,
+        moves: Sequence[tuple[str, datetime]],
+        drops: Sequence[tuple[str, str]],
+        finishes: Sequence[tuple[str, datetime, datetime]] = (),
     ) -> Settled:
         self.calls.append(list(moves))
         self.drops.append(list(drops))
+        self.finishes.append(list(finishes))
         if self.fail:
             raise ConnectionError("storage unreachable")
-        return self.inner.settle_live(moves, drops)
+        return self.inner.settle_live(moves, drops, finishes)
 
 
 @pytest.fixture
@@ -99,10 +104,24 @@ def test_only_orders_that_can_never_run_again_drop_their_marker():
         sent = len(index.drops)
         moves.after_write(running, replace(running, process_state=ending), clock.now())
         assert index.drops[sent:] == ([[("o1", 'W/"m1"')]] if dropped else []), ending
+    assert not any(index.finishes)
     sent = len(index.drops)
     unknown = replace(running, process_state=ProcessState.PROCESSED, marker_etag=None)
     moves.after_write(running, unknown, clock.now())
     assert index.drops[sent:] == []  # nothing to send at all
+    clock.advance(ORDER_WORKFLOW.shortest_budget.total_seconds())  # past any drop's time
+    for ending, marked in (
+        (ProcessState.PROCESSED, True),
+        (ProcessState.COMPENSATED, True),
+        (ProcessState.ERROR, False),
+    ):
+        sent = len(index.finishes)
+        moves.after_write(running, replace(running, process_state=ending), clock.now())
+        expected = [[("o1", clock.now(), running.submitted_at)]] if marked else []
+        assert index.finishes[sent:] == expected, ending
+    sent = len(index.finishes)
+    moves.after_write(running, unknown, clock.now())
+    assert index.finishes[sent:] == []
     failed = replace(running, process_state=ProcessState.ERROR, alert_pending=False)
     again = resubmit(failed, now=clock.now(), workflow=ORDER_WORKFLOW)
     assert again.marker_etag is None  # the operator touches the marker again
@@ -218,7 +237,7 @@ def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     until its first due time (the submission + the shortest budget) less a move's lookahead
     (or a clock allowance, if larger) and a second for the drop to land. After that it would
     fail its condition (one request more, and the Supervisor's read and delete still to
-    come): not sent."""
+    come): the marker is marked finished instead, for the Supervisor to drop unread."""
     clock = FakeClock()
     index = RecordingIndex(InMemoryStore())
     moves = MarkerMoves(index, clock)  # lookahead 5 s, window 1 s, clock skew 2 s
@@ -228,22 +247,20 @@ def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     moves.after_write(running, finished, clock.now())
     assert index.drops == [[("in-time", 'W/"in-time"')]]  # just in time: sent at once
     running, finished = _finished(clock, "late")
-    clock.advance(last_useful.total_seconds() + 1)  # finished in a backlog
+    clock.advance(last_useful.total_seconds() + 1)  # finished in a backlog: marked instead
     moves.after_write(running, finished, clock.now())
-    assert len(index.drops) == 1
+    assert index.drops[1:] == [[]]
+    assert index.finishes[1:] == [[("late", clock.now(), running.submitted_at)]]
     held_running, held = _finished(clock, "held")  # submitted now
     clock.advance(last_useful.total_seconds() - 0.5)
     running, finished = _finished(clock, "first")
     moves.after_write(running, finished, clock.now())  # sent at once
     clock.advance(0.1)
     moves.after_write(held_running, held, clock.now())  # in time, but waits for the window...
-    clock.advance(1)  # ...and nothing writes until it is too late
-    assert moves.send_waiting() == 0
-    assert index.drops[1:] == [[("first", 'W/"first"')]]
-    clock.advance(0.5)  # a pass that sent nothing does not start a window
-    running, finished = _finished(clock, "next")
-    moves.after_write(running, finished, clock.now())
-    assert index.drops[2:] == [[("next", 'W/"next"')]]
+    clock.advance(1)  # ...and nothing writes until it is too late: marked, not dropped
+    moves.send_waiting()
+    assert index.drops[2:] == [[("first", 'W/"first"')], []]
+    assert index.finishes[2:] == [[], [("held", clock.now(), held.submitted_at)]]
 
 
 def test_a_larger_clock_allowance_ends_drops_sooner():
@@ -256,4 +273,5 @@ def test_a_larger_clock_allowance_ends_drops_sooner():
     for order_id, after in (("in-time", -0.01), ("late", 0.0)):
         running, finished = _finished(clock, order_id)
         moves.after_write(running, finished, clock.now() + last_useful + timedelta(seconds=after))
-    assert index.drops == [[("in-time", 'W/"in-time"')]]
+    assert index.drops == [[("in-time", 'W/"in-time"')], []]
+    assert [[order_id for order_id, _, _ in sent] for sent in index.finishes] == [[], ["late"]]

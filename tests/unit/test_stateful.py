@@ -220,13 +220,18 @@ class AuditingStore:
     def carry_key(self) -> bytes:
         return self.inner.carry_key()
 
-    def rearm_live(self, rearms: Sequence[tuple[LiveMarker, datetime]]) -> int:
-        return self.inner.rearm_live(rearms)
+    def rearm_live(
+        self, rearms: Sequence[tuple[LiveMarker, datetime]], drops: Sequence[LiveMarker] = ()
+    ) -> int:
+        return self.inner.rearm_live(rearms, drops)
 
     def settle_live(
-        self, moves: Sequence[tuple[str, datetime]], drops: Sequence[tuple[str, str]]
+        self,
+        moves: Sequence[tuple[str, datetime]],
+        drops: Sequence[tuple[str, str]],
+        finishes: Sequence[tuple[str, datetime, datetime]] = (),
     ) -> Settled:
-        return self.inner.settle_live(moves, drops)
+        return self.inner.settle_live(moves, drops, finishes)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         return self.inner.drop_live(marker)
