@@ -149,8 +149,10 @@ class InMemoryStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return [h for h in self.history if h.order_id == order_id]
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
-        marker = LiveMarker(order_id, at, next(self._etags), due_at)
+    def touch_live(
+        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
+    ) -> str:
+        marker = LiveMarker(order_id, at, next(self._etags), due_at, touch)
         self.live[order_id] = marker
         return marker.etag
 
@@ -178,7 +180,7 @@ class InMemoryStore:
         self,
         moves: Sequence[tuple[str, datetime]],
         drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, datetime]] = (),
+        finishes: Sequence[tuple[str, datetime, str]] = (),
     ) -> Settled:
         moved = dropped = 0
         for order_id, due_at in moves:
@@ -192,14 +194,14 @@ class InMemoryStore:
                 del self.live[order_id]
                 dropped += 1
         finished = 0
-        for order_id, due_at, submitted_at in finishes:
+        for order_id, due_at, touch in finishes:
             current = self.live.get(order_id)
             if current is not None:
                 self.live[order_id] = replace(
                     current,
                     etag=next(self._etags),
                     due_at=due_at,
-                    finished_submission=submitted_at,
+                    finished_touch=touch,
                 )
                 finished += 1
         return Settled(moved, dropped, requests=1, finished=finished)

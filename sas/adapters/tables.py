@@ -71,7 +71,8 @@ _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
 _FAILED_RETRIES = 3  # a batch of marker moves and drops sent again without one that failed
-_FINISHED_COLUMN = "FinishedSubmission"  # LiveMarker.finished_submission
+_TOUCH_COLUMN = "TouchId"  # LiveMarker.touch
+_FINISHED_COLUMN = "FinishedTouch"  # LiveMarker.finished_touch
 _SLACK = timedelta(seconds=1)
 _KEY_BYTES = 32
 _KEY_RETRY_SECONDS = 60.0  # after a failed read of the carried-state key
@@ -241,11 +242,13 @@ class TableStateStore:
 
     # --- in-flight index --------------------------------------------------------------
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
+    def touch_live(
+        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
+    ) -> str:
         """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
         re-touching changes its ETag so a concurrent drop_live of an older read fails."""
         written = self._live.upsert_entity(
-            _marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE
+            _marker_entity(order_id, at, due_at, touch), mode=UpdateMode.REPLACE
         )
         return str(written["etag"])
 
@@ -303,7 +306,7 @@ class TableStateStore:
         self,
         moves: Sequence[tuple[str, datetime]],
         drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, datetime]] = (),
+        finishes: Sequence[tuple[str, datetime, str]] = (),
     ) -> Settled:
         """In transactions of up to 100: each move a merge of ``DueAt`` alone (``TouchedAt``
         stays) with ``If-Match: *``, each drop a delete conditional on the marker's ETag, each
@@ -329,10 +332,10 @@ class TableStateStore:
             + [
                 (
                     "update",
-                    {**_marker_key(order_id), "DueAt": due_at, _FINISHED_COLUMN: submitted_at},
+                    {**_marker_key(order_id), "DueAt": due_at, _FINISHED_COLUMN: touch},
                     {"mode": UpdateMode.MERGE},
                 )
-                for order_id, due_at, submitted_at in finishes
+                for order_id, due_at, touch in finishes
             ]
         )
         moved = dropped = finished = requests = 0
@@ -604,7 +607,11 @@ def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _marker_entity(
-    order_id: str, touched_at: datetime, due_at: datetime, finished: datetime | None = None
+    order_id: str,
+    touched_at: datetime,
+    due_at: datetime,
+    touch: str | None = None,
+    finished_touch: str | None = None,
 ) -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": LIVE_PARTITION,
@@ -612,8 +619,10 @@ def _marker_entity(
         "TouchedAt": touched_at,
         "DueAt": due_at,
     }
-    if finished is not None:
-        entity[_FINISHED_COLUMN] = finished
+    if touch is not None:
+        entity[_TOUCH_COLUMN] = touch
+    if finished_touch is not None:
+        entity[_FINISHED_COLUMN] = finished_touch
     return entity
 
 
@@ -627,11 +636,13 @@ def _if_unchanged(etag: str) -> dict[str, Any]:
 
 def _marker_write(marker: LiveMarker, due_at: datetime | None) -> tuple[Any, ...]:
     """A re-arm to ``due_at`` (None: a drop), as a transaction operation conditional on the
-    ETag ``marker`` was read with. A re-arm keeps the marker's finish mark as read."""
+    ETag ``marker`` was read with. A re-arm keeps the marker's touch id and finish mark."""
     if due_at is None:
         condition = {"etag": marker.etag, "match_condition": MatchConditions.IfNotModified}
         return ("delete", _marker_key(marker.order_id), condition)
-    entity = _marker_entity(marker.order_id, marker.touched_at, due_at, marker.finished_submission)
+    entity = _marker_entity(
+        marker.order_id, marker.touched_at, due_at, marker.touch, marker.finished_touch
+    )
     return ("update", entity, _if_unchanged(marker.etag))
 
 
@@ -646,7 +657,8 @@ def _marker_from(entity: Any) -> LiveMarker:
         touched,
         str(entity.metadata["etag"]),
         optional_utc(entity.get("DueAt")) or touched,
-        optional_utc(entity.get(_FINISHED_COLUMN)),
+        entity.get(_TOUCH_COLUMN),
+        entity.get(_FINISHED_COLUMN),
     )
 
 
@@ -712,6 +724,7 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "Deferrals": state.deferrals or None,
             "TraceParent": state.traceparent,
             "MarkerEtag": state.marker_etag,
+            "MarkerTouch": state.marker_touch,
             "Details": None
             if state.details is None
             else json.dumps(state.details, separators=(",", ":")),
@@ -746,6 +759,7 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         deferrals=int(entity.get("Deferrals") or 0),
         traceparent=entity.get("TraceParent"),
         marker_etag=entity.get("MarkerEtag"),
+        marker_touch=entity.get("MarkerTouch"),
     )
 
 

@@ -83,6 +83,10 @@ class OrderState:
     finishes the order deletes the marker on that condition, so a marker touched since (moved,
     re-armed, or a new order's under the same id) stays for the Supervisor to judge. None when
     not known (rows written before it was kept, or after a resubmit)."""
+    marker_touch: str | None = None
+    """The random id the submission's touch wrote into the order's marker: a Scheduler that
+    finishes the order too late to drop the marker by ETag marks it finished for this touch
+    (``LiveMarker.finished``). None when not known, as for ``marker_etag``."""
 
     @property
     def is_terminal(self) -> bool:
@@ -163,17 +167,20 @@ class LiveMarker:
     touched_at: datetime
     etag: str
     due_at: datetime
-    finished_submission: datetime | None = None
+    touch: str | None = None
+    """The random id a submission's touch wrote (``OrderState.marker_touch``); None for any
+    other touch (a redelivered submission, an operator)."""
+    finished_touch: str | None = None
     """Set by a Scheduler that wrote a final state (Processed or Compensated) for the order
-    submitted at this time (``MarkerMoves``); None on a marker no Scheduler saw finish."""
+    whose submission's touch had this id (``MarkerMoves``); None if no Scheduler marked it."""
 
     @property
     def finished(self) -> bool:
-        """A Scheduler saw the order this marker was written for finish: the finish names the
-        submission whose own touch the marker still carries. Any touch since (a redelivered
-        submission, an operator, a new order under the id after a purge) sets another
-        ``touched_at`` and clears the mark, and then the Supervisor reads the order."""
-        return self.finished_submission is not None and self.finished_submission == self.touched_at
+        """A Scheduler saw the order this marker was written for finish: the mark names the
+        touch the marker still carries. Any touch since (a redelivered submission, an
+        operator, a new order under the id after a purge) writes another id, or none, and
+        clears the mark; then the Supervisor reads the order."""
+        return self.finished_touch is not None and self.finished_touch == self.touch
 
 
 T = TypeVar("T")

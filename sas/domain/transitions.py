@@ -484,6 +484,7 @@ def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderSt
         alert_claimed_by=None,
         alert_claimed_until=None,
         marker_etag=None,  # the operator re-touches the marker: the submission's ETag is spent
+        marker_touch=None,
     )
 
 

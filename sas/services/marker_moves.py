@@ -30,13 +30,14 @@ Such a failure costs a request (the transaction is sent again without it), so a 
 only while the marker is unlikely to have been moved or re-armed (``_drop_by``).
 
 Later than that (in a backlog, orders finish after their marker came due and was moved or
-re-armed), the write marks the marker finished instead, in the same transaction: a merge of
-the submission's time into it (``LiveMarker.finished``), due at once, that needs no ETag. The
-Supervisor drops a marker so marked without reading the order, a hundred to a request, where it
-used to read each order and then delete its marker alone. The mark names the submission, and a
-marker counts as finished only while it still carries that submission's own touch: one touched
-since (a redelivered submission, an operator, a new order under the id after a purge) is read
-as before, so a mark, however late, never unindexes an order that may be live.
+re-armed), the write marks the marker finished instead, in the same transaction: a merge, due
+at once and with no ETag, of the id the submission's touch wrote into the marker
+(``OrderState.marker_touch``, random). The Supervisor drops a marker so marked without reading
+the order, a hundred to a request, where it used to read each order and then delete its marker
+alone. A marker counts as finished only while the touch id it carries is the one the mark
+names (``LiveMarker.finished``): any touch since (a redelivered submission, an operator, a new
+order under the id after a purge) writes another id or none, and such a marker is read as
+before, so a mark, however late, never unindexes an order that may be live.
 An Error keeps its marker unmarked: the Supervisor sees its alert sent."""
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class LiveIndex(Protocol):
         self,
         moves: Sequence[tuple[str, datetime]],
         drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, datetime]] = (),
+        finishes: Sequence[tuple[str, datetime, str]] = (),
     ) -> Settled: ...
 
 
@@ -90,10 +91,10 @@ class MarkerMoves:
         self._drop_margin = max(lookahead, clock_skew) + _IN_TRANSIT
         self._lock = threading.Lock()
         self._waiting: dict[str, datetime] = {}
-        self._drops: dict[str, tuple[str, datetime, datetime]] = {}
-        """By order id: the marker's ETag, until when a drop is worth sending, the submission."""
-        self._finishes: dict[str, datetime] = {}
-        """By order id: the finished order's submission time."""
+        self._drops: dict[str, tuple[str, datetime, str | None]] = {}
+        """By order id: the marker's ETag, until when a drop is worth sending, its touch id."""
+        self._finishes: dict[str, str] = {}
+        """By order id: the touch id of the finished order's marker."""
         self._sent_at: datetime | None = None
 
     def after_write(self, replaced: OrderState, written: OrderState, at: datetime) -> None:
@@ -101,14 +102,19 @@ class MarkerMoves:
         order_id = written.order_id
         if written.is_terminal:
             etag, send_by = written.marker_etag, self._drop_by(written)
+            touch = written.marker_touch
             with self._lock:
+                # One operation per marker in a transaction: this write's replaces any other
+                # (an earlier order's under the same id, held here while it was purged).
                 self._waiting.pop(order_id, None)
+                self._drops.pop(order_id, None)
+                self._finishes.pop(order_id, None)
                 if etag is None or send_by is None:
                     pass  # an Error keeps its marker; one touched since is the Supervisor's
                 elif at < send_by:
-                    self._drops[order_id] = (etag, send_by, written.submitted_at)
-                else:
-                    self._finishes[order_id] = written.submitted_at
+                    self._drops[order_id] = (etag, send_by, touch)
+                elif touch is not None:
+                    self._finishes[order_id] = touch
         elif (
             look_again_at(
                 replaced, now=replaced.updated_at, workflow=workflow_named(replaced.workflow)
@@ -152,12 +158,12 @@ class MarkerMoves:
                 return 0
             moves, self._waiting = list(self._waiting.items()), {}
             drops: list[tuple[str, str]] = []
-            for order_id, (etag, by, submitted_at) in self._drops.items():
+            for order_id, (etag, by, touch) in self._drops.items():
                 if now < by:
                     drops.append((order_id, etag))
-                else:  # waited past its time: the marker may have moved since, so marked
-                    self._finishes[order_id] = submitted_at
-            finishes = [(order_id, now, at) for order_id, at in self._finishes.items()]
+                elif touch is not None:  # waited past its time: the marker may have moved
+                    self._finishes[order_id] = touch
+            finishes = [(order_id, now, touch) for order_id, touch in self._finishes.items()]
             self._drops, self._finishes = {}, {}
             self._sent_at = now
         count = len(moves) + len(drops) + len(finishes)

@@ -61,9 +61,12 @@ class StateStore(Protocol):
 
     def get_history(self, order_id: str) -> list[HistoryEntry]: ...
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
+    def touch_live(
+        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
+    ) -> str:
         """Index the order as possibly in flight (before it can become live), due by
-        ``due_at``; returns the marker's new ETag."""
+        ``due_at``, the marker written anew with the id ``touch`` (a submission's) or none;
+        returns the marker's new ETag."""
         ...
 
     def list_live(self) -> list[LiveMarker]:
@@ -86,12 +89,12 @@ class StateStore(Protocol):
         self,
         moves: Sequence[tuple[str, datetime]],
         drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, datetime]] = (),
+        finishes: Sequence[tuple[str, datetime, str]] = (),
     ) -> Settled:
         """Set the due time of each order's marker in ``moves``, if it has one (never index an
         order: a marker dropped since stays dropped); unindex each ``(order id, ETag)`` in
         ``drops`` unless its marker was touched since that ETag; and mark each
-        ``(order id, due at, submitted at)`` in ``finishes`` finished for that submission
+        ``(order id, due at, touch id)`` in ``finishes`` finished for that touch
         (``LiveMarker.finished``), due at that time, if it has a marker. Many in one request."""
         ...
 

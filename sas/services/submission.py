@@ -8,6 +8,7 @@ claim rides in the same entity-group transaction, and no ScheduleRequest hop is 
 from __future__ import annotations
 
 import logging
+import uuid
 from dataclasses import replace
 from datetime import datetime, timedelta
 from enum import StrEnum
@@ -138,12 +139,14 @@ class Submission:
         claimed = self._dispatcher.route(claimed, workflow, now)
         claimed = replace(claimed, traceparent=telemetry.current_traceparent())
         # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps
-        # away, never an order the Supervisor cannot see. The marker's ETag goes in the state:
-        # the Scheduler that finishes the order drops the marker on it (marker_moves.py).
+        # away, never an order the Supervisor cannot see. The marker's ETag and touch id go in
+        # the state: the Scheduler that finishes the order drops the marker on the one, or
+        # marks it finished for the other (marker_moves.py).
+        touch = uuid.uuid4().hex
         marker_etag = self._store.touch_live(
-            order.order_id, now, look_again_at(claimed, now=now, workflow=workflow)
+            order.order_id, now, look_again_at(claimed, now=now, workflow=workflow), touch
         )
-        claimed = replace(claimed, marker_etag=marker_etag)
+        claimed = replace(claimed, marker_etag=marker_etag, marker_touch=touch)
         history = [
             HistoryEntry(order.order_id, now, "submitted", attempt=0, actor="submit"),
             self._dispatcher.claim_history(claimed, workflow, self._instance_id),

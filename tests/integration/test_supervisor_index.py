@@ -484,7 +484,7 @@ def test_an_order_finished_in_a_backlog_is_marked_and_the_sweep_drops_it_unread(
     oid = finished_in_a_backlog(world)
     (marker,) = world.store.list_live()
     assert marker.finished and marker.due_at <= world.clock.now()
-    assert marker.finished_submission == world.state(oid).submitted_at
+    assert marker.finished_touch == world.state(oid).marker_touch is not None
     counting = CountingStore(world.store)
     supervisor = world.new_supervisor("supervisor-2", store=counting)
     caplog.set_level(logging.INFO, logger="sas.services.supervisor")
@@ -511,18 +511,23 @@ def test_a_finished_mark_on_a_marker_touched_since_is_not_trusted(world):
 
 def test_a_late_finished_mark_never_unindexes_a_new_order_under_that_id(world):
     """A mark of a finished order lands after the order was purged and a new one arrived
-    under its id: it names the first order's submission, so the new order stays supervised
-    and a dead agent's step is still recovered."""
+    under its id, submitted (a clock set back) at the very microsecond the first was: the
+    mark names the first submission's touch id, so the new order stays supervised and a dead
+    agent's step is still recovered."""
     oid = order(world)
     world.run()
     first = world.state(oid)
     assert first.process_state is ProcessState.PROCESSED and world.store.list_live() == []
     world.clock.advance(0.5)
     assert world.operator.purge(timedelta(0), dry_run=False).purged == 1
-    order(world, oid)  # a new order under the same id
-    world.store.settle_live([], [], [(oid, world.clock.now(), first.submitted_at)])
+    resumed_at, world.clock.current = world.clock.current, first.submitted_at
+    order(world, oid)  # a new order under the same id, at the same instant
+    world.clock.current = resumed_at
+    assert first.marker_touch is not None
+    world.store.settle_live([], [], [(oid, world.clock.now(), first.marker_touch)])
     (marker,) = world.store.list_live()
-    assert marker.finished_submission == first.submitted_at and not marker.finished
+    assert marker.touched_at == first.submitted_at
+    assert marker.finished_touch == first.marker_touch and not marker.finished
     assert world.tick(0) == {"healthy": 1}  # due at once, read, and re-armed
     world.drop("agent-inventory")  # its agent never answers
     world.clock.advance(BUDGET + 1)

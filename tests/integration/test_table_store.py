@@ -327,30 +327,31 @@ def test_settling_markers_gives_up_a_transaction_after_a_few_that_failed(table):
     assert {m.order_id for m in store.list_live() if m.due_at == later} == set(ids[-7:])
 
 
-def test_a_finish_mark_names_the_submission_and_only_lands_on_a_marker_that_exists(table):
+def test_a_finish_mark_names_the_touch_and_only_lands_on_a_marker_that_exists(table):
     """The Scheduler marks a marker finished when it is too late to drop it by ETag
-    (sas/services/marker_moves.py): a merge of the submission's time and the due time that
-    never indexes an order. The mark counts only on the marker of that submission's touch;
-    a re-arm keeps it; any touch since clears it."""
+    (sas/services/marker_moves.py): a merge of the submission's touch id and the due time that
+    never indexes an order. The mark counts only on the marker that carries that touch id
+    (not merely the same touch time); a re-arm keeps both; any touch since clears them."""
     store = store_on(table)
     later = NOW + timedelta(seconds=15)
-    submitted = NOW + timedelta(microseconds=123457)  # kept to the microsecond
     for order_id in ("finished", "retouched", "other-life"):
-        store.touch_live(order_id, submitted, later)
+        store.touch_live(order_id, NOW, later, touch=f"touch-{order_id}")
     sent = transactions_sent(store)
     finishes = [
-        (order_id, NOW, submitted) for order_id in ("finished", "retouched", "never-indexed")
-    ] + [("other-life", NOW, submitted - timedelta(microseconds=1))]
+        (order_id, NOW, f"touch-{order_id}")
+        for order_id in ("finished", "retouched", "never-indexed")
+    ] + [("other-life", NOW, "touch-of-an-earlier-order")]
     assert store.settle_live([], [], finishes) == Settled(0, 0, requests=2, finished=3)
     assert [len(operations) for operations in sent] == [4, 3]
     live = {m.order_id: m for m in store.list_live()}
     assert set(live) == {"finished", "retouched", "other-life"}
     assert live["finished"].finished and live["finished"].due_at == NOW
-    assert live["finished"].finished_submission == submitted
-    assert not live["other-life"].finished  # a mark for another submission of that id
+    assert live["finished"].finished_touch == live["finished"].touch == "touch-finished"
+    assert not live["other-life"].finished  # same touch time, another order's mark
     store.touch_live("retouched", NOW + timedelta(seconds=2), later)  # e.g. a redelivery
     (retouched,) = [m for m in store.list_live() if m.order_id == "retouched"]
-    assert retouched.finished_submission is None and not retouched.finished
+    assert retouched.touch is None and retouched.finished_touch is None
+    assert not retouched.finished
     assert store.rearm_live([(live["finished"], later)]) == 1
     (rearmed,) = [m for m in store.list_live() if m.order_id == "finished"]
     assert rearmed.finished and rearmed.due_at == later

@@ -31,13 +31,13 @@ class RecordingIndex:
         self.fail = fail
         self.calls: list[list[tuple[str, datetime]]] = []
         self.drops: list[list[tuple[str, str]]] = []
-        self.finishes: list[list[tuple[str, datetime, datetime]]] = []
+        self.finishes: list[list[tuple[str, datetime, str]]] = []
 
     def settle_live(
         self,
         moves: Sequence[tuple[str, datetime]],
         drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, datetime]] = (),
+        finishes: Sequence[tuple[str, datetime, str]] = (),
     ) -> Settled:
         self.calls.append(list(moves))
         self.drops.append(list(drops))
@@ -95,6 +95,7 @@ def test_only_orders_that_can_never_run_again_drop_their_marker():
             workflow=ORDER_WORKFLOW,
         ),
         marker_etag='W/"m1"',
+        marker_touch="t1",
     )
     for ending, dropped in (
         (ProcessState.PROCESSED, True),
@@ -106,7 +107,9 @@ def test_only_orders_that_can_never_run_again_drop_their_marker():
         assert index.drops[sent:] == ([[("o1", 'W/"m1"')]] if dropped else []), ending
     assert not any(index.finishes)
     sent = len(index.drops)
-    unknown = replace(running, process_state=ProcessState.PROCESSED, marker_etag=None)
+    unknown = replace(
+        running, process_state=ProcessState.PROCESSED, marker_etag=None, marker_touch=None
+    )
     moves.after_write(running, unknown, clock.now())
     assert index.drops[sent:] == []  # nothing to send at all
     clock.advance(ORDER_WORKFLOW.shortest_budget.total_seconds())  # past any drop's time
@@ -117,7 +120,7 @@ def test_only_orders_that_can_never_run_again_drop_their_marker():
     ):
         sent = len(index.finishes)
         moves.after_write(running, replace(running, process_state=ending), clock.now())
-        expected = [[("o1", clock.now(), running.submitted_at)]] if marked else []
+        expected = [[("o1", clock.now(), "t1")]] if marked else []
         assert index.finishes[sent:] == expected, ending
     sent = len(index.finishes)
     moves.after_write(running, unknown, clock.now())
@@ -228,6 +231,7 @@ def _finished(clock: FakeClock, order_id: str) -> tuple[OrderState, OrderState]:
             workflow=ORDER_WORKFLOW,
         ),
         marker_etag=f'W/"{order_id}"',
+        marker_touch=f"touch-{order_id}",
     )
     return running, replace(running, process_state=ProcessState.PROCESSED)
 
@@ -250,7 +254,7 @@ def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     clock.advance(last_useful.total_seconds() + 1)  # finished in a backlog: marked instead
     moves.after_write(running, finished, clock.now())
     assert index.drops[1:] == [[]]
-    assert index.finishes[1:] == [[("late", clock.now(), running.submitted_at)]]
+    assert index.finishes[1:] == [[("late", clock.now(), "touch-late")]]
     held_running, held = _finished(clock, "held")  # submitted now
     clock.advance(last_useful.total_seconds() - 0.5)
     running, finished = _finished(clock, "first")
@@ -260,7 +264,7 @@ def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     clock.advance(1)  # ...and nothing writes until it is too late: marked, not dropped
     moves.send_waiting()
     assert index.drops[2:] == [[("first", 'W/"first"')], []]
-    assert index.finishes[2:] == [[], [("held", clock.now(), held.submitted_at)]]
+    assert index.finishes[2:] == [[], [("held", clock.now(), "touch-held")]]
 
 
 def test_a_larger_clock_allowance_ends_drops_sooner():
@@ -275,3 +279,23 @@ def test_a_larger_clock_allowance_ends_drops_sooner():
         moves.after_write(running, finished, clock.now() + last_useful + timedelta(seconds=after))
     assert index.drops == [[("in-time", 'W/"in-time"')], []]
     assert [[order_id for order_id, _, _ in sent] for sent in index.finishes] == [[], ["late"]]
+
+
+def test_a_marker_gets_one_operation_per_transaction_whatever_waits_for_it():
+    """A mark held for an order's marker while the order is purged and a new order under its
+    id finishes in time on this Scheduler: only the new order's drop goes (two operations on
+    one row would fail the whole transaction, and every other move in it)."""
+    clock = FakeClock()
+    index = RecordingIndex(InMemoryStore())
+    moves = MarkerMoves(index, clock)
+    index.calls.clear()
+    moves.after_write(*_finished(clock, "other"), clock.now())  # starts the window
+    old_running, old = _finished(clock, "o1")
+    moves.after_write(old_running, old, clock.now() + ORDER_WORKFLOW.shortest_budget)  # held
+    new_running, new = _finished(clock, "o1")
+    new = replace(new, marker_etag='W/"new"', marker_touch="touch-new")
+    clock.advance(0.5)
+    moves.after_write(new_running, new, clock.now())  # in time: a drop, held too
+    clock.advance(1)
+    moves.send_waiting()
+    assert index.drops[-1] == [("o1", 'W/"new"')] and index.finishes[-1] == []

@@ -205,8 +205,10 @@ class AuditingStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return self.inner.get_history(order_id)
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
-        return self.inner.touch_live(order_id, at, due_at)
+    def touch_live(
+        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
+    ) -> str:
+        return self.inner.touch_live(order_id, at, due_at, touch)
 
     def list_live(self) -> list[LiveMarker]:
         return self.inner.list_live()
@@ -229,7 +231,7 @@ class AuditingStore:
         self,
         moves: Sequence[tuple[str, datetime]],
         drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, datetime]] = (),
+        finishes: Sequence[tuple[str, datetime, str]] = (),
     ) -> Settled:
         return self.inner.settle_live(moves, drops, finishes)
 
