@@ -25,6 +25,14 @@ from sas.domain.priority import Waiting
 from sas.domain.wire import Priority, rejected_row_key
 
 
+def _one_operation_per_marker(order_ids: list[str]) -> None:
+    """As the service refuses it: a transaction with two operations on one row fails whole
+    (``InvalidDuplicateRow``), whatever else it carries."""
+    repeated = sorted({o for o in order_ids if order_ids.count(o) > 1})
+    if repeated:
+        raise AssertionError(f"two operations on one marker in a transaction: {repeated}")
+
+
 class FakeClock:
     def __init__(self, start: datetime | None = None) -> None:
         self.current = start or datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
@@ -168,6 +176,7 @@ class InMemoryStore:
     def rearm_live(
         self, rearms: Sequence[tuple[LiveMarker, datetime]], drops: Sequence[LiveMarker] = ()
     ) -> int:
+        _one_operation_per_marker([m.order_id for m, _ in rearms] + [m.order_id for m in drops])
         moved = 0
         for marker, due_at in rearms:
             current = self.live.get(marker.order_id)
@@ -182,6 +191,9 @@ class InMemoryStore:
         drops: Sequence[tuple[str, str]],
         finishes: Sequence[tuple[str, datetime, str]] = (),
     ) -> Settled:
+        _one_operation_per_marker(
+            [o for o, _ in moves] + [o for o, _ in drops] + [o for o, _, _ in finishes]
+        )
         moved = dropped = 0
         for order_id, due_at in moves:
             current = self.live.get(order_id)

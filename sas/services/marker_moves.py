@@ -30,14 +30,15 @@ Such a failure costs a request (the transaction is sent again without it), so a 
 only while the marker is unlikely to have been moved or re-armed (``_drop_by``).
 
 Later than that (in a backlog, orders finish after their marker came due and was moved or
-re-armed), the write marks the marker finished instead, in the same transaction: a merge, due
-at once and with no ETag, of the id the submission's touch wrote into the marker
-(``OrderState.marker_touch``, random). The Supervisor drops a marker so marked without reading
-the order, a hundred to a request, where it used to read each order and then delete its marker
-alone. A marker counts as finished only while the touch id it carries is the one the mark
-names (``LiveMarker.finished``): any touch since (a redelivered submission, an operator, a new
-order under the id after a purge) writes another id or none, and such a marker is read as
-before, so a mark, however late, never unindexes an order that may be live.
+re-armed), the write marks the marker finished instead, in the same transaction: a merge, with no
+ETag, of the id the submission's touch wrote into the marker (``OrderState.marker_touch``,
+random) and a due time in the past (the submission's: a mark that lands on another order's
+marker, however late, makes it due no later than it was). The Supervisor drops a marker so
+marked without reading the order, a hundred to a request, where it used to read each order and
+then delete its marker alone. A marker counts as finished only while the touch id it carries is
+the one the mark names (``LiveMarker.finished``): any touch since (a redelivered submission, an
+operator, a new order under the id after a purge) writes another id or none, and such a marker
+is read as before, so a mark, however late, never unindexes an order that may be live.
 An Error keeps its marker unmarked: the Supervisor sees its alert sent."""
 
 from __future__ import annotations
@@ -91,10 +92,10 @@ class MarkerMoves:
         self._drop_margin = max(lookahead, clock_skew) + _IN_TRANSIT
         self._lock = threading.Lock()
         self._waiting: dict[str, datetime] = {}
-        self._drops: dict[str, tuple[str, datetime, str | None]] = {}
-        """By order id: the marker's ETag, until when a drop is worth sending, its touch id."""
-        self._finishes: dict[str, str] = {}
-        """By order id: the touch id of the finished order's marker."""
+        self._drops: dict[str, tuple[str, datetime, tuple[datetime, str] | None]] = {}
+        """By order id: the marker's ETag, until when a drop is worth sending, and its mark."""
+        self._finishes: dict[str, tuple[datetime, str]] = {}
+        """By order id: the finished order's mark: due at its submission, for its touch id."""
         self._sent_at: datetime | None = None
 
     def after_write(self, replaced: OrderState, written: OrderState, at: datetime) -> None:
@@ -102,7 +103,11 @@ class MarkerMoves:
         order_id = written.order_id
         if written.is_terminal:
             etag, send_by = written.marker_etag, self._drop_by(written)
-            touch = written.marker_touch
+            mark = (
+                None
+                if written.marker_touch is None
+                else (written.submitted_at, written.marker_touch)
+            )
             with self._lock:
                 # One operation per marker in a transaction: this write's replaces any other
                 # (an earlier order's under the same id, held here while it was purged).
@@ -112,9 +117,9 @@ class MarkerMoves:
                 if etag is None or send_by is None:
                     pass  # an Error keeps its marker; one touched since is the Supervisor's
                 elif at < send_by:
-                    self._drops[order_id] = (etag, send_by, touch)
-                elif touch is not None:
-                    self._finishes[order_id] = touch
+                    self._drops[order_id] = (etag, send_by, mark)
+                elif mark is not None:
+                    self._finishes[order_id] = mark
         elif (
             look_again_at(
                 replaced, now=replaced.updated_at, workflow=workflow_named(replaced.workflow)
@@ -158,12 +163,12 @@ class MarkerMoves:
                 return 0
             moves, self._waiting = list(self._waiting.items()), {}
             drops: list[tuple[str, str]] = []
-            for order_id, (etag, by, touch) in self._drops.items():
+            for order_id, (etag, by, mark) in self._drops.items():
                 if now < by:
                     drops.append((order_id, etag))
-                elif touch is not None:  # waited past its time: the marker may have moved
-                    self._finishes[order_id] = touch
-            finishes = [(order_id, now, touch) for order_id, touch in self._finishes.items()]
+                elif mark is not None:  # waited past its time: the marker may have moved
+                    self._finishes[order_id] = mark
+            finishes = [(order_id, due, touch) for order_id, (due, touch) in self._finishes.items()]
             self._drops, self._finishes = {}, {}
             self._sent_at = now
         count = len(moves) + len(drops) + len(finishes)

@@ -120,7 +120,7 @@ def test_only_orders_that_can_never_run_again_drop_their_marker():
     ):
         sent = len(index.finishes)
         moves.after_write(running, replace(running, process_state=ending), clock.now())
-        expected = [[("o1", clock.now(), "t1")]] if marked else []
+        expected = [[("o1", running.submitted_at, "t1")]] if marked else []
         assert index.finishes[sent:] == expected, ending
     sent = len(index.finishes)
     moves.after_write(running, unknown, clock.now())
@@ -254,7 +254,7 @@ def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     clock.advance(last_useful.total_seconds() + 1)  # finished in a backlog: marked instead
     moves.after_write(running, finished, clock.now())
     assert index.drops[1:] == [[]]
-    assert index.finishes[1:] == [[("late", clock.now(), "touch-late")]]
+    assert index.finishes[1:] == [[("late", running.submitted_at, "touch-late")]]
     held_running, held = _finished(clock, "held")  # submitted now
     clock.advance(last_useful.total_seconds() - 0.5)
     running, finished = _finished(clock, "first")
@@ -264,7 +264,7 @@ def test_no_drop_is_sent_once_the_marker_may_have_been_moved_or_re_armed():
     clock.advance(1)  # ...and nothing writes until it is too late: marked, not dropped
     moves.send_waiting()
     assert index.drops[2:] == [[("first", 'W/"first"')], []]
-    assert index.finishes[2:] == [[], [("held", clock.now(), "touch-held")]]
+    assert index.finishes[2:] == [[], [("held", held.submitted_at, "touch-held")]]
 
 
 def test_a_larger_clock_allowance_ends_drops_sooner():
