@@ -188,9 +188,17 @@ def scheduler() -> Scheduler:
         router=router(),
         queue_allowance=True,
         recent=recent_states(),
-        moves=MarkerMoves(
-            store(), clock(), clock_skew=timedelta(seconds=settings().clock_skew_seconds)
-        ),
+        moves=marker_moves(),
+    )
+
+
+@_once
+def marker_moves() -> MarkerMoves:
+    """This process's held marker moves, drops and finish marks: the Scheduler's writes add
+    them, and the Supervisor's timer sends what a Scheduler with no later write still holds
+    (the end of a burst)."""
+    return MarkerMoves(
+        store(), clock(), clock_skew=timedelta(seconds=settings().clock_skew_seconds)
     )
 
 
@@ -215,7 +223,7 @@ def supervisor() -> Supervisor:
         s.instance_id,
         policy,
         parallelism=SUPERVISOR_PARALLELISM,
-        gauges=_gauges().maybe_sample,
+        after_sweep=(_gauges().maybe_sample, marker_moves().send_waiting),
     )
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -61,9 +61,11 @@ class Supervisor:
         orphan_grace: timedelta = timedelta(minutes=5),
         parallelism: int = 1,
         legacy_check: timedelta = timedelta(minutes=5),
-        gauges: Callable[[], object] | None = None,
+        after_sweep: Sequence[Callable[[], object]] = (),
     ) -> None:
-        """``gauges``: called after each sweep (it decides itself whether to sample)."""
+        """``after_sweep``: each called after every sweep, whatever the sweep found (the
+        gauges, which decide themselves whether to sample; the marker writes this process's
+        Scheduler holds, which would otherwise wait for its next write)."""
         self._store = store
         self._transport = transport
         self._routes = routes
@@ -75,7 +77,7 @@ class Supervisor:
         self._legacy_check = legacy_check
         self._legacy_checked_at: datetime | None = None
         self._reply_heads = _LaneHeads(keep=policy.reply_hold_max)
-        self._gauges = gauges
+        self._after_sweep = tuple(after_sweep)
         self._then = Consequences(
             store, transport, routes, clock, actor=instance_id, clock_skew=policy.clock_skew
         )
@@ -112,8 +114,11 @@ class Supervisor:
                     "orders_read": report.total() - report[_FINISHED_UNREAD],
                 },
             )
-        if self._gauges is not None:
-            self._gauges()
+        for then in self._after_sweep:
+            try:
+                then()
+            except Exception:  # housekeeping: never fails the sweep that recovered orders
+                log.warning("sas.after_sweep_failed", exc_info=True)
         return report
 
     def _adopt_legacy(self, now: datetime) -> None:

@@ -5,14 +5,17 @@ expired while that reply may still be waiting in the replies queue."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 import pytest
 
+from sas import bootstrap
 from sas.domain.model import ProcessState
-from sas.domain.transitions import RetryPolicy
+from sas.domain.transitions import RetryPolicy, claim, initial_state
+from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.scheduler import ReplyOutcome
 from sas.services.supervisor import Supervisor
 from tests.harness import BUDGET, ROUTES, Envelope
@@ -533,3 +536,29 @@ def test_a_late_finished_mark_never_unindexes_a_new_order_under_that_id(world):
     world.clock.advance(BUDGET + 1)
     assert world.tick().total() == 1
     assert world.history(oid)[-1] == "expired_retry"
+
+
+def test_the_supervise_timer_sends_the_marker_writes_its_process_still_holds(app_env):
+    """The last orders of a burst: their drops wait for the Scheduler's next write, which may
+    never come. The app's Supervisor (the ``supervise`` timer's) sends them after its sweep,
+    on the one MarkerMoves its process's Scheduler fills (sas/bootstrap.py)."""
+    store, clock, moves = bootstrap.store(), bootstrap.clock(), bootstrap.marker_moves()
+    assert bootstrap.scheduler()._moves is moves  # one per process
+    now = clock.now()
+    for oid in ("first", "held"):
+        etag = store.touch_live(oid, now, now + timedelta(hours=1), touch=f"touch-{oid}")
+        running = replace(
+            claim(
+                initial_state(oid, ORDER_WORKFLOW, reply_to=None, now=now),
+                instance_id="s1",
+                now=now,
+                workflow=ORDER_WORKFLOW,
+            ),
+            marker_etag=etag,
+            marker_touch=f"touch-{oid}",
+        )
+        moves.after_write(running, replace(running, process_state=ProcessState.PROCESSED), now)
+    assert [m.order_id for m in store.list_live()] == ["held"]  # waits for the window
+    time.sleep(1.1)  # the process's clock is the system's
+    assert bootstrap.supervisor().sweep().total() == 0  # nothing due: only the held drop goes
+    assert store.list_live() == []
