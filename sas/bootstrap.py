@@ -223,7 +223,8 @@ def supervisor() -> Supervisor:
         s.instance_id,
         policy,
         parallelism=SUPERVISOR_PARALLELISM,
-        after_sweep=(_gauges().maybe_sample, marker_moves().send_waiting),
+        before_sweep=(marker_moves().send_waiting,),
+        after_sweep=(_gauges().maybe_sample,),
     )
 
 

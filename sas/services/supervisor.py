@@ -61,11 +61,15 @@ class Supervisor:
         orphan_grace: timedelta = timedelta(minutes=5),
         parallelism: int = 1,
         legacy_check: timedelta = timedelta(minutes=5),
+        before_sweep: Sequence[Callable[[], object]] = (),
         after_sweep: Sequence[Callable[[], object]] = (),
     ) -> None:
-        """``after_sweep``: each called after every sweep, whatever the sweep found (the
-        gauges, which decide themselves whether to sample; the marker writes this process's
-        Scheduler holds, which would otherwise wait for its next write)."""
+        """``before_sweep``: each called before a sweep lists the due markers (the marker
+        moves, drops and finish marks this process's Scheduler holds, which would otherwise
+        wait for its next write: sent first, the sweep skips the markers they move and drops
+        the ones they mark without reading the order). ``after_sweep``: each called after
+        every sweep, even one that failed (the gauges, which decide themselves whether to
+        sample). A hook that raises is logged and skipped."""
         self._store = store
         self._transport = transport
         self._routes = routes
@@ -77,6 +81,7 @@ class Supervisor:
         self._legacy_check = legacy_check
         self._legacy_checked_at: datetime | None = None
         self._reply_heads = _LaneHeads(keep=policy.reply_hold_max)
+        self._before_sweep = tuple(before_sweep)
         self._after_sweep = tuple(after_sweep)
         self._then = Consequences(
             store, transport, routes, clock, actor=instance_id, clock_skew=policy.clock_skew
@@ -84,6 +89,13 @@ class Supervisor:
 
     def sweep(self) -> Counter[str]:
         """One pass over the due markers; returns what it did, by outcome."""
+        _run_hooks(self._before_sweep)
+        try:
+            return self._sweep()
+        finally:
+            _run_hooks(self._after_sweep)
+
+    def _sweep(self) -> Counter[str]:
         now = self._clock.now()
         self._adopt_legacy(now)
         due = self._store.list_due(now)
@@ -114,11 +126,6 @@ class Supervisor:
                     "orders_read": report.total() - report[_FINISHED_UNREAD],
                 },
             )
-        for then in self._after_sweep:
-            try:
-                then()
-            except Exception:  # housekeeping: never fails the sweep that recovered orders
-                log.warning("sas.after_sweep_failed", exc_info=True)
         return report
 
     def _adopt_legacy(self, now: datetime) -> None:
@@ -283,6 +290,18 @@ class Supervisor:
         else:
             self._then.finished(new, etag)
         return decided.action
+
+
+def _run_hooks(hooks: Sequence[Callable[[], object]]) -> None:
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:  # housekeeping: never fails the sweep that recovers orders
+            log.warning(
+                "sas.sweep_hook_failed",
+                extra={"hook": getattr(hook, "__qualname__", repr(hook))},
+                exc_info=True,
+            )
 
 
 class _MarkerWrites:

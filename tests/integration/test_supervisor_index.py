@@ -5,7 +5,6 @@ expired while that reply may still be waiting in the replies queue."""
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import replace
 from datetime import timedelta
 from typing import Any
@@ -18,6 +17,7 @@ from sas.domain.transitions import RetryPolicy, claim, initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.scheduler import ReplyOutcome
 from sas.services.supervisor import Supervisor
+from tests.fakes import FakeClock
 from tests.harness import BUDGET, ROUTES, Envelope
 from tests.integration.test_failure_modes import assert_effects_once, order
 
@@ -538,14 +538,18 @@ def test_a_late_finished_mark_never_unindexes_a_new_order_under_that_id(world):
     assert world.history(oid)[-1] == "expired_retry"
 
 
-def test_the_supervise_timer_sends_the_marker_writes_its_process_still_holds(app_env):
-    """The last orders of a burst: their drops wait for the Scheduler's next write, which may
-    never come. The app's Supervisor (the ``supervise`` timer's) sends them after its sweep,
-    on the one MarkerMoves its process's Scheduler fills (sas/bootstrap.py)."""
-    store, clock, moves = bootstrap.store(), bootstrap.clock(), bootstrap.marker_moves()
+def test_the_supervise_timer_sends_the_marker_writes_its_process_still_holds(app_env, monkeypatch):
+    """The last orders of a burst: their drops and finish marks wait for the Scheduler's next
+    write, which may never come. The app's Supervisor (the ``supervise`` timer's) sends them
+    before its sweep lists the due markers, on the one MarkerMoves its process's Scheduler
+    fills (sas/bootstrap.py): the sweep then drops the marked marker without reading."""
+    clock = FakeClock()
+    monkeypatch.setattr(bootstrap, "clock", lambda: clock)
+    store, moves = bootstrap.store(), bootstrap.marker_moves()
     assert bootstrap.scheduler()._moves is moves  # one per process
     now = clock.now()
-    for oid in ("first", "held"):
+    finished: dict[str, tuple[Any, Any]] = {}
+    for oid in ("first", "held", "marked"):
         etag = store.touch_live(oid, now, now + timedelta(hours=1), touch=f"touch-{oid}")
         running = replace(
             claim(
@@ -557,8 +561,11 @@ def test_the_supervise_timer_sends_the_marker_writes_its_process_still_holds(app
             marker_etag=etag,
             marker_touch=f"touch-{oid}",
         )
-        moves.after_write(running, replace(running, process_state=ProcessState.PROCESSED), now)
-    assert [m.order_id for m in store.list_live()] == ["held"]  # waits for the window
-    time.sleep(1.1)  # the process's clock is the system's
-    assert bootstrap.supervisor().sweep().total() == 0  # nothing due: only the held drop goes
+        finished[oid] = (running, replace(running, process_state=ProcessState.PROCESSED))
+    moves.after_write(*finished["first"], now)  # the first send: at once
+    moves.after_write(*finished["held"], now)  # within the window: held
+    moves.after_write(*finished["marked"], now + timedelta(seconds=30))  # past the drop's cutoff
+    assert sorted(m.order_id for m in store.list_live()) == ["held", "marked"]
+    clock.advance(1.1)
+    assert bootstrap.supervisor().sweep() == {"finished_unindexed": 1}  # marked, due, unread
     assert store.list_live() == []
