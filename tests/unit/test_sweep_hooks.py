@@ -48,7 +48,7 @@ def test_a_hook_that_raises_stops_neither_the_sweep_nor_the_other_hooks(caplog):
     assert calls == [f"before, {sent} sent", f"after, {len(transport.sent)} sent"]
     assert len(transport.sent) > sent  # the retry went between the two
     failed = [r for r in caplog.records if r.getMessage() == "sas.sweep_hook_failed"]
-    assert [r.hook for r in failed] == ["broken", "broken"]  # type: ignore[attr-defined]
+    assert [r.hook for r in failed] == ["broken", "broken"]
 
 
 def test_the_hooks_after_a_sweep_run_even_when_the_sweep_fails():
