@@ -226,19 +226,25 @@ def chart(results: dict[str, Any], path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    fig, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (throughput, latency) = plt.subplots(1, 2, figsize=(10, 5))
     for commit, measured in results["commits"].items():
         medians = median_runs(measured["e2e"])
         batches = sorted({run["orders"] for run in medians})
+        color = None  # each commit's limit in the colour of its first line
         for batch in batches:
             runs = [run for run in medians if run["orders"] == batch]
             workers = [run["workers"] for run in runs]
             label = f"{commit}, {batch} orders"
-            throughput.plot(workers, [run["orders_per_s"] for run in runs], "o-", label=label)
+            (line,) = throughput.plot(
+                workers, [run["orders_per_s"] for run in runs], "o-", label=label
+            )
+            color = color or line.get_color()
             latency.plot(workers, [run["p50_s"] for run in runs], "o-", label=label)
         limit = _three_step_limit(measured)
         if limit:
-            throughput.axhline(limit, linestyle="--", label=f"{commit}: limit from raw rates")
+            throughput.axhline(
+                limit, linestyle="--", color=color, label=f"{commit}: limit from raw rates"
+            )
     throughput.set_xlabel("dev-host workers")
     throughput.set_ylabel("orders/s")
     throughput.set_title("Throughput (3-step orders)")
@@ -250,7 +256,7 @@ def chart(results: dict[str, Any], path: Path) -> Path | None:
     )
     for axis in (throughput, latency):
         axis.grid(alpha=0.3)
-        axis.legend(fontsize=7)
+        axis.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=2)
         axis.set_ylim(bottom=0)
         axis.set_xticks(every_workers)
     fig.tight_layout()

@@ -4,6 +4,7 @@ hook, or the hooks after a sweep that failed."""
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,12 @@ def broken() -> None:
     raise RuntimeError("housekeeping failed")
 
 
+def supervisor(
+    store: InMemoryStore, transport: RecordingTransport, clock: FakeClock, **hooks: Any
+) -> Supervisor:
+    return Supervisor(store, transport, ROUTES, clock, "sup", RetryPolicy(max_failures=3), **hooks)
+
+
 def test_a_hook_that_raises_stops_neither_the_sweep_nor_the_other_hooks(caplog):
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
     Submission(store, transport, ROUTES, clock).submit(submitted())
@@ -32,19 +39,12 @@ def test_a_hook_that_raises_stops_neither_the_sweep_nor_the_other_hooks(caplog):
     def after() -> None:
         calls.append(f"after, {len(transport.sent)} sent")
 
-    supervisor = Supervisor(
-        store,
-        transport,
-        ROUTES,
-        clock,
-        "sup",
-        RetryPolicy(max_failures=3),
-        before_sweep=(broken, before),
-        after_sweep=(broken, after),
+    hooked = supervisor(
+        store, transport, clock, before_sweep=(broken, before), after_sweep=(broken, after)
     )
     sent = len(transport.sent)
     with caplog.at_level(logging.WARNING, logger="sas.services.supervisor"):
-        assert supervisor.sweep() == {"retry": 1}
+        assert hooked.sweep() == {"retry": 1}
     assert calls == [f"before, {sent} sent", f"after, {len(transport.sent)} sent"]
     assert len(transport.sent) > sent  # the retry went between the two
     failed = [r for r in caplog.records if r.getMessage() == "sas.sweep_hook_failed"]
@@ -59,15 +59,7 @@ def test_the_hooks_after_a_sweep_run_even_when_the_sweep_fails():
         raise ConnectionError("storage is down")
 
     store.list_due = unreachable  # type: ignore[method-assign,assignment]
-    supervisor = Supervisor(
-        store,
-        transport,
-        ROUTES,
-        clock,
-        "sup",
-        RetryPolicy(max_failures=3),
-        after_sweep=(lambda: calls.append("after"),),
-    )
+    hooked = supervisor(store, transport, clock, after_sweep=(lambda: calls.append("after"),))
     with pytest.raises(ConnectionError):
-        supervisor.sweep()
+        hooked.sweep()
     assert calls == ["after"]
