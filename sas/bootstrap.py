@@ -29,6 +29,7 @@ from sas.services.recent import RecentStates
 from sas.services.routes import Routes
 from sas.services.routing import Router
 from sas.services.scheduler import Scheduler
+from sas.services.store_time import StoreClock
 from sas.services.submission import Submission
 from sas.services.supervisor import Supervisor
 
@@ -85,8 +86,33 @@ def telemetry_setup() -> str:
 
 
 @_once
-def clock() -> Clock:
+def host_clock() -> Clock:
+    """This machine's clock: only the store clock below reads it."""
     return SystemClock()
+
+
+@_once
+def clock() -> Clock:
+    """The store's time, which every role reads (sas/services/store_time.py)."""
+    return _store_clock()
+
+
+@_once
+def _store_clock() -> StoreClock:
+    """Told the date of every response of the app's store clients."""
+    s = settings()
+    return StoreClock(
+        host_clock(),
+        host_name=s.instance_id,
+        allowance=timedelta(seconds=s.clock_skew_seconds),
+        calibrate=_calibrate_clock,
+    )
+
+
+def _calibrate_clock() -> None:
+    from sas.adapters.clients import ping
+
+    ping(_table())
 
 
 @_once
@@ -108,7 +134,7 @@ def _table() -> Any:
     from sas.adapters.clients import table_client
 
     s = settings()
-    return table_client(s.storage, s.table_name)
+    return table_client(s.storage, s.table_name, _store_clock())
 
 
 @_once
@@ -117,7 +143,7 @@ def _live_table() -> Any:
     from sas.adapters.clients import table_client
 
     s = settings()
-    return table_client(s.storage, s.live_table_name)
+    return table_client(s.storage, s.live_table_name, _store_clock())
 
 
 @_once
@@ -137,7 +163,7 @@ def transport() -> Transport:
     from sas.adapters.clients import queue_service_client
     from sas.adapters.storage_queues import StorageQueueTransport
 
-    return StorageQueueTransport(queue_service_client(s.storage))
+    return StorageQueueTransport(queue_service_client(s.storage, _store_clock()))
 
 
 @_once
@@ -157,7 +183,7 @@ def poison() -> PoisonStore:
     from sas.adapters.clients import queue_service_client
     from sas.adapters.poison_storage import StoragePoisonQueues
 
-    return StoragePoisonQueues(queue_service_client(s.storage), sources)
+    return StoragePoisonQueues(queue_service_client(s.storage, _store_clock()), sources)
 
 
 @_once

@@ -131,8 +131,9 @@ class Settings:
     servicebus: Connection | None
     max_failures: int = 3
     clock_skew_seconds: float = DEFAULT_CLOCK_SKEW_SECONDS
-    """How far apart two instances' clocks may be: the Supervisor waits this much past a
-    deadline before it calls a step expired."""
+    """The clock-skew allowance: the Supervisor calls a step expired this long after its
+    deadline (by the store's time, which every role reads), and a host whose clock is further
+    than this from the store's is reported."""
     reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
     """A submitter's status queue must start with one of these (the app's own never may)."""
     endpoints: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=dict)

@@ -87,10 +87,12 @@ class LocalStack:
         agents_apart: bool = False,
         app_root: Path = REPO_ROOT,
         endpoints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+        host_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> LocalStack:
         """``app_root``: the checkout whose function_app.py (and dev host) runs; another
         commit's worktree when the benchmark compares two commits. ``endpoints``: named
-        endpoints of the simulator per agent (``simulator_endpoints``)."""
+        endpoints of the simulator per agent (``simulator_endpoints``). ``host_env``: more
+        environment for one dev host only (``devhost`` or ``agents``), such as a skewed clock."""
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
         # The env below is the whole config: a settings file of our own (the same values; the
@@ -121,7 +123,7 @@ class LocalStack:
                 hosts.append(
                     start_devhost(
                         app_root / "function_app.py",
-                        env=env,
+                        env={**env, **(host_env or {}).get(name, {})},
                         workers=count,
                         http_port=0 if name == "agents" else free_port(),
                         functions=functions or None,

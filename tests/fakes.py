@@ -62,15 +62,12 @@ class RecordingTransport:
     sent: list[Sent] = field(default_factory=list)
     missing_queues: set[str] = field(default_factory=set)
     waiting_since: dict[str, datetime] = field(default_factory=dict)
-    """What ``oldest_waiting`` answers, per queue (nothing waits by default)."""
+    """When the oldest message a peek sees was enqueued, per queue (nothing waits by default)."""
     peeks: list[str] = field(default_factory=list)
 
-    def oldest_waiting(self, queue: str) -> datetime | None:
-        self.peeks.append(queue)
-        return self.waiting_since.get(queue)
-
     def waiting(self, queue: str) -> Waiting:
-        oldest = self.oldest_waiting(queue)
+        self.peeks.append(queue)
+        oldest = self.waiting_since.get(queue)
         return Waiting(oldest, 0 if oldest is None else 1)
 
     def send(

@@ -32,8 +32,6 @@ from sas.services.submission import Submission
 from sas.services.supervisor import Supervisor
 from tests.fakes import FakeClock
 
-NO_HOST = timedelta(0)
-"""``RetryPolicy.reply_in_flight`` where replies go straight from the bus to the Scheduler."""
 BUDGET = ORDER_WORKFLOW.steps[0].budget.total_seconds()
 """A step's complete-by budget in the order workflow, in seconds."""
 
@@ -80,11 +78,8 @@ class Bus:
         self.queues[queue].append(envelope)
         self.sent.append((queue, envelope))
 
-    def oldest_waiting(self, queue: str) -> datetime | None:
-        """As a peek sees it: the visible (due) messages only."""
-        return self.waiting(queue).oldest
-
     def waiting(self, queue: str) -> Waiting:
+        """As a peek sees it: the visible (due) messages only."""
         now = self.clock.now()
         due = [e.due for e in self.queues[queue] if e.due <= now]
         return Waiting(min(due) if due else None, min(len(due), Waiting.PEEK))
@@ -186,11 +181,7 @@ class World:
         self.bus = Bus(self.clock)
         self.store = store_on(table)
         self.remote = remote(self.clock) if remote is not None else LedgerRemote(self.clock)
-        # This bus hands a reply to the Scheduler as it is taken: no host holds one in flight
-        # (tests/integration/test_supervisor_index.py covers the hold for one that is).
-        self.policy = RetryPolicy(
-            max_failures=max_failures, base_backoff=timedelta(seconds=2), reply_in_flight=NO_HOST
-        )
+        self.policy = RetryPolicy(max_failures=max_failures, base_backoff=timedelta(seconds=2))
         self.submission = Submission(self.store, self.bus, routes, self.clock, router=self.router)
         self.scheduler = self.new_scheduler("scheduler-1")
         self.supervisor = self.new_supervisor("supervisor-1")

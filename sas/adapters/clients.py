@@ -23,16 +23,19 @@ new client (a restart), as for any other setting.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, timedelta
+from email.utils import parsedate_to_datetime
 from functools import partial
 from typing import Any, TypeVar
 
 import requests
 from azure.core.credentials import TokenCredential
+from azure.core.exceptions import ResourceNotFoundError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import ExponentialRetry, QueueServiceClient
@@ -44,6 +47,8 @@ from urllib3.util.retry import Retry
 
 from sas.adapters import multipart, queue_models
 from sas.domain.errors import ConfigurationError
+from sas.domain.wire import CLOCK_PROBE
+from sas.services.ports import StoreTimeObserver
 from sas.settings import Connection
 
 POOL_MAXSIZE = 64
@@ -221,34 +226,79 @@ def credential(connection: Connection) -> TokenCredential:
     return DefaultAzureCredential()
 
 
-def _on_shared_session(build: Callable[..., C], **connection: Any) -> C:
+_SENT = "sas.sent_at"
+
+
+def store_time_hooks(observer: StoreTimeObserver | None) -> dict[str, Any]:
+    """The client options that report each response's ``Date`` (the store's clock) to
+    ``observer``, with when its request was sent and answered by this host's clock: azure-core's
+    ``raw_request_hook`` and ``raw_response_hook``, called on every try."""
+    if observer is None:
+        return {}
+
+    def sent(request: Any) -> None:
+        request.context[_SENT] = observer.host_now()
+
+    def answered(response: Any) -> None:
+        try:
+            sent_at = response.context.get(_SENT)
+            date = response.http_response.headers.get("Date")
+            if sent_at is None or not date:
+                return
+            store_date = parsedate_to_datetime(date)
+            if store_date.tzinfo is None:  # RFC 9110: an HTTP-date is always GMT
+                store_date = store_date.replace(tzinfo=UTC)
+            observer.observe(sent_at, observer.host_now(), store_date)
+        except Exception:  # noqa: S110  # timing is advice: never fail the call it rode on
+            pass
+
+    return {"raw_request_hook": sent, "raw_response_hook": answered}
+
+
+def ping(table: TableClient) -> None:
+    """One request whose only use is its answer's date: a read of a row never written."""
+    with contextlib.suppress(ResourceNotFoundError):
+        table.get_entity(*CLOCK_PROBE)
+
+
+def _on_shared_session(
+    build: Callable[..., C], observer: StoreTimeObserver | None = None, **connection: Any
+) -> C:
     """``build(transport=..., proxies=...)`` on :func:`shared_transport`, with the proxies the
     environment names for the client's own endpoint (known once the client has parsed its
-    connection string; building a client does no I/O)."""
-    client = build(transport=shared_transport(**connection))
+    connection string; building a client does no I/O), reporting to ``observer`` the store's
+    time of each response."""
+    hooks = store_time_hooks(observer)
+    client = build(transport=shared_transport(**connection), **hooks)
     proxies = environment_proxies(client.url)
     if proxies:
-        client = build(transport=shared_transport(**connection), proxies=proxies)
+        client = build(transport=shared_transport(**connection), proxies=proxies, **hooks)
     return client
 
 
-def table_service_client(connection: Connection) -> TableServiceClient:
+def table_service_client(
+    connection: Connection, observer: StoreTimeObserver | None = None
+) -> TableServiceClient:
     multipart.install()
     if connection.connection_string:
         return _on_shared_session(
-            partial(TableServiceClient.from_connection_string, connection.connection_string)
+            partial(TableServiceClient.from_connection_string, connection.connection_string),
+            observer,
         )
     if connection.table_uri is None:
         raise ConfigurationError(f"{connection.setting}: no table endpoint")
     return _on_shared_session(
         partial(
             TableServiceClient, endpoint=connection.table_uri, credential=credential(connection)
-        )
+        ),
+        observer,
     )
 
 
-def table_client(connection: Connection, table_name: str) -> TableClient:
-    return table_service_client(connection).get_table_client(table_name)
+def table_client(
+    connection: Connection, table_name: str, observer: StoreTimeObserver | None = None
+) -> TableClient:
+    return table_service_client(connection, observer).get_table_client(table_name)
 
 
 QUEUE_CONNECTION_TIMEOUT = 3
@@ -273,7 +323,9 @@ def bounded_queue_options() -> dict[str, Any]:
     }
 
 
-def queue_service_client(connection: Connection) -> QueueServiceClient:
+def queue_service_client(
+    connection: Connection, observer: StoreTimeObserver | None = None
+) -> QueueServiceClient:
     queue_models.prepare()
     options = bounded_queue_options()
     timeouts = {key: options.pop(key) for key in ("connection_timeout", "read_timeout")}
@@ -284,6 +336,7 @@ def queue_service_client(connection: Connection) -> QueueServiceClient:
                 connection.connection_string,
                 **options,
             ),
+            observer,
             **timeouts,
         )
     if connection.queue_uri is None:
@@ -295,5 +348,6 @@ def queue_service_client(connection: Connection) -> QueueServiceClient:
             credential=credential(connection),
             **options,
         ),
+        observer,
         **timeouts,
     )

@@ -157,12 +157,6 @@ class ServiceBusTransport:
             delay_seconds,
         )
 
-    def oldest_waiting(self, queue: str) -> datetime | None:
-        """The enqueue time of the queue's first active message, by a peek (it locks nothing;
-        a message being processed under a lock is still seen, which is what a caller holding
-        off for it wants)."""
-        return self._peek(queue, 1).oldest
-
     def waiting(self, queue: str) -> Waiting:
         return self._peek(queue, Waiting.PEEK)
 

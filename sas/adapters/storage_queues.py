@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from datetime import UTC, datetime
+from datetime import UTC
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64EncodePolicy
@@ -60,9 +60,6 @@ class StorageQueueTransport:
         except ResourceNotFoundError:
             raise NotFound(f"queue {queue} does not exist") from None
         return int(properties.approximate_message_count or 0)
-
-    def oldest_waiting(self, queue: str) -> datetime | None:
-        return self.waiting(queue).oldest
 
     def waiting(self, queue: str) -> Waiting:
         """From a peek at the front of the queue (up to 32 messages: a Storage queue is only

@@ -274,33 +274,34 @@ class TableStateStore:
         """In transactions of up to 100 (one partition), each operation conditional on the
         ETag the marker was read with: a re-arm replaces the marker with its new due time, a
         drop deletes it. A marker that changed (or went) since read fails its transaction,
-        which is sent again without it (the service names the failed operation), so the others
-        still go: one more transaction per changed marker, where writing each alone cost one
-        per marker. A failure that names no operation of the chunk writes them one by one.
+        which is sent again without it (the service names the failed operation), a few times
+        at most; then, or on a failure that names no operation, the rest of that transaction
+        is given up: each marker left is due already, so the next sweep looks at it again.
         Returns how many markers moved or went."""
         writes: list[tuple[LiveMarker, datetime | None]] = [*rearms, *((m, None) for m in drops)]
-        return self._write_markers(writes)
-
-    def _write_markers(self, writes: Sequence[tuple[LiveMarker, datetime | None]]) -> int:
         done = 0
         for start in range(0, len(writes), _MAX_BATCH):
-            chunk = list(writes[start : start + _MAX_BATCH])
-            while chunk:
-                try:
-                    self._live.submit_transaction([_marker_write(*write) for write in chunk])
-                except TableTransactionError as exc:
-                    if exc.status_code not in (404, 412):
-                        raise
-                    index = _named_index(exc)
-                    if index is not None and index < len(chunk):
-                        del chunk[index]  # touched or dropped since: its new owner decides
-                        continue
-                    if len(chunk) > 1:
-                        done += sum(self._write_markers([one]) for one in chunk)
-                    break
-                done += len(chunk)
-                break
+            done += self._write_markers(writes[start : start + _MAX_BATCH])
         return done
+
+    def _write_markers(self, writes: Sequence[tuple[LiveMarker, datetime | None]]) -> int:
+        chunk = list(writes)
+        for _ in range(_FAILED_RETRIES + 1):
+            try:
+                self._live.submit_transaction([_marker_write(*write) for write in chunk])
+            except TableTransactionError as exc:
+                if exc.status_code not in (404, 412):
+                    raise
+                index = _named_index(exc)
+                if index is None or index >= len(chunk):
+                    break
+                del chunk[index]  # touched or dropped since: its new owner decides
+                if not chunk:
+                    return 0
+                continue
+            return len(chunk)
+        log.info("sas.marker_writes_left", extra={"count": len(chunk)})
+        return 0
 
     def settle_live(
         self,

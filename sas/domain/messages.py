@@ -185,6 +185,9 @@ class StepRequest(Message):
         return _bounded(value)
 
 
+ReplyKind = Literal["ok", "error", "deferred"]
+
+
 class StepReply(Message):
     """Agent -> Scheduler: the outcome of the attempt it answers."""
 
@@ -194,7 +197,7 @@ class StepReply(Message):
     step_index: int = Field(ge=0, le=99)
     attempt: int = Field(ge=1, le=MAX_ATTEMPT)
     mode: Mode = "do"
-    outcome: Literal["ok", "error", "deferred"]
+    outcome: ReplyKind
     """``deferred``: no endpoint had room, nothing was called; the step is asked again later."""
     result: dict[str, Any] = Field(default_factory=dict)
     endpoint: EndpointName | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from sas.domain.endpoints import DeferralPolicy
 from sas.domain.errors import IllegalTransition, StaleReply
-from sas.domain.messages import StepReply
+from sas.domain.messages import ReplyKind, StepReply
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, Mode, Priority, StatusLevel
 from sas.domain.workflow import Workflow
@@ -36,45 +36,16 @@ class RetryPolicy:
     base_backoff: timedelta = timedelta(seconds=2)
     max_backoff: timedelta = timedelta(minutes=1)
     clock_skew: timedelta = timedelta(0)
-    """How far apart instances' clocks may be. A deadline counts as passed only this long
-    after it passed by the Supervisor's clock, so a Supervisor running ahead never expires a
-    step its agent is still allowed to finish; recovery comes that much later."""
-    reply_hold: timedelta = timedelta(seconds=30)
-    """How long past its deadline a running step is not expired while a reply enqueued by the
-    deadline still waits in the replies queue (it may be this step's: expiring would run a
-    finished step again). Beyond ``reply_in_flight``, only a backlog of replies delays
-    recovery: by at most this, plus ``reply_in_flight`` once it is seen gone, or while it
-    drains, up to ``reply_hold_max``."""
-    reply_in_flight: timedelta = timedelta(seconds=5)
-    """How long past its deadline a running step is not expired even when no reply enqueued by
-    the deadline still waits: a host hides the messages it has taken while it works on them,
-    and a reply taken just before the deadline may still be on its way to a Scheduler (a
-    batch of replies behind a busy thread pool). Without a backlog, recovery comes this much
-    later. When a sweep past the deadline saw such a reply still waiting, and waiting this
-    long already (a host behind), or the first sweep to find them gone saw the lane's front
-    waiting this long, the hold runs this long from that first sweep (the reply was taken
-    before it, maybe just before), within ``reply_hold_max``."""
-    reply_recheck: timedelta = timedelta(seconds=5)
-    """While it holds a step for a queued reply, the Supervisor looks at it again this often
-    (not on every sweep: a backlog would otherwise cost a read per held step per tick)."""
-    reply_hold_max: timedelta = timedelta(minutes=5)
-    """Past ``reply_hold``, the step stays held only while the replies lane drains (its oldest
-    waiting message is newer than at some sweep of the last ``reply_hold``, and still from
-    before the deadline), and never longer than this past the deadline. A backlog that
-    outlasts the hold is still being worked through; a lane that has not moved for a whole
-    ``reply_hold`` ends the hold."""
+    """The clock-skew allowance. Every role reads the store's time as its process estimates
+    it (sas/services/store_time.py); a deadline counts as passed only this long after it
+    passed by the Supervisor's estimate, so two estimates' error never expires a step its
+    agent may still finish. Recovery comes that much later."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
             raise ValueError("max_failures must be at least 1")
         if self.clock_skew < timedelta(0):
             raise ValueError("clock_skew must not be negative")
-        if self.reply_hold < timedelta(0):
-            raise ValueError("reply_hold must not be negative")
-        if not timedelta(0) <= self.reply_in_flight <= self.reply_hold:
-            raise ValueError("reply_in_flight must be between 0 and reply_hold")
-        if self.reply_hold_max < self.reply_hold:
-            raise ValueError("reply_hold_max must not be shorter than reply_hold")
 
     def expired(self, state: OrderState, now: datetime) -> bool:
         """A live record whose deadline (plus the skew allowance) has passed."""
@@ -144,51 +115,91 @@ def claim(state: OrderState, *, instance_id: str, now: datetime, workflow: Workf
 
 
 class Fence(StrEnum):
-    """Whether a reply answers the attempt that is running now: the one decision of fencing."""
+    """Whether a reply may move the order: the one decision of fencing."""
 
     CURRENT = "current"
-    """It does: apply it."""
+    """The running attempt's reply: apply it."""
+    EARLIER_ATTEMPT = "earlier_attempt"
+    """An ``ok`` from an attempt that is no longer running, of the step and direction the order
+    still waits on: apply it (every attempt used the step's one idempotency key)."""
     NOT_RUNNING = "not_running"
-    """The order runs no step now (Pending for a retry, or finished)."""
+    """The order is finished, or waits for a retry and the reply is not an ``ok``."""
     OTHER_ATTEMPT = "other_attempt"
-    """An earlier (expired) attempt, or a forged later one."""
+    """A refusal or deferral of an earlier attempt, or an attempt nobody claimed (forged)."""
     OTHER_STEP = "other_step"
-    """Not the step, or not the direction (do/undo), that is running."""
+    """Not the step, or not the direction (do/undo), the order waits on."""
     UNKNOWN_STEP = "unknown_step"
     """The workflow has no such step: index out of range or name not at that index."""
 
+    @property
+    def applies(self) -> bool:
+        return self in (Fence.CURRENT, Fence.EARLIER_ATTEMPT)
+
 
 def fence(
-    state: OrderState, workflow: Workflow, *, step_index: int, step: str, attempt: int, mode: Mode
+    state: OrderState,
+    workflow: Workflow,
+    *,
+    step_index: int,
+    step: str,
+    attempt: int,
+    mode: Mode,
+    outcome: ReplyKind = "ok",
 ) -> Fence:
-    """Only a reply for the current attempt of the current running step (and mode) applies.
+    """The reply rule: a step's ``ok`` applies while the order still waits on that step and
+    direction, whatever attempt sent it; a refusal or deferral only for the running attempt.
 
-    The attempt is the fencing token: every claim increments it, so a reply sent by an agent
-    whose attempt expired can never move the order, however late it arrives."""
+    Every attempt of a step calls the remote with the same idempotency key, so the remote
+    applied the step's effect once, whichever attempt's call did it: an ``ok`` that arrives
+    after its attempt expired (a reply delayed in a backlog) still says the step is done, and
+    once it is applied the other attempts' replies are the stale ones (the order moved on).
+    A refusal applied nothing and a deferral called nothing, so they speak only for their own
+    attempt: a later attempt may still succeed. The attempt stays the fencing token: a reply
+    can never move an order that left the step (compensating, finished) or came back to it,
+    nor claim an attempt nobody made."""
     if not 0 <= step_index < len(workflow.steps) or workflow.steps[step_index].name != step:
         return Fence.UNKNOWN_STEP
-    if not state.is_running:
+    if state.is_terminal:
         return Fence.NOT_RUNNING
     if state.step_index != step_index or state.mode != mode:
         return Fence.OTHER_STEP
-    if state.attempt != attempt:
+    if attempt > state.attempt:
         return Fence.OTHER_ATTEMPT
-    return Fence.CURRENT
+    if state.is_running and attempt == state.attempt:
+        return Fence.CURRENT
+    if outcome == "ok":
+        return Fence.EARLIER_ATTEMPT
+    return Fence.NOT_RUNNING if not state.is_running else Fence.OTHER_ATTEMPT
 
 
 def check_reply(
-    state: OrderState, workflow: Workflow, *, attempt: int, step_index: int, mode: Mode = "do"
+    state: OrderState,
+    workflow: Workflow,
+    *,
+    attempt: int,
+    step_index: int,
+    mode: Mode = "do",
+    outcome: ReplyKind = "ok",
 ) -> None:
-    """Precondition of the reply transitions: StaleReply unless ``fence`` says CURRENT.
+    """Precondition of the reply transitions: StaleReply unless ``fence`` lets it apply.
 
     Callers decide with ``fence`` first; this guards the transitions against misuse."""
     in_range = 0 <= step_index < len(workflow.steps)
     step = workflow.steps[step_index].name if in_range else ""
-    verdict = fence(state, workflow, step_index=step_index, step=step, attempt=attempt, mode=mode)
-    if verdict is not Fence.CURRENT:
+    verdict = fence(
+        state,
+        workflow,
+        step_index=step_index,
+        step=step,
+        attempt=attempt,
+        mode=mode,
+        outcome=outcome,
+    )
+    if not verdict.applies:
         raise StaleReply(
-            f"reply for attempt {attempt} step {step_index} ({mode}); order {state.order_id} is "
-            f"{state.process_state} at attempt {state.attempt} step {state.step_index}"
+            f"{outcome} reply for attempt {attempt} step {step_index} ({mode}); order "
+            f"{state.order_id} is {state.process_state} at attempt {state.attempt} step "
+            f"{state.step_index} ({state.mode})"
         )
 
 
@@ -227,7 +238,12 @@ def decide_reply(
     """Apply a reply that ``fence`` found current (StaleReply otherwise)."""
     if reply.outcome == "deferred":
         check_reply(
-            state, workflow, attempt=reply.attempt, step_index=reply.step_index, mode=reply.mode
+            state,
+            workflow,
+            attempt=reply.attempt,
+            step_index=reply.step_index,
+            mode=reply.mode,
+            outcome="deferred",
         )
         return ReplyDecision(
             defer(state, now=now, delay=deferral.delay(state.deferrals + 1), workflow=workflow),
@@ -333,7 +349,7 @@ def refuse_step(
     A refused step had no effect, so compensation starts below it. A refused undo cannot be
     retried into success: an operator must look.
     """
-    check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode)
+    check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode, outcome="error")
     if mode == "do" and workflow.on_failure == "compensate":
         return begin_compensation(
             state, from_index=step_index - 1, now=now, workflow=workflow, reason=reason

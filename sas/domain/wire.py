@@ -245,6 +245,9 @@ KEYS_PARTITION = "~keys"
 """Keys the app makes for itself, RowKey = what the key is for."""
 CARRIED_STATE_KEY_ROW = "carried-state"
 """The key that signs the state a step request carries (sas/domain/carried.py)."""
+CLOCK_PROBE = ("~clock", "probe")
+"""A row never written: reading it costs one request whose answer is dated by the store's clock
+(sas/services/store_time.py), for a process that has no other answer yet."""
 
 
 def load_row_key(target: str, instance_id: str) -> str:

@@ -168,13 +168,20 @@ class Transport(Protocol):
 
     def waiting(self, queue: str) -> Waiting:
         """What a peek sees at the front of ``queue``: the oldest enqueue time and how many
-        messages (up to ``Waiting.PEEK``). Approximate, as ``oldest_waiting``."""
+        messages (up to ``Waiting.PEEK``). Approximate, as the transports' peek is: for holding
+        off work, never for deciding a state."""
         ...
 
-    def oldest_waiting(self, queue: str) -> datetime | None:
-        """When the oldest message still waiting in ``queue`` was enqueued (None if none is
-        visible). Approximate, as the transports' peek is: for holding off decisions, never
-        for making them."""
+
+class StoreTimeObserver(Protocol):
+    """Told of every store response, to estimate the store's clock (sas/services/store_time.py)."""
+
+    def host_now(self) -> datetime:
+        """This machine's clock, which a request's sending and its answer are timed by."""
+        ...
+
+    def observe(self, sent: datetime, received: datetime, store_date: datetime) -> None:
+        """One response, sent and received at those host times, dated ``store_date``."""
         ...
 
 

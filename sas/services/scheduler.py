@@ -209,11 +209,17 @@ class Scheduler:
             step=reply.step,
             attempt=reply.attempt,
             mode=reply.mode,
+            outcome=reply.outcome,
         )
-        if verdict is not Fence.CURRENT:
+        if not verdict.applies:
             if remembered:  # never refused on a known state: someone may have moved it since
                 return self._apply_reply(reply)
             return self._drop_stale(reply, state, verdict, extra)
+        if verdict is Fence.EARLIER_ATTEMPT:
+            log.info(
+                "sas.reply_of_earlier_attempt",
+                extra={**extra, "current_attempt": state.attempt, "state": state.process_state},
+            )
         now = self._clock.now()
         decision = decide_reply(
             state, reply, instance_id=self._instance_id, now=now, workflow=workflow
@@ -245,7 +251,12 @@ class Scheduler:
             step=reply.step,
             mode=reply.mode,
             actor=self._instance_id,
-            detail=reply.error,
+            detail=reply.error
+            or (
+                f"applied at attempt {state.attempt} ({state.process_state})"
+                if verdict is Fence.EARLIER_ATTEMPT
+                else None
+            ),
             endpoint=reply.endpoint,
         )
         entries = [history]

@@ -8,24 +8,17 @@ changes state only through writes conditional on the ETag it read, so several Su
 doubled or missed ticks, and a late reply arriving at the same moment cannot double a
 recovery. It never calls an agent itself.
 
-A running step whose reply may still be waiting in the replies queue (a reply enqueued no
-later than the step's deadline is still there) is not expired yet, for ``RetryPolicy.reply_hold``,
-and after that for as long as the replies lane keeps draining (at most
-``RetryPolicy.reply_hold_max``): expiring it would throw away a step that finished in time and
-run it again. A reply taken may still be on its way through a busy host, so a step is held
-for ``RetryPolicy.reply_in_flight`` past its deadline whatever the lane shows, and as long past
-the first sweep that saw the lane without such a reply if the lane showed a host behind (such a
-reply seen waiting that long already, or, at that first sweep, a front that had: a host behind
-is about as slow to apply what it takes), never past ``RetryPolicy.reply_hold_max``.
-Nothing is applied late by waiting: the agent sent that reply before its deadline, and the
-fence still decides whether it applies.
+A running step is expired as soon as its deadline (plus the clock-skew allowance) has passed,
+whatever may still be queued for it: a reply its agent sent in time that is still on its way
+applies when it arrives (``transitions.fence``), and the retry's call is answered by the remote
+from the step's idempotency key.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -35,7 +28,6 @@ from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState
 from sas.domain.transitions import ExpiryAction, RetryPolicy, expire, look_again_at
-from sas.domain.wire import Priority
 from sas.domain.workflow import shortest_budget, workflow_named
 from sas.services import telemetry
 from sas.services.consequences import AlertOutcome, Consequences
@@ -80,7 +72,6 @@ class Supervisor:
         self._parallelism = max(parallelism, 1)
         self._legacy_check = legacy_check
         self._legacy_checked_at: datetime | None = None
-        self._reply_heads = _LaneHeads(keep=policy.reply_hold_max)
         self._before_sweep = tuple(before_sweep)
         self._after_sweep = tuple(after_sweep)
         self._then = Consequences(
@@ -99,15 +90,12 @@ class Supervisor:
         now = self._clock.now()
         self._adopt_legacy(now)
         due = self._store.list_due(now)
-        replies = _OldestReplies(
-            self._transport, self._routes, self._reply_heads, self._clock, started=now
-        )
         rearms = _MarkerWrites(self._store)
         report: Counter[str] = Counter()
 
         def examine(marker: LiveMarker) -> str:
             try:
-                return self._examine(marker, replies, rearms)
+                return self._examine(marker, rearms)
             except Exception:  # one broken order must not hide every order after it
                 log.exception("sas.supervisor_examine_failed", extra={"order_id": marker.order_id})
                 return "failed"
@@ -144,7 +132,7 @@ class Supervisor:
         if moved:
             log.warning("sas.legacy_markers_adopted", extra={"count": moved})
 
-    def _examine(self, marker: LiveMarker, replies: _OldestReplies, rearms: _MarkerWrites) -> str:
+    def _examine(self, marker: LiveMarker, rearms: _MarkerWrites) -> str:
         if marker.finished:
             # A Scheduler saw this submission's order finish, and nothing touched the marker
             # since (marker_moves.py): nothing left to watch, so not read.
@@ -177,14 +165,6 @@ class Supervisor:
         if state.complete_by is None or not self._policy.expired(state, now):
             rearms.add(marker, self._next_look(state, now))
             return "healthy"
-        hold_ends = self._held_until(state, now, replies)
-        if hold_ends is not None:
-            log.info(
-                "sas.expiry_held_for_reply",
-                extra={"order_id": state.order_id, "attempt": state.attempt},
-            )
-            rearms.add(marker, min(hold_ends, now + self._policy.reply_recheck))
-            return "held_for_reply"
         return self._expire(marker, current.etag, state, now, rearms)
 
     def _next_look(self, state: OrderState, now: datetime) -> datetime:
@@ -193,37 +173,6 @@ class Supervisor:
             # Within the skew allowance of its deadline: judged expired only this much later.
             return state.complete_by + self._policy.clock_skew
         return due
-
-    def _held_until(
-        self, state: OrderState, now: datetime, replies: _OldestReplies
-    ) -> datetime | None:
-        """When the hold of an expired running step ends, if a reply enqueued by its deadline
-        may still be waiting or on its way (None: expire it now)."""
-        if not state.is_running or state.complete_by is None:
-            return None
-        policy = self._policy
-        deadline = state.complete_by + policy.clock_skew
-        if now >= deadline + policy.reply_hold_max:
-            return None
-        oldest = replies.get(state.priority)  # looked at from the deadline on: see taken_at
-        if now < deadline + policy.reply_in_flight:  # a reply taken may still be on its way
-            return deadline + policy.reply_in_flight
-        if oldest is not None and oldest <= deadline:  # a reply sent by the deadline waits
-            ends = deadline + policy.reply_hold
-            if now < ends:
-                return ends
-            # A backlog longer than the hold: wait on while it is being worked through.
-            if replies.draining(state.priority, window=policy.reply_hold):
-                return deadline + policy.reply_hold_max
-            return None
-        # Every reply sent by the deadline has been taken. If the lane showed a host behind
-        # (replies waiting reply_in_flight already), the last one taken may still be on its
-        # way: held that long from when a sweep first saw the lane without one.
-        taken = replies.taken_at(state.priority, deadline, behind=policy.reply_in_flight)
-        if taken is None:
-            return None
-        ends = min(taken + policy.reply_in_flight, deadline + policy.reply_hold_max)
-        return ends if now < ends else None
 
     def _expire(
         self, marker: LiveMarker, etag: str, state: OrderState, now: datetime, rearms: _MarkerWrites
@@ -341,134 +290,3 @@ class _MarkerWrites:
         rearms = [(marker, due_at) for marker, due_at in batch if due_at is not None]
         drops = [marker for marker, due_at in batch if due_at is None]
         self._store.rearm_live(rearms, drops)
-
-
-class _LaneHeads:
-    """What earlier sweeps saw at the front of each replies lane: (when, oldest waiting), kept
-    for ``keep``, so a sweep can tell a lane that is being worked through from one that is not
-    moving."""
-
-    SEEN = 32
-    """Sightings kept per lane at most (a sweep adds at most one)."""
-
-    def __init__(self, keep: timedelta) -> None:
-        self._keep = keep
-        self._lock = threading.Lock()
-        self._seen: dict[str, deque[tuple[datetime, datetime | None]]] = {}
-        self._since: dict[str, datetime] = {}
-
-    def add(self, queue: str, at: datetime, oldest: datetime | None) -> None:
-        with self._lock:
-            seen = self._seen.setdefault(queue, deque(maxlen=self.SEEN))
-            if not seen or at - seen[-1][0] > self._keep:  # a watch starts (again)
-                self._since[queue] = at
-            seen.append((at, oldest))
-            while seen and seen[0][0] < at - self._keep:
-                seen.popleft()
-
-    def watched_since(self, queue: str) -> datetime | None:
-        """When this watch of the lane began: its first sighting with no gap longer than
-        ``keep`` since (None: never watched)."""
-        with self._lock:
-            return self._since.get(queue)
-
-    def taken_at(self, queue: str, deadline: datetime, *, behind: timedelta) -> datetime | None:
-        """When a sweep (at or after the deadline) first saw every message enqueued by
-        ``deadline`` gone, since the last one that saw one of them still waiting, provided the
-        lane showed a host ``behind``: a message from by the deadline that had waited that
-        long already at a sweep since the deadline, or, at that first sweep, a front that had
-        (a host that far behind can be as slow to apply a reply once it has taken it, and one
-        may have been taken just before). None if the first sweep to see them gone showed no
-        host behind, or none has seen them gone yet. Sightings are read in the order they were
-        made, whatever the clock said."""
-        with self._lock:
-            seen = [s for s in self._seen.get(queue, ()) if s[0] >= deadline]
-        waited = False
-        settled = False
-        taken: datetime | None = None
-        for at, oldest in seen:
-            if oldest is not None and oldest <= deadline:
-                if at - oldest >= behind:
-                    waited = True
-                settled, taken = False, None  # waiting (again: a host that let one go puts it back)
-            elif not settled:
-                # The first look that finds them gone: taken in between, maybe just before, by
-                # a host that is behind if its replies waited that long then or before.
-                settled = True
-                if waited or (oldest is not None and at - oldest >= behind):
-                    taken = at
-        return taken
-
-    def between(self, queue: str, start: datetime, end: datetime) -> list[datetime | None]:
-        """The oldest waiting message of each sighting from ``start`` up to (not at) ``end``."""
-        with self._lock:
-            return [oldest for at, oldest in self._seen.get(queue, ()) if start <= at < end]
-
-
-class _OldestReplies:
-    """The oldest waiting message of each replies lane, each peeked at most once per sweep and
-    only if a running step of that priority has expired (a quiet sweep costs nothing)."""
-
-    def __init__(
-        self,
-        transport: Transport,
-        routes: Routes,
-        heads: _LaneHeads,
-        clock: Clock,
-        *,
-        started: datetime,
-    ) -> None:
-        """``started``: when the sweep began (``draining`` never compares the lane with this
-        sweep's own peek)."""
-        self._transport = transport
-        self._routes = routes
-        self._heads = heads
-        self._clock = clock
-        self._started = started
-        self._lock = threading.Lock()
-        self._known: dict[str, datetime | None] = {}
-        self._failed: set[str] = set()
-
-    def get(self, priority: Priority) -> datetime | None:
-        queue = self._routes.lane(self._routes.replies, priority)
-        with self._lock:
-            if queue not in self._known:
-                try:
-                    self._known[queue] = self._transport.oldest_waiting(queue)
-                except Exception:  # a failed peek must not stop recovery: hold off nothing
-                    log.warning("sas.replies_peek_failed", exc_info=True)
-                    self._known[queue] = None
-                    self._failed.add(queue)
-                else:
-                    self._heads.add(queue, self._clock.now(), self._known[queue])
-            return self._known[queue]
-
-    def taken_at(
-        self, priority: Priority, deadline: datetime, *, behind: timedelta
-    ) -> datetime | None:
-        """See ``_LaneHeads.taken_at``; this sweep's own peek included, and None if it failed
-        (a failed peek holds off nothing)."""
-        self.get(priority)
-        queue = self._routes.lane(self._routes.replies, priority)
-        with self._lock:
-            if queue in self._failed:
-                return None
-        return self._heads.taken_at(queue, deadline, behind=behind)
-
-    def draining(self, priority: Priority, *, window: timedelta) -> bool:
-        """Whether the lane's oldest waiting message is newer now than at some earlier sweep
-        within ``window`` (a lane not watched for a whole window yet, by this Supervisor since
-        it started or since a gap, counts as draining until it has been). A window, not the
-        last sweep alone: a host takes messages in batches, which it hides while it works on
-        them, so the front of the lane moves in steps."""
-        current = self.get(priority)
-        queue = self._routes.lane(self._routes.replies, priority)
-        since = self._heads.watched_since(queue)
-        if since is None or since > self._started - window:
-            return True
-        before = self._heads.between(queue, self._started - window, self._started)
-        if not before:
-            return True
-        return current is not None and any(
-            earlier is not None and current > earlier for earlier in before
-        )

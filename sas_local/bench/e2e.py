@@ -12,12 +12,18 @@ import base64
 import json
 import re
 import statistics
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
@@ -45,7 +51,16 @@ class E2EResult:
     expiries: int = 0
     """Steps the Supervisor expired (none are needed on the happy path)."""
     replies_dropped: int = 0
-    """Replies sent in time and thrown away (fenced after an expiry): finished steps run again."""
+    """Replies the Scheduler did not apply (``reply_dropped`` rows)."""
+    replies_thrown_away: int | None = None
+    """Of those, replies that came before their step was done by another (every reply here was
+    sent in time: no clock is off), so the step ran again or was undone for want of them. The
+    rest came after the step was done: the replies of a retry that was not needed."""
+    extra_remote_calls: int | None = None
+    """Remote calls answered from an idempotency key already applied (the simulator's replays):
+    what re-running finished steps cost."""
+    cpu_hogs: int = 0
+    """Processes spinning on the CPU beside the run."""
     cpu_ms_per_order: dict[str, float] = field(default_factory=dict)
     """CPU milliseconds per order of the dev host (with its workers), Azurite and the simulator,
     from the first submission to the end of the run (see cpu.py)."""
@@ -91,11 +106,16 @@ def run(
     timeout: float,
     log_dir: Path,
     count_supervision: bool = True,
+    cpu_hogs: int = 0,
 ) -> E2EResult:
     """``count_supervision``: also count the Supervisor's reads and the marker moves, which
-    takes waiting until the last marker is gone (about one step budget after the run)."""
+    takes waiting until the last marker is gone (about one step budget after the run).
+    ``cpu_hogs``: processes that spin on the CPU while the run goes (a loaded machine)."""
     queue_models.prepare()
-    with LocalStack.start(workers=workers, log_dir=log_dir, app_root=app_root) as stack:
+    with (
+        LocalStack.start(workers=workers, log_dir=log_dir, app_root=app_root) as stack,
+        spinning(cpu_hogs),
+    ):
         conn = stack.azurite.connection_string
         settings = stack.settings
         queue = QueueClient.from_connection_string(conn, settings.queues["SAS_QUEUE_ORDERS"])
@@ -138,6 +158,8 @@ def run(
             last = finished if last is None else max(last, finished)
             processed += state["ProcessState"] == "Processed"
         kinds = _history_kinds(table)
+        thrown_away = _thrown_away(table)
+        replays = httpx.get(f"{stack.simulator_url}/ledger", timeout=60).json()["replays"]
         logs_reads = (
             count_supervision
             and "orders_read" in (app_root / "sas/services/supervisor.py").read_text()
@@ -160,6 +182,9 @@ def run(
         p99_s=_percentile(latencies, 99),
         expiries=sum(n for kind, n in kinds.items() if kind.startswith("expired_")),
         replies_dropped=kinds.get("reply_dropped", 0),
+        replies_thrown_away=thrown_away,
+        extra_remote_calls=int(replays),
+        cpu_hogs=cpu_hogs,
         cpu_ms_per_order=cpu_used,
         sweep_reads_per_order=None if sweep_reads is None else round(sweep_reads / orders, 3),
         marker_moves_per_order=None if moves is None else round(moves / orders, 3),
@@ -193,6 +218,35 @@ def _supervision_cost(log_dir: Path) -> tuple[int, int]:
                     count, requests = moved.groups()
                     moves += int(requests) if requests else -(-int(count) // 100)
     return reads, moves
+
+
+@contextmanager
+def spinning(processes: int) -> Iterator[None]:
+    """``processes`` busy loops on the machine's CPUs for as long as the block runs."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _thrown_away(table: TableClient) -> int:
+    """Dropped replies whose step was not done yet when they came (by the rows' commit times,
+    the one clock every write shares): each one's step ran again, or was undone."""
+    done: dict[tuple[str, str, str], datetime] = {}
+    dropped: list[tuple[tuple[str, str, str], datetime]] = []
+    query = "Kind eq 'completed' or Kind eq 'undone' or Kind eq 'reply_dropped'"
+    for row in table.query_entities(query, select=["PartitionKey", "Kind", "Step", "Mode"]):
+        key = (row["PartitionKey"], str(row.get("Step")), str(row.get("Mode") or "do"))
+        at = row.metadata["timestamp"]
+        assert at is not None  # noqa: S101  # the service sets it on every entity
+        if row["Kind"] == "reply_dropped":
+            dropped.append((key, at))
+        else:
+            done[key] = min(at, done.get(key, at))
+    return sum(1 for key, at in dropped if key not in done or done[key] > at)
 
 
 def _history_kinds(table: TableClient) -> dict[str, int]:

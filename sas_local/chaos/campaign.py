@@ -72,8 +72,9 @@ class Profile:
     duplicate_rate: float = 0.03
     delay_rate: float = 0.03
     delay_max: float = 6.0
-    skew_share: float = 0.45
-    """Each process's clock offset is within +-(share x SAS_CLOCK_SKEW_SECONDS)."""
+    skew_share: float = 3.0
+    """Each process's host clock is off by up to +-(share x SAS_CLOCK_SKEW_SECONDS), within
+    the allowance and beyond it: every role reads the store's time, whatever its host's."""
     kill_every: float = 12.0
     crash_every: float = 15.0
     pause_every: float = 30.0

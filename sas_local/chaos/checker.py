@@ -17,7 +17,9 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
 - ``error_alerts``: an Error episode with no alert, several distinct alert ids, more raw copies
   than 1 + its ``alert_claimed`` entries, or a claim re-taken before the lease lapsed;
 - ``alert_without_error``: an alert for an order (or an Error episode) that never was;
-- ``stale_reply_applied``: a completed/undone/refused row for an attempt that was not running;
+- ``stale_reply_applied``: a reply the reply rule refuses, applied: a completed/undone row for a
+  step or direction the order no longer waited on, or for an attempt never claimed for it; a
+  refused row for an attempt that was not the one running;
 - ``illegal_transition``: history rows that no legal sequence of transitions explains, or a
   history that does not end in the state row;
 - ``failure_count_exceeded``: FailureCount (state row or an expiry's count) past the threshold,
@@ -34,7 +36,7 @@ import re
 import tomllib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,10 @@ RECOVERY_KINDS = (
     "resubmitted",
 )
 REPLY_KINDS = frozenset({"completed", "undone", "refused"})
+COMMITTED = "~committed"
+"""Where ``collect`` puts a row's service Timestamp (its transaction's commit time)."""
+_RANK = {"submitted": 0, "claimed": 2, "deferred": 2}
+"""Within one transaction: the reply or expiry first, then the claim it made (default 1)."""
 PENDING, PROCESSING, COMPENSATING = "Pending", "Processing", "Compensating"
 PROCESSED, COMPENSATED, ERROR = "Processed", "Compensated", "Error"
 _FAILURE = re.compile(r"failure (\d+) of (\d+)")
@@ -214,7 +220,11 @@ def collect(
     entities: list[Mapping[str, Any]] = []
     for name in (design.table_name, design.live_table):  # the in-flight markers live apart
         with TableClient.from_connection_string(connection_string, name) as table:
-            entities += [dict(e) for e in table.list_entities()]
+            # The service's Timestamp of each row: when its transaction committed, by the one
+            # clock every write shares (the rows of one transaction share it).
+            entities += [
+                {**e, COMMITTED: e.metadata.get("timestamp")} for e in table.list_entities()
+            ]
     service = QueueServiceClient.from_connection_string(connection_string)
     alerts = dict(consumed_alerts or {})
     alerts_queue = service.get_queue_client(design.alerts_queue)
@@ -260,6 +270,11 @@ class _State:
     unrecorded_claim: bool = False
     """A reply's transition claimed the next step: its ``claimed`` (or ``deferred``) row, in
     the same transaction, may follow once."""
+    claimed: frozenset[tuple[int, str, int]] = frozenset()
+    """Every (step, mode, attempt) claimed so far: a reply may only answer one of them."""
+
+    def with_claim(self, attempt: int) -> _State:
+        return replace(self, claimed=self.claimed | {(self.step, self.mode, attempt)})
 
 
 @dataclass
@@ -280,6 +295,8 @@ class _Row:
     step: str | None
     mode: str
     detail: str
+    committed: float
+    """When its transaction committed (the service's Timestamp; ``at`` where there is none)."""
 
     def show(self) -> str:
         return f"{self.kind}@{self.attempt} {self.step or '-'}/{self.mode} at {self.at:.3f}"
@@ -377,18 +394,21 @@ def _history(rows: Mapping[str, Mapping[str, Any]], design: Design) -> list[_Row
     found = []
     for key, entity in rows.items():
         if key.startswith(design.history_row_prefix):
+            at = _ts(entity.get("At"))
+            committed = entity.get(COMMITTED)
             found.append(
                 _Row(
                     key=key,
-                    at=_ts(entity.get("At")),
+                    at=at,
                     kind=str(entity.get("Kind")),
                     attempt=int(entity.get("Attempt", -1)),
                     step=entity.get("Step"),
                     mode="undo" if entity.get("Mode") == "undo" else "do",
                     detail=str(entity.get("Detail") or ""),
+                    committed=at if committed is None else _ts(committed),
                 )
             )
-    return sorted(found, key=lambda r: (r.attempt, r.at, r.key))
+    return sorted(found, key=lambda r: (r.committed, _RANK.get(r.kind, 1), r.at, r.key))
 
 
 def _stuck(
@@ -455,39 +475,21 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
     here = design.step_name(s.step)
     same_step = r.step == here and r.mode == s.mode
     running = PROCESSING if s.mode == "do" else COMPENSATING
-    last = len(design.steps) - 1
     if r.kind == "claimed":
         if s.ps == running and s.unrecorded_claim and r.attempt == s.attempt and same_step:
-            return _State(running, s.step, s.mode, r.attempt, s.failures)  # its record
+            return replace(s, unrecorded_claim=False).with_claim(r.attempt)  # its record
         if s.ps != PENDING or r.attempt != s.attempt + 1 or not same_step:
             return "claim of an order that is not Pending at that step, or not attempt+1"
-        return _State(running, s.step, s.mode, r.attempt, s.failures)
+        claimed = _State(running, s.step, s.mode, r.attempt, s.failures, claimed=s.claimed)
+        return claimed.with_claim(r.attempt)
     if r.kind == "deferred":  # no endpoint had room: Pending again, no failure counted
         claimed_now = s.ps == PENDING and r.attempt == s.attempt + 1
         answered = s.ps == running and r.attempt == s.attempt
         if not same_step or not (claimed_now or answered):
             return "deferral of a step that was neither being claimed nor running"
-        return _State(PENDING, s.step, s.mode, r.attempt, s.failures)
+        return _State(PENDING, s.step, s.mode, r.attempt, s.failures, claimed=s.claimed)
     if r.kind in REPLY_KINDS:
-        if s.ps != running or r.attempt != s.attempt or not same_step:
-            return "reply applied for an attempt that is not the one running"
-        if r.kind == "completed" and s.mode == "do":
-            if s.step == last:
-                return _State(PROCESSED, s.step, "do", s.attempt)
-            return _State(PROCESSING, s.step + 1, "do", s.attempt + 1, unrecorded_claim=True)
-        if r.kind == "undone" and s.mode == "undo":
-            following = design.next_undo(s.step - 1)
-            if following is None:
-                return _State(COMPENSATED, s.step, "undo", s.attempt)
-            return _State(COMPENSATING, following, "undo", s.attempt + 1, unrecorded_claim=True)
-        if r.kind == "refused":
-            if s.mode == "undo" or design.on_failure != "compensate":
-                return _State(ERROR, s.step, s.mode, s.attempt, s.failures)
-            first = design.next_undo(s.step - 1)
-            if first is None:
-                return _State(COMPENSATED, s.step, s.mode, s.attempt)
-            return _State(PENDING, first, "undo", s.attempt)
-        return f"{r.kind} in mode {s.mode}"
+        return _reply(s, r, design, same_step=same_step, running=running)
     if r.kind.startswith("expired_"):
         if s.ps not in (PENDING, running) or r.attempt != s.attempt or not same_step:
             return "expiry of a record that is not live at that attempt and step"
@@ -498,15 +500,15 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
         at_threshold = failures >= design.max_failures
         compensate = s.mode == "do" and design.on_failure == "compensate"
         if r.kind == "expired_retry" and not at_threshold:
-            return _State(PENDING, s.step, s.mode, s.attempt, failures)
+            return _State(PENDING, s.step, s.mode, s.attempt, failures, claimed=s.claimed)
         if r.kind in ("expired_compensate", "expired_compensated") and at_threshold and compensate:
             first = design.next_undo(s.step)
             if first is None and r.kind == "expired_compensated":
                 return _State(COMPENSATED, s.step, s.mode, s.attempt)
             if first is not None and r.kind == "expired_compensate":
-                return _State(PENDING, first, "undo", s.attempt)
+                return _State(PENDING, first, "undo", s.attempt, claimed=s.claimed)
         if r.kind == "expired_error" and at_threshold and not compensate:
-            return _State(ERROR, s.step, s.mode, s.attempt, failures)
+            return _State(ERROR, s.step, s.mode, s.attempt, failures, claimed=s.claimed)
         return f"{r.kind} does not follow from failure {failures} in mode {s.mode}"
     if r.kind == "alert_claimed":
         if s.ps != ERROR or r.attempt != s.attempt:
@@ -515,8 +517,42 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
     if r.kind == "resubmitted":
         if s.ps != ERROR or r.attempt != s.attempt or not same_step:
             return "resubmit of an order not in Error"
-        return _State(PENDING, s.step, s.mode, s.attempt)
+        return _State(PENDING, s.step, s.mode, s.attempt, claimed=s.claimed)
     return f"unknown history kind {r.kind!r}"
+
+
+def _reply(s: _State, r: _Row, design: Design, *, same_step: bool, running: str) -> _State | str:
+    """The reply rule: an ok (completed, undone) of any attempt claimed for the step and mode
+    the order still waits on (running, or Pending for a retry) applies; a refusal only for the
+    attempt that is running."""
+    current = s.ps == running and r.attempt == s.attempt and same_step
+    if r.kind == "refused" and not current:
+        return "refusal applied for an attempt that is not the one running"
+    if s.ps not in (PENDING, running) or not same_step:
+        return "reply applied to an order that no longer waits on that step and mode"
+    if (s.step, s.mode, r.attempt) not in s.claimed:
+        return f"reply for attempt {r.attempt}, which was never claimed for that step and mode"
+    last = len(design.steps) - 1
+    claims = s.claimed
+    if r.kind == "completed" and s.mode == "do":
+        if s.step == last:
+            return _State(PROCESSED, s.step, "do", s.attempt)
+        return _State(PROCESSING, s.step + 1, "do", s.attempt + 1, unrecorded_claim=True,
+                      claimed=claims).with_claim(s.attempt + 1)  # fmt: skip
+    if r.kind == "undone" and s.mode == "undo":
+        following = design.next_undo(s.step - 1)
+        if following is None:
+            return _State(COMPENSATED, s.step, "undo", s.attempt)
+        return _State(COMPENSATING, following, "undo", s.attempt + 1, unrecorded_claim=True,
+                      claimed=claims).with_claim(s.attempt + 1)  # fmt: skip
+    if r.kind == "refused":
+        if s.mode == "undo" or design.on_failure != "compensate":
+            return _State(ERROR, s.step, s.mode, s.attempt, s.failures, claimed=claims)
+        first = design.next_undo(s.step - 1)
+        if first is None:
+            return _State(COMPENSATED, s.step, s.mode, s.attempt)
+        return _State(PENDING, first, "undo", s.attempt, claimed=claims)
+    return f"{r.kind} in mode {s.mode}"
 
 
 _SEARCH_BUDGET = 20_000
@@ -535,14 +571,14 @@ def _legal_order(
     s: _State | None, remaining: list[_Row], design: Design, path: list[tuple[_Row, _State]],
     deepest: _Search,
 ) -> list[tuple[_Row, _State]] | None:  # fmt: skip
-    """A legal order of ``remaining`` after ``s``: rows by attempt (monotonic per order); within
-    an attempt any legal row, earliest ``At`` first, backtracking when a choice dead-ends (two
-    rows a few hundred ms apart may be swapped by skewed clocks)."""
+    """A legal order of ``remaining`` after ``s``: transactions in the order they committed;
+    the rows of one transaction (one commit time) in any legal order, the claim a reply made
+    last by preference, backtracking when a choice dead-ends."""
     if not remaining:
         return path
     deepest.budget -= 1
-    lowest = min(r.attempt for r in remaining)
-    candidates = [r for r in remaining if r.attempt == lowest]
+    first = min(r.committed for r in remaining)
+    candidates = [r for r in remaining if r.committed == first]
     for row in candidates:
         after = _apply(s, row, design)
         if not isinstance(after, _State):

@@ -4,8 +4,8 @@ The campaign starts its dev hosts with ``SAS_DEVHOST_PRELOAD=sas_local.chaos.inj
 JSON config in ``SAS_CHAOS_CONFIG``; the worker imports this module before it loads the app,
 and ``install()`` (run at import) then, in that worker only:
 
-- skews the app's clock by a per-process offset below the Supervisor's allowance
-  (``bootstrap.clock``);
+- skews the host's clock by a per-process offset, within the clock-skew allowance and beyond
+  it (``sas_local.host_clock``): the app reads the store's time whatever its host's says;
 - wraps the transport (``bootstrap.transport``): a send may go out twice (the copy delayed, so
   copies also arrive out of order) or late; the alerts queue is left alone, since the checker
   counts raw alert copies against the alert claims;
@@ -30,9 +30,11 @@ import time
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
+
+from sas_local import host_clock
 
 CONFIG_ENV = "SAS_CHAOS_CONFIG"
 CALM_FILE = "calm"
@@ -85,14 +87,6 @@ def count_events(directory: Path) -> dict[str, int]:
             if kind:
                 counts[kind] = counts.get(kind, 0) + 1
     return counts
-
-
-class SkewedClock:
-    def __init__(self, offset: float) -> None:
-        self.offset = timedelta(seconds=offset)
-
-    def now(self) -> datetime:
-        return datetime.now(UTC) + self.offset
 
 
 class _Flags:
@@ -203,8 +197,8 @@ def install(config: ChaosConfig) -> None:
     rng = random.Random(f"{config.seed}:{os.getpid()}")  # noqa: S311
     setattr(devhost_queues, "LEASE_SECONDS", config.lease_seconds)  # noqa: B010
     offset = rng.uniform(-config.skew_max, config.skew_max) if config.skew_max else 0.0
-    clock = SkewedClock(offset)
     if offset:
+        host_clock.skew(offset)
         events.record(f"clock_skew {offset:+.3f}")
     original_transport = bootstrap.transport
     wrapped: list[ChaosTransport] = []
@@ -216,7 +210,6 @@ def install(config: ChaosConfig) -> None:
                 wrapped.append(ChaosTransport(original_transport(), config, events, rng))
             return wrapped[0]
 
-    setattr(bootstrap, "clock", lambda: clock)  # noqa: B010 - replaces a module function
     setattr(bootstrap, "transport", transport)  # noqa: B010
     for name in config.broken:
         BROKEN[name]()

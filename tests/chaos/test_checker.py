@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from sas_local.chaos.checker import KINDS, Design, Evidence, check
+from sas_local.chaos.checker import COMMITTED, KINDS, Design, Evidence, check
 
 pytestmark = [pytest.mark.unit, pytest.mark.chaos]
 
@@ -30,6 +30,8 @@ class World:
     poison: dict[str, list[str]] = field(default_factory=dict)
     submitted: list[str] = field(default_factory=list)
     clock: float = 0.0
+    commits: int = 0
+    """Rows are committed in the order they are written (the service's Timestamp)."""
 
     def at(self, seconds: float = 1.0) -> datetime:
         self.clock += seconds
@@ -38,8 +40,10 @@ class World:
     def history(self, order: str, kind: str, attempt: int, step: str | None, mode: str = "do",
                 detail: str | None = None, at: datetime | None = None) -> datetime:  # fmt: skip
         when = at or self.at()
+        self.commits += 1
         self.entities.append(
             {
+                COMMITTED: float(self.commits),
                 "PartitionKey": order,
                 "RowKey": f"{DESIGN.history_row_prefix}{when:%Y%m%dT%H%M%S.%f}:{attempt:05d}:x",
                 "At": when,
@@ -284,18 +288,54 @@ def test_an_alert_for_an_order_that_never_was_in_error_is_reported() -> None:
     assert kinds(world) == ["alert_without_error"]
 
 
-def test_a_reply_applied_after_its_attempt_expired_is_reported() -> None:
+def late_reply(kind: str, step: str = "reserve") -> World:
+    """reserve's attempt 1 expires and is claimed again; then a reply for attempt 1 lands."""
     world = World()
     world.submitted.append("s1")
     world.history("s1", "submitted", 0, None)
     world.history("s1", "claimed", 1, "reserve")
     world.history("s1", "expired_retry", 1, "reserve", detail="failure 1 of 3")
-    world.history("s1", "completed", 1, "reserve")  # applied although attempt 1 had expired
-    world.history("s1", "completed", 2, "charge")
-    world.history("s1", "completed", 3, "ship")
+    world.history("s1", "claimed", 2, "reserve")
+    world.history("s1", kind, 1, step)
+    return world
+
+
+def test_an_ok_of_an_expired_attempt_of_the_step_still_waited_on_is_legal() -> None:
+    world = late_reply("completed")  # attempt 2 runs; attempt 1's ok completes reserve
+    world.history("s1", "completed", 3, "charge")
+    world.history("s1", "completed", 4, "ship")
+    world.history("s1", "reply_dropped", 2, "reserve")  # the retry's reply, now the stale one
     for index in range(3):
         world.do("s1", index)
-    world.state("s1", "Processed", 3, 2)
+    world.state("s1", "Processed", 4, 2)
+    assert kinds(world) == []
+
+
+def test_a_refusal_of_an_expired_attempt_applied_is_reported() -> None:
+    world = late_reply("refused")  # a refusal speaks only for its own attempt
+    world.state("s1", "Compensated", 2, 0)
+    assert kinds(world) == ["stale_reply_applied"]
+
+
+def test_an_ok_for_a_step_the_order_moved_past_applied_is_reported() -> None:
+    world = World()
+    world.processed("p1")
+    world.entities = [
+        e for e in world.entities if (e["PartitionKey"], e["RowKey"]) != ("p1", DESIGN.state_row)
+    ]
+    world.history("p1", "completed", 1, "reserve")  # reserve's reply again, after it was done
+    world.state("p1", "Processed", 3, 2)
+    assert kinds(world) == ["stale_reply_applied"]
+
+
+def test_an_ok_for_an_attempt_never_claimed_for_the_step_is_reported() -> None:
+    world = late_reply("completed", step="reserve")
+    world.entities[-1]["Attempt"] = 3  # attempt 3 was never claimed
+    world.history("s1", "completed", 4, "charge")
+    world.history("s1", "completed", 5, "ship")
+    for index in range(3):
+        world.do("s1", index)
+    world.state("s1", "Processed", 5, 2)
     assert kinds(world) == ["stale_reply_applied"]
 
 

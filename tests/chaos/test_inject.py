@@ -17,9 +17,9 @@ from sas_local.chaos.inject import (
     ChaosConfig,
     ChaosTransport,
     Events,
-    SkewedClock,
     count_events,
 )
+from sas_local.host_clock import SkewedClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.chaos]
 

@@ -124,7 +124,9 @@ def test_scheduler_restart_resumes_in_flight_work_from_the_store(world):
     assert world.state(oid).process_state is ProcessState.PROCESSED
 
 
-def test_late_reply_after_a_newer_attempt_was_claimed_is_ignored(world):
+def test_late_reply_after_a_newer_attempt_was_claimed_completes_the_step_once(world):
+    """The reply rule: attempt 1's ok (every attempt calls with the one key) still completes
+    the step the order waits on; attempt 2's reply is then the stale one."""
     oid = order(world)
     world.deliver("orders"), world.deliver("scheduler")
     (old_request,) = world.bus.take("agent-inventory")  # attempt 1 is slow somewhere
@@ -140,14 +142,14 @@ def test_late_reply_after_a_newer_attempt_was_claimed_is_ignored(world):
         outcome="ok",
         result={"from": "attempt 1"},
     )
-    before = world.store.get_state(oid)
     world.clock.advance(1)
-    assert world.scheduler.on_reply(late) is ReplyOutcome.STALE
-    assert world.store.get_state(oid) == before  # same ETag: nothing applied
-    assert world.history(oid)[-1] == "reply_dropped"
-    world.run()
+    assert world.scheduler.on_reply(late) is ReplyOutcome.ADVANCED
+    assert world.store.get_steps(oid)[0].attempt == 1
+    assert world.history(oid)[-2:] == ["completed", "claimed"]
+    world.run()  # attempt 2's reply: dropped
+    assert world.history(oid).count("reply_dropped") == 1
     assert world.state(oid).process_state is ProcessState.PROCESSED
-    assert world.store.get_steps(oid)[0].attempt == 2
+    assert world.store.get_steps(oid)[0].result == {"from": "attempt 1"}
 
 
 def test_non_transient_error_sets_error_and_alerts_once(table, strict):

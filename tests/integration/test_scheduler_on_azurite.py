@@ -148,7 +148,7 @@ def test_a_conflicting_duplicate_is_rejected_and_the_original_kept(table):
     assert before_order is not None and before_order.details["address"] == "1 Main St"
 
 
-def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
+def test_an_old_attempts_ok_applies_after_a_newer_claim_and_its_refusal_does_not(table):
     clock, transport = FakeClock(), RecordingTransport()
     store = store_on(table)
     Submission(store, transport, ROUTES, clock).submit(submitted())
@@ -157,14 +157,18 @@ def test_a_reply_for_an_old_attempt_is_ignored_after_a_newer_claim(table):
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     newer = store.get_state("o1")
     assert newer is not None and newer.value.attempt == 2
-    old = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
-    assert scheduler.on_reply(old) is ReplyOutcome.STALE
+    refused = StepReply(
+        order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="no"
+    )
+    assert scheduler.on_reply(refused) is ReplyOutcome.STALE
     assert store.get_state("o1") == newer
-    assert store.get_steps("o1") == []
-    current_reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=2, outcome="ok")
-    assert scheduler.on_reply(current_reply) is ReplyOutcome.ADVANCED
+    old = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
+    assert scheduler.on_reply(old) is ReplyOutcome.ADVANCED
     advanced = store.get_state("o1")
-    assert advanced is not None and advanced.value.step_index == 1
+    assert advanced is not None and (advanced.value.step_index, advanced.value.attempt) == (1, 3)
+    current_reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=2, outcome="ok")
+    assert scheduler.on_reply(current_reply) is ReplyOutcome.STALE
+    assert [s.attempt for s in store.get_steps("o1")] == [1]
 
 
 def test_duplicate_replies_racing_apply_once(table):

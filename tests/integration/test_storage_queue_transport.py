@@ -46,18 +46,18 @@ def test_a_missing_queue_is_a_domain_error(queue_service):
         )
 
 
-def test_oldest_waiting_is_the_enqueue_time_of_the_first_visible_message(queue_service):
+def test_what_waits_is_dated_by_the_enqueue_time_of_the_first_visible_message(queue_service):
     name = unique_queue()
     queue_service.create_queue(name)
     transport = StorageQueueTransport(queue_service)
-    assert transport.oldest_waiting(name) is None
+    assert transport.waiting(name).oldest is None
     before = datetime.now(UTC) - timedelta(seconds=5)  # Azurite's clock is this machine's
     transport.send(name, ScheduleRequest(order_id="o1"), message_id="a", correlation_id="o1")
     transport.send(name, ScheduleRequest(order_id="o2"), message_id="b", correlation_id="o2")
-    first = transport.oldest_waiting(name)
+    first = transport.waiting(name).oldest
     assert first is not None and first.tzinfo is not None and first >= before
     (taken,) = list(queue_service.get_queue_client(name).receive_messages(max_messages=1))
-    assert transport.oldest_waiting(name) is not None  # the second still waits
+    assert transport.waiting(name).oldest is not None  # the second still waits
     queue_service.get_queue_client(name).delete_message(taken)
     with pytest.raises(NotFound):
-        transport.oldest_waiting(unique_queue())
+        transport.waiting(unique_queue())

@@ -1,6 +1,6 @@
 """The Supervisor's in-flight index on Azurite: only due markers are read, a healthy order's
-marker is re-armed to its next deadline, and a step whose reply was sent in time is not
-expired while that reply may still be waiting in the replies queue."""
+marker is re-armed to its next deadline; and the reply rule: a step that expired while its
+reply (sent in time) waited in a backlog is completed by that reply when it arrives."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import pytest
 
 from sas import bootstrap
 from sas.domain.model import ProcessState
-from sas.domain.transitions import RetryPolicy, claim, initial_state
+from sas.domain.transitions import claim, initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.scheduler import ReplyOutcome
 from sas.services.supervisor import Supervisor
 from tests.fakes import FakeClock
-from tests.harness import BUDGET, ROUTES, Envelope
+from tests.harness import BUDGET, ROUTES, World, permanent
 from tests.integration.test_failure_modes import assert_effects_once, order
 
 pytestmark = pytest.mark.integration
@@ -93,19 +93,67 @@ def test_recovery_still_comes_by_the_deadline_of_a_later_shorter_step(world):
     assert "expired_retry" in world.history(oid)
 
 
-def test_a_reply_sent_in_time_and_still_queued_is_not_thrown_away(world):
+def first_reply_waits_past_its_expiry(world) -> str:
+    """The first step's agent replies in time; the reply waits in a backlog while the step
+    expires (the Supervisor does not look at queues)."""
     oid = order(world)
-    world.deliver("agent-inventory")  # the agent replied in time; the reply waits in a backlog
-    world.clock.advance(BUDGET + 5)
-    report = world.tick(0)
-    assert report["held_for_reply"] == 1 and "retry" not in report
-    world.deliver("replies")  # the backlog drains: the reply applies
+    world.deliver("agent-inventory")
+    world.clock.advance(BUDGET + 3)
+    assert world.tick(0)["retry"] == 1
+    return oid
+
+
+def test_a_reply_sent_in_time_that_arrives_after_its_step_was_claimed_again_applies(world):
+    oid = first_reply_waits_past_its_expiry(world)
+    (late,) = world.bus.take("replies")
+    world.clock.advance(3)
+    world.deliver("scheduler")  # the retry: attempt 2 claimed and sent
+    assert (world.state(oid).attempt, world.state(oid).step_index) == (2, 0)
+    assert world.scheduler.on_reply(late) is ReplyOutcome.ADVANCED  # attempt 1's ok applies
+    assert world.state(oid).step_index == 1
+    world.run()  # attempt 2's call is answered from the key; its reply is now the stale one
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert world.history(oid).count("reply_dropped") == 1
+    assert_effects_once(world, oid, *ALL_STEPS)
+    reserve_calls = [c for c in world.remote.calls if c[1] == "reserve"]
+    assert len(reserve_calls) == 2  # what the rule costs: one remote call more
+
+
+def test_an_ok_that_arrives_while_its_step_waits_for_the_retry_completes_it(world):
+    oid = first_reply_waits_past_its_expiry(world)
+    world.deliver("replies")  # before the retry's backoff ended: applied, nothing runs again
     assert world.state(oid).step_index == 1
     world.run()
     assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert len([c for c in world.remote.calls if c[1] == "reserve"]) == 1
     assert_effects_once(world, oid, *ALL_STEPS)
-    requests = [e for q, e in world.bus.sent if q == "agent-inventory"]
-    assert len(requests) == 1  # the finished step never ran again
+
+
+def test_a_refusal_that_arrives_after_its_attempt_expired_is_dropped(world):
+    """A refusal applied nothing and speaks only for its attempt: the retry decides."""
+    world.remote.script[("inventory", "reserve")] = [permanent()]
+    oid = first_reply_waits_past_its_expiry(world)
+    (refusal,) = world.bus.take("replies")
+    world.clock.advance(3)
+    world.deliver("scheduler")
+    assert world.scheduler.on_reply(refusal) is ReplyOutcome.STALE
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_an_ok_that_arrives_after_compensation_began_is_dropped_and_the_undo_undoes(table):
+    """Past the threshold the step is compensated including itself: its late ok no longer
+    applies, and its undo takes the effect back."""
+    world = World(table, max_failures=1)
+    oid = order(world)
+    world.deliver("agent-inventory")  # reserve applied, its reply stuck in a backlog
+    world.clock.advance(BUDGET + 3)
+    assert world.tick(0)["compensate"] == 1
+    assert world.deliver("replies") == [ReplyOutcome.STALE]
+    world.run()
+    assert world.state(oid).process_state is ProcessState.COMPENSATED
+    assert world.remote.applied(oid) == {("inventory", "reserve"): True}
 
 
 def test_without_a_queued_reply_the_step_expires_as_before(world):
@@ -114,87 +162,6 @@ def test_without_a_queued_reply_the_step_expires_as_before(world):
     world.clock.advance(BUDGET + 3)
     assert world.tick(0)["retry"] == 1
     assert world.state(oid).process_state is ProcessState.PENDING
-
-
-def test_the_hold_for_a_reply_is_bounded(world):
-    oid = order(world)
-    world.deliver("agent-inventory")  # a reply that will stay queued (its consumer is stuck)
-    world.clock.advance(BUDGET + 3)
-    assert world.tick(0)["held_for_reply"] == 1
-    hold = world.policy.reply_hold.total_seconds()
-    assert world.tick(hold)["retry"] == 1  # past the hold: expired, the fence decides later
-    world.deliver("replies")
-    assert "reply_dropped" in world.history(oid)
-
-
-def replied_behind_a_backlog(world, older: int, spread_seconds: float) -> str:
-    """An order whose first step replied in time; the reply waits in the replies queue behind
-    ``older`` replies enqueued before it (the oldest ``spread_seconds`` earlier)."""
-    oid = order(world)
-    world.deliver("agent-inventory")
-    (reply,) = world.bus.queues["replies"]
-    world.bus.queues["replies"][:0] = [
-        Envelope(reply.message, f"older-{n}", reply.due - timedelta(seconds=spread_seconds - n))
-        for n in range(older)
-    ]
-    return oid
-
-
-def held_while_draining_through_the_hold(world, oid: str) -> None:
-    """Sweep every recheck past the plain hold while consumers take one older reply each time:
-    the step stays held all along."""
-    world.clock.advance(BUDGET + 1)
-    recheck = world.policy.reply_recheck.total_seconds()
-    while world.clock.now() < world.state(oid).complete_by + world.policy.reply_hold:
-        assert world.tick(recheck)["held_for_reply"] == 1
-        del world.bus.queues["replies"][:1]
-
-
-def test_a_backlog_that_outlasts_the_hold_keeps_the_step_held_while_it_drains(world):
-    """Past the hold, a step whose reply may still be queued stays held as long as the
-    replies lane is being worked through, never past ``reply_hold_max``."""
-    oid = replied_behind_a_backlog(world, older=200, spread_seconds=600)
-    policy, deadline = world.policy, world.state(oid).complete_by
-    world.clock.advance(BUDGET + 1)
-    recheck = policy.reply_recheck.total_seconds()
-    while world.clock.now() < deadline + policy.reply_hold_max - policy.reply_recheck:
-        assert world.tick(recheck) == {"held_for_reply": 1}
-        del world.bus.queues["replies"][:2]  # other consumers take the oldest replies
-    assert world.clock.now() > deadline + 3 * policy.reply_hold  # well past the plain hold
-    assert world.tick(recheck)["retry"] == 1  # the bound holds even for a draining lane
-    del world.bus.queues["replies"][:-1]
-    world.deliver("replies")
-    assert "reply_dropped" in world.history(oid)
-
-
-def test_past_the_hold_a_lane_that_stops_moving_ends_the_hold(world):
-    """A lane counts as moving if its front moved within the last ``reply_hold`` (a host takes
-    replies in batches, so the front moves in steps); one that has not moved for that long
-    ends the hold."""
-    oid = replied_behind_a_backlog(world, older=20, spread_seconds=60)
-    held_while_draining_through_the_hold(world, oid)
-    policy = world.policy
-    recheck = policy.reply_recheck.total_seconds()
-    stopped = world.clock.now()  # the front moved last just before this
-    while world.clock.now() + policy.reply_recheck <= stopped + policy.reply_hold:
-        assert world.tick(recheck)["held_for_reply"] == 1  # a pause shorter than the window
-    assert world.tick(recheck)["retry"] == 1  # not moved for a whole reply_hold: expired
-
-
-def test_a_long_sweep_still_compares_the_lane_with_earlier_sweeps(world, monkeypatch):
-    """A sweep that takes seconds (a burst) must not compare the lane with its own peek."""
-    oid = replied_behind_a_backlog(world, older=20, spread_seconds=60)
-    held_while_draining_through_the_hold(world, oid)
-    recheck = world.policy.reply_recheck.total_seconds()
-    peek = world.bus.oldest_waiting
-
-    def slow_peek(queue: str) -> Any:
-        oldest = peek(queue)
-        world.clock.advance(2 * recheck)  # the sweep got here seconds after it began
-        return oldest
-
-    monkeypatch.setattr(world.bus, "oldest_waiting", slow_peek)
-    assert world.tick(recheck)["held_for_reply"] == 1
 
 
 def test_a_parallel_sweep_examines_every_due_order_once(world):
@@ -214,205 +181,6 @@ def test_a_parallel_sweep_examines_every_due_order_once(world):
     assert report["retry"] == len(ids)
     assert all(world.state(oid).failure_count == 1 for oid in ids)
     assert parallel.sweep().total() == 0  # every marker re-armed to the retry's deadline
-
-
-def test_a_held_step_is_looked_at_again_after_the_recheck_not_on_every_sweep(world):
-    order(world)
-    world.deliver("agent-inventory")  # its reply waits in a backlog
-    world.clock.advance(BUDGET + 3)
-    assert world.tick(0)["held_for_reply"] == 1
-    assert world.tick(1).total() == 0  # a backlog costs one read per held step per recheck
-    recheck = world.policy.reply_recheck.total_seconds()
-    assert world.tick(recheck)["held_for_reply"] == 1
-
-
-def hosted(world) -> tuple[Supervisor, float]:
-    """A Supervisor with the product's ``reply_in_flight``: its replies come through a host,
-    which hides the ones it has taken while it works on them (the harness's bus hands them
-    over at once)."""
-    policy = replace(world.policy, reply_in_flight=RetryPolicy().reply_in_flight)
-    supervisor = Supervisor(world.store, world.bus, ROUTES, world.clock, "hosted", policy)
-    return supervisor, policy.reply_in_flight.total_seconds()
-
-
-def applied_and_never_run_again(world, supervisor: Supervisor, oid: str, reply: Any) -> None:
-    """The held step's reply arrives and applies; the step is not expired, and the order
-    finishes with each effect once and one request to the first agent."""
-    assert world.scheduler.on_reply(reply) is ReplyOutcome.ADVANCED  # it arrives: applied
-    world.clock.advance(1)
-    assert supervisor.sweep()["retry"] == 0
-    world.run()
-    assert "reply_dropped" not in world.history(oid)
-    assert_effects_once(world, oid, *ALL_STEPS)
-    assert len([e for q, e in world.bus.sent if q == "agent-inventory"]) == 1
-
-
-def test_a_reply_a_host_took_by_the_deadline_is_not_run_again(world):
-    oid = order(world)
-    world.deliver("agent-inventory")  # replied in time...
-    (reply,) = world.bus.take("replies")  # ...and taken by a host: no longer in the queue
-    supervisor, in_flight = hosted(world)
-    world.clock.advance(BUDGET + in_flight - 0.5)
-    assert supervisor.sweep()["held_for_reply"] == 1
-    applied_and_never_run_again(world, supervisor, oid, reply)
-
-
-def test_without_a_reply_recovery_comes_reply_in_flight_later(world):
-    oid = order(world)
-    world.drop("agent-inventory")  # the agent died: no reply anywhere
-    supervisor, in_flight = hosted(world)
-    world.clock.advance(BUDGET + in_flight - 0.5)
-    assert supervisor.sweep()["held_for_reply"] == 1
-    assert world.state(oid).process_state is ProcessState.PROCESSING
-    world.clock.advance(0.5)  # the marker was re-armed to the end of the hold
-    assert supervisor.sweep()["retry"] == 1
-    assert world.state(oid).process_state is ProcessState.PENDING
-
-
-def seen_waiting_past_the_deadline_then_taken(world) -> tuple[str, Supervisor, float, Any]:
-    """An order whose first step replied in time; a sweep in the first hold saw the reply
-    still queued, and a host took it after that hold ended (returned, not yet applied)."""
-    oid = order(world)
-    world.deliver("agent-inventory")  # replied in time; the reply waits behind a backlog
-    supervisor, in_flight = hosted(world)
-    world.clock.advance(BUDGET + 1)
-    assert supervisor.sweep()["held_for_reply"] == 1  # seen waiting, past the deadline
-    world.clock.advance(in_flight + 5)  # the first hold is over; the reply is still queued
-    (reply,) = world.bus.take("replies")  # now a host takes it, and is slow to apply it
-    return oid, supervisor, in_flight, reply
-
-
-def test_a_reply_taken_after_the_deadline_is_awaited_from_when_a_sweep_saw_it_gone(world):
-    oid, supervisor, in_flight, reply = seen_waiting_past_the_deadline_then_taken(world)
-    assert supervisor.sweep()["held_for_reply"] == 1  # gone from the lane: maybe on its way
-    world.clock.advance(in_flight - 0.5)
-    applied_and_never_run_again(world, supervisor, oid, reply)
-
-
-def test_a_reply_seen_waiting_and_then_never_applied_ends_the_hold_in_flight_after(world):
-    oid, supervisor, in_flight, reply = seen_waiting_past_the_deadline_then_taken(world)
-    assert supervisor.sweep()["held_for_reply"] == 1
-    world.clock.advance(in_flight)  # the host that took it died with it: recovery comes now
-    assert supervisor.sweep()["retry"] == 1
-    assert world.state(oid).process_state is ProcessState.PENDING
-    assert world.scheduler.on_reply(reply) is ReplyOutcome.STALE  # too late: fenced
-    assert "reply_dropped" in world.history(oid)
-
-
-def replied_then_taken_unseen_behind_a_lagging_lane(world) -> tuple[Supervisor, float, Any]:
-    """o1's first step replied in time and a host took the reply, while nobody looked; the
-    replies sent since, from 5 s past the deadline on, wait 7 s when the Supervisor first
-    looks (its sweeps run late on a saturated instance)."""
-    order(world, "o1")
-    world.deliver("agent-inventory")
-    (reply,) = world.bus.take("replies")  # taken by a host that is behind
-    supervisor, in_flight = hosted(world)
-    world.clock.advance(BUDGET + in_flight)
-    order(world, "o2")
-    world.deliver("agent-inventory")  # its reply waits: the lane lags
-    world.clock.advance(7)
-    return supervisor, in_flight, reply
-
-
-def test_a_reply_taken_unseen_by_a_host_that_is_behind_is_awaited_from_the_first_look(world):
-    supervisor, in_flight, reply = replied_then_taken_unseen_behind_a_lagging_lane(world)
-    assert supervisor.sweep() == {"held_for_reply": 1}  # o1, looked at 12 s past its deadline
-    world.clock.advance(in_flight - 0.5)
-    assert world.scheduler.on_reply(reply) is ReplyOutcome.ADVANCED  # it arrives: applied
-    world.clock.advance(1)
-    assert supervisor.sweep()["retry"] == 0
-    assert "reply_dropped" not in world.history("o1")
-    assert world.state("o1").step_index == 1
-
-
-def test_a_dead_agent_behind_a_lagging_lane_is_recovered_reply_in_flight_after_the_look(world):
-    supervisor, in_flight, _ = replied_then_taken_unseen_behind_a_lagging_lane(world)
-    assert supervisor.sweep() == {"held_for_reply": 1}  # the host that took it died with it
-    world.clock.advance(in_flight)
-    assert supervisor.sweep() == {"retry": 1}
-    assert world.state("o1").process_state is ProcessState.PENDING
-
-
-@pytest.mark.parametrize("first_look", [0.1, 2.0, 4.0])
-def test_a_dead_agents_recovery_waits_for_no_reply_that_was_only_passing_through(world, first_look):
-    """Another order's reply, queued a moment before the deadline and taken a moment after
-    the Supervisor's first look, is no sign of a host behind: the dead agent's step is
-    recovered as without it, whenever that look came."""
-    dead = order(world, "o-dead")
-    world.drop("agent-inventory")  # its agent died holding the request
-    supervisor, in_flight = hosted(world)
-    world.clock.advance(BUDGET - 0.1)
-    order(world, "o-other")
-    world.deliver("agent-inventory")  # the other order's reply, just before the deadline
-    world.clock.advance(0.1 + first_look)
-    assert supervisor.sweep()["held_for_reply"] == 1  # a reply from before the deadline waits
-    world.deliver("replies")  # taken and applied at once
-    deadline = world.state(dead).complete_by
-    world.clock.advance(
-        (deadline + timedelta(seconds=in_flight) - world.clock.now()).total_seconds()
-    )
-    assert supervisor.sweep()["retry"] == 1  # deadline + reply_in_flight, as with no reply
-    assert world.state(dead).process_state is ProcessState.PENDING
-
-
-def test_the_hold_from_a_reply_seen_gone_still_ends_by_reply_hold_max(world):
-    oid = replied_behind_a_backlog(world, older=200, spread_seconds=600)
-    supervisor, _ = hosted(world)
-    policy, deadline = world.policy, world.state(oid).complete_by
-    recheck = policy.reply_recheck
-    last_look = deadline + policy.reply_hold_max - timedelta(seconds=3)
-    world.clock.advance(BUDGET + 1)
-    while world.clock.now() + recheck <= last_look:
-        assert supervisor.sweep() == {"held_for_reply": 1}  # the backlog drains slowly
-        del world.bus.queues["replies"][:2]
-        world.clock.advance(recheck.total_seconds())
-    world.clock.advance((last_look - world.clock.now()).total_seconds())
-    world.bus.take("replies")  # a host takes the rest, this step's reply among them
-    assert supervisor.sweep() == {"held_for_reply": 1}  # seen gone: maybe on its way
-    world.clock.advance(3)  # reply_hold_max past the deadline, less than reply_in_flight on
-    assert supervisor.sweep() == {"retry": 1}
-
-
-def test_a_supervisor_that_has_not_watched_the_lane_for_a_whole_hold_keeps_holding(world):
-    """A Supervisor that took over (a restart, the timer moved) and has watched the lane for
-    only 2 s does not judge it stopped: a host takes replies in steps."""
-    a = order(world, "o-a")
-    world.deliver("agent-inventory")  # a's reply waits at the front of the lane all along
-    deadline = world.state(a).complete_by
-    hold = world.policy.reply_hold.total_seconds()
-    world.clock.advance(hold - 3)
-    order(world, "o-b")
-    world.drop("agent-inventory")  # b's agent died: looked at 1 s past its deadline, 2 s before a
-    (marker,) = [m for m in world.store.list_due(world.clock.now()) if m.order_id == a]
-    look_at_a = deadline + timedelta(seconds=hold)  # another instance held a until then
-    assert world.store.rearm_live([(marker, look_at_a)]) == 1
-    supervisor, _ = hosted(world)  # this instance's first sweeps
-    world.clock.advance(BUDGET + 1)
-    assert supervisor.sweep() == {"held_for_reply": 1}  # b, in its first seconds: a peek
-    world.clock.advance((look_at_a - world.clock.now()).total_seconds())
-    assert supervisor.sweep() == {"held_for_reply": 1}  # a: the lane watched for 2 s only
-
-
-def test_a_failed_peek_holds_off_nothing_whatever_earlier_sweeps_saw(world, monkeypatch):
-    oid = order(world, "o1")
-    world.deliver("agent-inventory")  # replied in time; the reply waits behind a backlog
-    world.clock.advance(3)
-    order(world, "o2")
-    world.drop("agent-inventory")  # a later order whose agent died
-    supervisor, _ = hosted(world)
-    world.clock.advance(BUDGET - 3 + 1)
-    assert supervisor.sweep() == {"held_for_reply": 1}  # o1: its reply seen waiting
-    world.bus.take("replies")  # a host takes it...
-    world.clock.advance(3)
-    assert supervisor.sweep() == {"held_for_reply": 1}  # o2's look at the lane: it is gone
-
-    def unreachable(queue: str) -> Any:
-        raise ConnectionError("the queue service is unreachable")
-
-    monkeypatch.setattr(world.bus, "oldest_waiting", unreachable)
-    world.clock.advance(2)  # o1 looked at again, within reply_in_flight of that look
-    assert supervisor.sweep() == {"retry": 1}  # no peek now: held as if nothing was seen
-    assert world.state(oid).process_state is ProcessState.PENDING
 
 
 def test_a_finished_order_takes_its_marker_with_it_and_no_sweep_reads_it(world):

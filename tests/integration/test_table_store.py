@@ -252,6 +252,23 @@ def test_rearming_many_markers_moves_all_but_one_touched_in_between(table):
     assert len(store.list_due(later)) == len(ids) - 1
 
 
+def test_a_sweeps_marker_writes_are_sent_again_a_few_times_at_most(table):
+    """Each failed operation costs a request; after three re-sends the rest of that
+    transaction is left: those markers are due already, so the next sweep looks again."""
+    store = store_on(table)
+    ids = [f"o{n:03d}" for n in range(20)]
+    for order_id in ids:
+        store.touch_live(order_id, NOW, NOW)
+    markers = store.list_due(NOW)
+    for order_id in ids[:10]:  # ten touched since the sweep read them
+        store.touch_live(order_id, NOW, NOW)
+    sent = transactions_sent(store)
+    later = NOW + timedelta(seconds=15)
+    assert store.rearm_live([(m, later) for m in markers]) == 0
+    assert [len(operations) for operations in sent] == [20, 19, 18, 17]
+    assert len(store.list_due(NOW)) == len(ids)  # every marker still due: looked at again
+
+
 def transactions_sent(store: TableStateStore) -> list[list[object]]:
     """Records the in-flight index's transactions (each still goes to Azurite)."""
     sent: list[list[object]] = []

@@ -289,8 +289,9 @@ def test_a_reply_is_never_refused_on_a_carried_state(two_processes):
     key = store.carry_key()
     stale = carried.carried_state(request.carried_state, "o1", key)
     assert stale is not None
-    # A mixed-up carried state that says attempt 7 (the reply is for attempt 1).
-    forged = carried.carry(replace(stale.value, attempt=7), stale.etag, key)
+    # A mixed-up carried state that says the order is at its last step (the reply is for its
+    # first).
+    forged = carried.carry(replace(stale.value, step_index=2), stale.etag, key)
     reads = store.state_reads
     reply = agent_reply(request).model_copy(update={"carried_state": forged})
     assert scheduler.on_reply(reply) is ReplyOutcome.ADVANCED

@@ -735,17 +735,17 @@ def test_default_send_timeout_is_below_the_shortest_step_budget() -> None:
 # --- peeking at a queue's backlog ----------------------------------------------------------
 
 
-def test_oldest_waiting_is_the_first_active_message_by_a_peek_that_locks_nothing(
+def test_what_waits_is_seen_by_a_peek_that_locks_nothing(
     transport: ServiceBusTransport, client: FakeClient
 ) -> None:
     enqueued = datetime(2026, 11, 22, 11, 59, tzinfo=UTC)
     client.waiting["sas-replies"] = [FakePeeked(enqueued), FakePeeked(enqueued)]
-    assert transport.oldest_waiting("sas-replies") == enqueued
+    assert transport.waiting("sas-replies").oldest == enqueued
     assert client.receivers == ["sas-replies"]
-    assert transport.oldest_waiting("sas-empty") is None
+    assert transport.waiting("sas-empty").oldest is None
 
 
-def test_oldest_waiting_maps_a_missing_queue_to_not_found(
+def test_a_peek_maps_a_missing_queue_to_not_found(
     transport: ServiceBusTransport, client: FakeClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def missing(self: FakeReceiver, max_message_count: int = 1) -> list[FakePeeked]:
@@ -753,7 +753,7 @@ def test_oldest_waiting_maps_a_missing_queue_to_not_found(
 
     monkeypatch.setattr(FakeReceiver, "peek_messages", missing)
     with pytest.raises(NotFound):
-        transport.oldest_waiting("sas-gone")
+        transport.waiting("sas-gone")
 
 
 # --- priority lanes ------------------------------------------------------------------------
@@ -802,8 +802,8 @@ def test_the_oldest_waiting_message_of_a_lane_is_peeked_on_that_lane(
 ) -> None:
     enqueued = clock.now() - timedelta(seconds=9)
     client.waiting["sas-orders-high"] = [FakePeeked(enqueued)]
-    assert transport.oldest_waiting("sas-orders-high") == enqueued
-    assert transport.oldest_waiting("sas-orders") is None
+    assert transport.waiting("sas-orders-high").oldest == enqueued
+    assert transport.waiting("sas-orders").oldest is None
     assert client.receivers == ["sas-orders-high", "sas-orders"]
 
 

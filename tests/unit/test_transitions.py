@@ -91,8 +91,8 @@ def test_completing_the_last_step_makes_the_order_processed_and_unlocked():
     assert done.finished_at == NOW
 
 
-@pytest.mark.parametrize(("attempt", "step_index"), [(0, 0), (2, 0), (1, 1)])
-def test_a_reply_for_another_attempt_or_step_is_stale(attempt, step_index):
+@pytest.mark.parametrize(("attempt", "step_index"), [(2, 0), (1, 1)])
+def test_a_reply_for_an_attempt_nobody_claimed_or_another_step_is_stale(attempt, step_index):
     running = claim(
         initial_state("o1", WF, reply_to=None, now=NOW), instance_id="s1", now=NOW, workflow=WF
     )
@@ -106,10 +106,31 @@ def test_a_reply_for_another_attempt_or_step_is_stale(attempt, step_index):
         )
 
 
-def test_a_reply_to_a_pending_order_is_stale_even_with_matching_numbers():
+def test_an_ok_of_an_earlier_attempt_completes_the_step_a_refusal_does_not():
+    """Every attempt of a step calls with one idempotency key: the remote applied the step's
+    effect once, whichever attempt did it, so its ok completes the step; a refusal applied
+    nothing and speaks only for its own attempt (a later one may succeed)."""
+    retried = _running(attempt=3, step_index=1)
+    done = complete_step(retried, attempt=2, step_index=1, instance_id="s", now=NOW, workflow=WF)
+    assert (done.step_index, done.attempt, done.process_state) == (2, 4, ProcessState.PROCESSING)
+    with pytest.raises(StaleReply):
+        refuse_step(retried, attempt=2, step_index=1, now=NOW, reason="x", workflow=WF)
+
+
+def test_an_ok_reaching_an_order_that_waits_for_its_steps_retry_completes_the_step():
+    late = NOW + timedelta(minutes=1)
+    expired = expire(_running(attempt=3, step_index=1), now=late, workflow=WF, policy=POLICY)
+    pending = expired.state
+    assert pending.process_state is ProcessState.PENDING
+    done = complete_step(pending, attempt=3, step_index=1, instance_id="s", now=late, workflow=WF)
+    assert (done.step_index, done.attempt, done.locked_by) == (2, 4, "s")
+    assert done.not_before is None and done.complete_by == late + WF.steps[2].budget
+
+
+def test_a_reply_to_a_pending_order_before_any_attempt_is_stale():
     pending = initial_state("o1", WF, reply_to=None, now=NOW)
     with pytest.raises(StaleReply):
-        complete_step(pending, attempt=0, step_index=0, instance_id="s", now=NOW, workflow=WF)
+        complete_step(pending, attempt=1, step_index=0, instance_id="s", now=NOW, workflow=WF)
 
 
 def test_workflow_definitions_are_validated():
@@ -342,18 +363,23 @@ def _running(attempt: int = 3, step_index: int = 1, mode: Mode = "do"):
     return replace(state, attempt=attempt, step_index=step_index, mode=mode, process_state=process)
 
 
-def _fence(state, *, step_index=1, step="charge", attempt=3, mode="do"):
-    return fence(state, WF, step_index=step_index, step=step, attempt=attempt, mode=mode)
+def _fence(state, *, step_index=1, step="charge", attempt=3, mode="do", outcome="ok"):
+    return fence(
+        state, WF, step_index=step_index, step=step, attempt=attempt, mode=mode, outcome=outcome
+    )
 
 
-def test_fence_accepts_only_the_current_attempt_of_the_running_step():
-    assert _fence(_running()) is Fence.CURRENT
+@pytest.mark.parametrize("outcome", ["ok", "error", "deferred"])
+def test_fence_applies_every_reply_of_the_running_attempt(outcome):
+    assert _fence(_running(), outcome=outcome) is Fence.CURRENT
 
 
 @pytest.mark.parametrize(
     ("reply", "verdict"),
     [
-        ({"attempt": 2}, Fence.OTHER_ATTEMPT),  # an expired attempt's late reply
+        ({"attempt": 2}, Fence.EARLIER_ATTEMPT),  # an expired attempt's ok: the step is done
+        ({"attempt": 2, "outcome": "error"}, Fence.OTHER_ATTEMPT),  # its refusal: not applied
+        ({"attempt": 2, "outcome": "deferred"}, Fence.OTHER_ATTEMPT),
         ({"attempt": 4}, Fence.OTHER_ATTEMPT),  # forged: an attempt nobody claimed
         ({"step_index": 0, "step": "reserve"}, Fence.OTHER_STEP),
         ({"mode": "undo"}, Fence.OTHER_STEP),
@@ -362,13 +388,26 @@ def test_fence_accepts_only_the_current_attempt_of_the_running_step():
         ({"step_index": -1, "step": "ship"}, Fence.UNKNOWN_STEP),
     ],
 )
-def test_fence_names_why_a_reply_is_not_current(reply, verdict):
+def test_fence_names_why_a_reply_applies_or_not(reply, verdict):
     assert _fence(_running(), **reply) is verdict
+    assert verdict.applies is (verdict in (Fence.CURRENT, Fence.EARLIER_ATTEMPT))
 
 
-@pytest.mark.parametrize("process_state", [ProcessState.PENDING, *TERMINAL_STATES])
-def test_fence_refuses_every_reply_while_no_step_runs(process_state):
-    assert _fence(replace(_running(), process_state=process_state)) is Fence.NOT_RUNNING
+@pytest.mark.parametrize("process_state", sorted(TERMINAL_STATES))
+@pytest.mark.parametrize("outcome", ["ok", "error", "deferred"])
+def test_fence_refuses_every_reply_once_the_order_is_finished(process_state, outcome):
+    finished = replace(_running(), process_state=process_state)
+    assert _fence(finished, outcome=outcome) is Fence.NOT_RUNNING
+
+
+@pytest.mark.parametrize("attempt", [2, 3])
+def test_an_order_waiting_for_a_retry_takes_only_an_ok_of_its_step(attempt):
+    waiting = replace(_running(), process_state=ProcessState.PENDING, locked_by=None)
+    assert _fence(waiting, attempt=attempt) is Fence.EARLIER_ATTEMPT
+    assert _fence(waiting, attempt=attempt, outcome="error") is Fence.NOT_RUNNING
+    assert _fence(waiting, attempt=attempt, outcome="deferred") is Fence.NOT_RUNNING
+    assert _fence(waiting, attempt=4) is Fence.OTHER_ATTEMPT
+    assert _fence(replace(waiting, mode="undo"), attempt=attempt) is Fence.OTHER_STEP
 
 
 def _reply(state, outcome="ok", **change):
@@ -410,7 +449,10 @@ def test_decide_reply_says_what_follows_each_transition():
 def test_decide_reply_refuses_a_reply_the_fence_would_drop():
     state = _running()
     with pytest.raises(StaleReply):
-        decide_reply(state, _reply(state, attempt=2), instance_id="s", now=NOW, workflow=WF)
+        decide_reply(state, _reply(state, attempt=4), instance_id="s", now=NOW, workflow=WF)
+    with pytest.raises(StaleReply):
+        refusal = _reply(state, "error", attempt=2)
+        decide_reply(state, refusal, instance_id="s", now=NOW, workflow=WF)
 
 
 # --- clock skew allowance ----------------------------------------------------------------
@@ -435,12 +477,6 @@ def test_without_an_allowance_the_deadline_itself_expires_and_a_negative_one_is_
     assert RetryPolicy().expired(running, running.complete_by)
     with pytest.raises(ValueError, match="clock_skew"):
         RetryPolicy(clock_skew=timedelta(seconds=-1))
-
-
-def test_a_longest_hold_shorter_than_the_hold_is_refused():
-    with pytest.raises(ValueError, match="reply_hold_max"):
-        RetryPolicy(reply_hold=timedelta(seconds=30), reply_hold_max=timedelta(seconds=10))
-    assert RetryPolicy(reply_hold_max=RetryPolicy().reply_hold).reply_hold_max.total_seconds() == 30
 
 
 def error_owing_an_alert():
