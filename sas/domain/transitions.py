@@ -125,7 +125,8 @@ class Fence(StrEnum):
     NOT_RUNNING = "not_running"
     """The order is finished, or waits for a retry and the reply is not an ``ok``."""
     OTHER_ATTEMPT = "other_attempt"
-    """A refusal or deferral of an earlier attempt, or an attempt nobody claimed (forged)."""
+    """A refusal or deferral of an earlier attempt, or an attempt above the current one, which
+    nobody claimed (forged)."""
     OTHER_STEP = "other_step"
     """Not the step, or not the direction (do/undo), the order waits on."""
     UNKNOWN_STEP = "unknown_step"
@@ -346,13 +347,17 @@ def refuse_step(
 ) -> OrderState:
     """The remote refused for good (non-transient): compensate or stop in Error.
 
-    A refused step had no effect, so compensation starts below it. A refused undo cannot be
-    retried into success: an operator must look.
+    The refusing attempt had no effect, so compensation starts below the step, unless an
+    earlier attempt of the step expired: its call may still have been applied (a refusal can
+    answer a retry that overlapped it), so the undo starts at the step itself, which undoes
+    nothing if nothing was applied. A refused undo cannot be retried into success: an
+    operator must look.
     """
     check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode, outcome="error")
     if mode == "do" and workflow.on_failure == "compensate":
+        start = step_index if state.failure_count > 0 else step_index - 1
         return begin_compensation(
-            state, from_index=step_index - 1, now=now, workflow=workflow, reason=reason
+            state, from_index=start, now=now, workflow=workflow, reason=reason
         )
     return to_error(state, now=now, reason=reason)
 

@@ -361,7 +361,8 @@ class Scheduler:
                 step=reply.step,
                 mode=reply.mode,
                 actor=self._instance_id,
-                detail=f"{verdict.value}: current attempt {state.attempt}, {state.process_state}",
+                detail=f"{reply.outcome} {verdict.value}: current attempt {state.attempt}, "
+                f"{state.process_state}",
             )
         )
         return ReplyOutcome.STALE

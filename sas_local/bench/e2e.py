@@ -238,7 +238,7 @@ def _thrown_away(table: TableClient) -> int:
     done: dict[tuple[str, str, str], datetime] = {}
     dropped: list[tuple[tuple[str, str, str], datetime]] = []
     query = "Kind eq 'completed' or Kind eq 'undone' or Kind eq 'reply_dropped'"
-    for row in table.query_entities(query, select=["PartitionKey", "Kind", "Step", "Mode"]):
+    for row in table.query_entities(query):  # whole rows: a projection leaves out Timestamp
         key = (row["PartitionKey"], str(row.get("Step")), str(row.get("Mode") or "do"))
         at = row.metadata["timestamp"]
         assert at is not None  # noqa: S101  # the service sets it on every entity

@@ -548,7 +548,8 @@ def _reply(s: _State, r: _Row, design: Design, *, same_step: bool, running: str)
     if r.kind == "refused":
         if s.mode == "undo" or design.on_failure != "compensate":
             return _State(ERROR, s.step, s.mode, s.attempt, s.failures, claimed=claims)
-        first = design.next_undo(s.step - 1)
+        # The refusing attempt applied nothing; an earlier one that expired may have.
+        first = design.next_undo(s.step if s.failures else s.step - 1)
         if first is None:
             return _State(COMPENSATED, s.step, s.mode, s.attempt)
         return _State(PENDING, first, "undo", s.attempt, claimed=claims)

@@ -26,7 +26,7 @@ import contextlib
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, ClassVar
 
@@ -235,6 +235,13 @@ class AuditingStore:
         return ""
 
     def add_history(self, entry: HistoryEntry) -> None:
+        if entry.kind == "reply_dropped" and (entry.detail or "").startswith("ok "):
+            # The other half of the rule: an ok it applies is never dropped (nothing ran since
+            # the Scheduler read the state it decided on).
+            found = self.inner.get_state(entry.order_id)
+            applied = replace(entry, kind="undone" if entry.mode == "undo" else "completed")
+            if found is not None and not self._refused_by_the_reply_rule(found.value, applied):
+                self.violations.append(f"I3: an ok the reply rule applies was dropped: {entry}")
         self.inner.add_history(entry)
         self.history.append(entry)
 

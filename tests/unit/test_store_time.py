@@ -103,6 +103,16 @@ def test_a_failing_calibration_leaves_the_host_clock(caplog: pytest.LogCaptureFi
     assert "sas.clock_calibration_failed" in caplog.text
 
 
+def test_one_slow_first_answer_does_not_report_a_host_whose_clock_is_right(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = StoreClock(FakeClock(T), host_name="good", allowance=timedelta(seconds=2))
+    with caplog.at_level(logging.WARNING):  # answered 6 s later, stamped 0.1 s after sending
+        clock.observe(T, T + timedelta(seconds=6), (T + ms(100)).replace(microsecond=0))
+    assert clock.offset_seconds == pytest.approx(-2.5)  # the midpoint of a 6 s wide estimate
+    assert "sas.clock_offset" not in caplog.text
+
+
 @pytest.mark.parametrize(("off", "reported"), [(9.0, False), (-9.0, False), (30.0, True)])
 def test_a_host_beyond_the_allowance_is_reported_with_its_name_and_offset(
     caplog: pytest.LogCaptureFixture, off: float, reported: bool

@@ -127,6 +127,19 @@ def test_an_ok_reaching_an_order_that_waits_for_its_steps_retry_completes_the_st
     assert done.not_before is None and done.complete_by == late + WF.steps[2].budget
 
 
+def test_a_refusal_after_an_earlier_attempt_expired_compensates_from_the_step_itself():
+    """The refusing attempt applied nothing, but the expired one may have (a refusal can
+    answer a retry that overlapped it): the undo starts at the step, a no-op if it was not."""
+    late = NOW + timedelta(minutes=1)
+    pending = expire(_running(attempt=3, step_index=1), now=late, workflow=WF, policy=POLICY).state
+    retried = claim(pending, instance_id="s", now=late + timedelta(minutes=1), workflow=WF)
+    refused = refuse_step(retried, attempt=4, step_index=1, now=late, reason="x", workflow=WF)
+    assert (refused.mode, refused.step_index) == ("undo", 1)
+    first = _running(attempt=3, step_index=1)  # no attempt of charge expired before
+    refused = refuse_step(first, attempt=3, step_index=1, now=late, reason="x", workflow=WF)
+    assert (refused.mode, refused.step_index) == ("undo", 0)
+
+
 def test_a_reply_to_a_pending_order_before_any_attempt_is_stale():
     pending = initial_state("o1", WF, reply_to=None, now=NOW)
     with pytest.raises(StaleReply):
