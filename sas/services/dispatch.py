@@ -71,17 +71,20 @@ class Dispatcher:
     def _with_queue_allowance(
         self, claimed: OrderState, budget: timedelta, agent: str, now: datetime
     ) -> OrderState:
-        """Under a backlog a request waits in its agent's lane before any agent can start it;
-        a deadline that ran from the claim alone would expire requests nobody had started (and
-        a burst would compensate orders that never had a chance). So the deadline also covers
-        the wait this one can expect (``Backlog.expected_wait``: the lane's oldest request's
-        wait so far, stretched while its head moves on more slowly than time goes by), up to
-        QUEUE_ALLOWANCE_BUDGETS budgets.
-        Without a backlog it adds nothing."""
+        """Under a backlog a request waits in its agent's lane before any agent can start it,
+        and its reply waits in the replies lane before a Scheduler applies it; a deadline that
+        ran from the claim alone would expire steps that were done or never started, and each
+        expiry adds a retry to the backlog. So the deadline also covers the waits this step can
+        expect in both lanes (``Backlog.expected_wait``: a lane's oldest message's wait so far,
+        stretched while its head moves on more slowly than time goes by), up to
+        QUEUE_ALLOWANCE_BUDGETS budgets. Without a backlog it adds nothing."""
         if self._backlog is None or claimed.complete_by is None:
             return claimed
-        lane = self._routes.agent(agent, claimed.priority)
-        wait = self._backlog.expected_wait((lane,), now)
+        request_lane = self._routes.agent(agent, claimed.priority)
+        reply_lane = self._routes.lane(self._routes.replies, claimed.priority)
+        wait = self._backlog.expected_wait((request_lane,), now) + self._backlog.expected_wait(
+            (reply_lane,), now
+        )
         if wait <= timedelta(0):
             return claimed
         allowance = min(wait, budget * QUEUE_ALLOWANCE_BUDGETS)

@@ -274,3 +274,16 @@ def test_a_claimed_steps_deadline_covers_the_wait_in_its_agents_lane(parts):
     Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("q3"))
     plain = store.get_state("q3")
     assert plain is not None and plain.value.complete_by == clock.now() + budget
+
+
+def test_a_claimed_steps_deadline_also_covers_the_wait_its_reply_can_expect(parts):
+    """A reply that waits in a backlogged replies lane past its step's deadline would have the
+    step expired and run again: the deadline covers that lane's expected wait too."""
+    store, transport, clock = parts
+    budget = ORDER_WORKFLOW.steps[0].budget
+    transport.waiting_since["agent-inventory"] = clock.now() - timedelta(seconds=10)
+    transport.waiting_since["replies"] = clock.now() - timedelta(seconds=25)
+    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("r1"))
+    state = store.get_state("r1")
+    assert state is not None
+    assert state.value.complete_by == clock.now() + budget + timedelta(seconds=35)
