@@ -9,33 +9,25 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import timedelta
 from functools import wraps
 from typing import Any, TypeVar, cast
 
 from sas import settings as settings_module
 from sas.domain.clock import Clock, SystemClock
-from sas.domain.messages import OrderSubmitted
 from sas.domain.transitions import RetryPolicy
 from sas.domain.workflow import AGENTS
 from sas.services import telemetry
-from sas.services.agent import AgentRunner
+from sas.services.backlog import Backlog
 from sas.services.breaker import BreakerStore, CircuitBreaker
+from sas.services.context import Agents, Context
 from sas.services.gauges import QueueGauges
-from sas.services.marker_moves import MarkerMoves
 from sas.services.operator import Operator
 from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
-from sas.services.recent import RecentStates
 from sas.services.routes import Routes
 from sas.services.routing import Router
-from sas.services.scheduler import Scheduler
 from sas.services.store_time import StoreClock
-from sas.services.submission import Submission
-from sas.services.supervisor import Supervisor
-
-SUPERVISOR_PARALLELISM = 8
-"""Due orders a sweep examines at once: each costs a read or two, mostly waiting on the
-network, so a few threads keep a sweep over a thousand in-flight orders inside one period."""
 
 _lock = threading.RLock()
 _cached: list[Callable[..., Any]] = []
@@ -63,7 +55,6 @@ def reset() -> None:
     with _lock:
         for get in _cached:
             get.cache_clear()  # type: ignore[attr-defined]
-        _agents.clear()
         _breakers.clear()
 
 
@@ -187,75 +178,35 @@ def poison() -> PoisonStore:
 
 
 @_once
-def submission() -> Submission:
+def context() -> Context:
+    """What every handler of this process is given."""
     s = settings()
-    return Submission(
-        store(),
-        transport(),
-        routes(),
-        clock(),
+    return Context(
+        store=store(),
+        transport=transport(),
+        clock=clock(),
+        routes=routes(),
         instance_id=s.instance_id,
-        reply_to_prefixes=s.reply_to_prefixes,
+        policy=RetryPolicy(
+            max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
+        ),
+        backlog=Backlog(transport(), clock()),
         admission=s.admission,
-        router=router(),
-        queue_allowance=True,
-        recent=recent_states(),
+        reply_to_prefixes=s.reply_to_prefixes,
     )
 
 
 @_once
-def scheduler() -> Scheduler:
-    return Scheduler(
-        store(),
-        transport(),
-        routes(),
-        clock(),
-        settings().instance_id,
-        router=router(),
-        queue_allowance=True,
-        recent=recent_states(),
-        moves=marker_moves(),
+def agent_context() -> Context:
+    """The context of a process that runs agents: remote services, breakers, endpoints."""
+    return replace(
+        context(),
+        agents=Agents(remote=_remote(), breaker=breaker, router=router()),
     )
 
 
 @_once
-def marker_moves() -> MarkerMoves:
-    """This process's held marker moves, drops and finish marks: the Scheduler's writes add
-    them, and the Supervisor's timer sends what a Scheduler with no later write still holds
-    (the end of a burst)."""
-    return MarkerMoves(
-        store(), clock(), clock_skew=timedelta(seconds=settings().clock_skew_seconds)
-    )
-
-
-@_once
-def recent_states() -> RecentStates:
-    """The states this process wrote last: the Submission's and the Scheduler's writes, read
-    back by the Scheduler when a reply comes to the process that claimed the step."""
-    return RecentStates()
-
-
-@_once
-def supervisor() -> Supervisor:
-    s = settings()
-    policy = RetryPolicy(
-        max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
-    )
-    return Supervisor(
-        store(),
-        transport(),
-        routes(),
-        clock(),
-        s.instance_id,
-        policy,
-        parallelism=SUPERVISOR_PARALLELISM,
-        before_sweep=(marker_moves().send_waiting,),
-        after_sweep=(_gauges().maybe_sample,),
-    )
-
-
-@_once
-def _gauges() -> QueueGauges:
+def gauges() -> QueueGauges:
     """Queue depth, parked and poisoned counts for the metrics: read by the Supervisor's
     process, at most once a minute, only while metrics are exported."""
     r = routes()
@@ -266,14 +217,7 @@ def _gauges() -> QueueGauges:
 
 @_once
 def operator() -> Operator:
-    return Operator(
-        store(), transport(), routes(), clock(), poison=poison(), check_order=_check_order
-    )
-
-
-def _check_order(order: OrderSubmitted) -> None:
-    # The Submission (and its router) only when an order is actually submitted.
-    submission().check(order)
+    return Operator(context(), poison=poison())
 
 
 @_once
@@ -326,23 +270,4 @@ def router() -> Router:
     )
 
 
-_agents: dict[str, AgentRunner] = {}
 _breakers: dict[str, CircuitBreaker] = {}
-
-
-def agent(name: str) -> AgentRunner:
-    with _lock:
-        runner = _agents.get(name)
-        if runner is None:
-            runner = AgentRunner(
-                name,
-                _remote(),
-                transport(),
-                routes(),
-                clock(),
-                breaker=breaker(name),
-                router=router(),
-                breaker_for=lambda endpoint: breaker(endpoint.target),
-            )
-            _agents[name] = runner
-        return runner

@@ -100,7 +100,7 @@ def status(state: OrderState) -> RenderableType:
     lines = [
         f"[bold]{state.order_id}[/] {state.process_state.value} at {view['step']} "
         f"({state.mode}), attempt {state.attempt}, failures {state.failure_count}, "
-        f"priority {state.priority}" + (f", endpoint {state.endpoint}" if state.endpoint else ""),
+        f"priority {state.priority}",
         f"workflow {state.workflow}; submitted {at(state.submitted_at)}, "
         f"updated {at(state.updated_at)}"
         + (f", finished {at(state.finished_at)}" if state.finished_at else ""),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -17,7 +16,6 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
-    Settled,
     StepRecord,
     Versioned,
 )
@@ -91,7 +89,6 @@ class InMemoryStore:
     """ETag semantics like Table Storage: every write gets a new ETag; stale ones fail."""
 
     def __init__(self) -> None:
-        self._key = os.urandom(32)
         self._etags = (f"W/{n}" for n in itertools.count(1))
         self._parked_ids = itertools.count(1)
         self.orders: dict[str, OrderRecord] = {}
@@ -100,9 +97,6 @@ class InMemoryStore:
         self.parked: dict[str, dict[str, Any]] = {}
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
-
-    def carry_key(self) -> bytes:
-        return self._key
 
     def create_order(
         self,
@@ -154,18 +148,13 @@ class InMemoryStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return [h for h in self.history if h.order_id == order_id]
 
-    def touch_live(
-        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
-    ) -> str:
-        marker = LiveMarker(order_id, at, next(self._etags), due_at, touch)
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
+        marker = LiveMarker(order_id, at, next(self._etags), due_at)
         self.live[order_id] = marker
         return marker.etag
 
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())
-
-    def adopt_legacy_markers(self, due_at: datetime) -> int:
-        return 0  # this fake never held markers anywhere else
 
     def list_due(self, at: datetime) -> list[LiveMarker]:
         return [m for m in self.live.values() if m.due_at <= at]
@@ -181,39 +170,6 @@ class InMemoryStore:
                 self.live[marker.order_id] = replace(current, etag=next(self._etags), due_at=due_at)
                 moved += 1
         return moved + sum(self.drop_live(marker) for marker in drops)
-
-    def settle_live(
-        self,
-        moves: Sequence[tuple[str, datetime]],
-        drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, str]] = (),
-    ) -> Settled:
-        _one_operation_per_marker(
-            [o for o, _ in moves] + [o for o, _ in drops] + [o for o, _, _ in finishes]
-        )
-        moved = dropped = 0
-        for order_id, due_at in moves:
-            current = self.live.get(order_id)
-            if current is not None:
-                self.live[order_id] = replace(current, etag=next(self._etags), due_at=due_at)
-                moved += 1
-        for order_id, etag in drops:
-            current = self.live.get(order_id)
-            if current is not None and current.etag == etag:
-                del self.live[order_id]
-                dropped += 1
-        finished = 0
-        for order_id, due_at, touch in finishes:
-            current = self.live.get(order_id)
-            if current is not None:
-                self.live[order_id] = replace(
-                    current,
-                    etag=next(self._etags),
-                    due_at=due_at,
-                    finished_touch=touch,
-                )
-                finished += 1
-        return Settled(moved, dropped, requests=1, finished=finished)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         current = self.live.get(marker.order_id)

@@ -23,14 +23,12 @@ from sas.domain.priority import Waiting
 from sas.domain.transitions import RetryPolicy
 from sas.domain.wire import live_table_name
 from sas.domain.workflow import ORDER_WORKFLOW
-from sas.services.agent import AgentRunner
+from sas.services.context import Agents
 from sas.services.operator import Operator
 from sas.services.routes import Routes
 from sas.services.routing import Router
-from sas.services.scheduler import Scheduler
-from sas.services.submission import Submission
-from sas.services.supervisor import Supervisor
 from tests.fakes import FakeClock
+from tests.instances import AgentOf, Instance, instance
 
 BUDGET = ORDER_WORKFLOW.steps[0].budget.total_seconds()
 """A step's complete-by budget in the order workflow, in seconds."""
@@ -182,32 +180,22 @@ class World:
         self.store = store_on(table)
         self.remote = remote(self.clock) if remote is not None else LedgerRemote(self.clock)
         self.policy = RetryPolicy(max_failures=max_failures, base_backoff=timedelta(seconds=2))
-        self.submission = Submission(self.store, self.bus, routes, self.clock, router=self.router)
-        self.scheduler = self.new_scheduler("scheduler-1")
+        agents = Agents(remote=self.remote, router=self.router, sleep=self.clock.sleep)
+        self.app = instance(
+            self.store, self.bus, routes, self.clock, "scheduler-1", policy=self.policy,
+            agents=agents,
+        )  # fmt: skip
+        self.submission = self.app
+        self.scheduler = self.app
         self.supervisor = self.new_supervisor("supervisor-1")
-        self.operator = Operator(self.store, self.bus, routes, self.clock)
-        self.agents = {
-            name: AgentRunner(
-                name,
-                self.remote,
-                self.bus,
-                routes,
-                self.clock,
-                sleep=self.clock.sleep,
-                router=self.router,
-            )
-            for name in routes.agents
-        }
+        self.operator = Operator(self.app.ctx)
+        self.agents = {name: AgentOf(name, self.app) for name in routes.agents}
 
-    def new_scheduler(self, instance_id: str) -> Scheduler:
-        return Scheduler(
-            self.store, self.bus, self.routes, self.clock, instance_id, router=self.router
-        )
+    def new_scheduler(self, instance_id: str) -> Instance:
+        return self.app.named(instance_id)
 
-    def new_supervisor(self, instance_id: str, store: Any = None) -> Supervisor:
-        return Supervisor(
-            store or self.store, self.bus, self.routes, self.clock, instance_id, self.policy
-        )
+    def new_supervisor(self, instance_id: str, store: Any = None) -> Instance:
+        return self.app.named(instance_id, store=store or self.store)
 
     # --- driving -------------------------------------------------------------------------
 

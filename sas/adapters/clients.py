@@ -26,9 +26,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable
-from datetime import UTC, timedelta
+from datetime import UTC
 from email.utils import parsedate_to_datetime
 from functools import partial
 from typing import Any, TypeVar
@@ -40,12 +39,10 @@ from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import ExponentialRetry, QueueServiceClient
 from requests.adapters import HTTPAdapter
-from requests.hooks import dispatch_hook
-from requests.structures import CaseInsensitiveDict
 from requests.utils import get_environ_proxies
 from urllib3.util.retry import Retry
 
-from sas.adapters import multipart, queue_models
+from sas.adapters import queue_models
 from sas.domain.errors import ConfigurationError
 from sas.domain.wire import CLOCK_PROBE
 from sas.services.ports import StoreTimeObserver
@@ -64,108 +61,12 @@ _session_lock = threading.Lock()
 _session: tuple[int, requests.Session] | None = None
 
 
-class SdkSession(requests.Session):
-    """A session whose ``request`` does only what the SDK's transport needs of it.
-
-    azure-core's ``RequestsTransport`` calls ``request(method, url, headers=, data=, files=,
-    verify=, timeout=, cert=, allow_redirects=False, proxies=, stream=)``. requests' own
-    ``request`` then builds a ``Request``, merges cookies, params, auth, hooks and headers with the
-    session's, consults the environment, dispatches hooks, stores the response's cookies and
-    looks for a redirect to remember: about a tenth of the app's CPU in a burst (a profile of
-    the dev host, docs/benchmarks.md), for a session that has no cookies, params, auth or hooks
-    and never follows a redirect. Here the request is prepared by requests (``PreparedRequest``,
-    with the session's headers merged as requests merges them) and sent by the session's
-    adapter: the same request on the wire (``tests/unit/test_sdk_session.py``), and the session's
-    own response hooks run on the response as requests runs them (the dev host watches the app's
-    sends with one: with it, every request used to take the full path). Anything else
-    (params, cookies, files, auth, hooks given to the call, json, redirects, a session that
-    trusts the environment or holds settings of its own) takes requests' full path. One
-    difference: cookies a response sets are not kept (Azure Storage sets none)."""
-
-    def request(  # type: ignore[override]  # the parent's keyword types are requests' private aliases
-        self,
-        method: str,
-        url: str,
-        params: Any = None,
-        data: Any = None,
-        headers: Any = None,
-        cookies: Any = None,
-        files: Any = None,
-        auth: Any = None,
-        timeout: Any = None,
-        allow_redirects: bool = True,
-        proxies: dict[str, str] | None = None,
-        hooks: Any = None,
-        stream: bool | None = None,
-        verify: Any = None,
-        cert: Any = None,
-        json: Any = None,
-    ) -> requests.Response:
-        if (
-            params
-            or cookies
-            or files
-            or auth
-            or hooks
-            or json is not None
-            or allow_redirects
-            or self.trust_env
-            or self.cookies
-            or self.auth
-            or self.params
-            or self.proxies
-            or isinstance(url, bytes)
-        ):
-            return super().request(
-                method,
-                url,
-                params=params,
-                data=data,
-                headers=headers,
-                cookies=cookies,
-                files=files,
-                auth=auth,
-                timeout=timeout,
-                allow_redirects=allow_redirects,
-                proxies=proxies,
-                hooks=hooks,
-                stream=stream,
-                verify=verify,
-                cert=cert,
-                json=json,
-            )
-        # As requests merges them: the call's headers over the session's, None removes one.
-        merged = CaseInsensitiveDict(self.headers)
-        merged.update(headers or {})
-        for key in [key for key, value in merged.items() if value is None]:
-            del merged[key]
-        prepared = requests.PreparedRequest()
-        prepared.prepare(method=method.upper(), url=url, headers=merged, data=data or {})
-        stream = self.stream if stream is None else stream
-        verify = self.verify if verify is None else verify
-        options: dict[str, Any] = {
-            "stream": stream,
-            "timeout": timeout,
-            "verify": True if verify is None else verify,
-            "cert": self.cert if cert is None else cert,
-            "proxies": {scheme: to for scheme, to in (proxies or {}).items() if to is not None},
-        }
-        start = time.perf_counter()
-        response = self.get_adapter(url).send(prepared, **options)
-        response.elapsed = timedelta(seconds=time.perf_counter() - start)
-        if any(self.hooks.values()):  # the session's own response hooks, as requests runs them
-            response = dispatch_hook("response", self.hooks, response, **options)  # type: ignore[no-untyped-call]
-        if not stream:
-            response.content  # noqa: B018  # read now, as requests does: the connection goes back to the pool
-        return response
-
-
 def pooled_session(pool_maxsize: int = POOL_MAXSIZE) -> requests.Session:
     """A new session that ignores the environment, with ``pool_maxsize`` connections per host.
 
     Its adapter is configured as azure-core configures the session it creates itself: urllib3
     never retries or follows a redirect (the SDK's retry and redirect policies do that)."""
-    session = SdkSession()
+    session = requests.Session()
     session.trust_env = False
     adapter = HTTPAdapter(
         pool_maxsize=pool_maxsize,
@@ -279,7 +180,6 @@ def _on_shared_session(
 def table_service_client(
     connection: Connection, observer: StoreTimeObserver | None = None
 ) -> TableServiceClient:
-    multipart.install()
     if connection.connection_string:
         return _on_shared_session(
             partial(TableServiceClient.from_connection_string, connection.connection_string),

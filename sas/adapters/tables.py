@@ -8,14 +8,9 @@ Azurite versions ignored If-Match inside batches, so a test pins that the pinned
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import json
 import logging
-import secrets
-import threading
-import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
@@ -23,28 +18,24 @@ from typing import Any
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
-    ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
 )
 from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
-from sas.domain.errors import AlreadyExists, ConcurrencyConflict, ConfigurationError, NotFound
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.model import (
     HistoryEntry,
     LiveMarker,
     OrderRecord,
     OrderState,
     ProcessState,
-    Settled,
     StepRecord,
     Versioned,
 )
 from sas.domain.wire import (
-    CARRIED_STATE_KEY_ROW,
     DEFAULT_PRIORITY,
     HISTORY_ROW_PREFIX,
-    KEYS_PARTITION,
     LIVE_PARTITION,
     ORDER_ROW,
     PRIORITIES,
@@ -71,20 +62,13 @@ _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
 _FAILED_RETRIES = 3  # a batch of marker moves and drops sent again without one that failed
-_TOUCH_COLUMN = "TouchId"  # LiveMarker.touch
-_FINISHED_COLUMN = "FinishedTouch"  # LiveMarker.finished_touch
 _SLACK = timedelta(seconds=1)
-_KEY_BYTES = 32
-_KEY_RETRY_SECONDS = 60.0  # after a failed read of the carried-state key
 
 
 class TableStateStore:
     def __init__(self, table: TableClient, live_table: TableClient) -> None:
         self._table = table
         self._live = live_table
-        self._key_lock = threading.Lock()
-        self._key: bytes | None = None
-        self._key_retry_at = 0.0
 
     @classmethod
     def connect(cls, connection: Connection, table_name: str) -> TableStateStore:
@@ -95,54 +79,6 @@ class TableStateStore:
             table_client(connection, table_name),
             table_client(connection, live_table_name(table_name)),
         )
-
-    def carry_key(self) -> bytes:
-        """The key that signs carried states (sas/domain/carried.py), read once per process.
-        The first instance that finds none inserts a random one; an instance that loses that
-        race reads the winner's. Only what can read this table can sign."""
-        known = self._key
-        if known is not None:  # every dispatch and reply asks: no lock once it is known
-            return known
-        with self._key_lock:
-            if self._key is None:
-                now = time.monotonic()
-                if now < self._key_retry_at:
-                    raise ConfigurationError("the carried-state key is unavailable")
-                try:
-                    self._key = self._read_or_make_key()
-                except Exception:
-                    # Not again on every dispatch and reply: a request without a carried state
-                    # costs its reply one read, a read of the key on each would cost one more.
-                    self._key_retry_at = now + _KEY_RETRY_SECONDS
-                    log.warning("sas.carry_key_unavailable", exc_info=True)
-                    raise
-            return self._key
-
-    def _read_or_make_key(self) -> bytes:
-        for _ in range(2):
-            try:
-                entity = self._table.get_entity(KEYS_PARTITION, CARRIED_STATE_KEY_ROW)
-            except ResourceNotFoundError:
-                key = secrets.token_bytes(_KEY_BYTES)
-                made = {
-                    "PartitionKey": KEYS_PARTITION,
-                    "RowKey": CARRIED_STATE_KEY_ROW,
-                    "Key": base64.b64encode(key).decode("ascii"),
-                }
-                try:
-                    self._table.create_entity(made)
-                except ResourceExistsError:
-                    continue  # another instance made it first: read theirs
-                log.info("sas.carry_key_made")
-                return key
-            try:
-                key = base64.b64decode(entity["Key"], validate=True)
-            except (KeyError, TypeError, binascii.Error):
-                key = b""
-            if len(key) < _KEY_BYTES:
-                raise ValueError(f"{KEYS_PARTITION}/{CARRIED_STATE_KEY_ROW} holds no usable key")
-            return key
-        raise ConcurrencyConflict("the carried-state key was made and went again")
 
     # --- orders and state -------------------------------------------------------------
 
@@ -242,13 +178,11 @@ class TableStateStore:
 
     # --- in-flight index --------------------------------------------------------------
 
-    def touch_live(
-        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
-    ) -> str:
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
         """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
         re-touching changes its ETag so a concurrent drop_live of an older read fails."""
         written = self._live.upsert_entity(
-            _marker_entity(order_id, at, due_at, touch), mode=UpdateMode.REPLACE
+            _marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE
         )
         return str(written["etag"])
 
@@ -303,67 +237,6 @@ class TableStateStore:
         log.info("sas.marker_writes_left", extra={"count": len(chunk)})
         return 0
 
-    def settle_live(
-        self,
-        moves: Sequence[tuple[str, datetime]],
-        drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, str]] = (),
-    ) -> Settled:
-        """In transactions of up to 100: each move a merge of ``DueAt`` alone (``TouchedAt``
-        stays) with ``If-Match: *``, each drop a delete conditional on the marker's ETag, each
-        finish a merge of ``DueAt`` and the finish mark with ``If-Match: *``. An operation the
-        service names as failed (its marker gone, or a dropped marker touched since) is taken
-        out and the rest sent again, a few times per transaction at most, then that
-        transaction is given up and the next one sent: moves and finishes are an
-        optimisation and a drop that fails leaves the marker to the Supervisor, so none is
-        worth many requests. An error that names no operation is raised."""
-        operations: list[Any] = (
-            [
-                ("update", {**_marker_key(order_id), "DueAt": due_at}, {"mode": UpdateMode.MERGE})
-                for order_id, due_at in moves
-            ]
-            + [
-                (
-                    "delete",
-                    _marker_key(order_id),
-                    {"etag": etag, "match_condition": MatchConditions.IfNotModified},
-                )
-                for order_id, etag in drops
-            ]
-            + [
-                (
-                    "update",
-                    {**_marker_key(order_id), "DueAt": due_at, _FINISHED_COLUMN: touch},
-                    {"mode": UpdateMode.MERGE},
-                )
-                for order_id, due_at, touch in finishes
-            ]
-        )
-        moved = dropped = finished = requests = 0
-        for start in range(0, len(operations), _MAX_BATCH):
-            chunk = operations[start : start + _MAX_BATCH]
-            for retry in range(_FAILED_RETRIES + 1):
-                requests += 1
-                try:
-                    self._live.submit_transaction(chunk)
-                except TableTransactionError as exc:
-                    index = _named_index(exc)
-                    if exc.status_code not in (404, 412) or index is None or index >= len(chunk):
-                        raise
-                    del chunk[index]  # gone, or touched since
-                    if not chunk or retry == _FAILED_RETRIES:
-                        break  # the rest of this one is left to the Supervisor
-                    continue
-                for kind, entity, _ in chunk:
-                    if kind == "delete":
-                        dropped += 1
-                    elif _FINISHED_COLUMN in entity:
-                        finished += 1
-                    else:
-                        moved += 1
-                break
-        return Settled(moved, dropped, requests, finished)
-
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""
         try:
@@ -376,28 +249,6 @@ class TableStateStore:
         except ResourceModifiedError:
             return False
         return True
-
-    def adopt_legacy_markers(self, due_at: datetime) -> int:
-        """Each legacy marker is indexed first and deleted after (conditionally), so a crash in
-        between leaves it in both places, never in neither."""
-        moved = 0
-        legacy = self._table.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}
-        )
-        for entity in legacy:
-            touched = optional_utc(entity.get("TouchedAt")) or due_at
-            self.touch_live(entity["RowKey"], touched, due_at)
-            try:
-                self._table.delete_entity(
-                    LIVE_PARTITION,
-                    entity["RowKey"],
-                    etag=entity.metadata["etag"],
-                    match_condition=MatchConditions.IfNotModified,
-                )
-            except ResourceModifiedError:
-                continue  # re-touched by an instance of the earlier release: next time
-            moved += 1
-        return moved
 
     def query_states(
         self,
@@ -607,24 +458,13 @@ def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _marker_entity(
-    order_id: str,
-    touched_at: datetime,
-    due_at: datetime,
-    touch: str | None = None,
-    finished_touch: str | None = None,
-) -> dict[str, Any]:
-    entity: dict[str, Any] = {
+def _marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dict[str, Any]:
+    return {
         "PartitionKey": LIVE_PARTITION,
         "RowKey": order_id,
         "TouchedAt": touched_at,
         "DueAt": due_at,
     }
-    if touch is not None:
-        entity[_TOUCH_COLUMN] = touch
-    if finished_touch is not None:
-        entity[_FINISHED_COLUMN] = finished_touch
-    return entity
 
 
 def _if_unchanged(etag: str) -> dict[str, Any]:
@@ -637,13 +477,11 @@ def _if_unchanged(etag: str) -> dict[str, Any]:
 
 def _marker_write(marker: LiveMarker, due_at: datetime | None) -> tuple[Any, ...]:
     """A re-arm to ``due_at`` (None: a drop), as a transaction operation conditional on the
-    ETag ``marker`` was read with. A re-arm keeps the marker's touch id and finish mark."""
+    ETag ``marker`` was read with."""
     if due_at is None:
         condition = {"etag": marker.etag, "match_condition": MatchConditions.IfNotModified}
         return ("delete", _marker_key(marker.order_id), condition)
-    entity = _marker_entity(
-        marker.order_id, marker.touched_at, due_at, marker.touch, marker.finished_touch
-    )
+    entity = _marker_entity(marker.order_id, marker.touched_at, due_at)
     return ("update", entity, _if_unchanged(marker.etag))
 
 
@@ -653,14 +491,7 @@ def _marker_key(order_id: str) -> dict[str, Any]:
 
 def _marker_from(entity: Any) -> LiveMarker:
     touched = utc(entity["TouchedAt"])
-    return LiveMarker(
-        entity["RowKey"],
-        touched,
-        str(entity.metadata["etag"]),
-        optional_utc(entity.get("DueAt")) or touched,
-        entity.get(_TOUCH_COLUMN),
-        entity.get(_FINISHED_COLUMN),
-    )
+    return LiveMarker(entity["RowKey"], touched, str(entity.metadata["etag"]), utc(entity["DueAt"]))
 
 
 def _order_entity(order: OrderRecord) -> dict[str, Any]:
@@ -721,14 +552,9 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "LastError": state.last_error,
             "StatusEvents": state.status_events if state.status_events != "outcome" else None,
             "Priority": _priority_column(state.priority),
-            "Endpoint": state.endpoint,
             "Deferrals": state.deferrals or None,
             "TraceParent": state.traceparent,
-            "MarkerEtag": state.marker_etag,
-            "MarkerTouch": state.marker_touch,
-            "Details": None
-            if state.details is None
-            else json.dumps(state.details, separators=(",", ":")),
+            "Details": json.dumps(state.details, separators=(",", ":")),
         }
     )
 
@@ -754,13 +580,10 @@ def _state_from(entity: Mapping[str, Any]) -> OrderState:
         finished_at=optional_utc(entity.get("FinishedAt")),
         last_error=entity.get("LastError"),
         status_events="steps" if entity.get("StatusEvents") == "steps" else "outcome",
-        details=None if entity.get("Details") is None else json.loads(entity["Details"]),
+        details=json.loads(entity["Details"]),
         priority=_priority(entity.get("Priority")),
-        endpoint=entity.get("Endpoint"),
         deferrals=int(entity.get("Deferrals") or 0),
         traceparent=entity.get("TraceParent"),
-        marker_etag=entity.get("MarkerEtag"),
-        marker_touch=entity.get("MarkerTouch"),
     )
 
 

@@ -21,7 +21,6 @@ from pydantic import (
     field_validator,
 )
 
-from sas.domain.carried import MAX_CARRIED_BYTES, size_of
 from sas.domain.errors import InvalidMessage
 from sas.domain.wire import (
     BUSINESS_ID,
@@ -172,17 +171,6 @@ class StepRequest(Message):
     payload: dict[str, Any]
     priority: Priority = "normal"
     """The order's priority: the lane the reply goes back on."""
-    endpoint: EndpointName | None = None
-    """The remote endpoint the Scheduler chose (the agent keeps it if it is still healthy and
-    has room); None: the agent chooses."""
-    carried_state: dict[str, Any] | None = None
-    """The order's state as the Scheduler wrote it with this claim, and that write's ETag: the
-    agent returns it in its reply unread (sas/domain/carried.py). Dropped if oversize."""
-
-    @field_validator("carried_state")
-    @classmethod
-    def _drop_oversize_state(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _bounded(value)
 
 
 ReplyKind = Literal["ok", "error", "deferred"]
@@ -203,13 +191,6 @@ class StepReply(Message):
     endpoint: EndpointName | None = None
     """The remote endpoint that was called (None: not known, or nothing was called)."""
     error: Annotated[str, StringConstraints(max_length=1000)] | None = None
-    carried_state: dict[str, Any] | None = None
-    """The request's ``carried_state``, returned as it came. Dropped if oversize."""
-
-    @field_validator("carried_state")
-    @classmethod
-    def _drop_oversize_state(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        return _bounded(value)
 
     @field_validator("result")
     @classmethod
@@ -218,12 +199,6 @@ class StepReply(Message):
         if problem is not None:
             raise ValueError(problem)
         return value
-
-
-def _bounded(carried: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A carried state only saves a read: one too large to be ours is dropped, not an error
-    of the message that carries it (the Scheduler then reads)."""
-    return carried if carried is None or size_of(carried) <= MAX_CARRIED_BYTES else None
 
 
 def result_problem(result: dict[str, Any]) -> str | None:

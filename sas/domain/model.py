@@ -64,29 +64,16 @@ class OrderState:
     """When the claim lapses: a sender that died is replaced, with the same alert id."""
     status_events: StatusLevel = "outcome"
     """Which status events the submitter asked for (``reply_to``)."""
-    details: Mapping[str, Any] | None = field(default=None, hash=False)
-    """The order's details, as the agents need them in every step request: kept with the
-    state so dispatching a step reads nothing else. None in rows written before it was kept
-    (the order row then has them)."""
+    details: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """The order's details: the input every step request carries."""
     priority: Priority = DEFAULT_PRIORITY
     """Which lane the order's messages take at every hop (fixed at submission)."""
-    endpoint: str | None = None
-    """The remote endpoint of the current step's latest attempt (where a retry goes first)."""
     deferrals: int = 0
     """Times the current step was deferred because no endpoint had room (sets the backoff;
     back to 0 when the next step starts)."""
     traceparent: str | None = None
     """The W3C context of the order's trace (its submission's span): what a Supervisor's
     recovery or an operator's resubmit continues. None when the order was not traced."""
-    marker_etag: str | None = None
-    """The ETag of the order's in-flight marker as its submission wrote it: the Scheduler that
-    finishes the order deletes the marker on that condition, so a marker touched since (moved,
-    re-armed, or a new order's under the same id) stays for the Supervisor to judge. None when
-    not known (rows written before it was kept, or after a resubmit)."""
-    marker_touch: str | None = None
-    """The random id the submission's touch wrote into the order's marker: a Scheduler that
-    finishes the order too late to drop the marker by ETag marks it finished for this touch
-    (``LiveMarker.finished``). None when not known, as for ``marker_etag``."""
 
     @property
     def is_terminal(self) -> bool:
@@ -140,19 +127,7 @@ class HistoryEntry:
     actor: str | None = None
     detail: str | None = None
     endpoint: str | None = None
-    """The remote endpoint chosen (a claim) or called (a reply)."""
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What one sending of marker moves and drops did (``StateStore.settle_live``)."""
-
-    moved: int
-    dropped: int
-    requests: int
-    """Transactions sent: one per 100 operations, and one more per operation that failed."""
-    finished: int = 0
-    """Markers marked finished (``LiveMarker.finished``), for the Supervisor to drop unread."""
+    """The remote endpoint a reply's call went to."""
 
 
 @dataclass(frozen=True)
@@ -167,20 +142,6 @@ class LiveMarker:
     touched_at: datetime
     etag: str
     due_at: datetime
-    touch: str | None = None
-    """The random id a submission's touch wrote (``OrderState.marker_touch``); None for any
-    other touch (a redelivered submission, an operator)."""
-    finished_touch: str | None = None
-    """Set by a Scheduler that wrote a final state (Processed or Compensated) for the order
-    whose submission's touch had this id (``MarkerMoves``); None if no Scheduler marked it."""
-
-    @property
-    def finished(self) -> bool:
-        """A Scheduler saw the order this marker was written for finish: the mark names the
-        touch the marker still carries. Any touch since (a redelivered submission, an
-        operator, a new order under the id after a purge) writes another id, or none, and
-        clears the mark; then the Supervisor reads the order."""
-        return self.finished_touch is not None and self.finished_touch == self.touch
 
 
 T = TypeVar("T")

@@ -79,7 +79,7 @@ def initial_state(
         complete_by=now + workflow.pickup_budget,
         reply_to=reply_to,
         status_events=status_events,
-        details=details,
+        details=details or {},
         priority=priority,
     )
 
@@ -275,12 +275,6 @@ def decide_reply(
         )
         kind = "undone" if reply.mode == "undo" else "completed"
     return ReplyDecision(next_state, _then(next_state), kind)
-
-
-def with_endpoint(state: OrderState, endpoint: str) -> OrderState:
-    """A claimed step routed to ``endpoint``. Its deferrals stay counted until the step is done
-    (an agent may still defer it: the next backoff must be longer)."""
-    return replace(state, endpoint=endpoint)
 
 
 def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workflow) -> OrderState:
@@ -504,8 +498,6 @@ def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderSt
         alert_pending=False,
         alert_claimed_by=None,
         alert_claimed_until=None,
-        marker_etag=None,  # the operator re-touches the marker: the submission's ETag is spent
-        marker_touch=None,
     )
 
 
@@ -530,7 +522,6 @@ def _start(
         complete_by=now + step.budget,
         not_before=None,
         failure_count=0 if advancing else state.failure_count,
-        endpoint=None if advancing else state.endpoint,
         deferrals=0 if advancing else state.deferrals,
         updated_at=now,
     )

@@ -241,10 +241,6 @@ REJECTED_PARTITION = "~rejected"
 """Messages parked as unprocessable, RowKey = time + random tail."""
 BREAKER_PARTITION = "~breaker"
 """Circuit breakers, RowKey = the agent's name."""
-KEYS_PARTITION = "~keys"
-"""Keys the app makes for itself, RowKey = what the key is for."""
-CARRIED_STATE_KEY_ROW = "carried-state"
-"""The key that signs the state a step request carries (sas/domain/carried.py)."""
 CLOCK_PROBE = ("~clock", "probe")
 """A row never written: reading it costs one request whose answer is dated by the store's clock
 (sas/services/store_time.py), for a process that has no other answer yet."""

@@ -77,9 +77,6 @@ class StateView(BaseModel):
     finished_at: datetime | None
     last_error: str | None
     priority: str = Field(description="high, normal or low: the lane its messages take")
-    endpoint: str | None = Field(
-        description="the remote endpoint of the current step's latest attempt"
-    )
     deferrals: int = Field(
         description="times in a row the current step waited for an endpoint with room"
     )
@@ -106,7 +103,6 @@ class StateView(BaseModel):
             finished_at=state.finished_at,
             last_error=state.last_error,
             priority=state.priority,
-            endpoint=state.endpoint,
             deferrals=state.deferrals,
             trace_id=telemetry.trace_id_of(state.traceparent),
         )
@@ -128,7 +124,7 @@ class HistoryView(BaseModel):
     mode: str
     actor: str | None
     detail: str | None
-    endpoint: str | None = Field(description="the remote endpoint chosen (claim) or called")
+    endpoint: str | None = Field(description="the remote endpoint a reply's call went to")
 
 
 class OrderView(StateView):

@@ -5,10 +5,15 @@ import logging
 import azure.functions as func
 
 from sas import bootstrap, settings
+from sas.services import supervisor
 
 log = logging.getLogger(__name__)
 
 blueprint = func.Blueprint()  # type: ignore[no-untyped-call]
+
+SUPERVISOR_PARALLELISM = 8
+"""Due orders a sweep examines at once: each costs a read or two, mostly waiting on the
+network, so a few threads keep a sweep over a thousand in-flight orders inside one period."""
 
 
 @blueprint.function_name("supervise")
@@ -19,4 +24,7 @@ def supervise(timer: func.TimerRequest) -> None:
     if timer.past_due:
         # Harmless: a sweep is idempotent and covers everything a missed tick would have.
         log.info("sas.supervisor_tick_past_due")
-    bootstrap.supervisor().sweep()
+    try:
+        supervisor.sweep(bootstrap.context(), parallelism=SUPERVISOR_PARALLELISM)
+    finally:
+        bootstrap.gauges().maybe_sample()  # at most once a minute, only if metrics export

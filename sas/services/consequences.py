@@ -1,22 +1,24 @@
-"""What happens after a transition was persisted: follow-up messages, alerts, status events.
+"""What a persisted transition sends: the step request of a claimed attempt, a schedule request,
+status events to the submitter, the operator alert an Error owes.
 
-Shared by the Scheduler, the Supervisor and the operator, so a given transition has the same
-consequences whoever made it.
+Shared by every handler, so a transition has the same consequences whoever made it. The work
+goes first and the status events after it: a slow status queue never spends a step's budget.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from sas.domain.clock import Clock
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import (
     OperatorAlert,
     ScheduleRequest,
     StatusEvent,
     StatusKind,
+    StepRequest,
     wants_status,
 )
 from sas.domain.model import HistoryEntry, OrderState, ProcessState
@@ -24,22 +26,20 @@ from sas.domain.transitions import alert_sent, claim_alert
 from sas.domain.wire import (
     StatusLevel,
     alert_message_id,
+    idempotency_key,
     schedule_message_id,
     schedule_wakeup_message_id,
     status_message_id,
+    step_request_message_id,
 )
+from sas.domain.workflow import Workflow
 from sas.services import telemetry
-from sas.services.ports import StateStore, Transport
-from sas.services.routes import Routes
+from sas.services.context import Context
 
 log = logging.getLogger(__name__)
 
-
-ALERT_LEASE = timedelta(seconds=60)
-"""How long a claim to send an alert excludes other senders: far longer than one send, retries
-included (Service Bus: 10 s; Storage Queues: bounded in ``adapters.clients``), plus twice the
-largest clock-skew allowance (``settings.MAX_CLOCK_SKEW_SECONDS``), so only a sender that died
-is ever replaced."""
+QUEUE_ALLOWANCE_BUDGETS = 4
+"""The most a claimed step's deadline is lengthened for its queue's backlog, in step budgets."""
 
 
 class AlertOutcome(StrEnum):
@@ -50,214 +50,271 @@ class AlertOutcome(StrEnum):
     """Another instance holds the claim: it sends; if it died, a sweep after the lease does."""
 
 
-class Consequences:
-    def __init__(
-        self,
-        store: StateStore,
-        transport: Transport,
-        routes: Routes,
-        clock: Clock,
-        *,
-        actor: str,
-        alert_lease: timedelta = ALERT_LEASE,
-        clock_skew: timedelta = timedelta(0),
-    ) -> None:
-        self._store = store
-        self._transport = transport
-        self._routes = routes
-        self._clock = clock
-        self._actor = actor
-        self.alert_lease = alert_lease
-        self._clock_skew = clock_skew
-        self.notify = Notifier(transport, routes)
+# --- a claimed step ---------------------------------------------------------------------
 
-    def claiming_alert(self, state: OrderState) -> OrderState:
-        """``state`` with the claim on its alert, if it owes one: written with the transition
-        to Error itself, so the instance that decided Error sends the alert at no extra write."""
-        if not state.alert_pending:
-            return state
-        return claim_alert(
-            state, instance_id=self._actor, now=self._clock.now(), lease=self.alert_lease
+
+def with_queue_allowance(ctx: Context, state: OrderState, workflow: Workflow) -> OrderState:
+    """A just-claimed step's deadline lengthened by the waits its request can expect in its
+    agent's lane and its reply in the replies lane (``Backlog.expected_wait``), together up to
+    QUEUE_ALLOWANCE_BUDGETS budgets: under a backlog a deadline that ran from the claim alone
+    would expire steps nobody had started, or that were done, and each retry adds to the
+    backlog. Without a backlog (or a state that runs no step) it adds nothing."""
+    if ctx.backlog is None or not state.is_running or state.complete_by is None:
+        return state
+    step = workflow.step(state.step_index)
+    request_lane = ctx.routes.agent(step.agent, state.priority)
+    reply_lane = ctx.routes.lane(ctx.routes.replies, state.priority)
+    wait = ctx.backlog.expected_wait((request_lane,)) + ctx.backlog.expected_wait((reply_lane,))
+    if wait <= timedelta(0):
+        return state
+    allowance = min(wait, step.budget * QUEUE_ALLOWANCE_BUDGETS)
+    return replace(state, complete_by=state.complete_by + allowance)
+
+
+def claim_history(state: OrderState, workflow: Workflow, actor: str) -> HistoryEntry:
+    return HistoryEntry(
+        order_id=state.order_id,
+        at=state.updated_at,
+        kind="claimed",
+        attempt=state.attempt,
+        step=workflow.step(state.step_index).name,
+        mode=state.mode,
+        actor=actor,
+    )
+
+
+def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:
+    """Send the step request of the state's current attempt (already persisted). An undo
+    reads the completed step's record: what the undo needs."""
+    step = workflow.step(state.step_index)
+    if not state.is_running or state.complete_by is None:
+        raise IllegalTransition(f"order {state.order_id} runs no step to dispatch")
+    payload = {"order_id": state.order_id, **state.details}
+    action, key = step.action, idempotency_key(state.order_id, step.name, state.mode)
+    if state.mode == "undo":
+        if step.undo is None:
+            raise IllegalTransition(f"step {step.name} has no undo action")
+        done = {s.index: s for s in ctx.store.get_steps(state.order_id)}.get(state.step_index)
+        payload |= {
+            "original_action": step.action,
+            "original_key": idempotency_key(state.order_id, step.name, "do"),
+            "original_result": done.result if done else None,
+        }
+        action = step.undo
+    request = StepRequest(
+        order_id=state.order_id,
+        step=step.name,
+        step_index=state.step_index,
+        attempt=state.attempt,
+        mode=state.mode,
+        action=action,
+        complete_by=state.complete_by,
+        idempotency_key=key,
+        payload=payload,
+        priority=state.priority,
+    )
+    ctx.transport.send(
+        ctx.routes.agent(step.agent, state.priority),
+        request,
+        message_id=step_request_message_id(state.order_id, step.name, state.mode, state.attempt),
+        correlation_id=state.order_id,
+    )
+
+
+def announce(ctx: Context, state: OrderState, workflow: Workflow) -> None:
+    """A forward step's start, to a submitter that asked for every step."""
+    if state.mode == "do":
+        step = workflow.step(state.step_index).name
+        notify(ctx, state, "step_started", ctx.clock.now(), step=step)
+
+
+# --- asking a Scheduler ----------------------------------------------------------------
+
+
+def request_schedule(
+    ctx: Context, state: OrderState, delay_seconds: float = 0, *, again_at: datetime | None = None
+) -> None:
+    """Ask a Scheduler to claim ``state``; ``again_at``: a re-ask for the same version."""
+    message_id = (
+        schedule_message_id(state.order_id, state.updated_at)
+        if again_at is None
+        else schedule_wakeup_message_id(state.order_id, state.updated_at, again_at)
+    )
+    with telemetry.resumed(state.traceparent):
+        ctx.transport.send(
+            ctx.routes.lane(ctx.routes.scheduler, state.priority),
+            ScheduleRequest(order_id=state.order_id),
+            message_id=message_id,
+            correlation_id=state.order_id,
+            delay_seconds=max(delay_seconds, 0.0),
         )
 
-    def request_schedule(
-        self, state: OrderState, delay_seconds: float = 0, *, again_at: datetime | None = None
-    ) -> None:
-        """Ask a Scheduler to claim ``state``; ``again_at``: a re-ask for the same version."""
-        message_id = (
-            schedule_message_id(state.order_id, state.updated_at)
-            if again_at is None
-            else schedule_wakeup_message_id(state.order_id, state.updated_at, again_at)
+
+def compensate(ctx: Context, state: OrderState, *, reason: str) -> None:
+    """Ask a Scheduler to start undoing ``state`` (queued as Pending, undo): ``reason`` is
+    ``refused`` (a step failed for good) or ``expired`` (it ran out of attempts)."""
+    telemetry.instruments.compensations.add(1, {"sas.reason": reason})
+    with telemetry.order_span(
+        telemetry.COMPENSATE, state.order_id, attempt=state.attempt, mode=state.mode
+    ) as span:
+        telemetry.annotate(span, reason=reason)
+        request_schedule(ctx, state)
+
+
+def finished(ctx: Context, state: OrderState, etag: str) -> None:
+    """Status for a terminal state; for Error, the one operator alert it is owed."""
+    now = state.updated_at
+    telemetry.instruments.orders_finished.add(1, {telemetry.OUTCOME: state.process_state.value})
+    log.info("sas.order_finished", extra={"order_id": state.order_id, "state": state.process_state})
+    if state.process_state is ProcessState.PROCESSED:
+        notify(ctx, state, "completed", now)
+    elif state.process_state is ProcessState.COMPENSATED:
+        notify(ctx, state, "compensated", now, detail=state.last_error)
+    elif state.process_state is ProcessState.ERROR:
+        settle_alert(ctx, state, etag, wrote_claim=True)
+        notify(ctx, state, "failed", now, detail=state.last_error)
+
+
+# --- the operator alert an Error owes ---------------------------------------------------
+
+
+def claiming_alert(ctx: Context, state: OrderState) -> OrderState:
+    """``state`` with the claim on its alert, if it owes one: written with the transition to
+    Error itself, so the instance that decided Error sends the alert at no extra write."""
+    if not state.alert_pending:
+        return state
+    return claim_alert(
+        state, instance_id=ctx.instance_id, now=ctx.clock.now(), lease=ctx.alert_lease
+    )
+
+
+def settle_alert(
+    ctx: Context, state: OrderState, etag: str, *, wrote_claim: bool = False
+) -> AlertOutcome:
+    """Send the alert an Error owes, exactly once across instances, then clear the debt.
+
+    Claim (a conditional write, unless this caller wrote the claim with the Error), send,
+    clear (a conditional write). Whoever loses the claim sends nothing. A crash after the claim
+    leaves the alert owed: once the lease lapses the next sweep claims and sends it again with
+    the same alert id."""
+    if not state.alert_pending:
+        return AlertOutcome.NOT_OWED
+    now = ctx.clock.now()
+    mine = (
+        wrote_claim
+        and state.alert_claimed_by == ctx.instance_id
+        and state.alert_claimed_until is not None
+        and now < state.alert_claimed_until
+    )
+    if not mine:
+        claimed = _claim_alert(ctx, state, etag, now)
+        if claimed is None:
+            return AlertOutcome.CLAIMED_ELSEWHERE
+        state, etag = claimed
+    error_at = state.finished_at or state.updated_at
+    alert(
+        ctx,
+        state.order_id,
+        state.last_error or "order failed",
+        error_at,
+        alert_id=alert_message_id(state.order_id, state.attempt, error_at),
+    )
+    try:
+        ctx.store.update_state(alert_sent(state), etag)
+    except (ConcurrencyConflict, NotFound):
+        # Moved on meanwhile (an operator resubmitted it): nothing is owed any more, or the
+        # next sweep finds the debt and, after the lease, sends the same alert id.
+        log.info("sas.alert_flag_conflict", extra={"order_id": state.order_id})
+    return AlertOutcome.SENT
+
+
+def _claim_alert(
+    ctx: Context, state: OrderState, etag: str, now: datetime
+) -> tuple[OrderState, str] | None:
+    """Take over the claim on an owed alert (its lease lapsed, counted with the clock-skew
+    allowance since another clock timed it); None if someone else holds it or wrote first."""
+    try:
+        claimed = claim_alert(
+            state,
+            instance_id=ctx.instance_id,
+            now=now,
+            lease=ctx.alert_lease,
+            clock_skew=ctx.policy.clock_skew,
         )
-        with telemetry.resumed(state.traceparent):
-            self._transport.send(
-                self._routes.lane(self._routes.scheduler, state.priority),
-                ScheduleRequest(order_id=state.order_id),
-                message_id=message_id,
-                correlation_id=state.order_id,
-                delay_seconds=delay_seconds,
-            )
-
-    def compensate(self, state: OrderState, *, reason: str) -> None:
-        """Ask a Scheduler to start undoing ``state`` (already Compensating): ``reason`` is
-        ``refused`` (a step failed for good) or ``expired`` (it ran out of attempts)."""
-        telemetry.instruments.compensations.add(1, {"sas.reason": reason})
-        with telemetry.order_span(
-            telemetry.COMPENSATE, state.order_id, attempt=state.attempt, mode=state.mode
-        ) as span:
-            telemetry.annotate(span, reason=reason)
-            self.request_schedule(state)
-
-    def finished(self, state: OrderState, etag: str) -> None:
-        """Status for a terminal state; for Error, the one operator alert it is owed."""
-        now = state.updated_at
-        telemetry.instruments.orders_finished.add(1, {telemetry.OUTCOME: state.process_state.value})
-        if state.process_state is ProcessState.PROCESSED:
-            self.notify.about(state, "completed", now)
-        elif state.process_state is ProcessState.COMPENSATED:
-            self.notify.about(state, "compensated", now, detail=state.last_error)
-        elif state.process_state is ProcessState.ERROR:
-            self.settle_alert(state, etag, wrote_claim=True)
-            self.notify.about(state, "failed", now, detail=state.last_error)
-
-    def settle_alert(
-        self, state: OrderState, etag: str, *, wrote_claim: bool = False
-    ) -> AlertOutcome:
-        """Send the alert an Error owes, exactly once across instances, then clear the debt.
-
-        Claim (a conditional write), send, clear (a conditional write). Whoever loses the
-        claim sends nothing. A crash after the claim leaves the alert owed: once the lease
-        lapses the next sweep claims and sends it again with the same alert id."""
-        if not state.alert_pending:
-            return AlertOutcome.NOT_OWED
-        now = self._clock.now()
-        # Only the writer of the claim sends under it: a sweep in the same process shares the
-        # actor name, and claim_alert refuses it any live claim.
-        mine = (
-            wrote_claim
-            and state.alert_claimed_by == self._actor
-            and state.alert_claimed_until is not None
-            and now < state.alert_claimed_until
-        )
-        if not mine:
-            try:
-                claimed = claim_alert(
-                    state,
-                    instance_id=self._actor,
-                    now=now,
-                    lease=self.alert_lease,
-                    clock_skew=self._clock_skew,
-                )
-            except IllegalTransition:
-                return AlertOutcome.CLAIMED_ELSEWHERE
-            history = HistoryEntry(
-                order_id=state.order_id,
-                at=now,
-                kind="alert_claimed",
-                attempt=state.attempt,
-                mode=state.mode,
-                actor=self._actor,
-                detail=f"previous claim by {state.alert_claimed_by or '-'} lapsed",
-            )
-            try:
-                etag = self._store.update_state(claimed, etag, history)
-            except (ConcurrencyConflict, NotFound):
-                return AlertOutcome.CLAIMED_ELSEWHERE
-            state = claimed
-        error_at = state.finished_at or state.updated_at
-        self.notify.alert(
-            state.order_id,
-            state.last_error or "order failed",
-            error_at,
-            alert_id=alert_message_id(state.order_id, state.attempt, error_at),
-        )
-        try:
-            self._store.update_state(alert_sent(state), etag)
-        except (ConcurrencyConflict, NotFound):
-            # Moved on meanwhile (an operator resubmitted it): nothing is owed any more, or
-            # the next sweep finds the debt and, after the lease, sends the same alert id.
-            log.info("sas.alert_flag_conflict", extra={"order_id": state.order_id})
-        return AlertOutcome.SENT
+    except IllegalTransition:
+        return None
+    history = HistoryEntry(
+        order_id=state.order_id,
+        at=now,
+        kind="alert_claimed",
+        attempt=state.attempt,
+        mode=state.mode,
+        actor=ctx.instance_id,
+        detail=f"previous claim by {state.alert_claimed_by or '-'} lapsed",
+    )
+    try:
+        return claimed, ctx.store.update_state(claimed, etag, history)
+    except (ConcurrencyConflict, NotFound):
+        return None
 
 
-class Notifier:
-    """Status events to the submitter and alerts to operators.
+def alert(ctx: Context, order_id: str, reason: str, at: datetime, *, alert_id: str) -> None:
+    """One operator alert: a message on the alerts queue and an ERROR log event."""
+    telemetry.instruments.alerts.add(1)
+    log.error(
+        "sas.operator_alert order=%s reason=%s",
+        order_id,
+        reason,
+        extra={"order_id": order_id, "reason": reason, "alert_id": alert_id},
+    )
+    ctx.transport.send(
+        ctx.routes.alerts,
+        OperatorAlert(alert_id=alert_id, order_id=order_id, reason=reason[:1000], at=at),
+        message_id=alert_id,
+        correlation_id=order_id,
+    )
 
-    A status event is best effort: a missing or broken reply-to queue belongs to the
-    submitter and must never fail or stall the order itself.
-    """
 
-    def __init__(self, transport: Transport, routes: Routes) -> None:
-        self._transport = transport
-        self._routes = routes
+# --- status events to the submitter ------------------------------------------------------
 
-    def about(
-        self,
-        state: OrderState,
-        status: StatusKind,
-        at: datetime,
-        *,
-        step: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        """``status`` to the order's submitter, if it asked for that kind of event."""
-        self.status(
-            state.reply_to,
-            state.order_id,
-            status,
-            at,
-            level=state.status_events,
-            step=step,
-            detail=detail,
-        )
 
-    def status(
-        self,
-        reply_to: str | None,
-        order_id: str,
-        status: StatusKind,
-        at: datetime,
-        *,
-        level: StatusLevel,
-        step: str | None = None,
-        detail: str | None = None,
-    ) -> None:
-        if reply_to is None or not wants_status(level, status):
-            return
-        event = StatusEvent(order_id=order_id, status=status, at=at, step=step, detail=detail)
-        try:
-            self._transport.send(
-                reply_to,
-                event,
-                message_id=status_message_id(order_id, status, step, at),
-                correlation_id=order_id,
-            )
-        except NotFound:
-            log.warning(
-                "sas.status_queue_missing",
-                extra={"order_id": order_id, "queue": reply_to, "status": status},
-            )
-        except (
-            Exception
-        ):  # the submitter's queue is full, disabled, or flaky: not our order's fault
-            log.warning(
-                "sas.status_send_failed",
-                exc_info=True,
-                extra={"order_id": order_id, "queue": reply_to, "status": status},
-            )
+def notify(
+    ctx: Context,
+    state: OrderState,
+    status: StatusKind,
+    at: datetime,
+    *,
+    step: str | None = None,
+    detail: str | None = None,
+) -> None:
+    """``status`` to the order's submitter, if it asked for that kind of event."""
+    send_status(ctx, state.reply_to, state.order_id, status, at, state.status_events, step, detail)
 
-    def alert(self, order_id: str, reason: str, at: datetime, *, alert_id: str) -> None:
-        """One operator alert: a message on the alerts queue and an ERROR log event."""
-        telemetry.instruments.alerts.add(1)
-        log.error(
-            "sas.operator_alert order=%s reason=%s",
-            order_id,
-            reason,
-            extra={"order_id": order_id, "reason": reason, "alert_id": alert_id},
-        )
-        self._transport.send(
-            self._routes.alerts,
-            OperatorAlert(alert_id=alert_id, order_id=order_id, reason=reason[:1000], at=at),
-            message_id=alert_id,
+
+def send_status(
+    ctx: Context,
+    reply_to: str | None,
+    order_id: str,
+    status: StatusKind,
+    at: datetime,
+    level: StatusLevel,
+    step: str | None = None,
+    detail: str | None = None,
+) -> None:
+    """Best effort: a missing or broken reply-to queue belongs to the submitter and never fails
+    or stalls the order itself."""
+    if reply_to is None or not wants_status(level, status):
+        return
+    event = StatusEvent(order_id=order_id, status=status, at=at, step=step, detail=detail)
+    extra = {"order_id": order_id, "queue": reply_to, "status": status}
+    try:
+        ctx.transport.send(
+            reply_to,
+            event,
+            message_id=status_message_id(order_id, status, step, at),
             correlation_id=order_id,
         )
+    except NotFound:
+        log.warning("sas.status_queue_missing", extra=extra)
+    except Exception:  # the submitter's queue is full, disabled or flaky: not our order's fault
+        log.warning("sas.status_send_failed", exc_info=True, extra=extra)

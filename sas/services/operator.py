@@ -5,12 +5,11 @@ messages. The HTTP API, the dashboard and the `sas` CLI all go through here."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sas.domain.clock import Clock
 from sas.domain.errors import ConfigurationError, IllegalTransition, InvalidMessage, NotFound
 from sas.domain.messages import MAX_MESSAGE_BYTES, OrderSubmitted
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
@@ -18,9 +17,10 @@ from sas.domain.poison import PoisonedMessage, consumed_queues
 from sas.domain.transitions import look_again_at, resubmit
 from sas.domain.wire import Priority, is_rejected_row_key, submission_message_id
 from sas.domain.workflow import workflow_named
-from sas.services.consequences import Consequences
-from sas.services.ports import PoisonStore, StateStore, Transport
-from sas.services.routes import Routes
+from sas.services import consequences as then
+from sas.services.context import Context
+from sas.services.ports import PoisonStore
+from sas.services.submission import check
 
 log = logging.getLogger(__name__)
 
@@ -68,21 +68,14 @@ class OrderDetail:
 
 
 class Operator:
-    def __init__(
-        self,
-        store: StateStore,
-        transport: Transport,
-        routes: Routes,
-        clock: Clock,
-        poison: PoisonStore | None = None,
-        check_order: Callable[[OrderSubmitted], None] | None = None,
-    ) -> None:
-        self._store = store
-        self._transport = transport
-        self._routes = routes
-        self._check_order = check_order
-        self._clock = clock
+    def __init__(self, ctx: Context, poison: PoisonStore | None = None) -> None:
+        self._ctx = ctx
+        self._store = ctx.store
+        self._transport = ctx.transport
+        self._routes = ctx.routes
+        self._clock = ctx.clock
         self._poison = poison
+        routes = ctx.routes
         self._consumed = consumed_queues(
             orders=routes.orders,
             scheduler=routes.scheduler,
@@ -90,7 +83,6 @@ class Operator:
             agents=routes.agents,
             lanes=routes.lanes,
         )
-        self._then = Consequences(store, transport, routes, clock, actor="operator")
 
     def detail(self, order_id: str) -> OrderDetail:
         current, order = self._store.get_state(order_id), self._store.get_order(order_id)
@@ -160,8 +152,7 @@ class Operator:
         sent). Returns the message id (the duplicate-detection key)."""
         if order.deferred_since is not None:
             raise InvalidMessage("deferred_since is set by the app, not by you")
-        if self._check_order is not None:
-            self._check_order(order)
+        check(self._ctx, order)
         message_id = submission_message_id(order.order_id)
         self._transport.send(
             self._routes.lane(self._routes.orders, order.priority),
@@ -257,8 +248,8 @@ class Operator:
         # dropped the marker in between; this re-creates it (or makes that drop fail).
         self._store.touch_live(order_id, now, due)
         log.warning("sas.order_resubmitted", extra={"order_id": order_id, "actor": actor[:100]})
-        self._then.request_schedule(again)
-        self._then.notify.about(again, "resubmitted", now)
+        then.request_schedule(self._ctx, again)
+        then.notify(self._ctx, again, "resubmitted", now)
         return again
 
     # --- poison and dead-lettered messages ----------------------------------------------

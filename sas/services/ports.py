@@ -15,7 +15,6 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
-    Settled,
     StepRecord,
     Versioned,
 )
@@ -25,10 +24,6 @@ from sas.domain.wire import Priority
 
 
 class StateStore(Protocol):
-    def carry_key(self) -> bytes:
-        """The key that signs carried states (made once per store, kept in it)."""
-        ...
-
     def create_order(
         self,
         order: OrderRecord,
@@ -61,12 +56,9 @@ class StateStore(Protocol):
 
     def get_history(self, order_id: str) -> list[HistoryEntry]: ...
 
-    def touch_live(
-        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
-    ) -> str:
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
         """Index the order as possibly in flight (before it can become live), due by
-        ``due_at``, the marker written anew with the id ``touch`` (a submission's) or none;
-        returns the marker's new ETag."""
+        ``due_at``; returns the marker's new ETag."""
         ...
 
     def list_live(self) -> list[LiveMarker]:
@@ -85,26 +77,8 @@ class StateStore(Protocol):
         in one request). Returns how many moved or went."""
         ...
 
-    def settle_live(
-        self,
-        moves: Sequence[tuple[str, datetime]],
-        drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, str]] = (),
-    ) -> Settled:
-        """Set the due time of each order's marker in ``moves``, if it has one (never index an
-        order: a marker dropped since stays dropped); unindex each ``(order id, ETag)`` in
-        ``drops`` unless its marker was touched since that ETag; and mark each
-        ``(order id, due at, touch id)`` in ``finishes`` finished for that touch
-        (``LiveMarker.finished``), due at that time, if it has a marker. Many in one request."""
-        ...
-
     def drop_live(self, marker: LiveMarker) -> bool:
         """Unindex, unless the marker was touched since it was read."""
-        ...
-
-    def adopt_legacy_markers(self, due_at: datetime) -> int:
-        """Move markers a release before the in-flight table wrote (``~live`` rows in the
-        orders table) into the index, due by ``due_at``; returns how many moved."""
         ...
 
     def query_states(

@@ -10,11 +10,9 @@ calls up to about two seconds late: across processes, an endpoint can briefly ta
 than its capacity, by at most what the other processes started in that window. Within one
 process the count is exact.
 
-The Scheduler asks ``choose`` when it claims a step (it records the endpoint, or defers the
-step when no endpoint has room); the agent asks ``acquire`` when it calls (an endpoint that
-filled up or went unhealthy since the claim is swapped for one that has room, or the step is
-deferred), and ``release`` when the call is over. Agents whose endpoints declare no capacity
-cost nothing here: no counts are kept, published or read.
+The agent asks ``acquire`` before each try (an endpoint with room, the healthy ones first; None
+when none has room, and the step is deferred) and ``release`` when the call is over. Agents
+whose endpoints declare no capacity cost nothing here: no counts are kept, published or read.
 """
 
 from __future__ import annotations

@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     orders_queue = QueueClient.from_connection_string(conn, settings.queues["SAS_QUEUE_ORDERS"])
     status = QueueClient.from_connection_string(conn, STATUS_QUEUE)
     host = InProcessHost(conn, functions)
-    supervisor = bootstrap.supervisor()
+    supervisor = CommitApp(bootstrap)
 
     from sas.domain.messages import OrderSubmitted
 
@@ -362,19 +362,50 @@ class _ShiftedClock:
         return self._inner.now() + timedelta(seconds=self._seconds)
 
 
+class CommitApp:
+    """The measured commit's Supervisor and Submission, whichever way it wires them: services
+    on a context (``sas.services.supervisor.sweep``) or objects (``bootstrap.supervisor()``)."""
+
+    def __init__(self, bootstrap: Any) -> None:
+        self._bootstrap = bootstrap
+        self._shift = 0.0
+
+    def sweep(self) -> Any:
+        if hasattr(self._bootstrap, "supervisor"):
+            supervisor = self._bootstrap.supervisor()
+            real = supervisor._clock
+            supervisor._clock = _ShiftedClock(real, self._shift)
+            try:
+                return supervisor.sweep()
+            finally:
+                supervisor._clock = real
+        from dataclasses import replace
+
+        from sas.services import supervisor as supervising
+
+        ctx = self._bootstrap.context()
+        return supervising.sweep(replace(ctx, clock=_ShiftedClock(ctx.clock, self._shift)))
+
+    def submit(self, message: Any) -> Any:
+        if hasattr(self._bootstrap, "submission"):
+            return self._bootstrap.submission().submit(message)
+        from sas.services import submission
+
+        return submission.submit(self._bootstrap.context(), message)
+
+
 @contextmanager
-def shifted_clock(supervisor: Any, *, hours: float) -> Iterator[None]:
-    """The Supervisor sees a later time (it reads ``_clock`` on every sweep, in every commit)."""
-    real = supervisor._clock
-    supervisor._clock = _ShiftedClock(real, hours * 3600)
+def shifted_clock(app: CommitApp, *, hours: float) -> Iterator[None]:
+    """The Supervisor sees a later time."""
+    app._shift = hours * 3600
     try:
         yield
     finally:
-        supervisor._clock = real
+        app._shift = 0.0
 
 
 def _sweep_cost(
-    counter: RequestCounter, supervisor: Any, bootstrap: Any
+    counter: RequestCounter, supervisor: CommitApp, bootstrap: Any
 ) -> tuple[dict[str, float], dict[str, float] | None]:
     """What one sweep costs per live order: orders submitted (not run further) and swept once
     as they are; then, where markers carry a due time, swept again with every marker due and
@@ -391,7 +422,7 @@ def _sweep_cost(
     with counter_paused(counter):
         for order_id in ids:
             body = base64.b64decode(order_body(order_id, "order", None))
-            bootstrap.submission().submit(decode(Submitted, body))
+            supervisor.submit(decode(Submitted, body))
     with counter.window() as swept:
         supervisor.sweep()
     quiet = {k: round(v / live, 3) for k, v in sorted(swept.items()) if v}

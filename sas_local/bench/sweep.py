@@ -25,6 +25,7 @@ from sas import settings as settings_module
 from sas.domain.model import HistoryEntry, OrderRecord, ProcessState
 from sas.domain.transitions import initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
+from sas.services import supervisor as supervising
 from sas_local.stack import app_env
 
 RUNS_NOT_DUE = 25
@@ -56,7 +57,7 @@ def _timed_sweeps(make_due: Callable[[], None] | None = None, *, settle: bool) -
     """Median seconds of one sweep (unrounded); ``make_due``: run before each (untimed), so
     every in-flight marker is due (the sweep re-arms what it finds healthy). Timed once Azurite
     has settled after the last writes (see ``_settle``; not in the quick run)."""
-    supervisor = bootstrap.supervisor()
+    ctx = bootstrap.context()
     runs = RUNS_NOT_DUE if make_due is None else RUNS_ALL_DUE
     times = []
     for run in range(runs):
@@ -65,7 +66,7 @@ def _timed_sweeps(make_due: Callable[[], None] | None = None, *, settle: bool) -
         if settle and (make_due is not None or run == 0):
             _settle()
         started = time.perf_counter()
-        report = supervisor.sweep()
+        report = supervising.sweep(ctx)
         times.append(time.perf_counter() - started)
         if report.total() - report["healthy"]:
             raise RuntimeError(f"the benchmark's orders should all be healthy: {dict(report)}")

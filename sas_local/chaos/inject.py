@@ -236,21 +236,20 @@ def _break_fence() -> None:
 def _break_alert_lease() -> None:
     """The alert claim's lease is zero and the sender is slow between send and clear, so every
     sweep meanwhile takes the claim over and sends the alert again."""
+    from sas import bootstrap
     from sas.services import consequences
 
-    original_init = consequences.Consequences.__init__
-    original_alert = consequences.Notifier.alert
+    original_context, original_alert = bootstrap.context, consequences.alert
 
-    def init(self: consequences.Consequences, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        self.alert_lease = timedelta(0)
+    def context() -> Any:
+        return replace(original_context(), alert_lease=timedelta(0))
 
-    def slow_alert(self: consequences.Notifier, *args: Any, **kwargs: Any) -> None:
-        original_alert(self, *args, **kwargs)
+    def slow_alert(*args: Any, **kwargs: Any) -> None:
+        original_alert(*args, **kwargs)
         time.sleep(3)
 
-    setattr(consequences.Consequences, "__init__", init)  # noqa: B010
-    setattr(consequences.Notifier, "alert", slow_alert)  # noqa: B010
+    setattr(bootstrap, "context", context)  # noqa: B010
+    setattr(consequences, "alert", slow_alert)  # noqa: B010
 
 
 _attempt = threading.local()
@@ -258,23 +257,21 @@ _attempt = threading.local()
 
 def _break_key_attempt() -> None:
     """The idempotency key includes the attempt: a retried step is a new effect."""
-    from sas.services import dispatch as dispatching
+    from sas.services import consequences
 
-    original_dispatch = dispatching.Dispatcher.dispatch
-    original_key: Callable[[str, str, Any], str] = getattr(dispatching, "idempotency_key")  # noqa: B009
+    original_dispatch = consequences.dispatch
+    original_key: Callable[[str, str, Any], str] = getattr(consequences, "idempotency_key")  # noqa: B009
 
-    def dispatch(
-        self: dispatching.Dispatcher, state: Any, workflow: Any, *args: Any, **kwargs: Any
-    ) -> None:
+    def dispatch(ctx: Any, state: Any, workflow: Any) -> None:
         _attempt.value = state.attempt
-        original_dispatch(self, state, workflow, *args, **kwargs)
+        original_dispatch(ctx, state, workflow)
 
     def key(order_id: str, step: str, mode: Any) -> str:
         # Still a well-formed key (the step request's schema checks it), one per attempt.
         return original_key(order_id, f"{step}a{getattr(_attempt, 'value', 0)}", mode)
 
-    setattr(dispatching.Dispatcher, "dispatch", dispatch)  # noqa: B010
-    setattr(dispatching, "idempotency_key", key)  # noqa: B010
+    setattr(consequences, "dispatch", dispatch)  # noqa: B010
+    setattr(consequences, "idempotency_key", key)  # noqa: B010
 
 
 def _picked(order_id: str, one_in: int = 3) -> bool:
@@ -286,14 +283,14 @@ def _break_lose_submission() -> None:
     """The submission acknowledges a share of the orders without writing anything."""
     from sas.services import submission
 
-    original = submission.Submission.submit
+    original = submission.submit
 
-    def submit(self: submission.Submission, message: Any) -> submission.SubmissionOutcome:
+    def submit(ctx: Any, message: Any) -> submission.SubmissionOutcome:
         if _picked(message.order_id, 4):
             return submission.SubmissionOutcome.ACCEPTED
-        return original(self, message)
+        return original(ctx, message)
 
-    setattr(submission.Submission, "submit", submit)  # noqa: B010
+    setattr(submission, "submit", submit)  # noqa: B010
 
 
 def _break_alert_on_processed() -> None:
@@ -302,29 +299,31 @@ def _break_alert_on_processed() -> None:
     from sas.domain.wire import alert_message_id
     from sas.services import consequences
 
-    original = consequences.Consequences.finished
+    original = consequences.finished
 
-    def finished(self: consequences.Consequences, state: Any, etag: str) -> None:
-        original(self, state, etag)
+    def finished(ctx: Any, state: Any, etag: str) -> None:
+        original(ctx, state, etag)
         if state.process_state is ProcessState.PROCESSED and _picked(state.order_id):
             alert_id = alert_message_id(state.order_id, state.attempt, state.updated_at)
-            self.notify.alert(state.order_id, "broken build", state.updated_at, alert_id=alert_id)
+            consequences.alert(
+                ctx, state.order_id, "broken build", state.updated_at, alert_id=alert_id
+            )
 
-    setattr(consequences.Consequences, "finished", finished)  # noqa: B010
+    setattr(consequences, "finished", finished)  # noqa: B010
 
 
 def _skipping_remote(skip: Callable[[Any], bool]) -> None:
     """Agents answer the requests ``skip`` picks as done without calling the remote service."""
     from sas.services import agent
 
-    original = agent.AgentRunner._call_with_retries
+    original = agent._call_with_retries
 
-    def call(self: agent.AgentRunner, request: Any, endpoint: Any = None) -> dict[str, Any]:
-        if skip(request):
+    def call(ctx: Any, agents: Any, attempt: Any) -> dict[str, Any]:
+        if skip(attempt.request):
             return {}
-        return original(self, request, endpoint)
+        return original(ctx, agents, attempt)
 
-    setattr(agent.AgentRunner, "_call_with_retries", call)  # noqa: B010
+    setattr(agent, "_call_with_retries", call)  # noqa: B010
 
 
 def _break_skip_undo() -> None:
@@ -365,14 +364,14 @@ def _break_poison_reply() -> None:
     """The Scheduler fails on every reply of a share of the orders: the host poisons them."""
     from sas.services import scheduler
 
-    original = scheduler.Scheduler.on_reply
+    original = scheduler.on_reply
 
-    def on_reply(self: scheduler.Scheduler, reply: Any) -> Any:
+    def on_reply(ctx: Any, reply: Any) -> Any:
         if _picked(reply.order_id, 5):
             raise RuntimeError("broken build: this order always fails")
-        return original(self, reply)
+        return original(ctx, reply)
 
-    setattr(scheduler.Scheduler, "on_reply", on_reply)  # noqa: B010
+    setattr(scheduler, "on_reply", on_reply)  # noqa: B010
 
 
 def _break_skip_to_processed() -> None:

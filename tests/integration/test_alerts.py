@@ -12,9 +12,7 @@ import pytest
 
 from sas.domain.messages import Message, OperatorAlert
 from sas.domain.model import ProcessState
-from sas.services.consequences import ALERT_LEASE
-from sas.services.scheduler import Scheduler
-from sas.services.supervisor import Supervisor
+from sas.services.context import ALERT_LEASE
 from tests.harness import ROUTES, World, permanent
 from tests.integration.test_failure_modes import order
 
@@ -48,10 +46,9 @@ def refused_for_good(world: World) -> str:
 def test_supervisors_sweeping_while_the_scheduler_sends_add_no_alert(table, strict, lease):
     world = World(table)
     oid = order(world, refused_for_good(world), workflow=strict)
-    others = [world.new_supervisor(f"supervisor-{n}") for n in (2, 3)]
-    instances: list[Scheduler | Supervisor] = [world.scheduler, world.supervisor, *others]
-    for instance in instances:
-        instance._then.alert_lease = lease
+    world.scheduler = world.scheduler.named("scheduler-1", alert_lease=lease)
+    world.supervisor = world.supervisor.named("supervisor-1", alert_lease=lease)
+    others = [world.app.named(f"supervisor-{n}", alert_lease=lease) for n in (2, 3)]
     sweeps: list[Any] = []
 
     def sweep_all() -> None:

@@ -16,14 +16,11 @@ import pytest
 
 from sas.adapters.tables import TableStateStore
 from sas.domain.messages import StepReply, StepRequest
-from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
-from sas.domain.transitions import RetryPolicy, claim, claim_alert, initial_state, to_error
-from sas.domain.wire import LIVE_PARTITION
-from sas.domain.workflow import ORDER_WORKFLOW
-from sas.services.consequences import ALERT_LEASE
-from sas.services.submission import Submission, SubmissionOutcome
-from sas.services.supervisor import Supervisor
+from sas.domain.model import ProcessState
+from sas.domain.transitions import RetryPolicy
+from sas.services.submission import SubmissionOutcome
 from tests.harness import BUDGET, ROUTES, World, live_table_of
+from tests.instances import Instance, instance
 from tests.integration.test_failure_modes import ALL_STEPS, assert_effects_once, order
 from tests.unit.test_services import submitted
 
@@ -46,7 +43,7 @@ class SweepBeforeTheInsertCommits(TableStateStore):
     $batch POST, a paused worker): a Supervisor sweep runs between its index touch and the
     moment its order + state rows exist."""
 
-    def __init__(self, table, world: World, supervisor: Supervisor, stall: float) -> None:
+    def __init__(self, table, world: World, supervisor: Instance, stall: float) -> None:
         super().__init__(table, live_table_of(table))
         self.world, self.supervisor, self.stall = world, supervisor, stall
         self.report: Counter[str] | None = None
@@ -60,23 +57,21 @@ class SweepBeforeTheInsertCommits(TableStateStore):
 def test_an_insert_committed_after_a_sweep_saw_no_order_is_still_supervised_by_its_deadline(
     table,
 ):
-    """The orphan branch re-arms the marker to TouchedAt + 5 min (conditional on the ETag,
-    and nothing touches the marker after the insert), so the order that appears right after
-    is hidden from list_due for 5 minutes although its first step is due in 15 s. Before
-    ab79c22 every sweep listed every marker, so the next sweep saw it."""
+    """A sweep that finds a marker without an order (its insert not committed yet) must look
+    again by the order's first deadline, not only after the orphan's 5-minute grace."""
     world = World(table)
     skew = timedelta(seconds=10)  # SAS_CLOCK_SKEW_SECONDS at its maximum
     # A Supervisor whose clock is 8 s ahead (inside the allowance): an 8 s stall is enough.
-    supervisor = Supervisor(
+    supervisor = instance(
         world.store,
         world.bus,
         ROUTES,
         AheadClock(world.clock, 8),
         "supervisor-ahead",
-        RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2), clock_skew=skew),
+        policy=RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2), clock_skew=skew),
     )
     slow = SweepBeforeTheInsertCommits(table, world, supervisor, stall=8)
-    outcome = Submission(slow, world.bus, ROUTES, world.clock).submit(submitted("o1"))
+    outcome = instance(slow, world.bus, ROUTES, world.clock).submit(submitted("o1"))
     assert outcome is SubmissionOutcome.ACCEPTED
     assert slow.report is not None and slow.report["orphan_waiting"] == 1
     state = world.state("o1")
@@ -88,68 +83,6 @@ def test_an_insert_committed_after_a_sweep_saw_no_order_is_still_supervised_by_i
     assert report["retry"] == 1, (
         f"order unsupervised: deadline {state.complete_by}, marker due {marker.due_at}"
     )
-
-
-def legacy_order(table, world: World, order_id: str) -> OrderState:
-    """An order exactly as the previous release wrote it (git show ab79c22^:
-    sas/services/submission.py, sas/adapters/tables.py): order + Pending state without
-    Details, and its marker {PartitionKey: ~live, RowKey, TouchedAt} in the *orders* table."""
-    now = world.clock.now()
-    message = submitted(order_id)
-    record = OrderRecord(
-        order_id=order_id,
-        workflow="order",
-        details=message.details.model_dump(mode="json"),
-        fingerprint=message.fingerprint(),
-        submitted_at=now,
-        reply_to=message.reply_to,
-    )
-    pending = initial_state(order_id, ORDER_WORKFLOW, reply_to=message.reply_to, now=now)
-    assert pending.details is None
-    table.upsert_entity({"PartitionKey": LIVE_PARTITION, "RowKey": order_id, "TouchedAt": now})
-    world.store.create_order(
-        record, pending, HistoryEntry(order_id, now, "submitted", attempt=0, actor="submit")
-    )
-    return pending
-
-
-def rewrite(world: World, state: OrderState) -> None:
-    current = world.store.get_state(state.order_id)
-    assert current is not None
-    world.store.update_state(state, current.etag)
-
-
-def test_an_order_in_flight_across_the_upgrade_is_still_supervised(table):
-    """ab79c22 moved the in-flight index from the orders table's ~live partition to a table
-    of its own, with no migration: an order the previous release had in flight keeps its
-    marker where no Supervisor looks any more. If its agent gives up silently (deadline
-    passed, GAVE_UP) the order stays Processing for ever."""
-    world = World(table)
-    pending = legacy_order(table, world, "legacy")
-    now = world.clock.now()
-    rewrite(world, claim(pending, instance_id="old-scheduler", now=now, workflow=ORDER_WORKFLOW))
-    # The new release is deployed; the step's agent gives up silently.
-    report = world.tick(BUDGET + 1)
-    assert report["retry"] == 1, "the order in flight at the upgrade is invisible"
-
-
-def test_an_alert_owed_by_an_instance_the_upgrade_stopped_is_still_sent(table):
-    """A deploy restarts every instance: the textbook "sender died between its claim and the
-    send". The claim lapses, but the order's marker is in the old partition, so no sweep
-    ever sends the alert, and the operator cannot resubmit either (409 while one is owed)."""
-    world = World(table)
-    pending = legacy_order(table, world, "legacy")
-    now = world.clock.now()
-    error = claim_alert(
-        to_error(pending, now=now, reason="charge (do): HTTP 402 declined"),
-        instance_id="old-instance",
-        now=now,
-        lease=ALERT_LEASE,
-    )
-    rewrite(world, error)  # Error + its alert claim, written by the old release; then killed
-    world.tick(ALERT_LEASE.total_seconds() + 1)
-    assert len(world.alerts()) == 1, "the owed alert is never sent"
-    assert world.state("legacy").alert_pending is False
 
 
 def test_a_duplicate_during_a_retry_backoff_neither_claims_early_nor_counts_a_failure(world):

@@ -157,13 +157,7 @@ def test_purge_skips_an_order_whose_state_changed_since_it_was_read(world: World
 
 
 def test_submit_sends_to_the_orders_lane_and_refuses_bad_orders(world: World) -> None:
-    operator = Operator(
-        world.store,
-        world.bus,
-        world.routes,
-        world.clock,
-        check_order=world.submission.check,
-    )
+    operator = Operator(world.app.ctx)
     high = submitted("sub-1").model_copy(update={"priority": "high"})
     assert operator.submit(high) == submission_message_id("sub-1")
     (sent,) = world.bus.take(world.routes.lane(world.routes.orders, "high"))

@@ -12,9 +12,11 @@ from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted
 from sas.domain.model import ProcessState
 from sas.domain.priority import AdmissionPolicy, Waiting
 from sas.domain.wire import PRIORITIES, Priority, lane_queue_name
+from sas.services.backlog import Backlog
 from sas.services.routes import Routes
-from sas.services.submission import Submission, SubmissionOutcome
+from sas.services.submission import SubmissionOutcome
 from tests.harness import World, permanent
+from tests.instances import instance
 
 pytestmark = pytest.mark.integration
 
@@ -114,7 +116,10 @@ def backlog_normal_orders(world: World, age_seconds: float) -> None:
 def test_a_low_submission_waits_while_a_higher_lane_is_backlogged(table):
     world = World(table, routes=LANED)
     policy = AdmissionPolicy(backlog=timedelta(seconds=5), max_deferral=timedelta(seconds=60))
-    submission = Submission(world.store, world.bus, LANED, world.clock, admission=policy)
+    submission = instance(
+        world.store, world.bus, LANED, world.clock, admission=policy,
+        backlog=Backlog(world.bus, world.clock),
+    )  # fmt: skip
     backlog_normal_orders(world, 6)
     assert submission.submit(order("low-1", "low")) is SubmissionOutcome.DEFERRED
     assert world.store.get_state("low-1") is None  # nothing written
@@ -226,7 +231,7 @@ def test_a_delayed_schedule_request_is_no_backlog_for_admission(azurite, table):
     time.sleep(2.5)  # visible now, dated 2.5 s back
     world = World(table, routes=routes)
     policy = AdmissionPolicy(backlog=timedelta(seconds=1))
-    submission = Submission(world.store, transport, routes, world.clock, admission=policy)
+    submission = instance(world.store, transport, routes, world.clock, admission=policy)
     world.clock.current = datetime.now(UTC)
     try:
         assert submission.submit(order("low-3", "low")) is SubmissionOutcome.ACCEPTED

@@ -13,7 +13,8 @@ from sas.domain.messages import ScheduleRequest, StepRequest
 from sas.domain.model import ProcessState
 from sas.domain.transitions import initial_state
 from sas.domain.workflow import ORDER_WORKFLOW
-from sas.services.consequences import ALERT_LEASE
+from sas.services.context import ALERT_LEASE
+from sas.services.operator import Operator
 from sas.services.scheduler import ScheduleOutcome
 from tests.harness import BUDGET, World, live_table_of, permanent
 from tests.integration.test_failure_modes import order
@@ -45,8 +46,7 @@ def test_a_sweep_between_resubmit_steps_cannot_unindex_the_live_order(table, str
     assert world.state(oid).process_state is ProcessState.ERROR
     world.tick(1)  # alert settled; marker dropped
     racing = SweepDuringResubmit(table, world)
-    world.operator._store = racing
-    world.operator._then._store = racing
+    world.operator = Operator(world.app.named("operator", store=racing).ctx)
     racing.armed = True
     world.operator.resubmit(oid, actor="alice")
     assert [m.order_id for m in world.store.list_live()] == [oid]

@@ -182,15 +182,16 @@ def test_missing_queue_is_not_found(transport: ServiceBusTransport) -> None:
 def test_a_high_priority_step_request_travels_on_the_high_lane(
     transport: ServiceBusTransport, receiving_client: ServiceBusClient, queue: str
 ) -> None:
-    """The Dispatcher picks the lane from the order's priority; the real namespace delivers it
+    """The dispatch picks the lane from the order's priority; the real namespace delivers it
     from that queue (the lane is an ordinary queue with its own trigger)."""
     from sas.domain.messages import StepRequest, decode
     from sas.domain.model import OrderState, ProcessState
     from sas.domain.wire import PRIORITIES, lane_queue_name
     from sas.domain.workflow import ORDER_WORKFLOW
-    from sas.services.dispatch import Dispatcher
+    from sas.services.consequences import dispatch
     from sas.services.routes import Routes
     from tests.fakes import InMemoryStore
+    from tests.instances import instance
 
     order_id = new_order_id()
     lanes = {p: lane_queue_name(queue, p) for p in PRIORITIES}
@@ -209,7 +210,8 @@ def test_a_high_priority_step_request_travels_on_the_high_lane(
         details={"customer_id": "c1", "currency": "EUR", "lines": [], "address": "x"},
         priority="high",
     )
-    Dispatcher(InMemoryStore(), transport, routes, SystemClock()).dispatch(state, ORDER_WORKFLOW)
+    app = instance(InMemoryStore(), transport, routes, SystemClock())
+    dispatch(app.ctx, state, ORDER_WORKFLOW)
     received = receive(receiving_client, lanes["high"], f"{order_id}:reserve:1")
     request = decode(StepRequest, b"".join(received.body))
     assert (request.order_id, request.priority) == (order_id, "high")

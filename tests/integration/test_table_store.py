@@ -15,7 +15,6 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
-    Settled,
     StepRecord,
     Versioned,
 )
@@ -219,7 +218,7 @@ def test_the_in_flight_index_is_a_table_of_its_own(table):
 def test_new_state_fields_round_trip(table):
     store = store_on(table)
     state = replace(
-        new_state(), mode="undo", not_before=NOW, alert_pending=True, marker_etag='W/"m1"'
+        new_state(), mode="undo", not_before=NOW, alert_pending=True, deferrals=2
     )
     store.create_order(order(), state)
     assert stored_state(store).value == state
@@ -281,97 +280,6 @@ def transactions_sent(store: TableStateStore) -> list[list[object]]:
 
     setattr(live, "submit_transaction", recording)  # noqa: B010  # a method, for mypy
     return sent
-
-
-def test_settling_markers_moves_only_those_that_exist(table):
-    """The Scheduler's moves (sas/services/marker_moves.py): many in one request, ``DueAt``
-    alone, and a marker dropped in between stays dropped while the others still move."""
-    store = store_on(table)
-    ids = [f"m{n:03d}" for n in range(130)]  # two transactions' worth
-    for order_id in ids:
-        store.touch_live(order_id, NOW, NOW)
-    for gone in ("m005", "m050", "m120"):
-        (marker,) = [m for m in store.list_live() if m.order_id == gone]
-        assert store.drop_live(marker)
-    later = NOW + timedelta(seconds=15)
-    moves = [(order_id, later) for order_id in ids] + [("never-indexed", later)]
-    # each transaction sent again twice: without m005, then m050; without m120, then the stray
-    assert store.settle_live(moves, []) == Settled(len(ids) - 3, 0, requests=6)
-    live = {m.order_id: m for m in store.list_live()}
-    assert set(live) == set(ids) - {"m005", "m050", "m120"}
-    assert {m.due_at for m in live.values()} == {later}
-    assert {m.touched_at for m in live.values()} == {NOW}
-    assert store.settle_live([], []) == Settled(0, 0, requests=0)
-
-
-def test_a_drop_takes_only_the_marker_its_etag_names(table):
-    """The Scheduler drops a finished order's marker on the ETag its submission's touch gave it:
-    a marker moved since, touched again (a new order under the same id after a purge), or gone
-    stays as it is, and the moves and drops beside it still go, one request more per failure."""
-    store = store_on(table)
-    later = NOW + timedelta(seconds=15)
-    etags = {order_id: store.touch_live(order_id, NOW, NOW) for order_id in
-             ("finished", "moved", "reused", "gone", "other")}  # fmt: skip
-    assert store.settle_live([("moved", later)], []) == Settled(1, 0, requests=1)
-    store.touch_live("reused", NOW + timedelta(hours=1), later)
-    (gone,) = [m for m in store.list_live() if m.order_id == "gone"]
-    assert store.drop_live(gone)
-    sent = transactions_sent(store)
-    drops = [(order_id, etags[order_id]) for order_id in ("moved", "finished", "reused", "gone")]
-    assert store.settle_live([("other", later)], drops) == Settled(1, 1, requests=4)
-    assert [len(operations) for operations in sent] == [5, 4, 3, 2]
-    live = {m.order_id: m for m in store.list_live()}
-    assert set(live) == {"moved", "reused", "other"}
-    assert live["reused"].touched_at == NOW + timedelta(hours=1)
-    assert live["other"].due_at == later
-
-
-def test_settling_markers_gives_up_a_transaction_after_a_few_that_failed(table):
-    """Moves and drops are worth a request between them, not one each: a transaction is sent
-    again without a failed operation three times at most, then given up (the Supervisor reads
-    those orders instead) and the next transaction is sent."""
-    store = store_on(table)
-    ids = [f"m{n:03d}" for n in range(103)]
-    for order_id in ids:
-        store.touch_live(order_id, NOW, NOW)
-    later = NOW + timedelta(seconds=15)
-    gone = [(f"gone-{n}", later) for n in range(4)]
-    moves = [(ids[0], later), *gone, *((order_id, later) for order_id in ids[1:])]
-    sent = transactions_sent(store)
-    # the first hundred: sent 4 times, given up; the seven after it go in one
-    assert store.settle_live(moves, []) == Settled(7, 0, requests=5)
-    assert [len(operations) for operations in sent] == [100, 99, 98, 97, 7]
-    assert {m.order_id for m in store.list_live() if m.due_at == later} == set(ids[-7:])
-
-
-def test_a_finish_mark_names_the_touch_and_only_lands_on_a_marker_that_exists(table):
-    """The Scheduler marks a marker finished when it is too late to drop it by ETag
-    (sas/services/marker_moves.py): a merge of the submission's touch id and the due time that
-    never indexes an order. The mark counts only on the marker that carries that touch id
-    (not merely the same touch time); a re-arm keeps both; any touch since clears them."""
-    store = store_on(table)
-    later = NOW + timedelta(seconds=15)
-    for order_id in ("finished", "retouched", "other-life"):
-        store.touch_live(order_id, NOW, later, touch=f"touch-{order_id}")
-    sent = transactions_sent(store)
-    finishes = [
-        (order_id, NOW, f"touch-{order_id}")
-        for order_id in ("finished", "retouched", "never-indexed")
-    ] + [("other-life", NOW, "touch-of-an-earlier-order")]
-    assert store.settle_live([], [], finishes) == Settled(0, 0, requests=2, finished=3)
-    assert [len(operations) for operations in sent] == [4, 3]
-    live = {m.order_id: m for m in store.list_live()}
-    assert set(live) == {"finished", "retouched", "other-life"}
-    assert live["finished"].finished and live["finished"].due_at == NOW
-    assert live["finished"].finished_touch == live["finished"].touch == "touch-finished"
-    assert not live["other-life"].finished  # same touch time, another order's mark
-    store.touch_live("retouched", NOW + timedelta(seconds=2), later)  # e.g. a redelivery
-    (retouched,) = [m for m in store.list_live() if m.order_id == "retouched"]
-    assert retouched.touch is None and retouched.finished_touch is None
-    assert not retouched.finished
-    assert store.rearm_live([(live["finished"], later)]) == 1
-    (rearmed,) = [m for m in store.list_live() if m.order_id == "finished"]
-    assert rearmed.finished and rearmed.due_at == later
 
 
 def test_a_sweeps_drops_go_with_its_re_arms_each_on_the_etag_it_read(table):

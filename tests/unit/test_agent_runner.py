@@ -5,9 +5,10 @@ import pytest
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, decode, encode
 from sas.domain.workflow import longest_step_budget
-from sas.services.agent import AgentOutcome, AgentRunner
+from sas.services.agent import AgentOutcome
 from sas.services.routes import Routes
 from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
+from tests.instances import AgentOf, agent_runner
 
 pytestmark = pytest.mark.unit
 
@@ -27,8 +28,8 @@ def request(clock: FakeClock, budget_seconds: float = 30) -> StepRequest:
     )
 
 
-def runner(remote: ScriptedRemote, transport: RecordingTransport, clock: FakeClock) -> AgentRunner:
-    return AgentRunner("payment", remote, transport, ROUTES, clock, sleep=clock.sleep)
+def runner(remote: ScriptedRemote, transport: RecordingTransport, clock: FakeClock) -> AgentOf:
+    return agent_runner("payment", remote, transport, ROUTES, clock, sleep=clock.sleep)
 
 
 def test_success_replies_for_the_same_attempt_with_the_result():
@@ -156,16 +157,3 @@ def test_a_deadline_far_in_the_future_is_capped_at_the_longest_step_budget():
     remote = ScriptedRemote([TransientRemoteError("503")] * 10_000)
     assert runner(remote, transport, clock).handle(far) is AgentOutcome.GAVE_UP
     assert clock.now() - started <= longest_step_budget()
-
-
-@pytest.mark.parametrize("remote_answer", [{"effect_id": "e1"}, PermanentRemoteError("HTTP 402")])
-def test_the_carried_state_goes_back_in_the_reply_and_never_to_the_remote(remote_answer):
-    clock, transport = FakeClock(), RecordingTransport()
-    remote = ScriptedRemote([remote_answer])
-    carried = {"v": 1, "etag": 'W/"e"', "state": {"order_id": "o1", "secret-ish": "kept"}}
-    asked = request(clock).model_copy(update={"carried_state": carried})
-    runner(remote, transport, clock).handle(asked)
-    (sent,) = transport.sent
-    assert isinstance(sent.message, StepReply)
-    assert sent.message.carried_state == carried
-    assert "secret-ish" not in repr(remote.calls)

@@ -29,10 +29,11 @@ from sas.domain.errors import (
 )
 from sas.domain.messages import StepRequest
 from sas.domain.model import Versioned
-from sas.services.agent import AgentOutcome, AgentRunner
+from sas.services.agent import AgentOutcome
 from sas.services.breaker import CircuitBreaker
 from sas.services.routes import Routes
 from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
+from tests.instances import AgentOf, agent_runner
 
 pytestmark = pytest.mark.unit
 
@@ -521,8 +522,8 @@ class TimedRemote:
 
 def agent(
     remote: Any, transport: RecordingTransport, clock: FakeClock, b: CircuitBreaker
-) -> AgentRunner:
-    return AgentRunner("payment", remote, transport, ROUTES, clock, sleep=clock.sleep, breaker=b)
+) -> AgentOf:
+    return agent_runner("payment", remote, transport, ROUTES, clock, sleep=clock.sleep, breaker=b)
 
 
 def test_an_open_breaker_outlasting_the_deadline_means_no_call_and_nothing_sent():

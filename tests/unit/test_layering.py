@@ -66,3 +66,47 @@ def test_the_deployed_package_never_imports_local_tooling_or_the_cli() -> None:
         if module.split(".")[0] in ("sas_local", "sas_cli", "tests")
     ]
     assert wrong == []
+
+
+def private_imports(source: str) -> list[str]:
+    """Imports of a dependency's private (``_``-prefixed) module or name, one per statement."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        else:
+            continue
+        private = [
+            module
+            for module in modules
+            if module.split(".")[0] not in ("sas", "__future__")
+            and any(part.startswith("_") for part in module.split("."))
+        ]
+        found += private[:1]
+    return found
+
+
+def test_the_app_imports_no_private_module_of_a_dependency() -> None:
+    """Only public, supported APIs: a private module may change in any release."""
+    found = {
+        str(path.relative_to(SAS.parent)): private_imports(path.read_text())
+        for path in sorted(SAS.rglob("*.py"))
+    }
+    assert {path: hits for path, hits in found.items() if hits} == {}
+
+
+def test_the_private_import_check_sees_every_spelling() -> None:
+    source = (
+        "from azure.core.pipeline._base import Pipeline\n"
+        "from azure.core.rest import _helpers\n"
+        "import azure.core.pipeline._tools\n"
+        "from azure.core import MatchConditions\n"
+        "from sas.domain import _private_of_our_own\n"
+    )
+    assert private_imports(source) == [
+        "azure.core.pipeline._base",
+        "azure.core.rest._helpers",
+        "azure.core.pipeline._tools",
+    ]

@@ -31,6 +31,7 @@ from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.messages import OperatorAlert, ScheduleRequest, StepRequest, encode
 from sas.settings import Connection
 from tests.fakes import FakeClock
+from tests.instances import instance
 
 pytestmark = pytest.mark.unit
 
@@ -766,7 +767,7 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
     from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, decode
     from sas.domain.wire import PRIORITIES, lane_queue_name
     from sas.services.routes import Routes
-    from sas.services.submission import Submission, SubmissionOutcome
+    from sas.services.submission import SubmissionOutcome
     from tests.fakes import InMemoryStore
 
     bases = ("sas-orders", "sas-scheduler", "sas-replies", "sas-agent-inventory")
@@ -788,7 +789,7 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
         ),
         priority="high",
     )
-    outcome = Submission(InMemoryStore(), transport, routes, clock).submit(order)
+    outcome = instance(InMemoryStore(), transport, routes, clock).submit(order)
     assert outcome is SubmissionOutcome.ACCEPTED
     (sent,) = client.sent("sas-agent-inventory-high")
     assert client.sent("sas-agent-inventory") == []

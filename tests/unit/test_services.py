@@ -14,10 +14,12 @@ from sas.domain.messages import (
 )
 from sas.domain.model import ProcessState
 from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, StepDefinition, Workflow
+from sas.services.backlog import Backlog
 from sas.services.routes import Routes
-from sas.services.scheduler import ReplyOutcome, ScheduleOutcome, Scheduler
-from sas.services.submission import Submission, SubmissionOutcome
+from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
+from sas.services.submission import SubmissionOutcome
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
+from tests.instances import instance
 
 pytestmark = pytest.mark.unit
 
@@ -59,7 +61,7 @@ def parts():
 def test_submission_inserts_the_order_claims_its_first_step_and_dispatches_it(parts):
     store, transport, clock = parts
     assert (
-        Submission(store, transport, ROUTES, clock, instance_id="h1").submit(submitted())
+        instance(store, transport, ROUTES, clock, "h1").submit(submitted())
         is SubmissionOutcome.ACCEPTED
     )
     state = store.get_state("o1").value
@@ -78,7 +80,7 @@ def test_submission_inserts_the_order_claims_its_first_step_and_dispatches_it(pa
 
 def test_a_submitter_that_asks_for_steps_hears_of_each_step(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
+    instance(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
     assert [m.status for m in transport.to("status-q")] == ["received", "step_started"]
     assert store.get_state("o1").value.status_events == "steps"
 
@@ -104,7 +106,7 @@ def test_a_missing_reply_to_queue_does_not_fail_the_order(parts):
     store, transport, clock = parts
     transport.missing_queues.add("status-q")
     assert (
-        Submission(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
+        instance(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
         is SubmissionOutcome.ACCEPTED
     )
     assert transport.to("agent-inventory")
@@ -112,7 +114,7 @@ def test_a_missing_reply_to_queue_does_not_fail_the_order(parts):
 
 def test_conflicting_resubmission_is_refused_and_reported(parts):
     store, transport, clock = parts
-    submission = Submission(store, transport, ROUTES, clock)
+    submission = instance(store, transport, ROUTES, clock)
     submission.submit(submitted())
     assert submission.submit(submitted(address="elsewhere")) is SubmissionOutcome.CONFLICT
     assert store.get_order("o1").details["address"] == "1 Main St"
@@ -146,8 +148,8 @@ def run_to_completion(store, transport, clock, scheduler):
 
 def test_the_scheduler_drives_every_step_to_processed(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
-    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
+    scheduler = instance(store, transport, ROUTES, clock, "s1")
     run_to_completion(store, transport, clock, scheduler)
     state = store.get_state("o1").value
     assert state.process_state is ProcessState.PROCESSED
@@ -166,15 +168,15 @@ def test_the_scheduler_drives_every_step_to_processed(parts):
 
 def test_by_default_a_submitter_hears_only_how_the_order_ends(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted())
-    run_to_completion(store, transport, clock, Scheduler(store, transport, ROUTES, clock, "s1"))
+    instance(store, transport, ROUTES, clock).submit(submitted())
+    run_to_completion(store, transport, clock, instance(store, transport, ROUTES, clock, "s1"))
     assert [m.status for m in transport.to("status-q")] == ["completed"]
 
 
 def test_schedule_of_an_order_that_is_not_pending_does_nothing(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     before = len(transport.sent)
     assert scheduler.schedule(ScheduleRequest(order_id="o1")) is ScheduleOutcome.NOT_PENDING
@@ -184,8 +186,8 @@ def test_schedule_of_an_order_that_is_not_pending_does_nothing(parts):
 
 def test_a_reply_for_an_old_attempt_is_dropped(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     before = store.get_state("o1")
     late = StepReply(order_id="o1", step="reserve", step_index=0, attempt=7, outcome="ok")
@@ -196,8 +198,8 @@ def test_a_reply_for_an_old_attempt_is_dropped(parts):
 
 def test_a_reply_naming_the_wrong_step_is_dropped(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     wrong = StepReply(order_id="o1", step="charge", step_index=0, attempt=1, outcome="ok")
     assert scheduler.on_reply(wrong) is ReplyOutcome.STALE
@@ -205,8 +207,8 @@ def test_a_reply_naming_the_wrong_step_is_dropped(parts):
 
 def test_a_refusal_of_the_first_step_is_compensated_with_nothing_to_undo(parts):
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     refusal = StepReply(
         order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="no stock"
@@ -233,10 +235,10 @@ def test_an_error_reply_in_a_workflow_without_compensation_alerts_exactly_once(p
     )
     monkeypatch.setitem(WORKFLOWS, "strict", strict)
     store, transport, clock = parts
-    Submission(store, transport, ROUTES, clock).submit(
+    instance(store, transport, ROUTES, clock).submit(
         submitted().model_copy(update={"workflow": "strict"})
     )
-    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    scheduler = instance(store, transport, ROUTES, clock, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     refusal = StepReply(
         order_id="o1", step="charge", step_index=0, attempt=1, outcome="error", error="declined"
@@ -255,23 +257,29 @@ def test_a_claimed_steps_deadline_covers_the_wait_in_its_agents_lane(parts):
     """Under a backlog the request waits behind older ones before any agent can start it: the
     deadline covers that wait (as long as the lane's oldest request has waited so far, capped),
     so a burst does not expire steps nobody started."""
-    from sas.services.dispatch import QUEUE_ALLOWANCE_BUDGETS
+    from sas.services.consequences import QUEUE_ALLOWANCE_BUDGETS
 
     store, transport, clock = parts
     budget = ORDER_WORKFLOW.steps[0].budget
     transport.waiting_since["agent-inventory"] = clock.now() - timedelta(seconds=40)
-    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("q1"))
+    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+        submitted("q1")
+    )
     state = store.get_state("q1")
     assert state is not None
     assert state.value.complete_by == clock.now() + budget + timedelta(seconds=40)
     transport.waiting_since["agent-inventory"] = clock.now() - timedelta(hours=1)
-    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("q2"))
+    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+        submitted("q2")
+    )
     capped = store.get_state("q2")
     assert capped is not None
     assert capped.value.complete_by == clock.now() + budget * (1 + QUEUE_ALLOWANCE_BUDGETS)
     # Without a backlog (or without the option) the deadline is the budget alone.
     transport.waiting_since.clear()
-    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("q3"))
+    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+        submitted("q3")
+    )
     plain = store.get_state("q3")
     assert plain is not None and plain.value.complete_by == clock.now() + budget
 
@@ -283,7 +291,9 @@ def test_a_claimed_steps_deadline_also_covers_the_wait_its_reply_can_expect(part
     budget = ORDER_WORKFLOW.steps[0].budget
     transport.waiting_since["agent-inventory"] = clock.now() - timedelta(seconds=10)
     transport.waiting_since["replies"] = clock.now() - timedelta(seconds=25)
-    Submission(store, transport, ROUTES, clock, queue_allowance=True).submit(submitted("r1"))
+    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+        submitted("r1")
+    )
     state = store.get_state("r1")
     assert state is not None
     assert state.value.complete_by == clock.now() + budget + timedelta(seconds=35)

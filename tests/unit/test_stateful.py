@@ -52,22 +52,18 @@ from sas.domain.model import (
     OrderRecord,
     OrderState,
     ProcessState,
-    Settled,
     StepRecord,
     Versioned,
 )
 from sas.domain.transitions import RetryPolicy
 from sas.domain.wire import alert_message_id
 from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, Workflow, workflow_named
-from sas.services.agent import AgentRunner
-from sas.services.consequences import ALERT_LEASE
+from sas.services.context import ALERT_LEASE, Agents
 from sas.services.operator import Operator
 from sas.services.ports import StateStore
-from sas.services.scheduler import Scheduler
-from sas.services.submission import Submission
-from sas.services.supervisor import Supervisor
 from tests.fakes import FakeClock, InMemoryStore
 from tests.harness import BUDGET, ROUTES, Bus, Envelope, LedgerRemote
+from tests.instances import AgentOf, Instance, instance
 
 pytestmark = pytest.mark.unit
 
@@ -248,10 +244,8 @@ class AuditingStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return self.inner.get_history(order_id)
 
-    def touch_live(
-        self, order_id: str, at: datetime, due_at: datetime, touch: str | None = None
-    ) -> str:
-        return self.inner.touch_live(order_id, at, due_at, touch)
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
+        return self.inner.touch_live(order_id, at, due_at)
 
     def list_live(self) -> list[LiveMarker]:
         return self.inner.list_live()
@@ -259,24 +253,10 @@ class AuditingStore:
     def list_due(self, at: datetime) -> list[LiveMarker]:
         return self.inner.list_due(at)
 
-    def adopt_legacy_markers(self, due_at: datetime) -> int:
-        return self.inner.adopt_legacy_markers(due_at)
-
-    def carry_key(self) -> bytes:
-        return self.inner.carry_key()
-
     def rearm_live(
         self, rearms: Sequence[tuple[LiveMarker, datetime]], drops: Sequence[LiveMarker] = ()
     ) -> int:
         return self.inner.rearm_live(rearms, drops)
-
-    def settle_live(
-        self,
-        moves: Sequence[tuple[str, datetime]],
-        drops: Sequence[tuple[str, str]],
-        finishes: Sequence[tuple[str, datetime, str]] = (),
-    ) -> Settled:
-        return self.inner.settle_live(moves, drops, finishes)
 
     def drop_live(self, marker: LiveMarker) -> bool:
         return self.inner.drop_live(marker)
@@ -448,19 +428,29 @@ class SasMachine(RuleBasedStateMachine):
         self.policy = RetryPolicy(
             max_failures=MAX_FAILURES, base_backoff=timedelta(seconds=2), clock_skew=ALLOWANCE
         )
-        self.submission = Submission(self.store, self.bus, ROUTES, self.clocks["submission"])
+        self.submission = instance(
+            self.store, self.bus, ROUTES, self.clocks["submission"], "submission",
+            policy=self.policy,
+        )  # fmt: skip
         self.schedulers = [
-            Scheduler(self.store, self.bus, ROUTES, self.clocks[name], name) for name in SCHEDULERS
+            self.submission.named(name, clock=self.clocks[name]) for name in SCHEDULERS
         ]
         # The first Supervisor shares the first Scheduler's instance id (and clock), as the
         # `supervise` timer and the queue functions do in one Functions host.
         self.supervisors = [
             self._supervisor(name, self.store) for name in (SCHEDULERS[0], "supervisor-2")
         ]
-        self.operator = Operator(self.store, self.bus, ROUTES, self.clocks["operator"])
+        self.operator = Operator(
+            self.submission.named("operator", clock=self.clocks["operator"]).ctx
+        )
         self.agents = {
-            name: AgentRunner(
-                name, self.remote, self.bus, ROUTES, self.clocks[name], sleep=self.clock.sleep
+            name: AgentOf(
+                name,
+                self.submission.named(
+                    name,
+                    clock=self.clocks[name],
+                    agents=Agents(remote=self.remote, sleep=self.clock.sleep),
+                ),
             )
             for name in ROUTES.agents
         }
@@ -471,8 +461,8 @@ class SasMachine(RuleBasedStateMachine):
         self.fingerprints: dict[str, str] = {}
         """The fingerprint of the submission that created each order."""
 
-    def _supervisor(self, name: str, store: StateStore) -> Supervisor:
-        return Supervisor(store, self.bus, ROUTES, self.clocks[name], name, self.policy)
+    def _supervisor(self, name: str, store: StateStore) -> Instance:
+        return instance(store, self.bus, ROUTES, self.clocks[name], name, policy=self.policy)
 
     @property
     def clocks_within_the_allowance(self) -> bool:

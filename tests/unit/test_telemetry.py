@@ -22,13 +22,10 @@ from sas.domain.errors import PermanentRemoteError
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest, decode, encode
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.transitions import RetryPolicy
-from sas.services import telemetry
-from sas.services.agent import AgentRunner
+from sas.services import consequences, telemetry
 from sas.services.gauges import QueueGauges
-from sas.services.scheduler import Scheduler
-from sas.services.submission import Submission
-from sas.services.supervisor import Supervisor
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport, ScriptedRemote
+from tests.instances import agent_runner, instance
 from tests.unit.test_services import ROUTES, submitted
 
 pytestmark = pytest.mark.unit
@@ -110,7 +107,7 @@ def test_service_bus_properties_are_read_when_the_envelope_has_none():
 
 def test_a_submission_starts_the_orders_trace_and_stores_it(spans):
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    Submission(store, transport, ROUTES, clock).submit(submitted())
+    instance(store, transport, ROUTES, clock).submit(submitted())
     [submit] = [s for s in spans.get_finished_spans() if s.name == telemetry.SUBMIT]
     assert submit.parent is None
     assert submit.attributes == {
@@ -125,7 +122,7 @@ def test_a_submission_starts_the_orders_trace_and_stores_it(spans):
 def test_a_submission_continues_the_submitters_trace(spans):
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
     with telemetry.continued({"traceparent": TRACEPARENT}):
-        Submission(store, transport, ROUTES, clock).submit(submitted())
+        instance(store, transport, ROUTES, clock).submit(submitted())
     [submit] = [s for s in spans.get_finished_spans() if s.name == telemetry.SUBMIT]
     assert f"{submit.context.trace_id:032x}" == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert submit.parent is not None and submit.parent.span_id == 0x00F067AA0BA902B7
@@ -133,9 +130,9 @@ def test_a_submission_continues_the_submitters_trace(spans):
 
 def test_a_schedule_request_without_context_joins_the_stored_trace(spans):
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    Submission(store, transport, ROUTES, clock).submit(submitted())
+    instance(store, transport, ROUTES, clock).submit(submitted())
     state = state_of(store)
-    Scheduler(store, transport, ROUTES, clock, "s1").schedule(ScheduleRequest(order_id="o1"))
+    instance(store, transport, ROUTES, clock, "s1").schedule(ScheduleRequest(order_id="o1"))
     [schedule] = [s for s in spans.get_finished_spans() if s.name == telemetry.SCHEDULE]
     assert f"{schedule.context.trace_id:032x}" == telemetry.trace_id_of(state.traceparent)
     assert schedule.attributes is not None
@@ -144,11 +141,11 @@ def test_a_schedule_request_without_context_joins_the_stored_trace(spans):
 
 def test_supervisor_recovery_joins_the_trace_and_counts(spans, reader):
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    Submission(store, transport, ROUTES, clock).submit(submitted())
+    instance(store, transport, ROUTES, clock).submit(submitted())
     trace_id = telemetry.trace_id_of(state_of(store).traceparent)
     clock.advance(120)  # the first step's deadline has passed
     policy = RetryPolicy(max_failures=3)
-    Supervisor(store, transport, ROUTES, clock, "sup", policy).sweep()
+    instance(store, transport, ROUTES, clock, "sup", policy=policy).sweep()
     [recover] = [s for s in spans.get_finished_spans() if s.name == telemetry.RECOVER]
     assert f"{recover.context.trace_id:032x}" == trace_id
     assert recover.attributes is not None
@@ -165,10 +162,10 @@ def test_supervisor_recovery_joins_the_trace_and_counts(spans, reader):
 
 def test_a_refused_step_is_a_failed_agent_span_and_the_order_is_compensated(spans, reader):
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    Submission(store, transport, ROUTES, clock).submit(submitted())
+    instance(store, transport, ROUTES, clock).submit(submitted())
     [request] = [m for m in transport.to("agent-inventory") if isinstance(m, StepRequest)]
     remote = ScriptedRemote([PermanentRemoteError("out of stock")])
-    agent = AgentRunner("inventory", remote, transport, ROUTES, clock, sleep=clock.sleep)
+    agent = agent_runner("inventory", remote, transport, ROUTES, clock, sleep=clock.sleep)
     agent.handle(request)
     [agent_span] = [s for s in spans.get_finished_spans() if s.name == telemetry.AGENT]
     assert agent_span.status.status_code.name == "ERROR"
@@ -176,7 +173,7 @@ def test_a_refused_step_is_a_failed_agent_span_and_the_order_is_compensated(span
     assert call.parent is not None and call.parent.span_id == agent_span.context.span_id
     assert call.events and call.events[0].name == "exception"
     [reply] = [m for m in transport.to("replies") if isinstance(m, StepReply)]
-    Scheduler(store, transport, ROUTES, clock, "s1").on_reply(reply)
+    instance(store, transport, ROUTES, clock, "s1").on_reply(reply)
     assert state_of(store).process_state is ProcessState.COMPENSATED
     names = [s.name for s in spans.get_finished_spans()]
     assert names.count(telemetry.REPLY) == 1
@@ -189,8 +186,8 @@ def test_a_refused_step_is_a_failed_agent_span_and_the_order_is_compensated(span
 
 def test_compensation_and_alerts_are_counted(reader):
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    Submission(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = Scheduler(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, "s1")
     first = transport.to("agent-inventory")[0]
     assert isinstance(first, StepRequest)
     done = StepReply(
@@ -210,7 +207,7 @@ def test_compensation_and_alerts_are_counted(reader):
     scheduler.on_reply(refused)
     assert points(reader, "sas.compensations") == [({"sas.reason": "refused"}, 1)]
     telemetry.instruments.alerts.add(0)
-    scheduler._then.notify.alert("o1", "x", clock.now(), alert_id="a1")
+    consequences.alert(scheduler.ctx, "o1", "x", clock.now(), alert_id="a1")
     assert points(reader, "sas.alerts") == [({}, 1)]
 
 

@@ -145,7 +145,6 @@
     $("timeline-workflow").textContent = `${order.workflow}, ${order.priority} priority`;
     $("timeline-step").textContent =
       `${order.step} (${order.mode}), attempt ${order.attempt}, failures ${order.failure_count}`;
-    $("timeline-endpoint").textContent = order.endpoint || "—";
     $("timeline-error").textContent = order.last_error || "—";
     $("resubmit-box").hidden = order.process_state !== "Error";
     fill($("steps").tBodies[0], order.steps.map((step) => row(
