@@ -76,7 +76,9 @@ def recording() -> Iterator[set[str]]:
 def measure() -> StepLife:
     with Azurite.start() as azurite:
         port = free_port()
-        simulator = start_process([sys.executable, "-m", "sas_local.simulator", "--port", str(port)])
+        simulator = start_process(
+            [sys.executable, "-m", "sas_local.simulator", "--port", str(port)]
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             simulator.wait_for_http(f"{url}/health")
