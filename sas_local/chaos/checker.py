@@ -68,6 +68,8 @@ RECOVERY_KINDS = (
 REPLY_KINDS = frozenset({"completed", "undone", "refused"})
 COMMITTED = "~committed"
 """Where ``collect`` puts a row's service Timestamp (its transaction's commit time)."""
+TRANSACTION_SPREAD = 0.005
+"""Seconds between the service stamps of two rows of one transaction, at most."""
 _RANK = {"submitted": 0, "claimed": 2, "deferred": 2}
 """Within one transaction: the reply or expiry first, then the claim it made (default 1)."""
 PENDING, PROCESSING, COMPENSATING = "Pending", "Processing", "Compensating"
@@ -570,22 +572,24 @@ class _Search:
 
 def _legal_order(
     s: _State | None, remaining: list[_Row], design: Design, path: list[tuple[_Row, _State]],
-    deepest: _Search,
+    deepest: _Search, end: tuple[str, int, int, str] | None = None,
 ) -> list[tuple[_Row, _State]] | None:  # fmt: skip
-    """A legal order of ``remaining`` after ``s``: transactions in the order they committed;
-    the rows of one transaction (one commit time) in any legal order, the claim a reply made
-    last by preference, backtracking when a choice dead-ends."""
+    """A legal order of ``remaining`` after ``s`` that ends in ``end`` (the state row's
+    ProcessState, Attempt, StepIndex, Mode; None: any end): transactions in the order they
+    committed; rows committed within TRANSACTION_SPREAD of each other (the service stamps the
+    rows of one transaction a few microseconds apart) in any legal order, the claim a reply
+    made last by preference, backtracking when a choice dead-ends."""
     if not remaining:
-        return path
+        return path if end is None or s is None or _end_of(s) == end else None
     deepest.budget -= 1
     first = min(r.committed for r in remaining)
-    candidates = [r for r in remaining if r.committed == first]
+    candidates = [r for r in remaining if r.committed <= first + TRANSACTION_SPREAD]
     for row in candidates:
         after = _apply(s, row, design)
         if not isinstance(after, _State):
             continue
         rest = [r for r in remaining if r is not row]
-        found = _legal_order(after, rest, design, [*path, (row, after)], deepest)
+        found = _legal_order(after, rest, design, [*path, (row, after)], deepest, end)
         if found is not None:
             return found
         if deepest.budget <= 0:
@@ -595,14 +599,27 @@ def _legal_order(
     return None
 
 
+def _end_of(s: _State) -> tuple[str, int, int, str]:
+    return (s.ps, s.attempt, s.step, s.mode)
+
+
 def _replay(
     order_id: str, state: Mapping[str, Any], history: list[_Row], design: Design
 ) -> tuple[list[_Episode], list[Violation], bool]:
     """Find a legal order for the rows and walk it through the state machine; report the first
     row that no legal order explains. The flag: whether the whole history was explained."""
     rows = [r for r in history if r.kind != "reply_dropped"]
+    end = (
+        str(state.get("ProcessState")),
+        int(state.get("Attempt", -1)),
+        int(state.get("StepIndex", -1)),
+        "undo" if state.get("Mode") == "undo" else "do",
+    )
     deepest = _Search()
-    found = _legal_order(None, rows, design, [], deepest)
+    found = _legal_order(None, rows, design, [], deepest, end)
+    if found is None:  # no legal order ends in the state row: say where the history goes wrong
+        deepest = _Search()
+        found = _legal_order(None, rows, design, [], deepest)
     path = found if found is not None else deepest.path
     s: _State | None = None
     trail: list[str] = []

@@ -221,6 +221,19 @@ def test_a_reclaim_and_a_resubmit_swapped_by_skew_are_put_back_in_order() -> Non
     assert kinds(world) == []
 
 
+def test_the_rows_of_one_transaction_stamped_microseconds_apart_in_any_order() -> None:
+    """The service stamps each row of a transaction as it applies it: a reply's claim of the
+    next step (or a submission's claim of the first) may carry the earlier stamp."""
+    world = World()
+    world.processed("p1")
+    rows = [e for e in world.entities if e["PartitionKey"] == "p1" and "Kind" in e]
+    submitted, first_claim, reserve_done = rows[0], rows[1], rows[2]
+    first_claim[COMMITTED] = submitted[COMMITTED] - 0.000_01  # one create transaction
+    world.history("p1", "claimed", 2, "charge")
+    world.entities[-1][COMMITTED] = reserve_done[COMMITTED] - 0.000_03  # with reserve's reply
+    assert kinds(world) == []
+
+
 def test_a_submitted_order_without_state_or_parking_is_lost() -> None:
     world = clean()
     world.submitted.append("ghost")
