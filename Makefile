@@ -11,7 +11,7 @@ CHROMIUM := /usr/bin/chromium
 # Playwright drives Debian's Chromium (sas_local/browser.py); it must never fetch a browser.
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
-.PHONY: setup run test lint format unit integration e2e clean lock hooks chaos bench chromium \
+.PHONY: setup run fast test lint format unit integration e2e clean lock hooks chaos bench chromium \
 	openapi
 
 setup: $(VENV)/.installed node_modules/.installed
@@ -37,6 +37,10 @@ node_modules/.installed: package.json package-lock.json
 
 run: setup
 	$(PY) -m sas_local.demo --orders $(ORDERS) --workers $(WORKERS) $(DEMO_ARGS)
+
+# The domain and the core services on in-memory fakes: seconds, no Azurite, no Node.
+fast: $(VENV)/.installed
+	$(PY) -m pytest -m fast tests/unit
 
 test: setup lint chromium
 	$(PY) -m pytest --cov --cov-report=term:skip-covered

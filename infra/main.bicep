@@ -42,6 +42,11 @@ param principalType string = 'User'
 ])
 param transport string = 'servicebus'
 
+@description('Every queue\'s name starts with this and a hyphen (SAS_QUEUE_PREFIX): <prefix>-orders, <prefix>-orders-high, ... <prefix>-alerts.')
+@minLength(3)
+@maxLength(40)
+param queuePrefix string = 'sas'
+
 @description('Table holding orders, state and steps (SAS_TABLE_NAME); its in-flight table is this name + "live".')
 @minLength(3)
 @maxLength(59)
@@ -91,7 +96,7 @@ param remoteShippingEndpoints string = ''
 @description('Calls the shipping service\'s one URL takes at once; empty: no limit (SAS_REMOTE_SHIPPING_CAPACITY).')
 param remoteShippingCapacity string = ''
 
-@description('Seconds two instances\' clocks may differ; a deadline counts as passed only this long after it (SAS_CLOCK_SKEW_SECONDS, 0-10).')
+@description('Clock-skew allowance: how far each host\'s estimate of the store\'s clock may be off; a deadline counts as passed only this long after it, and a host further off is reported (SAS_CLOCK_SKEW_SECONDS, 0-10).')
 param clockSkewSeconds string = '2'
 
 @description('Comma-separated prefixes a submitter\'s status (reply_to) queue must start with; the app\'s own queues are always refused (SAS_REPLY_TO_PREFIXES).')
@@ -140,36 +145,26 @@ param instanceMemoryMB int = 2048
 @description('E-mail address of the operators for the alert rules\' action group (SAS_ALERT_EMAIL). Empty: the action group has no receiver; the alerts still fire in Azure Monitor.')
 param alertEmail string = ''
 
-// Queue names by app setting key. Keep in step with sas.settings.DEFAULT_QUEUES:
-// tests/unit/test_infra_consistency.py fails when they drift apart.
-// Every queue the app consumes has a lane per priority (high, normal, low): its own queue and
-// its own trigger. The normal lane keeps the plain name.
-var queueSettings = {
-  SAS_QUEUE_ORDERS_HIGH: 'sas-orders-high'
-  SAS_QUEUE_ORDERS: 'sas-orders'
-  SAS_QUEUE_ORDERS_LOW: 'sas-orders-low'
-  SAS_QUEUE_SCHEDULER_HIGH: 'sas-scheduler-high'
-  SAS_QUEUE_SCHEDULER: 'sas-scheduler'
-  SAS_QUEUE_SCHEDULER_LOW: 'sas-scheduler-low'
-  SAS_QUEUE_REPLIES_HIGH: 'sas-replies-high'
-  SAS_QUEUE_REPLIES: 'sas-replies'
-  SAS_QUEUE_REPLIES_LOW: 'sas-replies-low'
-  SAS_QUEUE_AGENT_INVENTORY_HIGH: 'sas-agent-inventory-high'
-  SAS_QUEUE_AGENT_INVENTORY: 'sas-agent-inventory'
-  SAS_QUEUE_AGENT_INVENTORY_LOW: 'sas-agent-inventory-low'
-  SAS_QUEUE_AGENT_PAYMENT_HIGH: 'sas-agent-payment-high'
-  SAS_QUEUE_AGENT_PAYMENT: 'sas-agent-payment'
-  SAS_QUEUE_AGENT_PAYMENT_LOW: 'sas-agent-payment-low'
-  SAS_QUEUE_AGENT_SHIPPING_HIGH: 'sas-agent-shipping-high'
-  SAS_QUEUE_AGENT_SHIPPING: 'sas-agent-shipping'
-  SAS_QUEUE_AGENT_SHIPPING_LOW: 'sas-agent-shipping-low'
-  SAS_QUEUE_ALERTS: 'sas-alerts'
-}
-var queueNames = map(items(queueSettings), queue => queue.value)
-var alertsQueueName = queueSettings.SAS_QUEUE_ALERTS
+// Queue names, as sas.settings.queue_names derives them from SAS_QUEUE_PREFIX:
+// tests/unit/test_infra_consistency.py fails when the two drift apart. Every queue the app
+// consumes has a lane per priority (high, normal, low): its own queue and its own trigger.
+var consumedQueues = [
+  'orders'
+  'scheduler'
+  'replies'
+  'agent-inventory'
+  'agent-payment'
+  'agent-shipping'
+]
 // The queues the app consumes (its queue triggers): all but the alerts queue, which only
 // operators read. Receive-side roles are scoped to exactly these queues.
-var triggerQueueNames = filter(queueNames, queue => queue != alertsQueueName)
+var triggerQueueNames = flatten(map(consumedQueues, queue => [
+  '${queuePrefix}-${queue}-high'
+  '${queuePrefix}-${queue}'
+  '${queuePrefix}-${queue}-low'
+]))
+var alertsQueueName = '${queuePrefix}-alerts'
+var queueNames = concat(triggerQueueNames, [alertsQueueName])
 var useServiceBus = transport == 'servicebus'
 // The in-flight table's name is the orders table's + this (sas/domain/wire.py, live_table_name).
 var liveTableSuffix = 'live'
@@ -273,38 +268,48 @@ module userRoles 'modules/roles.bicep' = if (grantDeployerDataAccess && !empty(p
   }
 }
 
-// Every setting sas reads (sas/settings.py); connections are identity-based
+// The settings sas reads (sas/settings.py) that this deployment sets: the ones it needs and
+// the ones that differ from the code's defaults. Connections are identity-based
 // (<Conn>__tableServiceUri / __queueServiceUri / __fullyQualifiedNamespace + __credential +
 // __clientId), resolved with azure-identity by the app and by the Functions host's triggers.
 var sasSettings = {
   SAS_TRANSPORT: transport
   SAS_TABLE_NAME: tableName
   SAS_SUPERVISOR_SCHEDULE: supervisorSchedule
-  SAS_MAX_FAILURES: string(maxFailures)
-  SAS_CLOCK_SKEW_SECONDS: clockSkewSeconds
-  SAS_REPLY_TO_PREFIXES: replyToPrefixes
   SAS_REMOTE_INVENTORY_URL: remoteInventoryUrl
   SAS_REMOTE_PAYMENT_URL: remotePaymentUrl
   SAS_REMOTE_SHIPPING_URL: remoteShippingUrl
+  SasStorage__tableServiceUri: storage.outputs.tableEndpoint
+  SasStorage__queueServiceUri: storage.outputs.queueEndpoint
+  SasStorage__credential: 'managedidentity'
+  SasStorage__clientId: identity.outputs.clientId
+}
+var optionalSettings = {
+  SAS_QUEUE_PREFIX: (queuePrefix == 'sas') ? '' : queuePrefix
+  SAS_MAX_FAILURES: (maxFailures == 3) ? '' : string(maxFailures)
+  SAS_CLOCK_SKEW_SECONDS: (clockSkewSeconds == '2') ? '' : clockSkewSeconds
+  SAS_REPLY_TO_PREFIXES: (replyToPrefixes == 'status-') ? '' : replyToPrefixes
   SAS_REMOTE_INVENTORY_ENDPOINTS: remoteInventoryEndpoints
   SAS_REMOTE_PAYMENT_ENDPOINTS: remotePaymentEndpoints
   SAS_REMOTE_SHIPPING_ENDPOINTS: remoteShippingEndpoints
   SAS_REMOTE_INVENTORY_CAPACITY: remoteInventoryCapacity
   SAS_REMOTE_PAYMENT_CAPACITY: remotePaymentCapacity
   SAS_REMOTE_SHIPPING_CAPACITY: remoteShippingCapacity
-  SAS_LOW_PRIORITY_BACKLOG_SECONDS: lowPriorityBacklogSeconds
-  SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS: lowPriorityMaxDeferralSeconds
-  SasStorage__tableServiceUri: storage.outputs.tableEndpoint
-  SasStorage__queueServiceUri: storage.outputs.queueEndpoint
-  SasStorage__credential: 'managedidentity'
-  SasStorage__clientId: identity.outputs.clientId
+  SAS_LOW_PRIORITY_BACKLOG_SECONDS: (lowPriorityBacklogSeconds == '5') ? '' : lowPriorityBacklogSeconds
+  SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS: (lowPriorityMaxDeferralSeconds == '60') ? '' : lowPriorityMaxDeferralSeconds
 }
+// Only the optional settings that are set: an app setting left out is the code's default.
+var changedSettings = toObject(
+  filter(items(optionalSettings), setting => !empty(setting.value)),
+  setting => setting.key,
+  setting => setting.value
+)
 var serviceBusSettings = useServiceBus ? {
   SasServiceBus__fullyQualifiedNamespace: serviceBus.outputs.fullyQualifiedNamespace
   SasServiceBus__credential: 'managedidentity'
   SasServiceBus__clientId: identity.outputs.clientId
 } : {}
-var appSettings = union(queueSettings, sasSettings, serviceBusSettings)
+var appSettings = union(sasSettings, changedSettings, serviceBusSettings)
 
 module functionApp 'modules/functionapp.bicep' = {
   name: 'functionapp'

@@ -21,11 +21,10 @@ from sas.domain.workflow import AGENTS
 from sas.services import telemetry
 from sas.services.backlog import Backlog
 from sas.services.breaker import BreakerStore, CircuitBreaker
-from sas.services.context import Agents, Context
+from sas.services.context import Agents, Context, Routes
 from sas.services.gauges import QueueGauges
 from sas.services.operator import Operator
 from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
-from sas.services.routes import Routes
 from sas.services.routing import Router
 from sas.services.store_time import StoreClock
 
@@ -125,7 +124,7 @@ def _table() -> Any:
     from sas.adapters.clients import table_client
 
     s = settings()
-    return table_client(s.storage, s.table_name, _store_clock())
+    return table_client(s.storage, s.table_name, _store_clock().hooks())
 
 
 @_once
@@ -134,7 +133,7 @@ def _live_table() -> Any:
     from sas.adapters.clients import table_client
 
     s = settings()
-    return table_client(s.storage, s.live_table_name, _store_clock())
+    return table_client(s.storage, s.live_table_name, _store_clock().hooks())
 
 
 @_once
@@ -154,13 +153,13 @@ def transport() -> Transport:
     from sas.adapters.clients import queue_service_client
     from sas.adapters.storage_queues import StorageQueueTransport
 
-    return StorageQueueTransport(queue_service_client(s.storage, _store_clock()))
+    return StorageQueueTransport(queue_service_client(s.storage, _store_clock().hooks()))
 
 
 @_once
 def poison() -> PoisonStore:
     """Poison queues (Storage) or dead-letter queues (Service Bus) of every consumed queue."""
-    from sas.domain.poison import consumed_queues
+    from sas.domain.parked import consumed_queues
 
     s = settings()
     r = routes()
@@ -174,7 +173,7 @@ def poison() -> PoisonStore:
     from sas.adapters.clients import queue_service_client
     from sas.adapters.poison_storage import StoragePoisonQueues
 
-    return StoragePoisonQueues(queue_service_client(s.storage, _store_clock()), sources)
+    return StoragePoisonQueues(queue_service_client(s.storage, _store_clock().hooks()), sources)
 
 
 @_once
@@ -198,11 +197,13 @@ def context() -> Context:
 
 @_once
 def agent_context() -> Context:
-    """The context of a process that runs agents: remote services, breakers, endpoints."""
-    return replace(
-        context(),
-        agents=Agents(remote=_remote(), breaker=breaker, router=router()),
-    )
+    """The context of a process that runs agents: remote services, breakers, and a router
+    where some service declares several endpoints or a capacity."""
+    s = settings()
+    endpoints = [s.endpoints_of(agent) for agent in AGENTS]
+    routed = any(len(found) > 1 or found[0].capacity is not None for found in endpoints)
+    agents = Agents(remote=_remote(), breaker=breaker, router=router() if routed else None)
+    return replace(context(), agents=agents)
 
 
 @_once

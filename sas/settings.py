@@ -24,6 +24,7 @@ from sas.domain.priority import AdmissionPolicy
 from sas.domain.wire import (
     APP_QUEUE_NAME,
     DEFAULT_PRIORITY,
+    DEFAULT_REPLY_TO_PREFIXES,
     ENDPOINT_NAME,
     PRIORITIES,
     REPLY_TO_PREFIX,
@@ -75,27 +76,56 @@ def remote_endpoints_setting(agent: str) -> str:
     return f"SAS_REMOTE_{agent.upper()}_ENDPOINTS"
 
 
-_CONSUMED_DEFAULTS: dict[str, str] = {
-    QUEUE_ORDERS: "sas-orders",
-    QUEUE_SCHEDULER: "sas-scheduler",
-    QUEUE_REPLIES: "sas-replies",
-    **{agent_queue_setting(agent): f"sas-agent-{agent}" for agent in AGENTS},
-}
-LANED_QUEUES: tuple[str, ...] = tuple(_CONSUMED_DEFAULTS)
+QUEUE_PREFIX = "SAS_QUEUE_PREFIX"
+DEFAULT_QUEUE_PREFIX = "sas"
+LANED_QUEUES: tuple[str, ...] = (
+    QUEUE_ORDERS,
+    QUEUE_SCHEDULER,
+    QUEUE_REPLIES,
+    *(agent_queue_setting(agent) for agent in AGENTS),
+)
 """The queue settings the app is triggered by: each has a lane (a queue of its own, with its
 own trigger) per priority; ``lane_setting`` names them."""
-DEFAULT_QUEUES: dict[str, str] = {
-    **{
-        lane_setting(key, priority): lane_queue_name(name, priority)
-        for key, name in _CONSUMED_DEFAULTS.items()
-        for priority in PRIORITIES
-    },
-    QUEUE_ALERTS: "sas-alerts",
-}
+
+
+def queue_names(env: Mapping[str, str]) -> dict[str, str]:
+    """Every queue's name by its setting key: ``<SAS_QUEUE_PREFIX>-orders``, ``-orders-high``,
+    ``-scheduler``, ``-replies``, ``-agent-<agent>``, ``-alerts``, ... (prefix ``sas`` by
+    default), unless the queue's own setting names it; a lane follows its normal lane's name
+    when only that is set. ConfigurationError, naming the key, for a name no queue can have or
+    two keys naming one queue."""
+    prefix = env.get(QUEUE_PREFIX) or DEFAULT_QUEUE_PREFIX
+    bases = {
+        QUEUE_ORDERS: "orders",
+        QUEUE_SCHEDULER: "scheduler",
+        QUEUE_REPLIES: "replies",
+        **{agent_queue_setting(agent): f"agent-{agent}" for agent in AGENTS},
+    }
+    names: dict[str, str] = {}
+    source: dict[str, str] = {}  # the setting each name comes from
+    for key, base in bases.items():
+        normal = env.get(key) or f"{prefix}-{base}"
+        for priority in PRIORITIES:
+            lane = lane_setting(key, priority)
+            names[lane] = env.get(lane) or lane_queue_name(normal, priority)
+            source[lane] = next((k for k in (lane, key) if env.get(k)), QUEUE_PREFIX)
+    names[QUEUE_ALERTS] = env.get(QUEUE_ALERTS) or f"{prefix}-alerts"
+    source[QUEUE_ALERTS] = QUEUE_ALERTS if env.get(QUEUE_ALERTS) else QUEUE_PREFIX
+    by_name: dict[str, str] = {}
+    for key, name in names.items():
+        if not APP_QUEUE_NAME.matches(name):
+            raise ConfigurationError(f"{source[key]}={name!r} is not a valid queue name")
+        if name in by_name:
+            raise ConfigurationError(f"{by_name[name]} and {key} name the same queue {name!r}")
+        by_name[name] = key
+    return names
+
+
+DEFAULT_QUEUES: dict[str, str] = queue_names({})
+"""The queue names of a deployment that sets none."""
 DEFAULT_TABLE = "sasorders"
 DEFAULT_CLOCK_SKEW_SECONDS = 2.0
 MAX_CLOCK_SKEW_SECONDS = 10.0
-DEFAULT_REPLY_TO_PREFIXES: tuple[str, ...] = ("status-",)
 
 
 @dataclass(frozen=True)
@@ -174,7 +204,7 @@ class Settings:
 
 
 def transport_from(env: Mapping[str, str]) -> TransportKind:
-    value = env.get(TRANSPORT, "servicebus").strip().lower()
+    value = (env.get(TRANSPORT) or "servicebus").strip().lower()
     if value not in ("servicebus", "storage"):
         raise ConfigurationError(f"{TRANSPORT} must be 'servicebus' or 'storage', got {value!r}")
     return "servicebus" if value == "servicebus" else "storage"
@@ -183,20 +213,10 @@ def transport_from(env: Mapping[str, str]) -> TransportKind:
 def load(env: Mapping[str, str] | None = None) -> Settings:
     env = os.environ if env is None else env
     transport = transport_from(env)
-    table_name = env.get(TABLE_NAME, DEFAULT_TABLE)
+    table_name = env.get(TABLE_NAME) or DEFAULT_TABLE
     if not TABLE_NAME_RULE.matches(table_name):
         raise ConfigurationError(f"{TABLE_NAME}={table_name!r} is not a valid table name")
-    queues: dict[str, str] = {}
-    for key, default in _queue_defaults(env).items():
-        name = env.get(key, default)
-        if not APP_QUEUE_NAME.matches(name):
-            raise ConfigurationError(f"{key}={name!r} is not a valid queue name")
-        queues[key] = name
-    by_name: dict[str, str] = {}
-    for key, name in queues.items():
-        if name in by_name:
-            raise ConfigurationError(f"{by_name[name]} and {key} name the same queue {name!r}")
-        by_name[name] = key
+    queues = queue_names(env)
     endpoints = {agent: _endpoints(env, agent) for agent in AGENTS}
     remote_urls = {agent: endpoints[agent][0].url for agent in AGENTS}
     storage = _storage_connection(env, STORAGE_CONNECTION)
@@ -224,19 +244,6 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
             ),
         ),
     )
-
-
-def _queue_defaults(env: Mapping[str, str]) -> dict[str, str]:
-    """DEFAULT_QUEUES, with each lane named after its normal lane's setting when that is set
-    (a deployment that renamed ``sas-orders`` gets ``<its name>-high``, never another's)."""
-    defaults = dict(DEFAULT_QUEUES)
-    for key in LANED_QUEUES:
-        normal = env.get(key)
-        if normal:
-            for priority in PRIORITIES:
-                if priority != DEFAULT_PRIORITY:
-                    defaults[lane_setting(key, priority)] = lane_queue_name(normal, priority)
-    return defaults
 
 
 def _seconds(env: Mapping[str, str], key: str, default: float, low: float, high: float) -> float:
@@ -273,24 +280,27 @@ def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...]:
         raise ConfigurationError(f"{key} must list 1 to {MAX_ENDPOINTS} endpoints")
     found: list[Endpoint] = []
     for number, item in enumerate(items, start=1):
-        where = f"{key}: endpoint {number}"
-        if not isinstance(item, dict) or not set(item) <= {"name", "url", "capacity"}:
-            raise ConfigurationError(f"{where} must be an object with name, url and capacity")
-        name, capacity = item.get("name"), item.get("capacity")
-        if not isinstance(name, str) or not ENDPOINT_NAME.matches(name):
-            raise ConfigurationError(f"{where}: name must match {ENDPOINT_NAME.body}")
-        if capacity is not None and (
-            not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1
-        ):
-            raise ConfigurationError(f"{where}: capacity must be a whole number, at least 1")
-        raw_url = item.get("url")
-        if not isinstance(raw_url, str):
-            raise ConfigurationError(f"{where}: url must be an http(s) URL")
-        url = _url({where: raw_url}, where)
-        if any(e.name == name for e in found):
-            raise ConfigurationError(f"{key}: endpoint name {name!r} is used twice")
-        found.append(Endpoint(agent, name, url, capacity))
+        endpoint = _endpoint(agent, item, f"{key}: endpoint {number}")
+        if any(e.name == endpoint.name for e in found):
+            raise ConfigurationError(f"{key}: endpoint name {endpoint.name!r} is used twice")
+        found.append(endpoint)
     return tuple(found)
+
+
+def _endpoint(agent: str, item: object, where: str) -> Endpoint:
+    """One entry of an ENDPOINTS setting, checked field by field."""
+    if not isinstance(item, dict) or not set(item) <= {"name", "url", "capacity"}:
+        raise ConfigurationError(f"{where} must be an object with name, url and capacity")
+    name, capacity, raw_url = item.get("name"), item.get("capacity"), item.get("url")
+    if not isinstance(name, str) or not ENDPOINT_NAME.matches(name):
+        raise ConfigurationError(f"{where}: name must match {ENDPOINT_NAME.body}")
+    if capacity is not None and (
+        not isinstance(capacity, int) or isinstance(capacity, bool) or capacity < 1
+    ):
+        raise ConfigurationError(f"{where}: capacity must be a whole number, at least 1")
+    if not isinstance(raw_url, str):
+        raise ConfigurationError(f"{where}: url must be an http(s) URL")
+    return Endpoint(agent, name, _url({where: raw_url}, where), capacity)
 
 
 def _clock_skew(env: Mapping[str, str]) -> float:

@@ -5,8 +5,7 @@ app's own services, with the app's settings (see sas_cli/appsettings.py).
   sas status ORDER_ID | history ORDER_ID
   sas list [--state S] [--priority P] [--older-than 2h] [--newer-than 7d] [--limit N]
   sas resubmit ORDER_ID [--actor NAME]
-  sas rejected list | replay ID | discard ID
-  sas poison list | replay ID | discard ID
+  sas parked list [--limit N] | replay ID | discard ID
   sas purge --older-than 30d [--yes]
   sas watch [--interval S] [--iterations N]
 
@@ -17,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import uuid
@@ -48,6 +48,8 @@ from sas_cli.watch import watch
 console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 160)
 
 Handler = Callable[[Operator, argparse.Namespace], int]
+Command = Callable[..., Any]
+"""``parser``'s ``command(name, handler, help, parent)``: a subcommand with the common options."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -152,23 +154,7 @@ def parser() -> argparse.ArgumentParser:
     again.add_argument("order_id", type=_arg(_order_id))
     again.add_argument("--actor", default=_actor(), help="who, for the audit trail")
 
-    for noun, about in (
-        ("rejected", "messages the app parked as bad input"),
-        ("poison", "messages the host gave up on (poison / dead-letter queues)"),
-    ):
-        verbs = commands.add_parser(noun, help=about, description=about).add_subparsers(
-            dest="verb", required=True, metavar="VERB"
-        )
-        command("list", _messages_list, about, verbs).add_argument(
-            "--limit", type=_arg(_limit), default=100
-        )
-        for verb, handler, help in (
-            ("replay", _messages_replay, "send one back to its queue as it was"),
-            ("discard", _messages_discard, "delete one for good"),
-        ):
-            one = command(verb, handler, help, verbs)
-            one.add_argument("message_id")
-            one.add_argument("--actor", default=_actor(), help="who, for the log")
+    _parked_commands(commands, command)
 
     purge = command(
         "purge",
@@ -185,7 +171,32 @@ def parser() -> argparse.ArgumentParser:
     live.add_argument("--iterations", type=_arg(_count), help="stop after N refreshes")
     live.add_argument("--failures", type=_arg(_limit), default=10, help="how many to show")
 
-    # The first spellings, kept as aliases.
+    _alias_commands(commands, command)
+    return top
+
+
+def _parked_commands(commands: Any, command: Command) -> None:
+    about = (
+        "parked messages: bad input the app refused (by app) and messages the host gave up on "
+        "in poison / dead-letter queues (by host)"
+    )
+    verbs = commands.add_parser("parked", help=about, description=about).add_subparsers(
+        dest="verb", required=True, metavar="VERB"
+    )
+    command("list", _parked_list, f"{about}, oldest first", verbs).add_argument(
+        "--limit", type=_arg(_limit), default=100
+    )
+    for verb, handler, help in (
+        ("replay", _parked_replay, "send one back to the queue it was meant for, as it was"),
+        ("discard", _parked_discard, "delete one for good"),
+    ):
+        one = command(verb, handler, help, verbs)
+        one.add_argument("message_id", metavar="ID", help="the id `sas parked list` shows, whole")
+        one.add_argument("--actor", default=_actor(), help="who, for the log")
+
+
+def _alias_commands(commands: Any, command: Command) -> None:
+    """The first spellings, kept as aliases."""
     orders = commands.add_parser("orders", help="aliases: orders list | show | resubmit")
     old = orders.add_subparsers(dest="verb", required=True, metavar="VERB")
     by_state = command("list", _list, "= sas list --state", old)
@@ -196,7 +207,6 @@ def parser() -> argparse.ArgumentParser:
     old_resubmit = command("resubmit", _resubmit, "= sas resubmit", old)
     old_resubmit.add_argument("order_id", type=_arg(_order_id))
     old_resubmit.add_argument("--actor", default=_actor())
-    return top
 
 
 def run(argv: Sequence[str] | None = None, *, cwd: Path | None = None) -> int:
@@ -313,51 +323,29 @@ def _resubmit(operator: Operator, args: argparse.Namespace) -> int:
     return 0
 
 
-def _messages_list(operator: Operator, args: argparse.Namespace) -> int:
-    if args.command == "rejected":
-        documents = [
-            views.rejected_document(parked, operator.rejected_age_seconds(parked))
-            for parked in operator.rejected(args.limit)
-        ]
-        title, columns = "rejected messages", ("#", "at", "queue", "age", "reason", "body")
-        cells = [(m["at"], m["queue"], views.age(m["age_seconds"]), m["reason"]) for m in documents]
-    else:
-        documents = [
-            views.poisoned_document(message, operator.poison_age_seconds(message))
-            for message in operator.poisoned(args.limit)
-        ]
-        title = "poison and dead-lettered messages"
-        columns = ("#", "queue", "age", "deliveries", "reason", "body")
-        cells = [
-            (m["queue"], views.age(m["age_seconds"]), m["delivery_count"], m["reason"])
-            for m in documents
-        ]
+def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
+    documents = [
+        views.parked_document(message, operator.parked_age_seconds(message))
+        for message in operator.parked(args.limit)
+    ]
     if args.json:
         _print_json(documents)
         return 0
-    rows = [
-        (number, *cell, views.body_preview(m["body_text"]))
-        for number, (cell, m) in enumerate(zip(cells, documents, strict=True), 1)
-    ]
-    console.print(views.table(title, columns, rows))
+    console.print(
+        views.parked_table(f"parked messages, oldest first (at most {args.limit})", documents)
+    )
     for number, m in enumerate(documents, 1):  # ids in full, never wrapped: to copy into replay
         console.print(f"#{number} {m['id']}", soft_wrap=True, highlight=False, markup=False)
     return 0
 
 
-def _messages_replay(operator: Operator, args: argparse.Namespace) -> int:
-    if args.command == "rejected":
-        operator.replay_rejected(args.message_id, actor=args.actor)
-    else:
-        operator.replay_poisoned(args.message_id, actor=args.actor)
+def _parked_replay(operator: Operator, args: argparse.Namespace) -> int:
+    operator.replay_parked(args.message_id, actor=args.actor)
     return _done(args, "replayed")
 
 
-def _messages_discard(operator: Operator, args: argparse.Namespace) -> int:
-    if args.command == "rejected":
-        operator.discard_rejected(args.message_id, actor=args.actor)
-    else:
-        operator.discard_poisoned(args.message_id, actor=args.actor)
+def _parked_discard(operator: Operator, args: argparse.Namespace) -> int:
+    operator.discard_parked(args.message_id, actor=args.actor)
     return _done(args, "discarded")
 
 
@@ -420,6 +408,9 @@ def main() -> None:
     # The operator's commands are not the app's work: nothing to trace, and the exporter the
     # app's settings name signs in as the app's managed identity.
     os.environ["OTEL_SDK_DISABLED"] = "true"
+    # The app's own warnings (a retried read, a clock estimate) are its logs, not the
+    # command's output: the command reports its own outcome.
+    logging.basicConfig(level=logging.ERROR, format="sas: %(levelname)s: %(message)s")
     sys.exit(run())
 
 

@@ -13,12 +13,11 @@ from rich.table import Table
 from rich.text import Text
 
 from sas.domain.model import OrderState, ProcessState
-from sas.domain.poison import PoisonedMessage
+from sas.domain.parked import ParkedMessage
 from sas.entrypoints.http_api import (
     HistoryView,
     OrderView,
-    PoisonedView,
-    RejectedView,
+    ParkedView,
     StateView,
     StepView,
 )
@@ -43,12 +42,9 @@ def detail_document(detail: OrderDetail) -> dict[str, Any]:
     return view.model_dump(mode="json")
 
 
-def rejected_document(parked: Mapping[str, Any], age_seconds: float) -> dict[str, Any]:
-    return RejectedView.of(parked, age_seconds).model_dump(mode="json")
-
-
-def poisoned_document(message: PoisonedMessage, age_seconds: float | None) -> dict[str, Any]:
-    return PoisonedView.of(message, age_seconds).model_dump(mode="json")
+def parked_document(message: ParkedMessage, age_seconds: float | None) -> dict[str, Any]:
+    """What GET /api/parked shows of one message."""
+    return ParkedView.of(message, age_seconds).model_dump(mode="json")
 
 
 WHOLE_COLUMNS = frozenset({"order", "id"})
@@ -163,3 +159,27 @@ def age(seconds: float | None) -> str:
 
 def body_preview(text: str | None) -> str:
     return (text if text is not None else "<binary>")[:60]
+
+
+def parked_table(title: str, documents: Sequence[Mapping[str, Any]]) -> Table:
+    """Parked messages as ``parked_document`` shows them, numbered (the ids follow the table,
+    whole, to be copied)."""
+    columns = ("#", "by", "parked", "queue", "age", "deliveries", "reason", "body")
+    rows = [
+        (
+            number,
+            m["parked_by"],
+            _parsed(m["parked_at"]),
+            m["queue"],
+            age(m["age_seconds"]),
+            m["delivery_count"],
+            m["reason"],
+            body_preview(m["body_text"]),
+        )
+        for number, m in enumerate(documents, 1)
+    ]
+    return table(title, columns, rows)
+
+
+def _parsed(moment: str | None) -> datetime | None:
+    return None if moment is None else datetime.fromisoformat(moment)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
+from types import CodeType, FrameType
 from typing import Any
 
 from sas import settings as settings_module
@@ -35,6 +35,8 @@ SAS = REPO_ROOT / "sas"
 class StepLife:
     files: dict[str, int]
     """Each ``sas/`` file that ran, by its path from the repository root: its lines."""
+    function_lines: dict[str, int]
+    """Each of those files: the lines of the functions in it that ran (first line to last)."""
 
     @property
     def lines(self) -> int:
@@ -56,21 +58,21 @@ def order_body(order_id: str) -> str:
 
 
 @contextmanager
-def recording() -> Iterator[set[str]]:
-    seen: set[str] = set()
+def recording() -> Iterator[set[CodeType]]:
+    seen: set[CodeType] = set()
     root = str(SAS) + os.sep
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
         if event == "call" and frame.f_code.co_filename.startswith(root):
-            seen.add(frame.f_code.co_filename)
+            seen.add(frame.f_code)
 
-    threading.setprofile(hook)  # type: ignore[arg-type]
-    sys.setprofile(hook)  # type: ignore[arg-type]
+    threading.setprofile(hook)
+    sys.setprofile(hook)
     try:
         yield seen
     finally:
         sys.setprofile(None)
-        threading.setprofile(None)  # type: ignore[arg-type]
+        threading.setprofile(None)
 
 
 def measure() -> StepLife:
@@ -100,8 +102,8 @@ def _functions() -> dict[str, Callable[[Any], None]]:
     for function in module.app.get_functions():
         trigger = function.get_trigger()
         queue = getattr(trigger, "queue_name", None)
-        if queue is not None:
-            name = os.environ[queue.strip("%")]
+        if queue is not None:  # a literal name, or a %setting% (older commits)
+            name = os.environ[queue.strip("%")] if queue.startswith("%") else queue
             found[name] = function.get_user_function()
     return found
 
@@ -129,19 +131,28 @@ def _follow(connection_string: str, functions: dict[str, Callable[[Any], None]])
             for queue in life:
                 deliver(queue)
         QueueClient.from_connection_string(connection_string, "sas-agent-payment").clear_messages()
+    spans: dict[str, set[int]] = {}
+    for code in seen:
+        last = max((line for _, _, line in code.co_lines() if line is not None), default=0)
+        lines = range(code.co_firstlineno, max(last, code.co_firstlineno) + 1)
+        spans.setdefault(code.co_filename, set()).update(lines)
     return StepLife(
         {
             str(Path(f).relative_to(REPO_ROOT)): len(Path(f).read_text().splitlines())
-            for f in sorted(seen)
-        }
+            for f in sorted(spans)
+        },
+        {str(Path(f).relative_to(REPO_ROOT)): len(spans[f]) for f in sorted(spans)},
     )
 
 
 def main() -> None:
     life = measure()
+    print(f"{'file':>5} {'ran':>5}")
     for path, lines in life.files.items():
-        print(f"{lines:5d} {path}")
-    print(f"{life.lines:5d} lines in {len(life.files)} files of sas/")
+        print(f"{lines:5d} {life.function_lines[path]:5d} {path}")
+    ran = sum(life.function_lines.values())
+    files = len(life.files)
+    print(f"{life.lines:5d} {ran:5d} lines in {files} files of sas/ (whole files; functions run)")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,6 @@ def app_env(connection_string: str, simulator_url: str) -> dict[str, str]:
         # Locally the Supervisor sweeps every 2 s, so recoveries show within a demo run.
         settings_module.SUPERVISOR_SCHEDULE: "*/2 * * * * *",
         settings_module.MAX_FAILURES: "3",
-        **settings_module.DEFAULT_QUEUES,
         **{settings_module.remote_url_setting(a): f"{simulator_url}/{a}" for a in AGENTS},
     }
 

@@ -19,6 +19,7 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
+from sas.domain.parked import ParkedMessage
 from sas.domain.priority import Waiting
 from sas.domain.wire import Priority, rejected_row_key
 
@@ -94,7 +95,7 @@ class InMemoryStore:
         self.orders: dict[str, OrderRecord] = {}
         self.states: dict[str, tuple[OrderState, str]] = {}
         self.steps: dict[tuple[str, int], StepRecord] = {}
-        self.parked: dict[str, dict[str, Any]] = {}
+        self.parked: dict[str, ParkedMessage] = {}
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
 
@@ -220,22 +221,23 @@ class InMemoryStore:
 
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
         parked_id = rejected_row_key(at, f"{next(self._parked_ids):012x}")
-        self.parked[parked_id] = {
-            "id": parked_id,
-            "queue": queue,
-            "reason": reason,
-            "at": at,
-            "body": body,
-            "body_truncated": False,
-        }
+        self.parked[parked_id] = ParkedMessage(
+            id=parked_id,
+            parked_by="app",
+            queue=queue,
+            function=None,
+            reason=reason,
+            body=body,
+            body_truncated=False,
+            parked_at=at,
+        )
         return parked_id
 
-    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [dict(self.parked[key]) for key in sorted(self.parked)[:limit]]
+    def list_parked(self, limit: int = 100) -> list[ParkedMessage]:
+        return [self.parked[key] for key in sorted(self.parked)[:limit]]
 
-    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
-        found = self.parked.get(parked_id)
-        return None if found is None else dict(found)
+    def get_parked(self, parked_id: str) -> ParkedMessage | None:
+        return self.parked.get(parked_id)
 
     def drop_parked(self, parked_id: str) -> bool:
         return self.parked.pop(parked_id, None) is not None

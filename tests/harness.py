@@ -23,9 +23,8 @@ from sas.domain.priority import Waiting
 from sas.domain.transitions import RetryPolicy
 from sas.domain.wire import live_table_name
 from sas.domain.workflow import ORDER_WORKFLOW
-from sas.services.context import Agents
+from sas.services.context import Agents, Routes
 from sas.services.operator import Operator
-from sas.services.routes import Routes
 from sas.services.routing import Router
 from tests.fakes import FakeClock
 from tests.instances import AgentOf, Instance, instance

@@ -11,9 +11,8 @@ from sas.domain.clock import Clock
 from sas.domain.messages import OrderSubmitted, ScheduleRequest, StepReply, StepRequest
 from sas.services import agent, scheduler, submission, supervisor
 from sas.services.agent import AgentOutcome
-from sas.services.context import Agents, Context
+from sas.services.context import Agents, Context, Routes
 from sas.services.ports import StateStore, Transport
-from sas.services.routes import Routes
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.services.submission import SubmissionOutcome
 

@@ -27,8 +27,7 @@ import contextlib
 import os
 import threading
 from collections.abc import Callable
-from datetime import UTC
-from email.utils import parsedate_to_datetime
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
@@ -37,6 +36,7 @@ from azure.core.credentials import TokenCredential
 from azure.core.exceptions import ResourceNotFoundError
 from azure.core.pipeline.transport import RequestsTransport
 from azure.data.tables import TableClient, TableServiceClient
+from azure.servicebus import ServiceBusClient
 from azure.storage.queue import ExponentialRetry, QueueServiceClient
 from requests.adapters import HTTPAdapter
 from requests.utils import get_environ_proxies
@@ -45,7 +45,6 @@ from urllib3.util.retry import Retry
 from sas.adapters import queue_models
 from sas.domain.errors import ConfigurationError
 from sas.domain.wire import CLOCK_PROBE
-from sas.services.ports import StoreTimeObserver
 from sas.settings import Connection
 
 POOL_MAXSIZE = 64
@@ -56,6 +55,7 @@ the HTTP API's sync routes run on their own threads beside it. More calls than t
 through (the pool does not block); only the connections past it are not kept."""
 
 C = TypeVar("C", TableServiceClient, QueueServiceClient)
+Hooks = dict[str, Callable[[Any], None]]
 
 _session_lock = threading.Lock()
 _session: tuple[int, requests.Session] | None = None
@@ -127,49 +127,18 @@ def credential(connection: Connection) -> TokenCredential:
     return DefaultAzureCredential()
 
 
-_SENT = "sas.sent_at"
-
-
-def store_time_hooks(observer: StoreTimeObserver | None) -> dict[str, Any]:
-    """The client options that report each response's ``Date`` (the store's clock) to
-    ``observer``, with when its request was sent and answered by this host's clock: azure-core's
-    ``raw_request_hook`` and ``raw_response_hook``, called on every try."""
-    if observer is None:
-        return {}
-
-    def sent(request: Any) -> None:
-        request.context[_SENT] = observer.host_now()
-
-    def answered(response: Any) -> None:
-        try:
-            sent_at = response.context.get(_SENT)
-            date = response.http_response.headers.get("Date")
-            if sent_at is None or not date:
-                return
-            store_date = parsedate_to_datetime(date)
-            if store_date.tzinfo is None:  # RFC 9110: an HTTP-date is always GMT
-                store_date = store_date.replace(tzinfo=UTC)
-            observer.observe(sent_at, observer.host_now(), store_date)
-        except Exception:  # noqa: S110  # timing is advice: never fail the call it rode on
-            pass
-
-    return {"raw_request_hook": sent, "raw_response_hook": answered}
-
-
 def ping(table: TableClient) -> None:
     """One request whose only use is its answer's date: a read of a row never written."""
     with contextlib.suppress(ResourceNotFoundError):
         table.get_entity(*CLOCK_PROBE)
 
 
-def _on_shared_session(
-    build: Callable[..., C], observer: StoreTimeObserver | None = None, **connection: Any
-) -> C:
+def _on_shared_session(build: Callable[..., C], hooks: Hooks | None = None, **connection: Any) -> C:
     """``build(transport=..., proxies=...)`` on :func:`shared_transport`, with the proxies the
     environment names for the client's own endpoint (known once the client has parsed its
-    connection string; building a client does no I/O), reporting to ``observer`` the store's
-    time of each response."""
-    hooks = store_time_hooks(observer)
+    connection string; building a client does no I/O), and ``hooks`` (azure-core's
+    ``raw_request_hook`` and ``raw_response_hook``: called on every try)."""
+    hooks = hooks or {}
     client = build(transport=shared_transport(**connection), **hooks)
     proxies = environment_proxies(client.url)
     if proxies:
@@ -177,13 +146,11 @@ def _on_shared_session(
     return client
 
 
-def table_service_client(
-    connection: Connection, observer: StoreTimeObserver | None = None
-) -> TableServiceClient:
+def table_service_client(connection: Connection, hooks: Hooks | None = None) -> TableServiceClient:
     if connection.connection_string:
         return _on_shared_session(
             partial(TableServiceClient.from_connection_string, connection.connection_string),
-            observer,
+            hooks,
         )
     if connection.table_uri is None:
         raise ConfigurationError(f"{connection.setting}: no table endpoint")
@@ -191,14 +158,14 @@ def table_service_client(
         partial(
             TableServiceClient, endpoint=connection.table_uri, credential=credential(connection)
         ),
-        observer,
+        hooks,
     )
 
 
 def table_client(
-    connection: Connection, table_name: str, observer: StoreTimeObserver | None = None
+    connection: Connection, table_name: str, hooks: Hooks | None = None
 ) -> TableClient:
-    return table_service_client(connection, observer).get_table_client(table_name)
+    return table_service_client(connection, hooks).get_table_client(table_name)
 
 
 QUEUE_CONNECTION_TIMEOUT = 3
@@ -223,9 +190,7 @@ def bounded_queue_options() -> dict[str, Any]:
     }
 
 
-def queue_service_client(
-    connection: Connection, observer: StoreTimeObserver | None = None
-) -> QueueServiceClient:
+def queue_service_client(connection: Connection, hooks: Hooks | None = None) -> QueueServiceClient:
     queue_models.prepare()
     options = bounded_queue_options()
     timeouts = {key: options.pop(key) for key in ("connection_timeout", "read_timeout")}
@@ -236,7 +201,7 @@ def queue_service_client(
                 connection.connection_string,
                 **options,
             ),
-            observer,
+            hooks,
             **timeouts,
         )
     if connection.queue_uri is None:
@@ -248,6 +213,57 @@ def queue_service_client(
             credential=credential(connection),
             **options,
         ),
-        observer,
+        hooks,
         **timeouts,
     )
+
+
+@dataclass(frozen=True)
+class ServiceBusClients:
+    """How a resolved ``SasServiceBus`` connection makes its clients: nothing connects until
+    ``make`` is called."""
+
+    make: Callable[[], ServiceBusClient]
+    endpoint: str
+    """The namespace host, for logs (never the key)."""
+    close: Callable[[], None]
+    """Closes the credentials ``make`` made."""
+
+
+def servicebus_clients(conn: Connection) -> ServiceBusClients:
+    """Service Bus clients from a connection string, or from the namespace and the identity
+    the connection names (the same rule as the storage clients, checked before any use)."""
+    if conn.connection_string:
+        connection_string = conn.connection_string
+        return ServiceBusClients(
+            lambda: ServiceBusClient.from_connection_string(connection_string),
+            _namespace_of(connection_string),
+            lambda: None,
+        )
+    if conn.namespace:
+        namespace = conn.namespace
+        check_identity(conn)
+        made: list[TokenCredential] = []
+
+        def with_identity() -> ServiceBusClient:
+            made.append(credential(conn))
+            return ServiceBusClient(fully_qualified_namespace=namespace, credential=made[-1])
+
+        def close() -> None:
+            while made:
+                closing = getattr(made.pop(), "close", None)
+                if callable(closing):
+                    closing()
+
+        return ServiceBusClients(with_identity, namespace, close)
+    raise ConfigurationError(
+        f"{conn.setting}: need a connection string or {conn.setting}__fullyQualifiedNamespace"
+    )
+
+
+def _namespace_of(connection_string: str) -> str:
+    for part in connection_string.split(";"):
+        key, _, value = part.partition("=")
+        if key.strip().lower() == "endpoint":
+            return value.strip().removeprefix("sb://").rstrip("/") or "servicebus"
+    return "servicebus"

@@ -29,24 +29,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from azure.core.credentials import TokenCredential
 from azure.servicebus import (
-    ServiceBusClient,
     ServiceBusMessage,
     ServiceBusReceiveMode,
     ServiceBusSubQueue,
 )
 from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
+from sas.adapters.clients import servicebus_clients
 from sas.adapters.servicebus import DEFAULT_SEND_TIMEOUT, PropertyValue, SenderLike
 from sas.domain.clock import Clock, require_utc
-from sas.domain.errors import ConfigurationError, IllegalTransition, NotFound
-from sas.domain.poison import (
-    PoisonedMessage,
+from sas.domain.errors import IllegalTransition, NotFound
+from sas.domain.parked import (
+    ParkedMessage,
     bounded,
+    oldest_first,
     parse_poison_id,
     poison_id,
     servicebus_reason,
@@ -164,10 +164,12 @@ class ServiceBusDeadLetters:
     def from_connection(
         cls, conn: Connection, sources: Mapping[str, str], clock: Clock
     ) -> ServiceBusDeadLetters:
-        return from_connection(conn, sources, clock)
+        """Dead letters over a resolved connection; nothing connects until used."""
+        clients = servicebus_clients(conn)
+        return cls(clients.make, sources, clock, endpoint=clients.endpoint, on_close=clients.close)
 
-    def list(self, limit: int = 100) -> builtins.list[PoisonedMessage]:
-        found: builtins.list[PoisonedMessage] = []
+    def list(self, limit: int = 100) -> builtins.list[ParkedMessage]:
+        found: builtins.list[ParkedMessage] = []
         for queue, function in self._sources.items():
             receiver = self._receiver(queue)
             try:
@@ -184,8 +186,7 @@ class ServiceBusDeadLetters:
                 for message in peeked
                 if message.sequence_number is not None
             )
-        found.sort(key=lambda m: (m.enqueued_at or _LONG_AGO, m.id))
-        return found[:limit]
+        return oldest_first(found)[:limit]
 
     def replay(self, poison_id: str) -> bool:
         return self._take(poison_id, replay=True)
@@ -318,26 +319,24 @@ class ServiceBusDeadLetters:
                 log.info("servicebus.dead_letters_client_created endpoint=%s", self._endpoint)
             return self._client
 
-    def _view(self, queue: str, function: str, message: ReceivedLike) -> PoisonedMessage:
+    def _view(self, queue: str, function: str, message: ReceivedLike) -> ParkedMessage:
         kept, truncated = bounded(body_bytes(message.body))
+        # Service Bus does not say when it dead-lettered a message: since it was enqueued.
         enqueued = message.enqueued_time_utc
-        return PoisonedMessage(
+        return ParkedMessage(
             id=poison_id(queue, str(message.sequence_number)),
+            parked_by="host",
             queue=queue,
             function=function,
-            transport="servicebus",
             reason=servicebus_reason(
                 message.dead_letter_reason, message.dead_letter_error_description
             ),
             body=kept,
             body_truncated=truncated,
+            parked_at=None if enqueued is None else require_utc(enqueued, "enqueued_time_utc"),
             delivery_count=message.delivery_count,
-            enqueued_at=None if enqueued is None else require_utc(enqueued, "enqueued_time_utc"),
-            moved_at=None,  # Service Bus does not say when it dead-lettered a message
+            transport="servicebus",
         )
-
-
-_LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
 
 def body_bytes(body: Any) -> bytes:
@@ -351,55 +350,6 @@ def body_bytes(body: Any) -> bytes:
             chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk) for chunk in body
         )
     return str(body).encode("utf-8")
-
-
-def from_connection(
-    conn: Connection, sources: Mapping[str, str], clock: Clock
-) -> ServiceBusDeadLetters:
-    """Dead letters over a resolved ``SasServiceBus`` connection; nothing connects until used."""
-    if conn.connection_string:
-        connection_string = conn.connection_string
-
-        def from_string() -> DeadLetterClientLike:
-            return ServiceBusClient.from_connection_string(connection_string)
-
-        return ServiceBusDeadLetters(from_string, sources, clock, endpoint=_endpoint_of(conn))
-    if conn.namespace:
-        namespace = conn.namespace
-        from sas.adapters.clients import check_identity
-        from sas.adapters.clients import credential as make_credential
-
-        check_identity(conn)
-        credentials: builtins.list[TokenCredential] = []
-
-        def with_identity() -> DeadLetterClientLike:
-            token_credential = make_credential(conn)
-            credentials.append(token_credential)
-            return ServiceBusClient(
-                fully_qualified_namespace=namespace, credential=token_credential
-            )
-
-        def close_credentials() -> None:
-            while credentials:
-                close = getattr(credentials.pop(), "close", None)
-                if callable(close):
-                    close()
-
-        return ServiceBusDeadLetters(
-            with_identity, sources, clock, endpoint=namespace, on_close=close_credentials
-        )
-    raise ConfigurationError(
-        f"{conn.setting}: need a connection string or {conn.setting}__fullyQualifiedNamespace"
-    )
-
-
-def _endpoint_of(conn: Connection) -> str:
-    """The namespace host, for logs (never the key)."""
-    for part in (conn.connection_string or "").split(";"):
-        key, _, value = part.partition("=")
-        if key.strip().lower() == "endpoint":
-            return value.strip().removeprefix("sb://").rstrip("/") or "servicebus"
-    return "servicebus"
 
 
 def _close_quietly(closeable: ReceiverLike | SenderLike | DeadLetterClientLike) -> None:

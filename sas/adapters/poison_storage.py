@@ -6,8 +6,8 @@ Listing peeks (Storage shows at most the first 32 messages of a queue); replay a
 receive with a short visibility timeout until the message is found, and hand every other one
 they received back at once (visibility 0). Replay sends the raw text back to the source queue
 unchanged, through a client without an encode policy, then deletes the poison copy.
-Requeue (an operator replaying a message the app parked) sends a raw body Base64-encoded, as
-the queue trigger expects.
+Every message listed is a ``ParkedMessage`` parked by the host. Requeue (an operator replaying
+a message the app parked) sends a raw body Base64-encoded, as the queue trigger expects.
 
 Nothing here logs message bodies or connection strings.
 """
@@ -20,16 +20,16 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from datetime import UTC, datetime
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
 from sas.domain.clock import require_utc
 from sas.domain.errors import IllegalTransition, NotFound
-from sas.domain.poison import (
-    PoisonedMessage,
+from sas.domain.parked import (
+    ParkedMessage,
     bounded,
+    oldest_first,
     parse_poison_id,
     poison_id,
     storage_body,
@@ -46,7 +46,6 @@ DEFAULT_LEASE_SECONDS = 30
 handed back (the pop receipt must also outlast the send of a replay)."""
 DEFAULT_MAX_SCAN = 256
 DEFAULT_DEADLINE_SECONDS = 20.0
-_LONG_AGO = datetime.min.replace(tzinfo=UTC)
 
 
 class StoragePoisonQueues:
@@ -70,8 +69,8 @@ class StoragePoisonQueues:
         self._clients: dict[str, QueueClient] = {}
         self._lock = threading.Lock()
 
-    def list(self, limit: int = 100) -> builtins.list[PoisonedMessage]:
-        found: builtins.list[PoisonedMessage] = []
+    def list(self, limit: int = 100) -> builtins.list[ParkedMessage]:
+        found: builtins.list[ParkedMessage] = []
         for queue, function in self._sources.items():
             try:
                 peeked = self._client(queue + POISON_SUFFIX).peek_messages(
@@ -80,8 +79,7 @@ class StoragePoisonQueues:
             except ResourceNotFoundError:
                 continue  # the host creates a poison queue on first use
             found.extend(self._view(queue, function, message) for message in peeked)
-        found.sort(key=lambda m: (m.moved_at or _LONG_AGO, m.id))
-        return found[:limit]
+        return oldest_first(found)[:limit]
 
     def replay(self, poison_id: str) -> bool:
         return self._take(poison_id, replay=True)
@@ -170,21 +168,21 @@ class StoragePoisonQueues:
                     extra={"message_id": message.id, "error": type(exc).__name__},
                 )
 
-    def _view(self, queue: str, function: str, message: QueueMessage) -> PoisonedMessage:
+    def _view(self, queue: str, function: str, message: QueueMessage) -> ParkedMessage:
         body, decodable = storage_body(message.content or "")
         kept, truncated = bounded(body)
-        moved = message.inserted_on
-        return PoisonedMessage(
+        moved = message.inserted_on  # the poison copy was inserted when the host moved it
+        return ParkedMessage(
             id=poison_id(queue, message.id),
+            parked_by="host",
             queue=queue,
             function=function,
-            transport="storage",
             reason=storage_reason(queue, decodable=decodable),
             body=kept,
             body_truncated=truncated,
+            parked_at=None if moved is None else require_utc(moved, "inserted_on"),
             delivery_count=None,  # the host starts the poison copy afresh
-            enqueued_at=None,
-            moved_at=None if moved is None else require_utc(moved, "inserted_on"),
+            transport="storage",
         )
 
     def _client(self, queue: str) -> QueueClient:

@@ -10,7 +10,7 @@ What goes on the wire: body = ``encode(message)`` (JSON bytes), ``content_type``
 application/json, ``message_id`` (duplicate detection key), ``correlation_id`` (the OrderID),
 ``subject`` (the message type) and, when an OpenTelemetry span is active, its W3C
 ``traceparent``/``tracestate`` as application properties and in the body's envelope (the
-receiving side reads either: sas/entrypoints/inbound.py). A delay becomes
+receiving side reads either: sas/entrypoints/queues.py). A delay becomes
 ``scheduled_enqueue_time_utc`` = injected clock now + delay.
 
 Errors: a missing queue (``MessagingEntityNotFoundError``) becomes ``NotFound``; every other
@@ -28,12 +28,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 from uuid import UUID
 
-from azure.core.credentials import TokenCredential
-from azure.servicebus import ServiceBusClient, ServiceBusMessage, ServiceBusMessageState
+from azure.servicebus import ServiceBusMessage, ServiceBusMessageState
 from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
+from sas.adapters.clients import servicebus_clients
 from sas.domain.clock import Clock, require_utc
-from sas.domain.errors import ConfigurationError, NotFound
+from sas.domain.errors import NotFound
 from sas.domain.messages import Message, encode
 from sas.domain.priority import Waiting
 from sas.domain.wire import TRACEPARENT_PROPERTY, TRACESTATE_PROPERTY
@@ -115,7 +115,9 @@ class ServiceBusTransport:
 
     @classmethod
     def from_connection(cls, conn: Connection, clock: Clock) -> ServiceBusTransport:
-        return from_connection(conn, clock)
+        """A transport for a resolved connection; nothing connects until the first send."""
+        clients = servicebus_clients(conn)
+        return cls(clients.make, clock, endpoint=clients.endpoint, on_close=clients.close)
 
     def send(
         self,
@@ -245,46 +247,6 @@ class ServiceBusTransport:
                 del self._senders[queue]
 
 
-def from_connection(conn: Connection, clock: Clock) -> ServiceBusTransport:
-    """A transport for a resolved ``SasServiceBus`` connection (connection string or identity).
-
-    Nothing connects until the first send."""
-    if conn.connection_string:
-        connection_string = conn.connection_string
-
-        def from_string() -> ClientLike:
-            return ServiceBusClient.from_connection_string(connection_string)
-
-        return ServiceBusTransport(from_string, clock, endpoint=_endpoint_of(connection_string))
-    if conn.namespace:
-        namespace = conn.namespace
-        from sas.adapters.clients import check_identity
-        from sas.adapters.clients import credential as make_credential
-
-        check_identity(conn)  # the same rule as the storage clients, checked before any send
-        credentials: list[TokenCredential] = []
-
-        def with_identity() -> ClientLike:
-            token_credential = make_credential(conn)
-            credentials.append(token_credential)
-            return ServiceBusClient(
-                fully_qualified_namespace=namespace, credential=token_credential
-            )
-
-        def close_credentials() -> None:
-            while credentials:
-                close = getattr(credentials.pop(), "close", None)
-                if callable(close):
-                    close()
-
-        return ServiceBusTransport(
-            with_identity, clock, endpoint=namespace, on_close=close_credentials
-        )
-    raise ConfigurationError(
-        f"{conn.setting}: need a connection string or {conn.setting}__fullyQualifiedNamespace"
-    )
-
-
 def message_type(message: Message) -> str:
     """The ``type`` discriminator of a sas message (class name if it has none)."""
     value = getattr(message, "type", None)
@@ -294,15 +256,6 @@ def message_type(message: Message) -> str:
 def trace_context() -> dict[str, str]:
     """W3C trace context of the current OpenTelemetry span; empty without one."""
     return current_carrier()
-
-
-def _endpoint_of(connection_string: str) -> str:
-    """The namespace host of a connection string, for logs (never the key)."""
-    for part in connection_string.split(";"):
-        key, _, value = part.partition("=")
-        if key.strip().lower() == "endpoint":
-            return value.strip().removeprefix("sb://").rstrip("/") or "servicebus"
-    return "servicebus"
 
 
 def _close_quietly(closeable: SenderLike | ReceiverLike | ClientLike, what: str) -> None:

@@ -33,6 +33,7 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
+from sas.domain.parked import ParkedMessage
 from sas.domain.wire import (
     DEFAULT_PRIORITY,
     HISTORY_ROW_PREFIX,
@@ -363,7 +364,7 @@ class TableStateStore:
         entities = self._table.query_entities(query, parameters=params)
         return [_step_from(entity) for entity in entities]
 
-    # --- rejected messages ------------------------------------------------------------
+    # --- messages the app parked (rejected) ---------------------------------------------
 
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
         parked_id = rejected_row_key(at, uuid.uuid4().hex[:12])
@@ -382,18 +383,18 @@ class TableStateStore:
         self._table.create_entity(entity)
         return parked_id
 
-    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list_parked(self, limit: int = 100) -> list[ParkedMessage]:
         entities = self._table.query_entities(
             "PartitionKey eq @pk", parameters={"pk": REJECTED_PARTITION}, results_per_page=limit
         )
-        parked: list[dict[str, Any]] = []
+        parked: list[ParkedMessage] = []
         for entity in entities:
             parked.append(_parked_from(entity))
             if len(parked) >= limit:
                 break
         return parked
 
-    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
+    def get_parked(self, parked_id: str) -> ParkedMessage | None:
         entity = self._get(REJECTED_PARTITION, parked_id)
         return None if entity is None else _parked_from(entity)
 
@@ -446,16 +447,18 @@ def optional_utc(value: Any) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def _parked_from(entity: Mapping[str, Any]) -> dict[str, Any]:
+def _parked_from(entity: Mapping[str, Any]) -> ParkedMessage:
     chunks = sorted(key for key in entity if key.startswith("Body") and key[4:].isdigit())
-    return {
-        "id": entity["RowKey"],
-        "queue": entity["Queue"],
-        "reason": entity["Reason"],
-        "at": utc(entity["At"]),
-        "body": b"".join(bytes(entity[key]) for key in chunks),
-        "body_truncated": entity["BodyTruncated"],
-    }
+    return ParkedMessage(
+        id=entity["RowKey"],
+        parked_by="app",
+        queue=entity["Queue"],
+        function=None,  # not stored: the operator knows which function the queue triggers
+        reason=entity["Reason"],
+        body=b"".join(bytes(entity[key]) for key in chunks),
+        body_truncated=bool(entity["BodyTruncated"]),
+        parked_at=utc(entity["At"]),
+    )
 
 
 def _marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dict[str, Any]:

@@ -4,8 +4,9 @@
 A remote service may have several endpoints (say, regional endpoints of one provider that
 share its idempotency records), each with a capacity: how many calls it takes at once. A step
 goes to an endpoint that is healthy (its circuit breaker lets calls through) and has capacity
-(its calls in flight are below its capacity); a retry stays where the previous attempt went
-unless that endpoint is unhealthy or full. With no such endpoint, the step is deferred.
+(its calls in flight are below its capacity), the one with the most room left; a try moves
+off the endpoint the previous try failed on while another has room. With no endpoint with
+room, the step is deferred.
 """
 
 from __future__ import annotations
@@ -58,23 +59,19 @@ def choose_endpoint(
     *,
     healthy: Callable[[Endpoint], bool],
     in_flight: Callable[[Endpoint], int],
-    prefer: str | None = None,
     avoid: str | None = None,
 ) -> Endpoint | None:
     """The endpoint for the next call, among those with room (calls in flight below capacity):
     the healthy ones if any is (an unhealthy one is used only when it is all there is: its
-    breaker then decides, as for a single endpoint); ``prefer`` (the previous attempt's) if it
-    is among them, else the one with the most room left (the least loaded share of its
-    capacity; declaration order breaks ties). None when no endpoint has room: defer.
-    ``avoid`` (the endpoint a try just failed on) is left out while another has room."""
+    breaker then decides, as for a single endpoint); of those, the one with the most room left
+    (the least loaded share of its capacity; declaration order breaks ties). None when no
+    endpoint has room: defer. ``avoid`` (the endpoint a try just failed on) is left out while
+    another has room."""
     loads = {e.name: in_flight(e) for e in endpoints}
     room = [e for e in endpoints if e.has_room(loads[e.name])]
     room = [e for e in room if e.name != avoid] or room
     if len(room) > 1:
         room = [e for e in room if healthy(e)] or room
-    for endpoint in room:
-        if endpoint.name == prefer:
-            return endpoint
 
     def share(endpoint: Endpoint) -> float:
         return 0.0 if endpoint.capacity is None else loads[endpoint.name] / endpoint.capacity

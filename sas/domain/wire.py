@@ -80,6 +80,8 @@ APP_QUEUE_NAME = NameRule("app queue name", _QUEUE_NAME_BODY.format(inner=61 - l
 
 REPLY_TO_PREFIX = NameRule("reply-to prefix", r"[a-z0-9][a-z0-9-]{0,40}")
 """A prefix that a submitter's status queue must start with (SAS_REPLY_TO_PREFIXES)."""
+DEFAULT_REPLY_TO_PREFIXES: tuple[str, ...] = ("status-",)
+"""Where a submitter's status queue may be, unless ``SAS_REPLY_TO_PREFIXES`` says otherwise."""
 
 TABLE_NAME_RULE = NameRule("table name", r"[A-Za-z][A-Za-z0-9]{2,58}")
 """Table Storage allows 63 characters; 4 are kept for the in-flight table's suffix."""

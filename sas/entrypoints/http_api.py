@@ -8,7 +8,6 @@ the operators' dashboard (GET /api/dashboard) included.
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
@@ -20,7 +19,7 @@ from sas import bootstrap
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMessage, NotFound
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
-from sas.domain.poison import PoisonedMessage
+from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
 from sas.domain.wire import ORDER_ID, Priority
 from sas.domain.workflow import workflow_named
 from sas.entrypoints import dashboard
@@ -32,8 +31,9 @@ api = FastAPI(
     version="0.1.0",
     description=(
         "The operators' API of the sas app (Scheduler Agent Supervisor on Azure Functions): "
-        "orders by state, one order's timeline, resubmitting an Error order, parked (rejected) "
-        "and poisoned messages, and the dashboard page built on them. In Azure every route "
+        "orders by state, one order's timeline, resubmitting an Error order, parked messages "
+        "(bad input the app refused, and messages the Functions host gave up on), and the "
+        "dashboard page built on them. In Azure every route "
         "needs the function key: the `x-functions-key` header, or `?code=` in the URL."
     ),
     docs_url="/api/docs",
@@ -133,35 +133,6 @@ class OrderView(StateView):
     history: list[HistoryView]
 
 
-class RejectedView(BaseModel):
-    id: str
-    queue: str = Field(description="the queue it was received on")
-    reason: str
-    at: datetime
-    age_seconds: float = Field(description="how long it has been parked")
-    body_base64: str
-    body_text: str | None = Field(description="the body as UTF-8, when it is valid UTF-8")
-    body_truncated: bool
-
-    @classmethod
-    def of(cls, parked: Mapping[str, Any], age_seconds: float) -> RejectedView:
-        body: bytes = parked["body"]
-        try:
-            text: str | None = body.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        return cls(
-            id=parked["id"],
-            queue=parked["queue"],
-            reason=parked["reason"],
-            at=parked["at"],
-            age_seconds=round(age_seconds, 3),
-            body_base64=base64.b64encode(body).decode(),
-            body_text=text,
-            body_truncated=parked["body_truncated"],
-        )
-
-
 class ResubmitRequest(BaseModel):
     actor: Annotated[str, Field(min_length=1, max_length=100)] = "operator"
 
@@ -210,32 +181,29 @@ def list_orders(
 
 
 STATS_LIST_CAP = 100
-"""Parked and poisoned messages are counted by listing them, up to this many."""
+"""Parked messages are counted by listing them, up to this many."""
 
 
 class StatsView(BaseModel):
     at: datetime = Field(description="when the counts were taken, by the app's clock")
     states: dict[ProcessState, int] = Field(description="orders in each state, zeros included")
-    rejected: int = Field(description=f"parked (rejected) messages, counted up to {STATS_LIST_CAP}")
-    rejected_more: bool = Field(description=f"more than {STATS_LIST_CAP} are parked")
-    poisoned: int = Field(description=f"poisoned messages, counted up to {STATS_LIST_CAP}")
-    poisoned_more: bool = Field(description=f"more than {STATS_LIST_CAP} are poisoned")
+    parked: int = Field(
+        description=f"parked messages, the app's and the host's, counted up to {STATS_LIST_CAP}"
+    )
+    parked_more: bool = Field(description=f"more than {STATS_LIST_CAP} are parked")
 
 
 @api.get("/api/stats", response_model=StatsView)
 def stats() -> StatsView:
-    """Counts for the dashboard: orders by state, parked and poisoned messages."""
+    """Counts for the dashboard: orders by state, and parked messages."""
     operator = bootstrap.operator()
     counts = operator.counts()
-    rejected = len(operator.rejected(STATS_LIST_CAP + 1))
-    poisoned = len(operator.poisoned(STATS_LIST_CAP + 1))
+    parked = len(operator.parked(STATS_LIST_CAP + 1))
     return StatsView(
         at=bootstrap.clock().now(),
         states={state: counts.get(state, 0) for state in ProcessState},
-        rejected=min(rejected, STATS_LIST_CAP),
-        rejected_more=rejected > STATS_LIST_CAP,
-        poisoned=min(poisoned, STATS_LIST_CAP),
-        poisoned_more=poisoned > STATS_LIST_CAP,
+        parked=min(parked, STATS_LIST_CAP),
+        parked_more=parked > STATS_LIST_CAP,
     )
 
 
@@ -276,35 +244,6 @@ def resubmit_order(order_id: OrderIdPath, request: ResubmitRequest | None = None
     return StateView.of(bootstrap.operator().resubmit(order_id, actor=actor))
 
 
-@api.get("/api/rejected", response_model=list[RejectedView])
-def list_rejected(limit: Limit = 100) -> list[RejectedView]:
-    """Messages that could never be processed, with the reason and the original body."""
-    operator = bootstrap.operator()
-    return [
-        RejectedView.of(parked, operator.rejected_age_seconds(parked))
-        for parked in operator.rejected(limit)
-    ]
-
-
-RejectedIdPath = Annotated[str, Path(min_length=1, max_length=100)]
-
-
-@api.post("/api/rejected/{parked_id}/replay")
-def replay_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
-    """Send the original body back to the queue it came from, and remove it from rejected.
-
-    409 if the body was kept only in part, or the queue is not one the app consumes."""
-    bootstrap.operator().replay_rejected(parked_id, actor="operator")
-    return {"id": parked_id, "status": "replayed"}
-
-
-@api.delete("/api/rejected/{parked_id}")
-def discard_rejected(parked_id: RejectedIdPath) -> dict[str, str]:
-    """Remove a rejected message for good."""
-    bootstrap.operator().discard_rejected(parked_id, actor="operator")
-    return {"id": parked_id, "status": "discarded"}
-
-
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)
 def submit_order(order: OrderSubmitted) -> dict[str, str]:
     """Convenience: posts the order to the orders queue of its priority lane, exactly as an
@@ -320,40 +259,50 @@ def submit_order(order: OrderSubmitted) -> dict[str, str]:
     }
 
 
-# --- poison and dead-lettered messages --------------------------------------------------
+# --- parked messages: refused by the app, given up on by the host ------------------------
 
-PoisonIdPath = Annotated[str, Path(min_length=1, max_length=300)]
+ParkedIdPath = Annotated[
+    str,
+    Path(min_length=1, max_length=300, description="a parked message's id, as listed: whole"),
+]
 
 
-class PoisonedView(BaseModel):
+class ParkedView(BaseModel):
     id: str = Field(description="opaque; quote it whole in a URL path")
+    parked_by: ParkedBy = Field(
+        description="app: the app refused it as bad input (kept in its table); host: the "
+        "Functions host gave up on it (a poison queue or a Service Bus dead-letter queue)"
+    )
     queue: str = Field(description="the queue it was meant for")
-    function: str | None
-    transport: str
+    function: str | None = Field(description="the function that queue triggers")
+    transport: PoisonTransport | None = Field(
+        description="parked by the host: the transport whose poison / dead-letter queue holds it"
+    )
     reason: str
-    age_seconds: float | None
-    moved_at: datetime | None
-    enqueued_at: datetime | None
-    delivery_count: int | None
+    parked_at: datetime | None = Field(
+        description="when it was parked (the host on Service Bus: when it was first enqueued)"
+    )
+    age_seconds: float | None = Field(description="how long it has been parked")
+    delivery_count: int | None = Field(description="delivery attempts, when the transport says")
     body_base64: str
     body_text: str | None = Field(description="the body as UTF-8, when it is valid UTF-8")
-    body_truncated: bool
+    body_truncated: bool = Field(description="only the start of the body is kept")
 
     @classmethod
-    def of(cls, message: PoisonedMessage, age_seconds: float | None) -> PoisonedView:
+    def of(cls, message: ParkedMessage, age_seconds: float | None) -> ParkedView:
         try:
             text: str | None = message.body.decode("utf-8")
         except UnicodeDecodeError:
             text = None
         return cls(
             id=message.id,
+            parked_by=message.parked_by,
             queue=message.queue,
             function=message.function,
             transport=message.transport,
             reason=message.reason,
+            parked_at=message.parked_at,
             age_seconds=None if age_seconds is None else round(age_seconds, 3),
-            moved_at=message.moved_at,
-            enqueued_at=message.enqueued_at,
             delivery_count=message.delivery_count,
             body_base64=base64.b64encode(message.body).decode(),
             body_text=text,
@@ -361,25 +310,32 @@ class PoisonedView(BaseModel):
         )
 
 
-@api.get("/api/poison", response_model=list[PoisonedView])
-def list_poison(limit: Limit = 100) -> list[PoisonedView]:
-    """Messages the Functions host gave up on (poison / dead-letter queues), oldest first."""
+@api.get("/api/parked", response_model=list[ParkedView])
+def list_parked(limit: Limit = 100) -> list[ParkedView]:
+    """Messages that were never processed, oldest first, with the reason and the original body:
+    bad input the app refused (`parked_by` app) and messages the Functions host gave up on, in
+    poison or dead-letter queues (`parked_by` host)."""
     operator = bootstrap.operator()
     return [
-        PoisonedView.of(message, operator.poison_age_seconds(message))
-        for message in operator.poisoned(limit)
+        ParkedView.of(message, operator.parked_age_seconds(message))
+        for message in operator.parked(limit)
     ]
 
 
-@api.post("/api/poison/{poison_id}/replay")
-def replay_poison(poison_id: PoisonIdPath) -> dict[str, str]:
-    """Send the original message back to its queue unchanged, and remove it from poison."""
-    bootstrap.operator().replay_poisoned(poison_id)
-    return {"id": poison_id, "status": "replayed"}
+@api.post("/api/parked/{parked_id}/replay")
+def replay_parked(parked_id: ParkedIdPath) -> dict[str, str]:
+    """Send it back to the queue it was meant for, and remove it from parked: the original body
+    as an application would send it (parked by the app), or the very message, unchanged
+    (parked by the host).
+
+    409 if the app kept the body only in part, the queue is not one the app consumes, or
+    (Service Bus) duplicate detection would still drop the copy."""
+    bootstrap.operator().replay_parked(parked_id, actor="operator")
+    return {"id": parked_id, "status": "replayed"}
 
 
-@api.delete("/api/poison/{poison_id}")
-def discard_poison(poison_id: PoisonIdPath) -> dict[str, str]:
-    """Remove a poisoned message for good."""
-    bootstrap.operator().discard_poisoned(poison_id)
-    return {"id": poison_id, "status": "discarded"}
+@api.delete("/api/parked/{parked_id}")
+def discard_parked(parked_id: ParkedIdPath) -> dict[str, str]:
+    """Remove a parked message for good."""
+    bootstrap.operator().discard_parked(parked_id, actor="operator")
+    return {"id": parked_id, "status": "discarded"}

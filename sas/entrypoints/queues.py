@@ -1,33 +1,46 @@
 """Queue-triggered roles: submit, schedule, on_reply and one agent per remote service.
 
-Each role below is one plain function: decode the message (bad input is parked, see
-``inbound.handle``), call the role's handler with this process's context. Every role is
-registered once per priority lane (``submit``, ``submit_high``, ``submit_low``, ...), each
-triggered by its own queue, so a lane's backlog never delays another lane's messages; the
-priority that matters travels in the order's state and messages.
+Each role below is one plain function: decode the message, call the role's handler with this
+process's context. A malformed or hostile message is recorded with its reason and original
+body, and the function returns normally so the message is settled: no retry storm, no partial
+write. Infrastructure failures (store or queue unavailable) still raise, so the host retries.
+
+Every role is registered once per priority lane (``submit``, ``submit_high``, ``submit_low``,
+...), each triggered by its own queue, so a lane's backlog never delays another lane's
+messages; the priority that matters travels in the order's state and messages.
 """
 
 # No `from __future__ import annotations` here: the Functions worker reads the parameter
 # annotations at index time and needs the real message class of the chosen transport.
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import azure.functions as func
 
 from sas import bootstrap, settings
-from sas.domain.messages import OrderSubmitted, ScheduleRequest, StepReply, StepRequest
+from sas.domain.errors import InvalidMessage
+from sas.domain.messages import (
+    Message,
+    OrderSubmitted,
+    ScheduleRequest,
+    StepReply,
+    StepRequest,
+    decode,
+)
 from sas.domain.wire import PRIORITIES, lane_function_name, lane_setting
 from sas.domain.workflow import AGENTS
-from sas.entrypoints.inbound import handle
 from sas.entrypoints.triggers import TRANSPORT_IN_USE, queue_trigger
-from sas.services import agent, scheduler, submission
+from sas.services import agent, scheduler, submission, telemetry
 
 if TYPE_CHECKING:
     QueueMessage = func.QueueMessage | func.ServiceBusMessage
 else:
     QueueMessage = func.ServiceBusMessage if TRANSPORT_IN_USE == "servicebus" else func.QueueMessage
 
+log = logging.getLogger(__name__)
+M = TypeVar("M", bound=Message)
 blueprint = func.Blueprint()  # type: ignore[no-untyped-call]
 
 
@@ -74,6 +87,45 @@ def run_step(name: str) -> Callable[[QueueMessage, str, str], None]:
         handle(msg, function=function, queue_setting=queue_setting, model=StepRequest, handler=step)
 
     return run
+
+
+class InboundMessage(Protocol):
+    """What Storage Queue and Service Bus trigger messages have in common."""
+
+    def get_body(self) -> bytes: ...
+
+
+def _properties(message: InboundMessage) -> Mapping[str | bytes, object] | None:
+    """A Service Bus message's application properties (None for a Storage Queue message)."""
+    found = getattr(message, "application_properties", None) or getattr(
+        message, "user_properties", None
+    )
+    return found if isinstance(found, Mapping) else None
+
+
+def handle(
+    message: InboundMessage,
+    *,
+    function: str,
+    queue_setting: str,
+    model: type[M],
+    handler: Callable[[M], object],
+) -> object:
+    body = message.get_body()
+    try:
+        decoded = decode(model, body)
+        with telemetry.continued(telemetry.carrier_from(decoded, _properties(message))):
+            return handler(decoded)
+    except InvalidMessage as exc:
+        queue = bootstrap.settings().queues.get(queue_setting, queue_setting)
+        parked_id = bootstrap.store().park_message(queue, exc.reason, body, bootstrap.clock().now())
+        log.warning(
+            "sas.message_parked function=%s reason=%s",
+            function,
+            exc.reason,
+            extra={"function": function, "queue": queue, "parked_id": parked_id},
+        )
+        return None
 
 
 def _with_context(handler: Callable[..., object]) -> Callable[..., object]:

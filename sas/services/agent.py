@@ -161,7 +161,7 @@ def _try_once(ctx: Context, agents: Agents, attempt: _Attempt) -> dict[str, Any]
         raise _DeadlineReached
     endpoint = None
     if agents.router is not None:
-        endpoint = agents.router.acquire(attempt.agent, prefer=None, avoid=attempt.avoid)
+        endpoint = agents.router.acquire(attempt.agent, avoid=attempt.avoid)
         if endpoint is None:
             raise _NoRoom
     try:

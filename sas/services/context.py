@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -14,20 +14,53 @@ from sas.domain.clock import Clock
 from sas.domain.endpoints import Endpoint
 from sas.domain.priority import AdmissionPolicy
 from sas.domain.transitions import RetryPolicy
+from sas.domain.wire import DEFAULT_PRIORITY, DEFAULT_REPLY_TO_PREFIXES, PRIORITIES, Priority
 from sas.services.backlog import Backlog
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, StateStore, Transport
-from sas.services.routes import Routes
 from sas.services.routing import Router
-
-DEFAULT_REPLY_TO_PREFIXES: tuple[str, ...] = ("status-",)
-"""Where a submitter's status queue may be, unless ``SAS_REPLY_TO_PREFIXES`` says otherwise."""
 
 ALERT_LEASE = timedelta(seconds=60)
 """How long a claim to send an alert excludes other senders: far longer than one send, retries
 included (Service Bus: 10 s; Storage Queues: bounded in ``adapters.clients``), plus twice the
 largest clock-skew allowance (``settings.MAX_CLOCK_SKEW_SECONDS``), so only a sender that died
 is ever replaced."""
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Where messages go: the queue names, resolved from settings once. Every queue the app
+    consumes has a lane per priority: the attributes name the normal lanes, ``lanes`` maps
+    each to its lane per priority (a queue without lanes is its own lane for every one)."""
+
+    orders: str
+    scheduler: str
+    replies: str
+    alerts: str
+    agents: Mapping[str, str]
+    lanes: Mapping[str, Mapping[Priority, str]] = field(default_factory=dict)
+    """Lane per priority of each consumed queue, keyed by the queue's normal lane."""
+
+    def lane(self, queue: str, priority: Priority = DEFAULT_PRIORITY) -> str:
+        return self.lanes.get(queue, {}).get(priority, queue)
+
+    def agent(self, name: str, priority: Priority = DEFAULT_PRIORITY) -> str:
+        return self.lane(self.agents[name], priority)
+
+    def all_lanes(self, queue: str) -> tuple[str, ...]:
+        """``queue``'s lanes, highest priority first, without repeats."""
+        return tuple(dict.fromkeys(self.lane(queue, p) for p in PRIORITIES))
+
+    @property
+    def consumed(self) -> tuple[str, ...]:
+        """Every queue the app is triggered by, every lane of it."""
+        return self.lanes_for(PRIORITIES)
+
+    def lanes_for(self, priorities: tuple[Priority, ...]) -> tuple[str, ...]:
+        """The lanes of ``priorities`` of every queue the app is triggered by."""
+        bases = (self.orders, self.scheduler, self.replies, *self.agents.values())
+        lanes = (self.lane(base, p) for base in bases for p in priorities)
+        return tuple(dict.fromkeys(lanes))
 
 
 @dataclass(frozen=True)
@@ -61,8 +94,9 @@ class Context:
     """Who writes: the ``LockedBy`` of its claims and the actor of its history rows."""
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     backlog: Backlog | None = None
-    """Peeks at the agents' lanes: a claimed step's deadline covers the wait its request can
-    expect there, and low-priority submissions wait for a higher backlog. None: neither."""
+    """Peeks at the queues: a claimed step's deadline covers the wait its request can expect in
+    its agent's lane and its reply in the replies lane, and low-priority submissions wait for
+    a higher backlog. None: neither."""
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
     alert_lease: timedelta = ALERT_LEASE

@@ -1,4 +1,4 @@
-"""The gauges that cost reads (queue depth, parked and poisoned messages), sampled by the
+"""The gauges that cost reads (queue depth, parked messages of both kinds), sampled by the
 Supervisor's timer process at most once per interval and only while metrics are exported:
 the hot path never pays for them (docs/architecture.md, "Tracing and metrics")."""
 
@@ -17,7 +17,8 @@ log = logging.getLogger(__name__)
 
 SAMPLE_EVERY = timedelta(seconds=60)
 COUNT_LIMIT = 1000
-"""Parked and poisoned messages are counted up to this many (one listing each per sample)."""
+"""Parked messages are counted up to this many of each kind: one listing of the app's and one of
+the host's (poison / dead-letter queues) per sample."""
 
 
 class QueueGauges:
@@ -56,8 +57,7 @@ class QueueGauges:
 
     def sample(self) -> None:
         telemetry.queue_depth.set({queue: self._depth.depth(queue) for queue in self._queues})
-        parked = Counter(str(p["queue"]) for p in self._store.list_parked(COUNT_LIMIT))
-        telemetry.parked.set({**dict.fromkeys(self._queues, 0), **parked})
+        parked = Counter(m.queue for m in self._store.list_parked(COUNT_LIMIT))
         if self._poison is not None:
-            poisoned = Counter(m.queue for m in self._poison.list(COUNT_LIMIT))
-            telemetry.poisoned.set({**dict.fromkeys(self._queues, 0), **poisoned})
+            parked.update(m.queue for m in self._poison.list(COUNT_LIMIT))
+        telemetry.parked.set({**dict.fromkeys(self._queues, 0), **parked})

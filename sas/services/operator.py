@@ -1,21 +1,26 @@
 """What an operator can do: submit, look at and count orders, resubmit an Error order, purge
-finished orders past their retention; list, replay and discard rejected (parked) and poisoned
-messages. The HTTP API, the dashboard and the `sas` CLI all go through here."""
+finished orders past their retention; list, replay and discard parked messages (those the app
+refused as bad input and those the Functions host gave up on, sas/domain/parked.py). The HTTP
+API, the dashboard and the `sas` CLI all go through here."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from sas.domain.errors import ConfigurationError, IllegalTransition, InvalidMessage, NotFound
 from sas.domain.messages import MAX_MESSAGE_BYTES, OrderSubmitted
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
-from sas.domain.poison import PoisonedMessage, consumed_queues
+from sas.domain.parked import (
+    ParkedMessage,
+    consumed_queues,
+    oldest_first,
+    parked_by,
+    poison_queue,
+)
 from sas.domain.transitions import look_again_at, resubmit
-from sas.domain.wire import Priority, is_rejected_row_key, submission_message_id
+from sas.domain.wire import Priority, submission_message_id
 from sas.domain.workflow import workflow_named
 from sas.services import consequences as then
 from sas.services.context import Context
@@ -27,6 +32,7 @@ log = logging.getLogger(__name__)
 PURGEABLE_STATES = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
 """Finished for good. Error orders wait for an operator and are never purged."""
 MAX_QUERY_LIMIT = 1000
+NO_SUCH_PARKED = "no such parked message"
 
 
 @dataclass(frozen=True)
@@ -162,65 +168,6 @@ class Operator:
         )
         return message_id
 
-    def rejected(self, limit: int = 100) -> list[dict[str, Any]]:
-        return self._store.list_parked(limit)
-
-    def rejected_age_seconds(self, parked: Mapping[str, Any]) -> float:
-        """How long a message has been parked, by the injected clock, never negative."""
-        at: datetime = parked["at"]
-        return max((self._clock.now() - at).total_seconds(), 0.0)
-
-    def replay_rejected(self, parked_id: str, *, actor: str) -> None:
-        """Send a parked message's original body back to the queue it came from, then forget it.
-
-        NotFound if there is no such message (any more) or its queue is gone; IllegalTransition
-        if only part of the body was kept, the body is over what the app accepts, or the queue
-        is not one the app consumes. A message that is still bad is simply parked again."""
-        parked = self._parked(parked_id)
-        queue: str = parked["queue"]
-        body: bytes = parked["body"]
-        if queue not in self._consumed:
-            raise IllegalTransition(f"{queue} is not a queue the app consumes: nothing to replay")
-        if parked["body_truncated"]:
-            raise IllegalTransition("only the start of the body was kept: it cannot be replayed")
-        if len(body) > MAX_MESSAGE_BYTES:
-            raise IllegalTransition(
-                f"the body is over {MAX_MESSAGE_BYTES} bytes: the app would only park it again"
-            )
-        # Send first, then drop: a crash in between leaves it parked, and a second replay sends
-        # it again, which the app handles idempotently (on Service Bus the same message id even
-        # lets duplicate detection drop it). Dropping first could lose it.
-        self._poison_store().requeue(queue, body, message_id=parked_id)
-        if not self._store.drop_parked(parked_id):
-            log.warning(
-                "sas.rejected_drop_lost parked_id=%s queue=%s",
-                parked_id,
-                queue,
-                extra={"parked_id": parked_id, "queue": queue},
-            )
-        log.warning(
-            "sas.rejected_replayed parked_id=%s queue=%s",
-            parked_id,
-            queue,
-            extra={"parked_id": parked_id, "queue": queue, "actor": actor[:100]},
-        )
-
-    def discard_rejected(self, parked_id: str, *, actor: str) -> None:
-        """Gone for good; NotFound if there is no such message (any more)."""
-        if not is_rejected_row_key(parked_id) or not self._store.drop_parked(parked_id):
-            raise NotFound("no such rejected message")
-        log.warning(
-            "sas.rejected_discarded parked_id=%s",
-            parked_id,
-            extra={"parked_id": parked_id, "actor": actor[:100]},
-        )
-
-    def _parked(self, parked_id: str) -> dict[str, Any]:
-        parked = self._store.get_parked(parked_id) if is_rejected_row_key(parked_id) else None
-        if parked is None:
-            raise NotFound("no such rejected message")
-        return parked
-
     def resubmit(self, order_id: str, *, actor: str) -> OrderState:
         """Error -> Pending (failure count reset), audited; IllegalTransition if not Error.
 
@@ -252,27 +199,97 @@ class Operator:
         then.notify(self._ctx, again, "resubmitted", now)
         return again
 
-    # --- poison and dead-lettered messages ----------------------------------------------
+    # --- parked messages: refused by the app, given up on by the host ---------------------
 
-    def poisoned(self, limit: int = 100) -> list[PoisonedMessage]:
-        """Messages the Functions host gave up on, in every queue the app consumes."""
-        return self._poison_store().list(limit)
+    def parked(self, limit: int = 100) -> list[ParkedMessage]:
+        """Every parked message, the app's and the host's, oldest first: at most ``limit`` in
+        all (each store's oldest ``limit``, merged)."""
+        app = [
+            message
+            if message.function is not None
+            else replace(message, function=self._consumed.get(message.queue))
+            for message in self._store.list_parked(limit)
+        ]
+        host = self._poison_store().list(limit)
+        return oldest_first([*app, *host])[:limit]
 
-    def poison_age_seconds(self, message: PoisonedMessage) -> float | None:
+    def parked_age_seconds(self, message: ParkedMessage) -> float | None:
+        """How long it has been parked, by the injected clock, never negative; None if unknown."""
         age = message.age(self._clock.now())
         return None if age is None else age.total_seconds()
 
-    def replay_poisoned(self, poison_id: str, *, actor: str = "operator") -> None:
-        """Back to its source queue unchanged; NotFound if there is no such message (any more)."""
-        if not self._poison_store().replay(poison_id):
-            raise NotFound("no such poisoned message")
-        log.warning("sas.poison_replayed", extra={"poison_id": poison_id, "actor": actor[:100]})
+    def replay_parked(self, parked_id: str, *, actor: str) -> None:
+        """Send a parked message back to the queue it was meant for, then remove it.
 
-    def discard_poisoned(self, poison_id: str, *, actor: str = "operator") -> None:
-        """Gone for good; NotFound if there is no such message (any more)."""
-        if not self._poison_store().discard(poison_id):
-            raise NotFound("no such poisoned message")
-        log.warning("sas.poison_discarded", extra={"poison_id": poison_id, "actor": actor[:100]})
+        Parked by the app (a rejected row key): its original body, as an application would
+        send it; IllegalTransition if only part of the body was kept, the body is over what the
+        app accepts, or the queue is not one the app consumes. A message that is still bad is
+        simply parked again. Parked by the host (a ``p1.`` id): the very message, unchanged
+        (the poison store's rules). NotFound if there is no such message (any more), the id is
+        of neither kind, or the queue is gone."""
+        by = parked_by(parked_id)
+        queue: str | None
+        if by == "app":
+            queue = self._replay_app_parked(parked_id)
+        elif by == "host":
+            if not self._poison_store().replay(parked_id):
+                raise NotFound(NO_SUCH_PARKED)
+            queue = poison_queue(parked_id)
+        else:
+            raise NotFound(NO_SUCH_PARKED)
+        log.warning(
+            "sas.parked_replayed parked_id=%s parked_by=%s queue=%s",
+            parked_id,
+            by,
+            queue,
+            extra={"parked_id": parked_id, "parked_by": by, "queue": queue, "actor": actor[:100]},
+        )
+
+    def discard_parked(self, parked_id: str, *, actor: str) -> None:
+        """Gone for good; NotFound if there is no such message (any more) or the id is of
+        neither kind."""
+        by = parked_by(parked_id)
+        if by == "app":
+            gone = self._store.drop_parked(parked_id)
+        elif by == "host":
+            gone = self._poison_store().discard(parked_id)
+        else:
+            gone = False
+        if not gone:
+            raise NotFound(NO_SUCH_PARKED)
+        log.warning(
+            "sas.parked_discarded parked_id=%s parked_by=%s",
+            parked_id,
+            by,
+            extra={"parked_id": parked_id, "parked_by": by, "actor": actor[:100]},
+        )
+
+    def _replay_app_parked(self, parked_id: str) -> str:
+        """Replay a message the app parked; the queue it went to."""
+        parked = self._store.get_parked(parked_id)
+        if parked is None:
+            raise NotFound(NO_SUCH_PARKED)
+        queue, body = parked.queue, parked.body
+        if queue not in self._consumed:
+            raise IllegalTransition(f"{queue} is not a queue the app consumes: nothing to replay")
+        if parked.body_truncated:
+            raise IllegalTransition("only the start of the body was kept: it cannot be replayed")
+        if len(body) > MAX_MESSAGE_BYTES:
+            raise IllegalTransition(
+                f"the body is over {MAX_MESSAGE_BYTES} bytes: the app would only park it again"
+            )
+        # Send first, then drop: a crash in between leaves it parked, and a second replay sends
+        # it again, which the app handles idempotently (on Service Bus the same message id even
+        # lets duplicate detection drop it). Dropping first could lose it.
+        self._poison_store().requeue(queue, body, message_id=parked_id)
+        if not self._store.drop_parked(parked_id):
+            log.warning(
+                "sas.parked_drop_lost parked_id=%s queue=%s",
+                parked_id,
+                queue,
+                extra={"parked_id": parked_id, "queue": queue},
+            )
+        return queue
 
     def _poison_store(self) -> PoisonStore:
         if self._poison is None:

@@ -18,7 +18,7 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
-from sas.domain.poison import PoisonedMessage
+from sas.domain.parked import ParkedMessage
 from sas.domain.priority import Waiting
 from sas.domain.wire import Priority
 
@@ -109,16 +109,18 @@ class StateStore(Protocol):
     def get_steps(self, order_id: str) -> list[StepRecord]: ...
 
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
-        """Keep a rejected message (reason + original body) for an operator; returns its id."""
+        """Keep a message the app refused (reason + original body) for an operator; returns its
+        id (a rejected row key)."""
         ...
 
-    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
-        """At most ``limit`` parked messages, oldest first: id, queue, reason, at, body,
-        body_truncated."""
+    def list_parked(self, limit: int = 100) -> list[ParkedMessage]:
+        """At most ``limit`` messages the app parked (``parked_by="app"``), oldest first; their
+        ``function`` is None (the store does not know it)."""
         ...
 
-    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
-        """One parked message, as ``list_parked`` shows it; None if there is no such id."""
+    def get_parked(self, parked_id: str) -> ParkedMessage | None:
+        """One message the app parked, as ``list_parked`` shows it; None if there is no such
+        id."""
         ...
 
     def drop_parked(self, parked_id: str) -> bool:
@@ -144,18 +146,6 @@ class Transport(Protocol):
         """What a peek sees at the front of ``queue``: the oldest enqueue time and how many
         messages (up to ``Waiting.PEEK``). Approximate, as the transports' peek is: for holding
         off work, never for deciding a state."""
-        ...
-
-
-class StoreTimeObserver(Protocol):
-    """Told of every store response, to estimate the store's clock (sas/services/store_time.py)."""
-
-    def host_now(self) -> datetime:
-        """This machine's clock, which a request's sending and its answer are timed by."""
-        ...
-
-    def observe(self, sent: datetime, received: datetime, store_date: datetime) -> None:
-        """One response, sent and received at those host times, dated ``store_date``."""
         ...
 
 
@@ -195,11 +185,12 @@ class RemoteService(Protocol):
 
 
 class PoisonStore(Protocol):
-    """Messages the Functions host gave up on, in every queue the app consumes: Storage
-    ``<queue>-poison`` queues or Service Bus dead-letter sub-queues."""
+    """Messages the Functions host gave up on (parked by the host), in every queue the app
+    consumes: Storage ``<queue>-poison`` queues or Service Bus dead-letter sub-queues."""
 
-    def list(self, limit: int = 100) -> builtins.list[PoisonedMessage]:
-        """At most ``limit`` messages, oldest first (a Storage queue shows its first 32)."""
+    def list(self, limit: int = 100) -> builtins.list[ParkedMessage]:
+        """At most ``limit`` messages (``parked_by="host"``), oldest first (a Storage queue shows
+        its first 32)."""
         ...
 
     def replay(self, poison_id: str) -> bool:

@@ -65,9 +65,7 @@ class Router:
     def endpoints(self, agent: str) -> tuple[Endpoint, ...]:
         return self._endpoints[agent]
 
-    def choose(
-        self, agent: str, prefer: str | None = None, avoid: str | None = None
-    ) -> Endpoint | None:
+    def choose(self, agent: str, avoid: str | None = None) -> Endpoint | None:
         """Where a step of ``agent`` should go now (None: nowhere has room, defer it)."""
         endpoints = self._endpoints[agent]
         if len(endpoints) == 1 and endpoints[0].capacity is None:
@@ -79,25 +77,21 @@ class Router:
             endpoints,
             healthy=self._healthy,
             in_flight=lambda e: others.get(e.target, 0) + local.get(e.target, 0),
-            prefer=prefer,
             avoid=avoid,
         )
 
-    def acquire(
-        self, agent: str, prefer: str | None = None, avoid: str | None = None
-    ) -> Endpoint | None:
+    def acquire(self, agent: str, avoid: str | None = None) -> Endpoint | None:
         """``choose``, and count the call against the endpoint until ``release``; ``avoid``:
         the endpoint the previous try failed on, left out while another has room."""
         endpoints = self._endpoints[agent]
         if not _counted(endpoints):
-            return self.choose(agent, prefer, avoid)
+            return self.choose(agent, avoid)
         others = self._others_now()
         with self._lock:
             chosen = choose_endpoint(
                 endpoints,
                 healthy=self._healthy,
                 in_flight=lambda e: others.get(e.target, 0) + self._local[e.target],
-                prefer=prefer,
                 avoid=avoid,
             )
             if chosen is not None:

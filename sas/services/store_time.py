@@ -3,7 +3,7 @@
 Each host reads its own clock, and hosts' clocks differ. A deadline set by one host and judged
 by another would then mean less (or more) than its budget. So every role reads the store's
 time instead: its host clock plus the offset measured from the ``Date`` header of the store's
-responses (``ClockOffset``; the adapters feed every Table and Queue response in). A host whose
+responses (``ClockOffset``; ``hooks`` reports every Table and Queue response). A host whose
 clock is further from the store's than the allowance is reported, with how far it is off
 (``offset``: the host's clock minus the store's; negative when it is behind).
 """
@@ -14,11 +14,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
+from typing import Any
 
 from sas.domain.clock import Clock, ClockOffset
 
 log = logging.getLogger(__name__)
+
+_SENT = "sas.sent_at"
 
 CALIBRATE_EVERY = 10.0
 """Seconds between calibrating requests while no response has been seen (or after a failure)."""
@@ -60,6 +64,28 @@ class StoreClock:
     def host_now(self) -> datetime:
         """This machine's own clock: what a response's sending and answer are timed by."""
         return self._host.now()
+
+    def hooks(self) -> dict[str, Callable[[Any], None]]:
+        """The client options that report each response's ``Date`` here, with when its
+        request was sent and answered by this host's clock: azure-core's ``raw_request_hook``
+        and ``raw_response_hook``, called on every try (public options of every client)."""
+        return {"raw_request_hook": self._sent, "raw_response_hook": self._answered}
+
+    def _sent(self, request: Any) -> None:
+        request.context[_SENT] = self._host.now()
+
+    def _answered(self, response: Any) -> None:
+        try:
+            sent_at = response.context.get(_SENT)
+            date = response.http_response.headers.get("Date")
+            if sent_at is None or not date:
+                return
+            store_date = parsedate_to_datetime(date)
+            if store_date.tzinfo is None:  # RFC 9110: an HTTP-date is always GMT
+                store_date = store_date.replace(tzinfo=UTC)
+            self.observe(sent_at, self._host.now(), store_date)
+        except Exception:  # noqa: S110  # timing is advice: never fail the call it rode on
+            pass
 
     def observe(self, sent: datetime, received: datetime, store_date: datetime) -> None:
         offset = self._offset.observe(sent, received, store_date)
@@ -104,5 +130,9 @@ class StoreClock:
             self._calibrated_at = now
             try:
                 self._calibrate()
-            except Exception:  # the host's own clock meanwhile; the next response corrects it
-                log.warning("sas.clock_calibration_failed", exc_info=True)
+            except Exception as error:  # the host's own clock meanwhile; a response corrects it
+                log.warning(
+                    "sas.clock_calibration_failed error=%s",
+                    type(error).__name__,
+                    extra={"host": self._host_name, "error": type(error).__name__},
+                )

@@ -21,7 +21,7 @@ from datetime import datetime, timedelta
 
 from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
-from sas.domain.transitions import ExpiryAction, expire, look_again_at
+from sas.domain.transitions import Expiry, ExpiryAction, expire, look_again_at
 from sas.domain.workflow import shortest_budget, workflow_named
 from sas.services import consequences as then
 from sas.services import telemetry
@@ -133,21 +133,10 @@ def _recover(
     decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
     decided = replace(decided, state=then.claiming_alert(ctx, decided.state))
     step = workflow.step(state.step_index).name
-    history = HistoryEntry(
-        order_id=state.order_id,
-        at=now,
-        kind=f"expired_{decided.action}",
-        attempt=state.attempt,
-        step=step,
-        mode=state.mode,
-        actor=ctx.instance_id,
-        detail=f"{state.process_state} past {state.complete_by.isoformat()}, "
-        f"failure {state.failure_count + 1} of {ctx.policy.max_failures}"
-        if state.complete_by
-        else None,
-    )
     try:
-        etag = ctx.store.update_state(decided.state, current.etag, history)
+        etag = ctx.store.update_state(
+            decided.state, current.etag, _expiry_history(ctx, state, decided, now)
+        )
     except (ConcurrencyConflict, NotFound):
         return "lost_race"  # another Supervisor, or the step finished just now
     log.warning(
@@ -163,9 +152,37 @@ def _recover(
     telemetry.instruments.recoveries.add(
         1, {"sas.action": decided.action.value, telemetry.STEP: step}
     )
+    if not decided.state.is_terminal:
+        markers.rearm(marker, _next_look(ctx, decided.state, now))
+    _request_recovery(ctx, decided, step, etag, now)
+    return decided.action
+
+
+def _expiry_history(
+    ctx: Context, state: OrderState, decided: Expiry, now: datetime
+) -> HistoryEntry:
+    detail = None
+    if state.complete_by is not None:
+        detail = (
+            f"{state.process_state} past {state.complete_by.isoformat()}, "
+            f"failure {state.failure_count + 1} of {ctx.policy.max_failures}"
+        )
+    return HistoryEntry(
+        order_id=state.order_id,
+        at=now,
+        kind=f"expired_{decided.action}",
+        attempt=state.attempt,
+        step=workflow_named(state.workflow).step(state.step_index).name,
+        mode=state.mode,
+        actor=ctx.instance_id,
+        detail=detail,
+    )
+
+
+def _request_recovery(ctx: Context, decided: Expiry, step: str, etag: str, now: datetime) -> None:
+    """Ask for what the expiry decided: a retry after its backoff, compensation, or the
+    status and alert of a finished order. The Supervisor never calls an agent itself."""
     new = decided.state
-    if not new.is_terminal:
-        markers.rearm(marker, _next_look(ctx, new, now))
     if decided.action is ExpiryAction.RETRY:
         telemetry.instruments.retries.add(1, {"sas.kind": "step", telemetry.STEP: step})
         then.request_schedule(ctx, new, delay_seconds=decided.delay.total_seconds())
@@ -175,7 +192,6 @@ def _recover(
         then.notify(ctx, new, "compensating", now, detail=new.last_error)
     else:
         then.finished(ctx, new, etag)
-    return decided.action
 
 
 class MarkerWrites:

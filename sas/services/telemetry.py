@@ -317,7 +317,6 @@ class Levels:
 
 queue_depth = Levels("sas.queue")
 parked = Levels("sas.queue")
-poisoned = Levels("sas.queue")
 
 
 @dataclass(frozen=True)
@@ -340,8 +339,12 @@ def instruments_on(meter: metrics.Meter) -> Instruments:
             "Breaker per target: 0 closed, 1 open, 2 half",
         ),
         ("sas.queue.depth", queue_depth.observe, "{message}", "Messages waiting per queue"),
-        ("sas.parked", parked.observe, "{message}", "Bad messages parked, per source queue"),
-        ("sas.poisoned", poisoned.observe, "{message}", "Messages the host gave up on, per queue"),
+        (
+            "sas.parked",
+            parked.observe,
+            "{message}",
+            "Messages parked per queue: bad input the app refused and what the host gave up on",
+        ),
     )
     for name, callback, unit, description in gauges:
         meter.create_observable_gauge(

@@ -63,7 +63,7 @@ def test_the_console_script_installs_with_only_its_own_dependencies(cli_venv: Pa
     done = sas(cli_venv, "--help")
     assert done.returncode == 0, done.stderr
     assert "usage: sas" in done.stdout
-    for command in ("submit", "status", "history", "list", "resubmit", "purge", "watch"):
+    for command in ("submit", "status", "history", "list", "resubmit", "parked", "purge", "watch"):
         assert command in done.stdout
     installed = subprocess.run(
         [str(cli_venv / "bin" / "python"), "-m", "pip", "list", "--format=freeze"],
@@ -121,6 +121,9 @@ def test_the_installed_cli_works_against_the_apps_storage(
 
     listed = sas(cli_venv, "--settings", str(path), "--json", "list")
     assert listed.returncode == 0 and json.loads(listed.stdout) == [], listed.stderr
+    parked = sas(cli_venv, "--settings", str(path), "--json", "parked", "list")
+    assert parked.returncode == 0, parked.stderr  # the app's table and the host's poison queues
+    assert [m for m in json.loads(parked.stdout) if m["parked_by"] == "app"] == []
     missing = sas(cli_venv, "--settings", str(path), "status", order_id)
     assert missing.returncode == 1 and "not found" in missing.stderr  # queued, not yet taken
     watched = sas(cli_venv, "--settings", str(path), "watch", "--iterations", "1", "--json")

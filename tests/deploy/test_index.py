@@ -96,10 +96,16 @@ def files_under(root: Path) -> set[str]:
 
 
 def index(
-    python: Path, app_dir: Path, mode: str, runtime: Path | None = None, transport: str = ""
+    python: Path,
+    app_dir: Path,
+    mode: str,
+    runtime: Path | None = None,
+    transport: str = "",
+    app_settings: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run INDEX in `app_dir` with a clean environment: PATH, HOME and SAS_TRANSPORT only."""
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ["HOME"]}
+    """Run INDEX in `app_dir` with a clean environment: PATH, HOME, SAS_TRANSPORT and
+    ``app_settings`` only."""
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ["HOME"], **(app_settings or {})}
     if transport:
         env["SAS_TRANSPORT"] = transport
     before = files_under(app_dir)
@@ -120,6 +126,22 @@ def index(
     return result
 
 
+def test_the_packaged_app_binds_the_queues_its_settings_name(
+    app_python: Path, package_dir: Path
+) -> None:
+    named = {"SAS_QUEUE_PREFIX": "shop", settings.QUEUE_ORDERS: "incoming"}
+    found = {
+        f["name"]: f["queue"]
+        for f in index(app_python, package_dir, "app", None, "storage", named)["functions"]
+    }
+    expected = settings.queue_names(named)
+    assert {name: found[name] for name in QUEUE_FUNCTIONS} == {
+        name: expected[key] for name, key in QUEUE_FUNCTIONS.items()
+    }
+    assert (found["submit"], found["submit_high"]) == ("incoming", "incoming-high")
+    assert found["schedule"].startswith("shop-")
+
+
 @pytest.mark.parametrize("transport", sorted(TRANSPORTS))
 def test_the_packaged_app_indexes_every_function_without_settings(
     app_python: Path, package_dir: Path, transport: str
@@ -134,7 +156,7 @@ def test_the_packaged_app_indexes_every_function_without_settings(
         f = found[name]
         assert (f["type"], f["queue"], f["connection"]) == (
             trigger,
-            f"%{queue_setting}%",
+            settings.DEFAULT_QUEUES[queue_setting],
             connection,
         ), name
         assert f["bindings"] == [["msg", trigger]], name

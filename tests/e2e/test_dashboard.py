@@ -67,7 +67,8 @@ def state_of(store: TableStateStore, order_id: str) -> ProcessState | None:
 
 @pytest.fixture(scope="module")
 def failed_order(stack, store) -> str:
-    """PROCESSED orders Processed, one in Error (its alert sent), one bad message parked."""
+    """PROCESSED orders Processed, one in Error (its alert sent), one bad message parked by the
+    app."""
     transport = StorageQueueTransport(queue_service_client(stack.settings.storage))
 
     def send(index: int) -> str:
@@ -126,9 +127,15 @@ def test_the_counts_match_the_store(page, store):
         expect(card).to_have_text(str(expected))
     assert page.locator("[data-state-count='Processed']").inner_text() == str(PROCESSED)
     assert page.locator("[data-state-count='Error']").inner_text() == "1"
-    expect(page.locator("[data-count='rejected']")).to_have_text(str(len(store.list_parked(100))))
-    expect(page.locator("#rejected tbody tr")).to_have_count(1)
-    expect(page.locator("#rejected tbody")).to_contain_text("this is not an order")
+    # One card and one table for parked messages of both kinds; this run poisoned nothing, so
+    # all are the app's.
+    expect(page.locator("[data-count='parked']")).to_have_text(str(len(store.list_parked(100))))
+    expect(page.locator("#parked tbody tr")).to_have_count(1)
+    app = page.locator("#parked tbody tr[data-by='app']")
+    expect(app).to_have_count(1)
+    expect(app.locator(".by")).to_have_text("app")
+    expect(app).to_contain_text("this is not an order")
+    expect(app).to_contain_text(store.list_parked(1)[0].id)
     expect(page.locator("#problem")).to_be_hidden()
 
 

@@ -21,6 +21,7 @@ from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.tables import TableStateStore
 from sas.domain.messages import StatusEvent, StepReply, decode
 from sas.domain.model import ProcessState
+from sas.domain.parked import ParkedMessage
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.settings import QUEUE_ORDERS, QUEUE_REPLIES
 from sas_local.demo import demo_order
@@ -171,12 +172,12 @@ def test_a_malformed_order_is_parked_with_its_body_and_settled(stack, store):
     raw = queue_service_client(stack.settings.storage).get_queue_client(orders)
     raw.send_message(base64.b64encode(body).decode())
 
-    def parked() -> dict[str, Any] | None:
-        return next((p for p in store.list_parked() if p["body"] == body), None)
+    def parked() -> ParkedMessage | None:
+        return next((p for p in store.list_parked() if p.body == body), None)
 
     found = wait_until(parked, timeout=30, what="bad message parked")
-    assert found["queue"] == orders
-    assert "order_id" in found["reason"]
+    assert (found.parked_by, found.queue) == ("app", orders)
+    assert "order_id" in found.reason
     wait_until(lambda: queue_empty(stack, orders), timeout=30, what="bad message settled")
     poison = queue_service_client(stack.settings.storage).get_queue_client(f"{orders}-poison")
     with contextlib.suppress(ResourceNotFoundError):  # never created: nothing was poisoned

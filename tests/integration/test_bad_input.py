@@ -85,10 +85,10 @@ def test_each_class_of_bad_order_is_parked_with_its_reason(app_env, table, case)
     rows = everything(table)
     assert {row["PartitionKey"] for row in rows} == {REJECTED_PARTITION}  # nothing partial
     (parked,) = bootstrap.store().list_parked()
-    assert parked["queue"] == "sas-orders"
-    assert reason in parked["reason"]
-    assert parked["body"] == payload[: len(parked["body"])]
-    assert parked["body_truncated"] is (len(parked["body"]) < len(payload))
+    assert parked.queue == "sas-orders"
+    assert reason in parked.reason
+    assert parked.body == payload[: len(parked.body)]
+    assert parked.body_truncated is (len(parked.body) < len(payload))
 
 
 @pytest.mark.parametrize(
@@ -134,8 +134,8 @@ def test_each_class_of_bad_order_is_parked_with_its_reason(app_env, table, case)
 def test_bad_messages_on_every_queue_are_parked(app_env, table, function, queue, payload, reason):
     deliver(function, payload)
     (parked,) = bootstrap.store().list_parked()
-    assert parked["queue"] == queue and reason in parked["reason"]
-    assert parked["body"] == payload
+    assert parked.queue == queue and reason in parked.reason
+    assert parked.body == payload
 
 
 def test_a_reply_for_an_order_that_does_not_exist_is_parked_and_changes_nothing(app_env, table):
@@ -150,14 +150,14 @@ def test_a_reply_for_an_order_that_does_not_exist_is_parked_and_changes_nothing(
     deliver("on_reply", json.dumps(reply).encode())
     assert {row["PartitionKey"] for row in everything(table)} == {REJECTED_PARTITION}
     (parked,) = bootstrap.store().list_parked()
-    assert parked["queue"] == "sas-replies" and "unknown order" in parked["reason"]
-    assert json.loads(parked["body"])["order_id"] == "ghost"
+    assert parked.queue == "sas-replies" and "unknown order" in parked.reason
+    assert json.loads(parked.body)["order_id"] == "ghost"
 
 
 def test_a_schedule_request_for_an_order_that_does_not_exist_is_parked(app_env, table):
     deliver("schedule", b'{"type": "ScheduleRequest", "order_id": "ghost"}')
     (parked,) = bootstrap.store().list_parked()
-    assert parked["queue"] == "sas-scheduler" and "unknown order" in parked["reason"]
+    assert parked.queue == "sas-scheduler" and "unknown order" in parked.reason
     assert {row["PartitionKey"] for row in everything(table)} == {REJECTED_PARTITION}
 
 
@@ -165,8 +165,8 @@ def test_a_different_order_under_a_taken_id_is_parked_and_the_original_kept(app_
     deliver("submit", body())
     deliver("submit", body(details={**VALID_ORDER["details"], "address": "2 Other St"}))
     (parked,) = bootstrap.store().list_parked()
-    assert parked["queue"] == "sas-orders" and "already used" in parked["reason"]
-    assert json.loads(parked["body"])["details"]["address"] == "2 Other St"
+    assert parked.queue == "sas-orders" and "already used" in parked.reason
+    assert json.loads(parked.body)["details"]["address"] == "2 Other St"
     original = bootstrap.store().get_order("o1")
     assert original is not None and original.details["address"] == "1 Main St"
 
@@ -188,7 +188,7 @@ def test_a_submitter_cannot_point_status_events_at_a_queue_it_may_not_use(
     deliver("submit", body(reply_to=reply_to))
     assert {row["PartitionKey"] for row in everything(table)} == {REJECTED_PARTITION}
     (parked,) = bootstrap.store().list_parked()
-    assert reason in parked["reason"]
+    assert reason in parked.reason
 
 
 def test_an_allowed_reply_to_is_accepted(app_env, table):

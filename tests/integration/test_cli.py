@@ -9,7 +9,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -275,43 +275,12 @@ def test_resubmit_runs_an_error_order_again_and_refuses_a_processed_one(mixed, c
     assert len(queue_bodies(scheduler)) == 1
 
 
-# --- rejected and poison ------------------------------------------------------------------
+# --- parked messages: the app's and the host's, one noun ----------------------------------
 
 
 def park(world: World, payload: bytes, *, ago: float = 0, reason: str = "invalid") -> str:
     at = world.clock.now() - timedelta(seconds=ago)
     return bootstrap.store().park_message("sas-orders", reason, payload, at)
-
-
-def test_rejected_list_replay_and_discard(world, capsys):
-    replayed = park(world, body(order_id="cli-1"), ago=7200)
-    discarded = park(world, b"\xff\x00", reason="not UTF-8")
-
-    code, out, _ = sas(capsys, "rejected", "list")
-    assert code == 0
-    assert "2h" in out and "not UTF-8" in out and "<binary>" in out
-    assert f" {replayed}\n" in out and f" {discarded}\n" in out  # whole, to copy
-    found = {m["id"]: m for m in sas_json(capsys, "rejected", "list")}
-    assert set(found) == {replayed, discarded}
-    assert found[replayed]["age_seconds"] == 7200
-
-    code, out, _ = sas(capsys, "rejected", "replay", replayed)
-    assert code == 0 and out.strip() == f"replayed {replayed}"
-    assert queue_bodies("sas-orders") == [body(order_id="cli-1")]
-    assert sas_json(capsys, "rejected", "discard", discarded)["status"] == "discarded"
-    assert sas_json(capsys, "rejected", "list") == []
-
-    for verb in ("replay", "discard"):
-        code, out, err = sas(capsys, "rejected", verb, replayed)
-        assert code == 1 and err.strip() == "sas: error: no such rejected message"
-    assert queue_bodies("sas-orders") == [body(order_id="cli-1")]
-
-
-def test_a_rejected_message_the_app_would_not_take_is_refused(world, capsys):
-    parked = bootstrap.store().park_message("sas-alerts", "x", b"{}", world.clock.now())
-    code, _, err = sas(capsys, "rejected", "replay", parked)
-    assert code == 1 and "not a queue the app consumes" in err
-    assert [m["id"] for m in sas_json(capsys, "rejected", "list")] == [parked]
 
 
 @pytest.fixture
@@ -325,39 +294,89 @@ def poison(world, queue_service) -> Poison:
     return Poison(queue_service)
 
 
-def test_poison_list_replay_and_discard(poison, capsys):
+def test_parked_list_replay_and_discard_what_the_app_parked(world, poison, capsys):
+    replayed = park(world, body(order_id="cli-1"), ago=7200)
+    discarded = park(world, b"\xff\x00", reason="not UTF-8")
+
+    code, out, _ = sas(capsys, "parked", "list")
+    assert code == 0
+    assert "2h" in out and "not UTF-8" in out and "<binary>" in out and " app " in out
+    assert f" {replayed}\n" in out and f" {discarded}\n" in out  # whole, to copy
+    found = {m["id"]: m for m in sas_json(capsys, "parked", "list")}
+    assert set(found) == {replayed, discarded}
+    assert found[replayed]["age_seconds"] == 7200
+    assert {(m["parked_by"], m["function"]) for m in found.values()} == {("app", "submit")}
+
+    code, out, _ = sas(capsys, "parked", "replay", replayed)
+    assert code == 0 and out.strip() == f"replayed {replayed}"
+    assert queue_bodies("sas-orders") == [body(order_id="cli-1")]
+    assert sas_json(capsys, "parked", "discard", discarded)["status"] == "discarded"
+    assert sas_json(capsys, "parked", "list") == []
+
+    for verb in ("replay", "discard"):
+        code, out, err = sas(capsys, "parked", verb, replayed)
+        assert code == 1 and err.strip() == "sas: error: no such parked message"
+    assert queue_bodies("sas-orders") == [body(order_id="cli-1")]
+
+
+def test_a_parked_message_the_app_would_not_take_is_refused(world, poison, capsys):
+    parked = bootstrap.store().park_message("sas-alerts", "x", b"{}", world.clock.now())
+    code, _, err = sas(capsys, "parked", "replay", parked)
+    assert code == 1 and "not a queue the app consumes" in err
+    assert [m["id"] for m in sas_json(capsys, "parked", "list")] == [parked]
+
+
+def test_parked_list_replay_and_discard_what_the_host_gave_up_on(poison, capsys):
     replayed = poison.put("sas-agent-shipping", RAW)
     discarded = poison.put("sas-agent-inventory", NOT_BASE64)
 
-    assert {m["id"] for m in sas_json(capsys, "poison", "list")} == {replayed, discarded}
-    code, out, _ = sas(capsys, "poison", "list")
+    listed = sas_json(capsys, "parked", "list")
+    assert {m["id"] for m in listed} == {replayed, discarded}
+    assert {(m["parked_by"], m["transport"]) for m in listed} == {("host", "storage")}
+    code, out, _ = sas(capsys, "parked", "list")
     assert code == 0 and "sas-agent-shipping" in out and "sas-agent-inventory" in out
+    assert " host " in out
     assert f" {replayed}\n" in out and f" {discarded}\n" in out
 
-    code, out, _ = sas(capsys, "poison", "replay", replayed)
+    code, out, _ = sas(capsys, "parked", "replay", replayed)
     assert code == 0 and out.strip() == f"replayed {replayed}"
     assert poison.peek("sas-agent-shipping") == [RAW]  # unchanged
-    assert sas_json(capsys, "poison", "discard", discarded) == {
+    assert sas_json(capsys, "parked", "discard", discarded) == {
         "id": discarded,
         "status": "discarded",
     }
-    assert sas_json(capsys, "poison", "list") == []
+    assert sas_json(capsys, "parked", "list") == []
     assert poison.peek("sas-agent-inventory") == []
 
-    code, _, err = sas(capsys, "poison", "discard", discarded)
-    assert code == 1 and err.strip() == "sas: error: no such poisoned message"
+    code, _, err = sas(capsys, "parked", "discard", discarded)
+    assert code == 1 and err.strip() == "sas: error: no such parked message"
+
+
+def test_parked_lists_both_kinds_oldest_first_up_to_the_limit(world, poison, capsys):
+    world.clock.current = datetime.now(UTC) - timedelta(hours=1)  # an hour behind the queue's
+    older = park(world, body(order_id="cli-2"), ago=60)
+    host = poison.put("sas-orders", RAW)  # moved to poison now, by the queue's clock
+    newer = park(world, b"{}")
+    listed = sas_json(capsys, "parked", "list")
+    assert [(m["id"], m["parked_by"]) for m in listed] == [
+        (older, "app"),
+        (newer, "app"),
+        (host, "host"),
+    ]
+    assert [m["id"] for m in sas_json(capsys, "parked", "list", "--limit", "2")] == [older, newer]
 
 
 @pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#", "x", ""])
 def test_an_id_that_is_not_exactly_a_messages_id_touches_nothing(world, poison, capsys, hostile):
     parked = park(world, body())
     poisoned = poison.put("sas-orders", RAW)
-    for noun, target in (("rejected", parked), ("poison", poisoned)):
+    for target in (parked, poisoned):
         for verb in ("replay", "discard"):
-            code, out, err = sas(capsys, noun, verb, target + hostile if hostile else target[:-1])
+            code, out, err = sas(
+                capsys, "parked", verb, target + hostile if hostile else target[:-1]
+            )
             assert code == 1 and out == "" and "no such" in err
-    assert [m["id"] for m in sas_json(capsys, "rejected", "list")] == [parked]
-    assert [m["id"] for m in sas_json(capsys, "poison", "list")] == [poisoned]
+    assert sorted(m["id"] for m in sas_json(capsys, "parked", "list")) == sorted([parked, poisoned])
     assert queue_bodies("sas-orders") == []
 
 
@@ -581,9 +600,11 @@ def test_help_lists_every_command(capsys):
         "history",
         "list",
         "resubmit",
-        "rejected",
-        "poison",
+        "parked",
         "purge",
         "watch",
     ):
         assert command in out
+    for gone in ("rejected", "poison"):  # one noun for parked messages now
+        code, out, err = sas(capsys, gone, "list")
+        assert code == 2 and out == "" and "invalid choice" in err

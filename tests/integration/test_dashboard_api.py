@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from sas import bootstrap
 from sas.domain.model import ProcessState
+from sas.entrypoints import http_api
 from sas.entrypoints.http_api import api
 from tests.harness import World, permanent
 from tests.integration.test_poison import Poison, empty_poison_queues
@@ -68,8 +69,21 @@ def test_stats_count_every_state_and_the_parked_messages(client, orders, poisone
         "Compensated": 0,
         "Error": 1,
     }
-    assert (body["rejected"], body["rejected_more"]) == (1, False)
-    assert (body["poisoned"], body["poisoned_more"]) == (1, False)
+    # One count for both kinds: the message the app parked and the one the host gave up on.
+    assert (body["parked"], body["parked_more"]) == (2, False)
+    assert not {"rejected", "poisoned"} & set(body)
+
+
+def test_parked_messages_of_both_kinds_are_counted_up_to_the_cap(client, poisoned, monkeypatch):
+    monkeypatch.setattr(http_api, "STATS_LIST_CAP", 2)
+    now = datetime.now(UTC)
+    bootstrap.store().park_message("sas-orders", "invalid", b"{}", now)
+    poisoned.put("sas-replies", "not a message")
+    assert client.get("/api/stats").json()["parked"] == 2
+    assert client.get("/api/stats").json()["parked_more"] is False
+    bootstrap.store().park_message("sas-replies", "unknown order", b"{}", now)
+    body = client.get("/api/stats").json()
+    assert (body["parked"], body["parked_more"]) == (2, True)
 
 
 def test_orders_are_filtered_by_state_priority_and_age(client, orders):
@@ -126,3 +140,5 @@ def test_the_dashboard_is_one_page_whose_inline_code_its_policy_allows(client, a
     assert "default-src 'none'" in policy and "connect-src 'self'" in policy
     assert "x-functions-key" in page  # the key comes from the page's URL, never its source
     assert "innerHTML" not in page
+    # One view of parked messages, on the one route for them.
+    assert "/api/parked" in page and "/api/rejected" not in page and "/api/poison" not in page

@@ -23,7 +23,7 @@ def run(function: str, payload: bytes) -> None:
 
 
 def parked_reasons() -> list[str]:
-    return [parked["reason"] for parked in bootstrap.store().list_parked()]
+    return [parked.reason for parked in bootstrap.store().list_parked()]
 
 
 def submit_o1() -> None:

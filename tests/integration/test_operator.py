@@ -1,5 +1,5 @@
-"""The operator's HTTP API against Azurite: list by state, history, resubmit, and
-rejected messages (list with age, replay, discard)."""
+"""The operator's HTTP API against Azurite: list by state, history, resubmit, and the messages
+the app parked (list with age, replay, discard); the host's: tests/integration/test_poison.py."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from sas_local.devhost.queues import decode_body
 from tests.harness import World, permanent
 from tests.integration.test_bad_input import VALID_ORDER, body, deliver
 from tests.integration.test_failure_modes import order
+from tests.integration.test_poison import empty_poison_queues
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,10 @@ def failed_order(app_env, table, strict) -> str:
 
 
 @pytest.fixture
-def client() -> TestClient:
+def client(app_env, queue_service) -> TestClient:
+    # The host's parked messages (poison queues) outlive a test: start with none, so what is
+    # listed here is what this test's table holds.
+    empty_poison_queues(queue_service)
     return TestClient(api)
 
 
@@ -80,18 +84,21 @@ def test_resubmit_is_conditional_audited_and_refused_twice(client, failed_order)
     assert scheduler.get_queue_properties().approximate_message_count == 1  # retry requested
 
 
-def test_rejected_messages_are_listed_with_reason_and_body(client, app_env):
+def test_parked_messages_are_listed_with_reason_and_body(client, app_env):
     bootstrap.store().park_message("sas-orders", "not UTF-8", b"\xff\x00", bootstrap.clock().now())
     bootstrap.store().park_message("sas-orders", "invalid", b'{"a": 1}', bootstrap.clock().now())
-    listed = client.get("/api/rejected").json()
+    listed = client.get("/api/parked").json()
     assert {(r["reason"], r["body_text"]) for r in listed} == {
         ("not UTF-8", None),
         ("invalid", '{"a": 1}'),
     }
     assert {r["body_base64"] for r in listed} >= {"/wA="}
+    assert {(r["parked_by"], r["queue"], r["function"]) for r in listed} == {
+        ("app", "sas-orders", "submit")
+    }
 
 
-# --- rejected messages: age, replay, discard ----------------------------------------------
+# --- messages the app parked: age, replay, discard -----------------------------------------
 
 
 def park(body: bytes, *, queue: str = "sas-orders", reason: str = "invalid", ago: float = 0) -> str:
@@ -99,10 +106,13 @@ def park(body: bytes, *, queue: str = "sas-orders", reason: str = "invalid", ago
     return bootstrap.store().park_message(queue, reason, body, at)
 
 
-def rejected(client: TestClient) -> dict[str, dict[str, Any]]:
-    response = client.get("/api/rejected")
+def listed(client: TestClient) -> dict[str, dict[str, Any]]:
+    """Every parked message (the host's poison queues were emptied: all are the app's)."""
+    response = client.get("/api/parked")
     assert response.status_code == 200
-    return {r["id"]: r for r in response.json()}
+    found = {r["id"]: r for r in response.json()}
+    assert {r["parked_by"] for r in found.values()} <= {"app"}
+    return found
 
 
 def deliver_from_queue(queue: str, function: str) -> int:
@@ -122,46 +132,46 @@ def raw_contents(queue: str) -> list[str]:
     return [m.content for m in raw.peek_messages(max_messages=32)]
 
 
-def test_rejected_messages_show_their_age(client, app_env):
+def test_parked_messages_show_their_age(client, app_env):
     old = park(b"{}", ago=3600)
     new = park(b"{}", ago=0)
-    found = rejected(client)
+    found = listed(client)
     assert 3590 < found[old]["age_seconds"] < 3700
     assert 0 <= found[new]["age_seconds"] < 60
 
 
-def test_discard_removes_a_rejected_message_for_good(client, app_env):
+def test_discard_removes_a_parked_message_for_good(client, app_env):
     gone, kept = park(b'{"a": 1}'), park(b'{"b": 2}')
 
-    response = client.delete(f"/api/rejected/{gone}")
+    response = client.delete(f"/api/parked/{gone}")
 
     assert response.status_code == 200, response.text
     assert response.json() == {"id": gone, "status": "discarded"}
-    assert set(rejected(client)) == {kept}
+    assert set(listed(client)) == {kept}
     assert bootstrap.store().get_parked(gone) is None
-    assert client.delete(f"/api/rejected/{gone}").status_code == 404
-    assert client.post(f"/api/rejected/{gone}/replay").status_code == 404
+    assert client.delete(f"/api/parked/{gone}").status_code == 404
+    assert client.post(f"/api/parked/{gone}/replay").status_code == 404
     assert raw_contents("sas-orders") == []
 
 
 def test_replaying_a_still_malformed_order_parks_it_again_under_a_new_id(client, app_env):
     payload = b"{this is not json"
     deliver("submit", payload)
-    ((old, first),) = rejected(client).items()
+    ((old, first),) = listed(client).items()
 
-    response = client.post(f"/api/rejected/{old}/replay")
+    response = client.post(f"/api/parked/{old}/replay")
 
     assert response.status_code == 200, response.text
     assert response.json() == {"id": old, "status": "replayed"}
-    assert rejected(client) == {}  # gone from rejected before the app has seen it again
+    assert listed(client) == {}  # gone from parked before the app has seen it again
     # On the wire exactly as an application's message: Base64 of the original bytes.
     assert raw_contents("sas-orders") == [base64.b64encode(payload).decode()]
     assert deliver_from_queue("sas-orders", "submit") == 1
-    ((new, again),) = rejected(client).items()
+    ((new, again),) = listed(client).items()
     assert new != old
     assert again["body_base64"] == first["body_base64"]
     assert (again["queue"], again["reason"]) == (first["queue"], first["reason"])
-    assert client.post(f"/api/rejected/{old}/replay").status_code == 404
+    assert client.post(f"/api/parked/{old}/replay").status_code == 404
 
 
 def test_a_replayed_valid_order_is_processed_by_the_app(client, app_env):
@@ -169,7 +179,7 @@ def test_a_replayed_valid_order_is_processed_by_the_app(client, app_env):
     payload = body(order_id="replayed-1")
     parked = park(payload, reason="reply_to must match status-*")
 
-    assert client.post(f"/api/rejected/{parked}/replay").status_code == 200
+    assert client.post(f"/api/parked/{parked}/replay").status_code == 200
 
     assert bootstrap.store().get_order("replayed-1") is None  # not yet: it is on the queue
     assert deliver_from_queue("sas-orders", "submit") == 1
@@ -177,7 +187,7 @@ def test_a_replayed_valid_order_is_processed_by_the_app(client, app_env):
     assert order is not None and order.details == VALID_ORDER["details"]
     state = bootstrap.store().get_state("replayed-1")
     assert state is not None and state.value.process_state is ProcessState.PROCESSING
-    assert rejected(client) == {}
+    assert listed(client) == {}
 
 
 def test_a_replayed_reply_reaches_its_order_once_the_order_exists(client, app_env):
@@ -192,14 +202,14 @@ def test_a_replayed_reply_reaches_its_order_once_the_order_exists(client, app_en
         "outcome": "ok",
     }
     deliver("on_reply", json.dumps(reply).encode())
-    ((parked, first),) = rejected(client).items()
+    ((parked, first),) = listed(client).items()
     assert first["queue"] == "sas-replies" and "unknown order" in first["reason"]
     deliver("submit", body(order_id="late-1"))
 
-    assert client.post(f"/api/rejected/{parked}/replay").status_code == 200
+    assert client.post(f"/api/parked/{parked}/replay").status_code == 200
 
     assert deliver_from_queue("sas-replies", "on_reply") == 1
-    assert rejected(client) == {}
+    assert listed(client) == {}
     kinds = [entry.kind for entry in bootstrap.store().get_history("late-1")]
     assert kinds == ["submitted", "claimed", "reply_dropped"]
 
@@ -207,27 +217,27 @@ def test_a_replayed_reply_reaches_its_order_once_the_order_exists(client, app_en
 def test_a_truncated_body_cannot_be_replayed(client, app_env):
     huge = b"x" * (60 * 1024 * 14 + 1)  # one byte more than a parked entity keeps
     parked = park(huge, reason="oversize")
-    assert rejected(client)[parked]["body_truncated"] is True
+    assert listed(client)[parked]["body_truncated"] is True
 
-    response = client.post(f"/api/rejected/{parked}/replay")
+    response = client.post(f"/api/parked/{parked}/replay")
 
     assert response.status_code == 409 and "body" in response.json()["detail"]
-    assert parked in rejected(client) and raw_contents("sas-orders") == []
-    assert client.delete(f"/api/rejected/{parked}").status_code == 200
+    assert parked in listed(client) and raw_contents("sas-orders") == []
+    assert client.delete(f"/api/parked/{parked}").status_code == 200
 
 
 def test_an_oversize_body_is_not_replayed_only_to_be_parked_again(client, app_env):
     parked = park(b" " * (MAX_MESSAGE_BYTES + 1), reason="oversize")
-    assert client.post(f"/api/rejected/{parked}/replay").status_code == 409
-    assert parked in rejected(client) and raw_contents("sas-orders") == []
+    assert client.post(f"/api/parked/{parked}/replay").status_code == 409
+    assert parked in listed(client) and raw_contents("sas-orders") == []
 
 
 @pytest.mark.parametrize("queue", ["sas-alerts", "someone-elses-queue", "sas-orders-poison"])
 def test_replay_goes_only_to_a_queue_the_app_consumes(client, app_env, queue):
     parked = park(body(), queue=queue)
-    response = client.post(f"/api/rejected/{parked}/replay")
+    response = client.post(f"/api/parked/{parked}/replay")
     assert response.status_code == 409 and "not a queue the app consumes" in response.text
-    assert parked in rejected(client)
+    assert parked in listed(client)
     assert raw_contents("sas-alerts") == []
 
 
@@ -238,12 +248,12 @@ def test_a_failed_send_leaves_the_message_parked(client, app_env, monkeypatch):
         raise NotFound(f"queue {queue} does not exist")
 
     monkeypatch.setattr(bootstrap.poison(), "requeue", gone)
-    response = client.post(f"/api/rejected/{parked}/replay")
+    response = client.post(f"/api/parked/{parked}/replay")
     assert response.status_code == 404 and "does not exist" in response.text
-    assert parked in rejected(client)  # sent first, dropped after: nothing lost
+    assert parked in listed(client)  # sent first, dropped after: nothing lost
 
 
-def test_unknown_and_malformed_rejected_ids_are_404_and_only_real_ids_reach_the_store(
+def test_unknown_and_malformed_parked_ids_are_404_and_only_real_ids_reach_the_store(
     client, app_env, monkeypatch
 ):
     real = park(body())
@@ -260,6 +270,9 @@ def test_unknown_and_malformed_rejected_ids_are_404_and_only_real_ids_reach_the_
 
     monkeypatch.setattr(store, "get_parked", recorded(store.get_parked))
     monkeypatch.setattr(store, "drop_parked", recorded(store.drop_parked))
+    poison = bootstrap.poison()  # the host's: no id here is one of its ids
+    monkeypatch.setattr(poison, "replay", recorded(poison.replay))
+    monkeypatch.setattr(poison, "discard", recorded(poison.discard))
     malformed = (
         "nope",
         real + "x",
@@ -274,14 +287,14 @@ def test_unknown_and_malformed_rejected_ids_are_404_and_only_real_ids_reach_the_
     )
     for unknown in (missing, *malformed):
         for response in (
-            client.post(f"/api/rejected/{unknown}/replay"),
-            client.delete(f"/api/rejected/{unknown}"),
+            client.post(f"/api/parked/{unknown}/replay"),
+            client.delete(f"/api/parked/{unknown}"),
         ):
             assert response.status_code == 404, unknown
-            assert response.json()["detail"] == "no such rejected message", unknown
+            assert response.json()["detail"] == "no such parked message", unknown
     assert set(asked) == {missing}  # nothing malformed was ever looked up
-    assert set(rejected(client)) == {real}
-    assert client.delete(f"/api/rejected/{real}").status_code == 200
+    assert set(listed(client)) == {real}
+    assert client.delete(f"/api/parked/{real}").status_code == 200
 
 
 def test_dropping_a_parked_message_is_conditional_on_what_was_read(app_env, table, monkeypatch):

@@ -1,8 +1,9 @@
-"""Poison messages in the operator view, against Azurite: list (age, reason, body), replay,
-discard, through the HTTP API (the CLI's own: tests/integration/test_cli.py), and end to end
+"""Messages parked by the host (poison queues) in the operator view, against Azurite: list (age,
+reason, body), replay, discard, through the HTTP API's parked messages (the CLI's own:
+tests/integration/test_cli.py), listed together with the app's own parked messages; end to end
 through the local dev host's poison path (the Functions host's behaviour: the raw message text
 moved to ``<queue>-poison``); and the Storage adapter's requeue of a raw body, which replays a
-rejected (parked) message."""
+message the app parked."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import base64
 import contextlib
 import threading
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from sas import bootstrap
 from sas.adapters.poison_storage import StoragePoisonQueues
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.domain.errors import IllegalTransition, NotFound
-from sas.domain.poison import poison_id
+from sas.domain.parked import poison_id
 from sas.domain.wire import POISON_SUFFIX
 from sas.entrypoints.http_api import api
 from sas_local.devhost.config import QueueOptions
@@ -79,7 +80,9 @@ def client() -> TestClient:
 
 
 def listed(client: TestClient) -> dict[str, dict[str, Any]]:
-    response = client.get("/api/poison")
+    """Every parked message: this test's table is its own, so only the host's are there unless
+    the test parks one itself."""
+    response = client.get("/api/parked")
     assert response.status_code == 200
     return {p["id"]: p for p in response.json()}
 
@@ -95,18 +98,19 @@ def test_poisoned_messages_are_listed_with_queue_age_reason_and_body(client, poi
 
     assert set(found) == {first, second}
     orders, payment = found[first], found[second]
-    assert (orders["queue"], orders["function"], orders["transport"]) == (
+    assert (orders["parked_by"], orders["queue"], orders["function"], orders["transport"]) == (
+        "host",
         "sas-orders",
         "submit",
         "storage",
     )
     assert orders["body_text"] == BODY.decode() and orders["body_base64"] == RAW
     assert "sas-orders-poison" in orders["reason"] and "maxDequeueCount" in orders["reason"]
-    assert 3590 < orders["age_seconds"] < 3700 and orders["moved_at"] is not None
+    assert 3590 < orders["age_seconds"] < 3700 and orders["parked_at"] is not None  # moved at
     assert payment["function"] == "agent_payment"
     assert payment["body_text"] == NOT_BASE64
     assert "not valid Base64" in payment["reason"]
-    assert client.get("/api/poison", params={"limit": 1}).json()[0]["id"] == first  # oldest
+    assert client.get("/api/parked", params={"limit": 1}).json()[0]["id"] == first  # oldest
 
 
 def test_replay_puts_the_identical_content_back_and_removes_it(client, poison):
@@ -114,19 +118,20 @@ def test_replay_puts_the_identical_content_back_and_removes_it(client, poison):
     target = poison.put("sas-orders", RAW)
     after = poison.put("sas-orders", "YWZ0ZXI=")
 
-    response = client.post(f"/api/poison/{target}/replay")
+    response = client.post(f"/api/parked/{target}/replay")
 
     assert response.status_code == 200, response.text
+    assert response.json() == {"id": target, "status": "replayed"}
     assert poison.peek("sas-orders") == [RAW]  # unchanged: not encoded twice
     # The others it received on the way were handed back at once, not after a lease.
     assert set(listed(client)) == {before, after}
-    assert client.post(f"/api/poison/{target}/replay").status_code == 404
+    assert client.post(f"/api/parked/{target}/replay").status_code == 404
     assert poison.peek("sas-orders") == [RAW]
 
 
 def test_an_undecodable_body_is_replayed_as_it_was(client, poison):
     target = poison.put("sas-scheduler", NOT_BASE64)
-    assert client.post(f"/api/poison/{target}/replay").status_code == 200
+    assert client.post(f"/api/parked/{target}/replay").status_code == 200
     assert poison.peek("sas-scheduler") == [NOT_BASE64]
     assert listed(client) == {}
 
@@ -135,11 +140,13 @@ def test_discard_removes_it_for_good(client, poison):
     target = poison.put("sas-replies", RAW)
     kept = poison.put("sas-replies", NOT_BASE64)
 
-    assert client.delete(f"/api/poison/{target}").status_code == 200
+    response = client.delete(f"/api/parked/{target}")
 
+    assert response.status_code == 200, response.text
+    assert response.json() == {"id": target, "status": "discarded"}
     assert set(listed(client)) == {kept}
     assert poison.peek("sas-replies") == []
-    assert client.delete(f"/api/poison/{target}").status_code == 404
+    assert client.delete(f"/api/parked/{target}").status_code == 404
 
 
 def test_unknown_ids_and_queues_the_app_does_not_consume_are_404(client, poison):
@@ -147,8 +154,12 @@ def test_unknown_ids_and_queues_the_app_does_not_consume_are_404(client, poison)
     real = poison.put("sas-orders", RAW)
     missing = poison_id("sas-orders", "00000000-0000-0000-0000-000000000000")
     for unknown in (missing, alerts, "nope", real + "x", real[:-1]):
-        assert client.post(f"/api/poison/{unknown}/replay").status_code == 404, unknown
-        assert client.delete(f"/api/poison/{unknown}").status_code == 404, unknown
+        for response in (
+            client.post(f"/api/parked/{unknown}/replay"),
+            client.delete(f"/api/parked/{unknown}"),
+        ):
+            assert response.status_code == 404, unknown
+            assert response.json()["detail"] == "no such parked message", unknown
     assert poison.peek("sas-alerts-poison") == [RAW]
     assert set(listed(client)) == {real}
 
@@ -187,13 +198,51 @@ def test_the_dev_host_poisons_and_replay_brings_the_message_back(client, poison,
         assert poisoned["queue"] == "sas-agent-payment"
         assert poisoned["body_base64"] == base64.b64encode(seen[0]).decode()
         failing.clear()  # the remote service is back
-        assert client.post(f"/api/poison/{poisoned['id']}/replay").status_code == 200
+        assert poisoned["parked_by"] == "host" and poisoned["function"] == "agent_payment"
+        assert client.post(f"/api/parked/{poisoned['id']}/replay").status_code == 200
         _wait_for(lambda: len(seen) == 3)
         assert seen[2] == seen[0]
         assert listed(client) == {}
     finally:
         poller.stop()
         poller.wait_idle(time.monotonic() + 10)
+
+
+def test_the_apps_and_the_hosts_are_listed_together_oldest_first_and_found_by_id(
+    client, poison, monkeypatch
+):
+    later = FakeClock(datetime.now(UTC) + timedelta(hours=1))
+    monkeypatch.setattr(bootstrap, "clock", lambda: later)  # the operator's injected now
+    store = bootstrap.store()
+    now = datetime.now(UTC)
+    oldest = store.park_message("sas-orders", "invalid", b"\xff\x00", now - timedelta(days=1))
+    host = poison.put("sas-replies", RAW)  # moved now, by the queue's clock
+    newest = store.park_message("sas-scheduler", "unknown order", BODY, now + timedelta(minutes=1))
+
+    found = client.get("/api/parked").json()
+
+    assert [(m["id"], m["parked_by"]) for m in found] == [
+        (oldest, "app"),
+        (host, "host"),
+        (newest, "app"),
+    ]
+    app = found[0]
+    assert (app["queue"], app["function"], app["transport"]) == ("sas-orders", "submit", None)
+    assert (app["reason"], app["body_text"], app["body_base64"]) == ("invalid", None, "/wA=")
+    assert app["delivery_count"] is None and app["body_truncated"] is False
+    assert 90000 - 10 < app["age_seconds"] < 90000 + 60  # a day and the hour the clock is ahead
+    assert found[2]["function"] == "schedule" and found[2]["body_text"] == BODY.decode()
+    # At most ``limit`` in all, still oldest first.
+    limited = client.get("/api/parked", params={"limit": 2}).json()
+    assert [m["id"] for m in limited] == [oldest, host]
+    assert client.get("/api/stats").json()["parked"] == 3
+
+    # The id says which store holds it: each goes where it belongs, and only there.
+    assert client.delete(f"/api/parked/{oldest}").status_code == 200
+    assert store.get_parked(oldest) is None and poison.peek("sas-replies-poison") == [RAW]
+    assert client.post(f"/api/parked/{host}/replay").status_code == 200
+    assert poison.peek("sas-replies") == [RAW] and poison.peek("sas-replies-poison") == []
+    assert [m["id"] for m in client.get("/api/parked").json()] == [newest]
 
 
 def _wait_for(check, timeout: float = 20.0):
@@ -205,7 +254,7 @@ def _wait_for(check, timeout: float = 20.0):
     raise AssertionError("timed out")
 
 
-# --- requeue: an operator replaying a message the app parked (rejected) --------------------
+# --- requeue: an operator replaying a message the app parked --------------------------------
 
 
 def test_requeue_sends_the_raw_body_as_the_queue_trigger_expects(poison, queue_service):

@@ -13,7 +13,7 @@ from sas.domain.model import ProcessState
 from sas.domain.priority import AdmissionPolicy, Waiting
 from sas.domain.wire import PRIORITIES, Priority, lane_queue_name
 from sas.services.backlog import Backlog
-from sas.services.routes import Routes
+from sas.services.context import Routes
 from sas.services.submission import SubmissionOutcome
 from tests.harness import World, permanent
 from tests.instances import instance

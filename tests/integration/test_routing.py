@@ -115,7 +115,7 @@ def test_a_step_is_routed_away_from_an_open_circuit(world, health):
 def test_a_step_is_routed_away_from_a_full_endpoint(world):
     router = world.router
     assert router is not None
-    held = [router.acquire("payment", prefer="west") for _ in range(2)]  # west is full
+    held = [router.acquire("payment", avoid="north") for _ in range(2)]  # west is full
     assert [e.name for e in held if e] == ["west", "west"]
     world.agents["payment"].handle(to_payment(world, "r3"))
     assert world.remote.endpoint_calls[-1] == "north"

@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from sas.adapters.clients import credential
-from sas.adapters.servicebus import ServiceBusTransport, from_connection
+from sas.adapters.servicebus import ServiceBusTransport
 from sas.domain.clock import SystemClock
 from sas.domain.errors import NotFound
 from sas.domain.messages import ScheduleRequest, encode
@@ -69,7 +69,7 @@ def queue() -> str:
 
 @pytest.fixture(scope="module")
 def transport(connection: Connection) -> Iterator[ServiceBusTransport]:
-    sender = from_connection(connection, SystemClock())
+    sender = ServiceBusTransport.from_connection(connection, SystemClock())
     yield sender
     sender.close()
 
@@ -189,7 +189,7 @@ def test_a_high_priority_step_request_travels_on_the_high_lane(
     from sas.domain.wire import PRIORITIES, lane_queue_name
     from sas.domain.workflow import ORDER_WORKFLOW
     from sas.services.consequences import dispatch
-    from sas.services.routes import Routes
+    from sas.services.context import Routes
     from tests.fakes import InMemoryStore
     from tests.instances import instance
 

@@ -28,7 +28,7 @@ class SkewedClock:
 def test_a_skewed_host_reads_the_stores_time_after_a_few_requests(azurite, table, skew) -> None:
     clock = StoreClock(SkewedClock(skew), host_name="h", allowance=timedelta(seconds=10))
     connection = Connection("SasStorage", connection_string=azurite.connection_string)
-    client = clients.table_client(connection, table.table_name, clock)
+    client = clients.table_client(connection, table.table_name, clock.hooks())
     for _ in range(12):
         clients.ping(client)
     assert clock.offset_seconds == pytest.approx(-skew, abs=1.0)
@@ -38,7 +38,7 @@ def test_a_skewed_host_reads_the_stores_time_after_a_few_requests(azurite, table
 def test_queue_responses_are_dated_too(azurite, queue_service) -> None:
     clock = StoreClock(SkewedClock(-20), host_name="h", allowance=timedelta(seconds=10))
     connection = Connection("SasStorage", connection_string=azurite.connection_string)
-    list(clients.queue_service_client(connection, clock).list_queues())
+    list(clients.queue_service_client(connection, clock.hooks()).list_queues())
     assert clock.offset_seconds == pytest.approx(20, abs=1.5)
 
 

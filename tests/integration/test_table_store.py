@@ -147,9 +147,13 @@ def test_parked_messages_keep_reason_and_the_whole_body(table):
     body = bytes(range(256)) * 400  # 100 KiB, binary: spans several properties
     parked_id = store.park_message("sas-orders", "invalid OrderSubmitted: x", body, NOW)
     (parked,) = store.list_parked()
-    assert parked["id"] == parked_id
-    assert parked["reason"] == "invalid OrderSubmitted: x"
-    assert parked["body"] == body and parked["body_truncated"] is False
+    assert parked.id == parked_id
+    assert parked.reason == "invalid OrderSubmitted: x"
+    assert parked.body == body and parked.body_truncated is False
+    # One value with what the host parks: by the app, on its queue, when it was parked.
+    assert (parked.parked_by, parked.queue, parked.parked_at) == ("app", "sas-orders", NOW)
+    assert parked.function is None and parked.delivery_count is None
+    assert store.get_parked(parked_id) == parked
 
 
 def entry(kind: str, attempt: int = 1, at: datetime = NOW) -> HistoryEntry:
@@ -217,9 +221,7 @@ def test_the_in_flight_index_is_a_table_of_its_own(table):
 
 def test_new_state_fields_round_trip(table):
     store = store_on(table)
-    state = replace(
-        new_state(), mode="undo", not_before=NOW, alert_pending=True, deferrals=2
-    )
+    state = replace(new_state(), mode="undo", not_before=NOW, alert_pending=True, deferrals=2)
     store.create_order(order(), state)
     assert stored_state(store).value == state
 

@@ -54,6 +54,6 @@ def test_an_order_without_context_is_stored_and_sent_as_before(app_env, azurite,
 def test_a_garbled_traceparent_is_parked_like_any_bad_field(app_env):
     deliver("submit", body(trace={"traceparent": "00-not-a-trace"}))
     (parked,) = bootstrap.store().list_parked()
-    assert parked["queue"] == bootstrap.settings().queue(settings.QUEUE_ORDERS)
-    assert "trace.traceparent" in parked["reason"]
+    assert parked.queue == bootstrap.settings().queue(settings.QUEUE_ORDERS)
+    assert "trace.traceparent" in parked.reason
     assert bootstrap.store().get_order("o1") is None

@@ -6,11 +6,11 @@ from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, decode, encode
 from sas.domain.workflow import longest_step_budget
 from sas.services.agent import AgentOutcome
-from sas.services.routes import Routes
+from sas.services.context import Routes
 from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
 from tests.instances import AgentOf, agent_runner
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 ROUTES = Routes("orders", "scheduler", "replies", "alerts", {"payment": "agent-payment"})
 

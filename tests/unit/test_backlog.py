@@ -10,7 +10,7 @@ import pytest
 from sas.domain.priority import Waiting
 from sas.services.backlog import MIN_PACE, Backlog
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 LANE = ("lane",)

@@ -31,11 +31,11 @@ from sas.domain.messages import StepRequest
 from sas.domain.model import Versioned
 from sas.services.agent import AgentOutcome
 from sas.services.breaker import CircuitBreaker
-from sas.services.routes import Routes
+from sas.services.context import Routes
 from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
 from tests.instances import AgentOf, agent_runner
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 POLICY = BreakerPolicy(

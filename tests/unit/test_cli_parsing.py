@@ -114,3 +114,27 @@ def test_the_cli_extra_is_pinned_as_the_app_is():
     extra = dict(spec.split("==") for spec in project["optional-dependencies"]["cli"])
     assert "rich" in extra and "azure-data-tables" in extra
     assert {name: pinned.get(name) for name in extra} == extra
+
+
+def test_parked_messages_are_one_noun_list_replay_and_discard():
+    from sas_cli import commands
+
+    args = commands.parser().parse_args(["parked", "list", "--limit", "5"])
+    assert (args.command, args.verb, args.limit) == ("parked", "list", 5)
+    assert args.handler is commands._parked_list
+    for verb, handler in (
+        ("replay", commands._parked_replay),
+        ("discard", commands._parked_discard),
+    ):
+        args = commands.parser().parse_args(["parked", verb, "p1.abc", "--actor", "al", "--json"])
+        assert (args.message_id, args.actor, args.json) == ("p1.abc", "al", True)
+        assert args.handler is handler
+    for wrong in (
+        ["rejected", "list"],  # the two nouns it replaced
+        ["poison", "list"],
+        ["parked"],
+        ["parked", "replay"],
+        ["parked", "list", "--limit", "0"],
+    ):
+        with pytest.raises(UsageError):
+            commands.parser().parse_args(wrong)

@@ -1,4 +1,5 @@
-"""What `sas` shows: the trace id only when an order has one; ids whole at any width."""
+"""What `sas` shows: the trace id only when an order has one; ids whole at any width; parked
+messages of both kinds in one table."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 from rich.console import Console
 
 from sas.domain.model import OrderState, ProcessState
+from sas.domain.parked import ParkedMessage, poison_id, rejected_row_key
+from sas.entrypoints.http_api import ParkedView
 from sas_cli import views
 
 pytestmark = pytest.mark.unit
@@ -42,3 +45,47 @@ def test_an_order_id_is_never_cut_short_however_narrow_the_terminal():
     shown = narrow.export_text()
     assert "demo-092322-00010" in shown
     assert "…" not in shown  # folded, never elided
+
+
+def test_parked_messages_of_both_kinds_show_in_one_table_as_the_api_shows_them():
+    at = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    app = ParkedMessage(
+        id=rejected_row_key(at, "0123456789ab"),
+        parked_by="app",
+        queue="sas-orders",
+        function="submit",
+        reason="invalid OrderSubmitted",
+        body=b"\xff\x00",
+        body_truncated=False,
+        parked_at=at,
+    )
+    host = ParkedMessage(
+        id=poison_id("sas-replies", "7"),
+        parked_by="host",
+        queue="sas-replies",
+        function="on_reply",
+        reason="MaxDeliveryCountExceeded",
+        body=b'{"a": 1}',
+        body_truncated=False,
+        parked_at=None,
+        delivery_count=10,
+        transport="servicebus",
+    )
+    documents = [views.parked_document(app, 7200.0), views.parked_document(host, None)]
+    assert documents == [
+        ParkedView.of(app, 7200.0).model_dump(mode="json"),  # --json: the API's very view
+        ParkedView.of(host, None).model_dump(mode="json"),
+    ]
+    assert [(d["parked_by"], d["body_text"], d["age_seconds"]) for d in documents] == [
+        ("app", None, 7200.0),
+        ("host", '{"a": 1}', None),
+    ]
+    wide = Console(width=200, record=True, file=io.StringIO())
+    wide.print(views.parked_table("parked messages", documents))
+    lines = wide.export_text().splitlines()
+    (app_row,) = [line for line in lines if "sas-orders" in line]
+    (host_row,) = [line for line in lines if "sas-replies" in line]
+    for shown in ("app", "2026-11-22 12:00:00", "2h", "invalid OrderSubmitted", "<binary>"):
+        assert shown in app_row
+    for shown in ("host", "?", "10", "MaxDeliveryCountExceeded", '{"a": 1}'):
+        assert shown in host_row

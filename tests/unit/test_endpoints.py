@@ -19,33 +19,29 @@ from sas.domain.errors import ConfigurationError
 from sas.services.routing import Router
 from tests.fakes import FakeClock
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 A = Endpoint("payment", "west", "http://a.invalid", capacity=2)
 B = Endpoint("payment", "north", "http://b.invalid", capacity=4)
 UNLIMITED = Endpoint("payment", "south", "http://c.invalid")
 
 
-def pick(endpoints, loads=None, down=(), prefer=None):
+def pick(endpoints, loads=None, down=(), avoid=None):
     loads = loads or {}
     return choose_endpoint(
         endpoints,
         healthy=lambda e: e.name not in down,
         in_flight=lambda e: loads.get(e.name, 0),
-        prefer=prefer,
+        avoid=avoid,
     )
 
 
-def test_the_preferred_endpoint_is_kept_while_healthy_with_room():
-    assert pick([A, B], loads={"west": 1, "north": 0}, prefer="west") is A
+def test_the_endpoint_a_try_failed_on_is_avoided_while_another_has_room():
+    assert pick([A, B], avoid="west") is B
+    assert pick([A, B], loads={"north": 4}, avoid="west") is A  # north is full: west again
 
 
-def test_the_preferred_endpoint_is_left_when_unhealthy_or_full():
-    assert pick([A, B], down={"west"}, prefer="west") is B
-    assert pick([A, B], loads={"west": 2}, prefer="west") is B
-
-
-def test_without_a_preference_the_least_loaded_share_wins():
+def test_the_least_loaded_share_wins():
     assert pick([A, B], loads={"west": 1, "north": 1}) is B  # 1/2 against 1/4
     assert pick([A, B]) is A  # a tie: declaration order
     assert pick([A, UNLIMITED], loads={"west": 0, "south": 50}) is A
@@ -57,7 +53,8 @@ def test_no_endpoint_with_room_means_defer():
 
 
 def test_an_unhealthy_endpoint_is_used_only_when_every_endpoint_is_unhealthy():
-    assert pick([A, B], down={"west", "north"}, prefer="north") is B
+    assert pick([A, B], down={"west"}) is B
+    assert pick([A, B], down={"west", "north"}) is A  # all unhealthy: their breakers decide
     assert pick([A], down={"west"}) is A  # one endpoint: its breaker decides, as before
 
 

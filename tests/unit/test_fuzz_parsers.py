@@ -335,7 +335,7 @@ def test_any_rejected_id_is_recognised_only_in_its_one_spelling(value):
 @settings(max_examples=500, deadline=None)
 @given(content=st.text())
 def test_any_storage_poison_body_is_shown_as_bytes(content):
-    from sas.domain.poison import storage_body
+    from sas.domain.parked import storage_body
 
     body, was_base64 = storage_body(content)
     assert isinstance(body, bytes) and isinstance(was_base64, bool)

@@ -52,7 +52,7 @@ SERVICEBUS_IDENTITY_KEYS = {
     f"{settings.SERVICEBUS_CONNECTION}__clientId",
 }
 SAS_KEYS = {
-    *settings.DEFAULT_QUEUES,
+    settings.QUEUE_PREFIX,
     settings.TRANSPORT,
     settings.TABLE_NAME,
     *(settings.remote_url_setting(agent) for agent in AGENTS),
@@ -65,6 +65,8 @@ SAS_KEYS = {
     settings.CLOCK_SKEW_SECONDS,
     settings.REPLY_TO_PREFIXES,
 }
+HOST_LOCAL_KEYS = {"FUNCTIONS_WORKER_RUNTIME", "AzureWebJobsStorage", "AzureWebJobsFeatureFlags"}
+"""What `func start` needs beside the app's own settings."""
 HOST_KEYS = {
     "AzureWebJobsStorage__blobServiceUri",
     "AzureWebJobsStorage__queueServiceUri",
@@ -222,6 +224,9 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
         "map": lambda items, fn: [fn(item) for item in items],
         "items": lambda obj: [{"key": k, "value": obj[k]} for k in sorted(obj)],
         "concat": lambda *lists: [item for lst in lists for item in lst],
+        "flatten": lambda lists: [item for lst in lists for item in lst],
+        "to_object": lambda items, key, value: {key(i): value(i) for i in items},
+        "toObject": lambda items, key, value: {key(i): value(i) for i in items},
         "union": lambda *objs: {k: v for obj in objs for k, v in obj.items()},
         "empty": lambda value: not value,
         "string": str,
@@ -302,7 +307,7 @@ def iso_duration(value: str) -> timedelta:
     return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
 
 
-def main_scope(transport: str) -> Scope:
+def main_scope(transport: str, **overrides: Any) -> Scope:
     return file_scope(
         bicep("main.bicep"),
         environmentName="test",
@@ -311,6 +316,7 @@ def main_scope(transport: str) -> Scope:
         remoteInventoryUrl="https://remote/inventory",
         remotePaymentUrl="https://remote/payment",
         remoteShippingUrl="https://remote/shipping",
+        **overrides,
     )
 
 
@@ -391,7 +397,8 @@ def test_setting_values_match_the_code_defaults() -> None:
     parsed = bicep("main.bicep")
     scope = main_scope("servicebus")
 
-    assert scope["queueSettings"] == settings.DEFAULT_QUEUES
+    assert sorted(scope["queueNames"]) == sorted(settings.DEFAULT_QUEUES.values())
+    assert param_default(parsed, "queuePrefix") == settings.DEFAULT_QUEUE_PREFIX
     assert param_default(parsed, "tableName") == settings.DEFAULT_TABLE
     assert param_default(parsed, "transport") == "servicebus"
     assert decorator(parsed, "transport", "allowed") == ["servicebus", "storage"]
@@ -399,7 +406,7 @@ def test_setting_values_match_the_code_defaults() -> None:
     assert param_default(parsed, "maxFailures") == 3
     assert float(param_default(parsed, "clockSkewSeconds")) == settings.DEFAULT_CLOCK_SKEW_SECONDS
     assert tuple(param_default(parsed, "replyToPrefixes").split(",")) == (
-        settings.DEFAULT_REPLY_TO_PREFIXES
+        wire.DEFAULT_REPLY_TO_PREFIXES
     )
     sas = parsed["variables"]["sasSettings"]["value"]
     assert sas[settings.TRANSPORT] == "transport"
@@ -424,15 +431,18 @@ def test_resolved_app_settings_load() -> None:
         "SasServiceBus__clientId": "00000000-0000-0000-0000-000000000000",
     }
     env: dict[str, str] = {}
-    for var in ("queueSettings", "sasSettings"):
-        for key, value in bicep("main.bicep")["variables"][var]["value"].items():
-            env[key] = endpoints.get(key) or str(evaluate(value, scope))
+    for key, value in bicep("main.bicep")["variables"]["sasSettings"]["value"].items():
+        env[key] = endpoints.get(key) or str(evaluate(value, scope))
+    assert scope["changedSettings"] == {}  # a default deployment sets no optional setting
+    env.update(main_scope("servicebus", queuePrefix="shop", maxFailures=5)["changedSettings"])
     operands = bicep("main.bicep")["variables"]["serviceBusSettings"]["value"]["operator"]
     for key, value in operands["operands"]["true_value"].items():
         env[key] = endpoints.get(key) or str(evaluate(value, scope))
 
     loaded = settings.load(env)
 
+    assert len(env) <= 15, sorted(env)
+    assert (loaded.queue(settings.QUEUE_ORDERS), loaded.max_failures) == ("shop-orders", 5)
     assert loaded.transport == "servicebus"
     assert loaded.storage.uses_identity
     assert loaded.servicebus is not None and loaded.servicebus.uses_identity
@@ -618,8 +628,7 @@ def code_trigger_queues() -> frozenset[str]:
         text=True,
         check=True,
     )
-    keys = [queue.strip("%") for queue in json.loads(done.stdout) if queue]
-    return frozenset(settings.DEFAULT_QUEUES[key] for key in keys)
+    return frozenset(queue for queue in json.loads(done.stdout) if queue)
 
 
 def test_the_app_identity_gets_every_role_it_needs() -> None:
@@ -1177,20 +1186,15 @@ def test_azure_yaml_deploys_the_python_function_app() -> None:
 # --- (e) local.settings.example.json has every setting too ------------------------------------
 
 
-def test_local_settings_example_has_every_setting() -> None:
-    if not LOCAL_SETTINGS_EXAMPLE.exists():
-        pytest.skip("local.settings.example.json is not written yet")
+def test_local_settings_example_sets_what_a_local_run_needs_and_only_settings_the_code_reads() -> (
+    None
+):
     values: dict[str, str] = json.loads(LOCAL_SETTINGS_EXAMPLE.read_text())["Values"]
 
-    missing = SAS_KEYS - set(values)
-    assert not missing, f"local.settings.example.json lacks {sorted(missing)}"
+    assert set(values) <= SAS_KEYS | {settings.STORAGE_CONNECTION, *HOST_LOCAL_KEYS}
     assert values.get("FUNCTIONS_WORKER_RUNTIME") == "python"
-    assert "AzureWebJobsStorage" in values or "AzureWebJobsStorage__blobServiceUri" in values
-    assert settings.STORAGE_CONNECTION in values or STORAGE_IDENTITY_KEYS - {
-        f"{settings.STORAGE_CONNECTION}__clientId"
-    } <= set(values)
-    if settings.transport_from(values) == "servicebus":
-        assert settings.SERVICEBUS_CONNECTION in values or (
-            f"{settings.SERVICEBUS_CONNECTION}__fullyQualifiedNamespace" in values
-        )
+    assert "AzureWebJobsStorage" in values
+    assert settings.transport_from(values) == "storage"
+    assert settings.STORAGE_CONNECTION in values
+    assert len(values) <= 15, sorted(values)
     settings.load(values)  # and they resolve

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 SAS = Path(__file__).resolve().parents[2] / "sas"
 
@@ -110,3 +110,33 @@ def test_the_private_import_check_sees_every_spelling() -> None:
         "azure.core.rest._helpers",
         "azure.core.pipeline._tools",
     ]
+
+
+MAX_FUNCTION_LINES = 50
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[str]:
+    """Functions (and methods) longer than ``limit`` lines, decorators and docstring included."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno:
+            start = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            if node.end_lineno - start + 1 > limit:
+                found.append(f"{node.name} ({node.end_lineno - start + 1} lines)")
+    return found
+
+
+def test_no_function_of_the_app_is_longer_than_fifty_lines() -> None:
+    """Complexity is ruff's (C90, PLR0912, PLR0915 in pyproject.toml); length is this test's."""
+    found = {
+        str(path.relative_to(SAS.parent)): long_functions(path.read_text())
+        for path in sorted(SAS.rglob("*.py"))
+    }
+    assert {path: names for path, names in found.items() if names} == {}
+
+
+def test_the_length_check_counts_decorators_and_docstrings() -> None:
+    body = "\n".join(f"    x = {n}" for n in range(48))
+    fits = f"@decorated\ndef f():\n{body}\n"
+    assert long_functions(fits) == []
+    assert long_functions(f'@decorated\ndef f():\n    """Doc."""\n{body}\n') == ["f (51 lines)"]

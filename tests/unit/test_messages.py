@@ -14,7 +14,7 @@ from sas.domain.messages import (
     encode,
 )
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 
 def order(**overrides):

@@ -22,10 +22,22 @@ def test_every_route_the_dashboard_calls_is_documented_with_a_description() -> N
         ("/api/orders", "get"),
         ("/api/orders/{order_id}", "get"),
         ("/api/orders/{order_id}/resubmit", "post"),
-        ("/api/rejected", "get"),
-        ("/api/poison", "get"),
+        ("/api/parked", "get"),
+        ("/api/parked/{parked_id}/replay", "post"),
+        ("/api/parked/{parked_id}", "delete"),
         ("/api/dashboard", "get"),
     ]:
         assert paths[path][method]["description"], f"{method.upper()} {path}"
     filters = {p["name"] for p in paths["/api/orders"]["get"]["parameters"]}
     assert filters == {"state", "priority", "older_than_seconds", "newer_than_seconds", "limit"}
+
+
+def test_parked_messages_have_one_api_and_one_view() -> None:
+    schema = json.loads(schema_text())
+    paths = schema["paths"]
+    assert not [path for path in paths if path.startswith(("/api/rejected", "/api/poison"))]
+    view = schema["components"]["schemas"]["ParkedView"]["properties"]
+    assert view["parked_by"]["enum"] == ["app", "host"]
+    stats = schema["components"]["schemas"]["StatsView"]["properties"]
+    assert {"parked", "parked_more"} <= set(stats)
+    assert not {"rejected", "poisoned"} & set(stats)

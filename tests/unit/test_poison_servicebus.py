@@ -21,7 +21,7 @@ from azure.servicebus.exceptions import MessagingEntityNotFoundError
 from sas.adapters.poison_servicebus import ServiceBusDeadLetters
 from sas.adapters.servicebus import DEFAULT_SEND_TIMEOUT
 from sas.domain.errors import IllegalTransition, NotFound
-from sas.domain.poison import parse_poison_id, poison_id
+from sas.domain.parked import parse_poison_id, poison_id
 from sas.settings import Connection
 from tests.fakes import FakeClock
 
@@ -205,7 +205,8 @@ def test_list_reads_reason_description_delivery_count_and_body(dead, broker, cli
 
     assert list(listed) == [first, second]  # oldest first
     orders, payment = listed[first], listed[second]
-    assert (orders.queue, orders.function, orders.transport) == (
+    assert (orders.parked_by, orders.queue, orders.function, orders.transport) == (
+        "host",
         "sas-orders",
         "submit",
         "servicebus",
@@ -213,6 +214,7 @@ def test_list_reads_reason_description_delivery_count_and_body(dead, broker, cli
     assert orders.reason == f"{REASON}: {DESCRIPTION}"
     assert orders.delivery_count == 5 and orders.body == SECRET_BODY
     assert orders.age(clock.now()) == timedelta(hours=1)
+    assert orders.parked_at == NOW - timedelta(hours=1)  # not said when: since enqueued
     assert parse_poison_id(orders.id) == ("sas-orders", "7")
     assert payment.reason == "TTLExpiredException" and payment.body == b"\xff\x00"
     assert payment.function == "agent_payment"

@@ -25,8 +25,9 @@ from azure.servicebus.exceptions import (
 from opentelemetry import trace
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
+from sas.adapters import clients
 from sas.adapters import servicebus as sb
-from sas.adapters.servicebus import ServiceBusTransport, from_connection
+from sas.adapters.servicebus import ServiceBusTransport
 from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.messages import OperatorAlert, ScheduleRequest, StepRequest, encode
 from sas.settings import Connection
@@ -546,7 +547,7 @@ class RecordingServiceBusClient(FakeClient):
 @pytest.fixture
 def recording_client_class(monkeypatch: pytest.MonkeyPatch) -> type[RecordingServiceBusClient]:
     RecordingServiceBusClient.built = []
-    monkeypatch.setattr(sb, "ServiceBusClient", RecordingServiceBusClient)
+    monkeypatch.setattr(clients, "ServiceBusClient", RecordingServiceBusClient)
     return RecordingServiceBusClient
 
 
@@ -581,7 +582,7 @@ def test_connection_string_builds_the_client_from_the_string_on_first_send(
     conn = Connection(setting="SasServiceBus", connection_string=CONNECTION_STRING)
 
     with caplog.at_level(logging.DEBUG, logger=sb.__name__):
-        transport = from_connection(conn, clock)
+        transport = ServiceBusTransport.from_connection(conn, clock)
         assert recording_client_class.built == []  # lazy
         send_one(transport)
         send_one(transport)
@@ -630,7 +631,7 @@ def test_identity_without_client_id_uses_default_azure_credential(
 ) -> None:
     conn = Connection(setting="SasServiceBus", namespace=NAMESPACE)
 
-    send_one(from_connection(conn, clock))
+    send_one(ServiceBusTransport.from_connection(conn, clock))
 
     [built] = recording_client_class.built
     assert built["fully_qualified_namespace"] == NAMESPACE
@@ -646,7 +647,7 @@ def test_identity_real_types_with_the_real_client_class(clock: FakeClock) -> Non
         client_id=CLIENT_ID,
         credential="managedidentity",
     )
-    transport = from_connection(conn, clock)
+    transport = ServiceBusTransport.from_connection(conn, clock)
 
     real_client = transport._client_factory()  # the factory the first send would call
 
@@ -663,7 +664,7 @@ def test_connection_without_string_or_namespace_is_a_configuration_error(
     clock: FakeClock,
 ) -> None:
     with pytest.raises(ConfigurationError, match="SasServiceBus__fullyQualifiedNamespace"):
-        from_connection(Connection(setting="SasServiceBus"), clock)
+        ServiceBusTransport.from_connection(Connection(setting="SasServiceBus"), clock)
 
 
 # --- the credential follows <Conn>__credential (the Functions convention) --------------------
@@ -682,7 +683,7 @@ def test_managed_identity_without_client_id_is_the_system_assigned_identity(
     )
     conn = Connection(setting="SasServiceBus", namespace=NAMESPACE, credential="managedidentity")
 
-    send_one(from_connection(conn, clock))
+    send_one(ServiceBusTransport.from_connection(conn, clock))
 
     [built] = recording_client_class.built
     [credential] = RecordingManagedIdentityCredential.made
@@ -696,7 +697,7 @@ def test_client_id_without_managed_identity_credential_is_refused_before_any_sen
     conn = Connection(setting="SasServiceBus", namespace=NAMESPACE, client_id=CLIENT_ID)
 
     with pytest.raises(ConfigurationError, match="SasServiceBus__clientId"):
-        from_connection(conn, clock)
+        ServiceBusTransport.from_connection(conn, clock)
 
     assert recording_client_class.built == []
 
@@ -719,7 +720,7 @@ def test_the_service_bus_factory_reuses_the_shared_credential_rule(
     monkeypatch.setattr(clients, "credential", fake_credential)
     conn = Connection(setting="SasServiceBus", namespace=NAMESPACE)
 
-    send_one(from_connection(conn, clock))
+    send_one(ServiceBusTransport.from_connection(conn, clock))
 
     assert seen == [conn]
     assert recording_client_class.built[0]["credential"] is marker
@@ -766,7 +767,7 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
     """The services pick the lane; the transport sends to that queue, nothing else changes."""
     from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, decode
     from sas.domain.wire import PRIORITIES, lane_queue_name
-    from sas.services.routes import Routes
+    from sas.services.context import Routes
     from sas.services.submission import SubmissionOutcome
     from tests.fakes import InMemoryStore
 
@@ -845,7 +846,7 @@ def test_the_context_also_travels_in_the_body_and_an_untraced_body_is_unchanged(
 
 
 def test_a_received_service_bus_message_continues_the_trace_its_properties_name() -> None:
-    from sas.entrypoints.inbound import handle
+    from sas.entrypoints.queues import handle
 
     @dataclass
     class Received:  # the part of the worker's ServiceBusMessage the inbound path reads

@@ -15,13 +15,13 @@ from sas.domain.messages import (
 from sas.domain.model import ProcessState
 from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, StepDefinition, Workflow
 from sas.services.backlog import Backlog
-from sas.services.routes import Routes
+from sas.services.context import Routes
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.services.submission import SubmissionOutcome
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
 from tests.instances import instance
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 ROUTES = Routes(
     "orders",

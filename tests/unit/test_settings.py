@@ -15,7 +15,7 @@ from sas import settings
 from sas.domain.errors import ConfigurationError, SasError
 from sas.domain.workflow import AGENTS
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 AZURITE = "UseDevelopmentStorage=true"
 ACCOUNT_KEY = "bm90LWEtcmVhbC1rZXktYnV0LXNlY3JldC1hbnl3YXk="
@@ -224,11 +224,16 @@ def test_transport_defaults_to_servicebus() -> None:
     assert settings.load(env).transport == "servicebus"
 
 
-@pytest.mark.parametrize("raw", ["kafka", "", "service-bus", "queues"])
+@pytest.mark.parametrize("raw", ["kafka", " ", "service-bus", "queues"])
 def test_unknown_transport_is_refused(raw: str) -> None:
     message = config_error(storage_env(SAS_TRANSPORT=raw))
 
     assert "SAS_TRANSPORT" in message
+
+
+def test_an_empty_setting_is_an_unset_one() -> None:
+    loaded = settings.load(identity_env(SAS_TRANSPORT="", SAS_TABLE_NAME=""))
+    assert (loaded.transport, loaded.table_name) == ("servicebus", settings.DEFAULT_TABLE)
 
 
 # --- errors name the key -------------------------------------------------------------------
@@ -252,12 +257,29 @@ def test_malformed_remote_url(url: str) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["Sas-Orders", "sas_orders", "ab", "-sas-orders", "sas-orders-", "sas--orders", "a" * 64, ""],
+    ["Sas-Orders", "sas_orders", "ab", "-sas-orders", "sas-orders-", "sas--orders", "a" * 64],
 )
 def test_invalid_queue_name(name: str) -> None:
     message = config_error(storage_env(SAS_QUEUE_REPLIES=name))
 
     assert "SAS_QUEUE_REPLIES" in message
+
+
+def test_every_queue_is_named_from_one_prefix_unless_its_own_setting_names_it() -> None:
+    overrides = {"SAS_QUEUE_ORDERS": "incoming", "SAS_QUEUE_AGENT_PAYMENT_LOW": "pay-later"}
+    loaded = settings.load(storage_env(SAS_QUEUE_PREFIX="shop", SAS_QUEUE_REPLIES="", **overrides))
+    assert loaded.queue(settings.QUEUE_REPLIES) == "shop-replies"  # empty: not set
+    replies = {"high": "shop-replies-high", "normal": "shop-replies", "low": "shop-replies-low"}
+    assert loaded.lanes(settings.QUEUE_REPLIES) == replies
+    assert loaded.lanes(settings.QUEUE_ORDERS)["high"] == "incoming-high"  # follows its normal
+    assert loaded.lane(settings.agent_queue_setting("payment"), "low") == "pay-later"
+    assert loaded.queue(settings.QUEUE_ALERTS) == "shop-alerts"
+    assert settings.DEFAULT_QUEUES[settings.QUEUE_ORDERS] == "sas-orders"
+
+
+@pytest.mark.parametrize("prefix", ["Shop", "shop_", "-shop", "x" * 60])
+def test_a_prefix_that_makes_an_invalid_queue_name_is_refused(prefix: str) -> None:
+    assert "SAS_QUEUE_PREFIX" in config_error(storage_env(SAS_QUEUE_PREFIX=prefix))
 
 
 def test_invalid_agent_queue_name() -> None:
@@ -266,7 +288,7 @@ def test_invalid_agent_queue_name() -> None:
     assert key in config_error(storage_env(**{key: "Inventory Queue"}))
 
 
-@pytest.mark.parametrize("name", ["sas-orders", "1orders", "ab", "a" * 64, "sas orders", ""])
+@pytest.mark.parametrize("name", ["sas-orders", "1orders", "ab", "a" * 64, "sas orders", " "])
 def test_invalid_table_name(name: str) -> None:
     assert "SAS_TABLE_NAME" in config_error(storage_env(SAS_TABLE_NAME=name))
 

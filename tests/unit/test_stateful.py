@@ -55,6 +55,7 @@ from sas.domain.model import (
     StepRecord,
     Versioned,
 )
+from sas.domain.parked import ParkedMessage
 from sas.domain.transitions import RetryPolicy
 from sas.domain.wire import alert_message_id
 from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, Workflow, workflow_named
@@ -65,7 +66,7 @@ from tests.fakes import FakeClock, InMemoryStore
 from tests.harness import BUDGET, ROUTES, Bus, Envelope, LedgerRemote
 from tests.instances import AgentOf, Instance, instance
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 StoreFactory = Callable[[], tuple[StateStore, Callable[[], None]]]
 
@@ -276,10 +277,10 @@ class AuditingStore:
     def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
         return self.inner.park_message(queue, reason, body, at)
 
-    def list_parked(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list_parked(self, limit: int = 100) -> list[ParkedMessage]:
         return self.inner.list_parked(limit)
 
-    def get_parked(self, parked_id: str) -> dict[str, Any] | None:
+    def get_parked(self, parked_id: str) -> ParkedMessage | None:
         return self.inner.get_parked(parked_id)
 
     def drop_parked(self, parked_id: str) -> bool:

@@ -14,7 +14,7 @@ from sas.domain.clock import ClockOffset
 from sas.services.store_time import StoreClock
 from tests.fakes import FakeClock
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 T = datetime(2026, 11, 26, 12, 0, 0, tzinfo=UTC)
 

@@ -27,7 +27,7 @@ from sas.domain.transitions import (
 from sas.domain.wire import Mode
 from sas.domain.workflow import ORDER_WORKFLOW, StepDefinition, Workflow
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 WF = ORDER_WORKFLOW

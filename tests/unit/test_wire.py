@@ -16,7 +16,7 @@ from sas.domain.errors import ConfigurationError, InvalidMessage
 from sas.domain.messages import OrderSubmitted, decode
 from sas.domain.workflow import AGENTS, StepDefinition
 
-pytestmark = pytest.mark.unit
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = [

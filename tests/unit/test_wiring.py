@@ -39,23 +39,24 @@ print(json.dumps(out))
 """
 
 NORMAL_LANES = {
-    "submit": "SAS_QUEUE_ORDERS",
-    "schedule": "SAS_QUEUE_SCHEDULER",
-    "on_reply": "SAS_QUEUE_REPLIES",
-    "agent_inventory": "SAS_QUEUE_AGENT_INVENTORY",
-    "agent_payment": "SAS_QUEUE_AGENT_PAYMENT",
-    "agent_shipping": "SAS_QUEUE_AGENT_SHIPPING",
+    "submit": "sas-orders",
+    "schedule": "sas-scheduler",
+    "on_reply": "sas-replies",
+    "agent_inventory": "sas-agent-inventory",
+    "agent_payment": "sas-agent-payment",
+    "agent_shipping": "sas-agent-shipping",
 }
-# One function per priority lane, each on its own queue setting (written out, not derived).
+# One function per priority lane, each on its own queue (written out, not derived).
 QUEUE_FUNCTIONS = {
-    **{name: f"%{setting}%" for name, setting in NORMAL_LANES.items()},
-    **{f"{name}_high": f"%{setting}_HIGH%" for name, setting in NORMAL_LANES.items()},
-    **{f"{name}_low": f"%{setting}_LOW%" for name, setting in NORMAL_LANES.items()},
+    **NORMAL_LANES,
+    **{f"{name}_high": f"{queue}-high" for name, queue in NORMAL_LANES.items()},
+    **{f"{name}_low": f"{queue}-low" for name, queue in NORMAL_LANES.items()},
 }
 
 
-def index(transport: str | None) -> dict[str, dict[str, object]]:
+def index(transport: str | None, **settings: str) -> dict[str, dict[str, object]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SAS_", "Sas"))}
+    env.update(settings)
     if transport is not None:
         env["SAS_TRANSPORT"] = transport
     done = subprocess.run(
@@ -72,9 +73,7 @@ def index(transport: str | None) -> dict[str, dict[str, object]]:
         (None, "serviceBusTrigger", "SasServiceBus", "ServiceBusMessage"),  # the Azure default
     ],
 )
-def test_every_queue_function_is_wired_to_its_queue_setting(
-    transport, trigger, connection, message_class
-):
+def test_every_queue_function_is_wired_to_its_queue(transport, trigger, connection, message_class):
     functions = index(transport)
     assert set(functions) == {*QUEUE_FUNCTIONS, "http_app_func", "supervise"}
     for name, queue in QUEUE_FUNCTIONS.items():
@@ -94,14 +93,23 @@ def test_every_queue_function_is_wired_to_its_queue_setting(
     assert http["params"] == ["req", "context"]
 
 
+def test_the_queues_follow_the_prefix_and_their_own_settings():
+    functions = index("storage", SAS_QUEUE_PREFIX="shop", SAS_QUEUE_REPLIES_LOW="late-replies")
+    assert functions["submit_high"]["queue"] == "shop-orders-high"
+    assert functions["on_reply_low"]["queue"] == "late-replies"
+
+
 def test_importing_the_app_needs_no_settings_and_does_no_io():
     # No connection settings at all: indexing must still succeed (settings are read lazily).
     functions = index("storage")
     assert "submit" in functions
 
 
-def test_an_invalid_transport_fails_indexing_with_the_key_named():
-    env = {**os.environ, "SAS_TRANSPORT": "carrier-pigeon"}
+@pytest.mark.parametrize(
+    ("key", "value"), [("SAS_TRANSPORT", "carrier-pigeon"), ("SAS_QUEUE_PREFIX", "Shop")]
+)
+def test_an_invalid_setting_fails_indexing_with_the_key_named(key, value):
+    env = {**os.environ, key: value}
     done = subprocess.run(
         [sys.executable, "-c", "import function_app"],
         cwd=ROOT,
@@ -110,4 +118,4 @@ def test_an_invalid_transport_fails_indexing_with_the_key_named():
         text=True,
     )
     assert done.returncode != 0
-    assert "SAS_TRANSPORT" in done.stderr
+    assert key in done.stderr

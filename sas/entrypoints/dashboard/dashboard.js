@@ -91,13 +91,11 @@
       });
       return card;
     });
-    for (const [kind, label] of [["rejected", "Parked"], ["poisoned", "Poisoned"]]) {
-      const card = el("div", null, { class: "card", "data-kind": kind });
-      card.append(el("span", label, { class: "label" }));
-      const shown = stats[`${kind}_more`] ? `${stats[kind]}+` : stats[kind];
-      card.append(el("span", shown, { class: "count", "data-count": kind }));
-      cards.push(card);
-    }
+    const parked = el("div", null, { class: "card", "data-kind": "parked" });
+    parked.append(el("span", "Parked", { class: "label" }));
+    const shown = stats.parked_more ? `${stats.parked}+` : stats.parked;
+    parked.append(el("span", shown, { class: "count", "data-count": "parked" }));
+    cards.push(parked);
     $("counts").replaceChildren(...cards);
   }
 
@@ -162,24 +160,19 @@
     )));
   }
 
-  function renderRejected(parked) {
-    fill($("rejected").tBodies[0], parked.map((message) => row(
-      [el("code", message.id), message.queue, age(message.age_seconds),
+  // One table for both kinds: "app" (bad input the app refused) and "host" (what the
+  // Functions host gave up on, in a poison or dead-letter queue).
+  function renderParked(parked) {
+    fill($("parked").tBodies[0], parked.map((message) => row(
+      [el("span", message.parked_by, { class: "by", "data-by": message.parked_by }),
+        el("code", message.id, { class: "id" }), message.queue, message.function,
+        age(message.age_seconds), message.delivery_count,
         el("span", message.reason, { class: "error" }),
         el("span", message.body_text ?? `(binary) ${message.body_base64}`, { class: "body" })],
-      { "data-rejected-id": message.id },
+      { "data-parked-id": message.id, "data-by": message.parked_by },
     )));
-    $("rejected-count").textContent = `(${parked.length})`;
-  }
-
-  function renderPoisoned(poisoned) {
-    fill($("poisoned").tBodies[0], poisoned.map((message) => row(
-      [message.queue, message.function, age(message.age_seconds), message.delivery_count,
-        el("span", message.reason, { class: "error" }),
-        el("span", message.body_text ?? `(binary) ${message.body_base64}`, { class: "body" })],
-      { "data-poison-id": message.id },
-    )));
-    $("poisoned-count").textContent = `(${poisoned.length})`;
+    $("parked-count").textContent = `(${parked.length})`;
+    $("parked-empty").hidden = parked.length > 0;
   }
 
   async function refresh() {
@@ -194,8 +187,7 @@
     await Promise.all([
       attempt("counts", () => call("GET", "/api/stats"), renderCounts),
       attempt("orders", () => call("GET", `/api/orders?${ordersQuery()}`), renderOrders),
-      attempt("parked", () => call("GET", "/api/rejected?limit=20"), renderRejected),
-      attempt("poisoned", () => call("GET", "/api/poison?limit=20"), renderPoisoned),
+      attempt("parked", () => call("GET", "/api/parked?limit=20"), renderParked),
       openOrder === null ? null : attempt(
         "order", () => call("GET", `/api/orders/${encodeURIComponent(openOrder)}`), renderTimeline,
       ),
