@@ -22,9 +22,16 @@ from sas_local.processes import REPO_ROOT, DevHost, ManagedProcess, start_devhos
 from sas_local.provision import provision
 
 
-def app_env(connection_string: str, simulator_url: str) -> dict[str, str]:
-    """App settings for a local run: Storage Queues on Azurite, remotes on the simulator."""
+def app_env(
+    connection_string: str, simulator_url: str, *, explicit_queues: bool = False
+) -> dict[str, str]:
+    """App settings for a local run: Storage Queues on Azurite, remotes on the simulator.
+
+    ``explicit_queues``: every queue also named by its own setting, for another commit of the
+    app (the benchmark's comparison) whose triggers name a setting (``%SAS_QUEUE_…%``)."""
+    queues = settings_module.DEFAULT_QUEUES if explicit_queues else {}
     return {
+        **queues,
         "SAS_TRANSPORT": "storage",
         settings_module.STORAGE_CONNECTION: connection_string,
         "AzureWebJobsStorage": connection_string,
@@ -110,7 +117,11 @@ class LocalStack:
             simulator_url = f"http://127.0.0.1:{port}"
             simulator.wait_for_http(f"{simulator_url}/health")
             env = {
-                **app_env(azurite.connection_string, simulator_url),
+                **app_env(
+                    azurite.connection_string,
+                    simulator_url,
+                    explicit_queues=app_root.resolve() != REPO_ROOT.resolve(),
+                ),
                 **simulator_endpoints(simulator_url, endpoints or {}),
                 **(env_overrides or {}),
             }

@@ -62,7 +62,7 @@ log = logging.getLogger(__name__)
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
-_FAILED_RETRIES = 3  # a batch of marker moves and drops sent again without one that failed
+_FAILED_RETRIES = 3  # a batch of re-arms and drops sent again without the one that failed
 _SLACK = timedelta(seconds=1)
 
 

@@ -147,7 +147,11 @@ def store_and_remote(log_dir: Path) -> Iterator[tuple[Azurite, str]]:
 def count(app_root: Path, log_dir: Path, orders: int) -> dict[str, Any]:
     """The exact requests per order, for the app at ``app_root``, on a fresh Azurite."""
     with store_and_remote(log_dir) as (azurite, simulator_url):
-        env = app_env(azurite.connection_string, simulator_url)
+        env = app_env(
+            azurite.connection_string,
+            simulator_url,
+            explicit_queues=app_root.resolve() != REPO_ROOT.resolve(),
+        )
         provision(settings_module.load(env), (STATUS_QUEUE,))
         env_file = log_dir / "count-env.json"
         env_file.write_text(json.dumps(env))

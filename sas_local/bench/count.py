@@ -81,6 +81,9 @@ def _table_kind(method: str, path: str, query: str, headers: Any) -> str | None:
         # The circuit breaker's shared state: read at most once per cache period per process,
         # so its share per order depends on timing. Counted apart from the order's own rows.
         return "breaker.read" if method == "GET" else "breaker.write"
+    if "PartitionKey='~clock'" in path:
+        # The store clock's calibration read: once per process before its first response.
+        return "clock.read"
     keyed = re.search(r"\(PartitionKey='.*',RowKey='.*'\)$", path) is not None
     if method == "GET":
         return "table.point_read" if keyed else "table.query"

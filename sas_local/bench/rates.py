@@ -164,6 +164,7 @@ _SAME_COST_AS = {
     "table": "table.update",
     "breaker.read": "table.point_read",
     "breaker.write": "table.update",
+    "clock.read": "table.point_read",
 }
 """A kind whose rate was not measured costs about what this measured kind costs."""
 

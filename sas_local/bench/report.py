@@ -76,6 +76,8 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             breaker = per.get("breaker.read", 0) + per.get("breaker.write", 0)
             if breaker:
                 detail += f" (+ {breaker:.2g} circuit-breaker reads, cached per process)"
+            if per.get("clock.read"):
+                detail += f" (+ {per['clock.read']:.2g} clock calibration, once per process)"
             lines.append(
                 f"| {name} | **{_table_requests(per):g}** | {detail} "
                 f"| {per.get('queue.send', 0):g} | {per.get('queue.delete', 0):g} "

@@ -61,7 +61,7 @@ def test_supervisors_sweeping_while_the_scheduler_sends_add_no_alert(table, stri
     assert world.state(oid).process_state is ProcessState.ERROR
     alerts = alerts_for(world, oid)
     if lease == timedelta(0):
-        # Without an exclusive claim a sweeper that sees the debt sends again: the old bug.
+        # Without an exclusive claim a sweeper that sees the debt sends again.
         assert len(alerts) == 2
         return
     assert len(alerts) == 1

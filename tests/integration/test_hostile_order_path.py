@@ -1,10 +1,9 @@
-"""Hostile review of the order path (ab79c22, 5930e3f): the Submission's claim, the in-flight
-table with DueAt, and the Supervisor that lists only due markers.
+"""Hostile tests of the order path: the Submission's claim, the in-flight table with DueAt,
+and the Supervisor that lists only due markers.
 
-The failing tests name ways an accepted order leaves the Supervisor's sight (I1: "visibly
-in flight: indexed in the in-flight table, due no later than its deadline"), and a best-effort
-status send that spends a step's budget. The passing ones pin duplicate-submission paths no
-other test covers.
+They pin ways an accepted order could leave the Supervisor's sight (I1: "visibly in flight:
+indexed in the in-flight table, due no later than its deadline"), a best-effort status send
+that could spend a step's budget, and duplicate-submission paths no other test covers.
 """
 
 from __future__ import annotations
@@ -139,9 +138,9 @@ def test_a_slow_status_queue_never_spends_a_steps_budget(table):
     """A submitter that asked for every step's progress names a status queue that is slow
     (its partition moving, throttled). Best effort means it must not cost the order anything,
     but two status sends sit between a claim (which starts the step's deadline) and the
-    request that tells the agent about it: the Submission's "received" (ab79c22 moved it in
-    front of the dispatch) and the Scheduler's "step_completed" (sent after the reply's
-    transaction claimed the next step, before its request). The request then leaves with
+    request that tells the agent about it: the Submission's "received" and the Scheduler's
+    "step_completed" (sent after the reply's transaction claimed the next step, before its
+    request). The request then leaves with
     its budget spent: the agent drops it as expired, the step counts a failure, and three
     such sends in a row compensate an order whose every remote call would have succeeded.
 

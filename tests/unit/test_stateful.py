@@ -666,7 +666,7 @@ class SasMachine(RuleBasedStateMachine):
             assert state.complete_by is not None, state
             assert order_id in indexed, f"live order not indexed: {state}"
             # The Supervisor lists only due markers: one due after the deadline hides it.
-            # Nothing (a sweep's re-arm, a Scheduler's marker move, however late it lands)
+            # Nothing (a sweep's re-arm or a resubmit's touch, however late it lands)
             # may set a marker past the deadline, give or take the roles' clock errors, which
             # the allowance covers while they stay within it.
             marker = indexed[order_id]
