@@ -102,7 +102,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
             "subscriber):",
             "",
             "| Orders | Workers | Finished | Orders/s | p50 s | p95 s | p99 s "
-            "| % of the 3-step limit | Expiries | Replies thrown away "
+            "| % of the 3-step limit | Expiries | Replies dropped / thrown away / extra calls "
             "| Supervisor reads / marker transactions per order "
             "| CPU ms/order: dev host / Azurite / simulator | Cores busy |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -114,7 +114,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 f"| {run['orders']} | {run['workers']} | {run['finished']} "
                 f"| {_each(run, 'orders_per_s')} | {run['p50_s']:g} | {run['p95_s']:g} "
                 f"| {run['p99_s']:g} | {share} | {_each(run, 'expiries')} "
-                f"| {_each(run, 'replies_dropped')} | {_supervision_cell(run)} "
+                f"| {_replies_cell(run)} | {_supervision_cell(run)} "
                 f"| {_cpu_cell(run)} | {_cores_busy(run)} |"
             )
         lines += [
@@ -300,6 +300,19 @@ def _cpu_cell(run: dict[str, Any]) -> str:
     return "-" if used is None else " / ".join(f"{used[name]:g}" for name in _CPU_PARTS)
 
 
+def _devhost_cpu(run: dict[str, Any]) -> str:
+    used = _cpu_used(run)
+    return "-" if used is None else f"{used['devhost']:g}"
+
+
+def _replies_cell(run: dict[str, Any]) -> str:
+    """Replies the fence dropped; of them, those whose step was not done when they came (the
+    step ran again or was undone); and the remote calls answered from a key already applied."""
+    return " / ".join(
+        _each(run, key) for key in ("replies_dropped", "replies_thrown_away", "extra_remote_calls")
+    )
+
+
 def _cores_busy(run: dict[str, Any]) -> str:
     """How many cores the run kept busy: its orders/s times the CPU an order cost the dev
     host, Azurite and the simulator (the benchmark's own process not included)."""
@@ -381,8 +394,9 @@ def _side_by_side(results: dict[str, Any]) -> list[str]:
         "",
         f"| Orders | Workers | `{old}` orders/s | `{new}` orders/s | ratio "
         f"| `{new}` % of the 3-step limit "
-        f"| replies thrown away in all runs, `{old}` / `{new}` |",
-        "|---|---|---|---|---|---|---|",
+        f"| replies thrown away in all runs, `{old}` / `{new}` "
+        f"| dev-host CPU ms/order, `{old}` / `{new}` |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for run in news:
         before = olds.get((run["orders"], run["workers"]))
@@ -395,7 +409,8 @@ def _side_by_side(results: dict[str, Any]) -> list[str]:
         lines.append(
             f"| {run['orders']} | {run['workers']} | {_each(before, 'orders_per_s')} "
             f"| {_each(run, 'orders_per_s')} | {times} "
-            f"| {share} | {_each(before, 'replies_dropped', total=True)} "
-            f"/ {_each(run, 'replies_dropped', total=True)} |"
+            f"| {share} | {_each(before, 'replies_thrown_away', total=True)} "
+            f"/ {_each(run, 'replies_thrown_away', total=True)} "
+            f"| {_devhost_cpu(before)} / {_devhost_cpu(run)} |"
         )
     return [*lines, ""]

@@ -97,6 +97,9 @@ def _run(orders: int, workers: int, per_s: float, dropped: int = 0) -> dict[str,
         "p95_s": 2.0,
         "p99_s": 3.0,
         "replies_dropped": dropped,
+        "replies_thrown_away": dropped,
+        "extra_remote_calls": dropped,
+        "cpu_ms_per_order": {"devhost": per_s * 10, "azurite": 1.0, "simulator": 1.0},
     }
 
 
@@ -123,6 +126,7 @@ def test_side_by_side_divides_the_medians_of_each_configuration() -> None:
     (row,) = [line for line in lines if line.startswith("| 100 |")]
     assert "| 2.40\N{MULTIPLICATION SIGN} |" in row  # 12 / 5: the lower middle of two runs each
     assert "| 60 % |" in row and "4 (3, 1) / 0 (0, 0)" in row  # thrown away: every run's
+    assert row.endswith("| 50 / 120 |")  # the dev host's CPU per order of each median run
 
 
 def test_each_configuration_runs_for_both_commits_back_to_back_first_one_then_the_other() -> None:
