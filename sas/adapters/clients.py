@@ -42,7 +42,6 @@ from requests.adapters import HTTPAdapter
 from requests.utils import get_environ_proxies
 from urllib3.util.retry import Retry
 
-from sas.adapters import queue_models
 from sas.domain.errors import ConfigurationError
 from sas.domain.wire import CLOCK_PROBE
 from sas.settings import Connection
@@ -191,7 +190,6 @@ def bounded_queue_options() -> dict[str, Any]:
 
 
 def queue_service_client(connection: Connection, hooks: Hooks | None = None) -> QueueServiceClient:
-    queue_models.prepare()
     options = bounded_queue_options()
     timeouts = {key: options.pop(key) for key in ("connection_timeout", "read_timeout")}
     if connection.connection_string:

@@ -20,10 +20,12 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from functools import partial
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
+from sas.adapters.queue_models import first_calls_alone, sent
 from sas.domain.clock import require_utc
 from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.parked import (
@@ -73,8 +75,11 @@ class StoragePoisonQueues:
         found: builtins.list[ParkedMessage] = []
         for queue, function in self._sources.items():
             try:
-                peeked = self._client(queue + POISON_SUFFIX).peek_messages(
-                    max_messages=min(max(limit, 1), PEEK_MAX)
+                peeked = first_calls_alone(
+                    "peek_messages",
+                    partial(
+                        _peek, self._client(queue + POISON_SUFFIX), min(max(limit, 1), PEEK_MAX)
+                    ),
                 )
             except ResourceNotFoundError:
                 continue  # the host creates a poison queue on first use
@@ -93,7 +98,8 @@ class StoragePoisonQueues:
         if queue not in self._sources:
             raise IllegalTransition(f"{queue} is not a queue the app consumes")
         try:
-            self._client(queue).send_message(base64.b64encode(body).decode("ascii"))
+            client, text = self._client(queue), base64.b64encode(body).decode("ascii")
+            first_calls_alone("send_message", lambda: client.send_message(text), decoded=sent)
         except ResourceNotFoundError:
             raise NotFound(f"queue {queue} does not exist") from None
         log.info("sas.storage_requeued queue=%s message_id=%s", queue, message_id)
@@ -109,7 +115,8 @@ class StoragePoisonQueues:
         poison = self._client(queue + POISON_SUFFIX)
         if replay:
             try:
-                self._client(queue).send_message(target.content)
+                send = partial(self._client(queue).send_message, target.content)
+                first_calls_alone("send_message", send, decoded=sent)
             except Exception as exc:
                 self._release(poison, [target])
                 if isinstance(exc, ResourceNotFoundError):
@@ -138,12 +145,15 @@ class StoragePoisonQueues:
         deadline = time.monotonic() + self._deadline
         try:
             while target is None and len(held) < self._max_scan and time.monotonic() < deadline:
-                batch = builtins.list(
-                    poison.receive_messages(
-                        max_messages=PEEK_MAX,
-                        messages_per_page=PEEK_MAX,
-                        visibility_timeout=self._lease,
-                    )
+                batch = first_calls_alone(
+                    "receive_messages",
+                    lambda: builtins.list(
+                        poison.receive_messages(
+                            max_messages=PEEK_MAX,
+                            messages_per_page=PEEK_MAX,
+                            visibility_timeout=self._lease,
+                        )
+                    ),
                 )
                 if not batch:
                     break
@@ -200,3 +210,7 @@ class StoragePoisonQueues:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+
+
+def _peek(client: QueueClient, count: int) -> builtins.list[QueueMessage]:
+    return builtins.list(client.peek_messages(max_messages=count))

@@ -16,6 +16,7 @@ from datetime import UTC
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64EncodePolicy
 
+from sas.adapters.queue_models import first_calls_alone, sent
 from sas.domain.errors import NotFound
 from sas.domain.messages import Message, encode
 from sas.domain.priority import Waiting
@@ -43,8 +44,11 @@ class StorageQueueTransport:
     ) -> None:
         delay = min(max(int(delay_seconds + 0.999), 0), MAX_DELAY_SECONDS)
         try:
-            self._client(queue).send_message(
-                encode(stamped(message)).decode(), visibility_timeout=delay or None
+            client, text = self._client(queue), encode(stamped(message)).decode()
+            first_calls_alone(
+                "send_message",
+                lambda: client.send_message(text, visibility_timeout=delay or None),
+                decoded=sent,
             )
         except ResourceNotFoundError:
             raise NotFound(f"queue {queue} does not exist") from None
@@ -65,7 +69,10 @@ class StorageQueueTransport:
         """From a peek at the front of the queue (up to 32 messages: a Storage queue is only
         roughly first-in first-out, so the oldest of them)."""
         try:
-            peeked = list(self._client(queue).peek_messages(max_messages=Waiting.PEEK))
+            client = self._client(queue)
+            peeked = first_calls_alone(
+                "peek_messages", lambda: list(client.peek_messages(max_messages=Waiting.PEEK))
+            )
         except ResourceNotFoundError:
             raise NotFound(f"queue {queue} does not exist") from None
         times = [m.inserted_on for m in peeked if m.inserted_on is not None]

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
-from sas.adapters import queue_models
+from sas.adapters.queue_models import first_calls_alone, sent
 from sas.domain.wire import live_table_name
 from sas_local.bench import cpu
 from sas_local.stack import LocalStack
@@ -111,7 +112,6 @@ def run(
     """``count_supervision``: also count the Supervisor's reads and the marker moves, which
     takes waiting until the last marker is gone (about one step budget after the run).
     ``cpu_hogs``: processes that spin on the CPU while the run goes (a loaded machine)."""
-    queue_models.prepare()
     with (
         LocalStack.start(workers=workers, log_dir=log_dir, app_root=app_root) as stack,
         spinning(cpu_hogs),
@@ -128,7 +128,7 @@ def run(
         }
         cpu_before = cpu.snapshot(processes)
         with ThreadPoolExecutor(8) as pool:
-            list(pool.map(lambda order_id: queue.send_message(_body(order_id)), ids))
+            list(pool.map(lambda order_id: _send(queue, _body(order_id)), ids))
         # Done when every queue the app consumes is empty twice in a row (the count includes
         # invisible and delayed messages): it holds for any commit, whatever its index.
         consumed = [
@@ -189,6 +189,10 @@ def run(
         sweep_reads_per_order=None if sweep_reads is None else round(sweep_reads / orders, 3),
         marker_moves_per_order=None if moves is None else round(moves / orders, 3),
     )
+
+
+def _send(queue: QueueClient, body: str) -> None:
+    first_calls_alone("send_message", partial(queue.send_message, body), decoded=sent)
 
 
 def _wait_until_empty(table: TableClient, *, timeout: float) -> None:

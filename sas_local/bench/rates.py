@@ -13,6 +13,7 @@ import contextlib
 import time
 import uuid
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from functools import partial
 from typing import Any
 
 from azure.core import MatchConditions
@@ -20,7 +21,7 @@ from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from azure.storage.queue import QueueClient, QueueServiceClient
 
-from sas.adapters import queue_models
+from sas.adapters.queue_models import first_calls_alone, sent
 
 RATE_TABLE = "benchrates"
 RATE_QUEUE = "bench-rates"
@@ -49,7 +50,6 @@ def _entity(partition: str, row: str) -> dict[str, Any]:
 
 def _phase(kind: str, connection_string: str, threads: int, seconds: float, tag: str) -> float:
     """One process: ``threads`` threads doing ``kind`` for ``seconds``; returns requests/s."""
-    queue_models.prepare()
     tables = [
         TableClient.from_connection_string(connection_string, RATE_TABLE) for _ in range(threads)
     ]
@@ -73,10 +73,11 @@ def _phase(kind: str, connection_string: str, threads: int, seconds: float, tag:
             elif kind == "table.query":
                 table.upsert_entity(_entity(f"~{tag}", f"{thread}-{n}"))
             elif kind in ("queue.receive", "queue.delete"):
-                queue.send_message(body)
+                first_calls_alone("send_message", partial(queue.send_message, body), decoded=sent)
         if kind == "queue.delete":
             for _ in range(30):
-                prepared[thread].extend(queue.receive_messages(max_messages=1))
+                received = partial(_received, queue, max_messages=1)
+                prepared[thread].extend(first_calls_alone("receive_messages", received))
 
     def one(thread: int, n: int) -> bool:
         table, queue = tables[thread], queues[thread]
@@ -105,9 +106,10 @@ def _phase(kind: str, connection_string: str, threads: int, seconds: float, tag:
         elif kind == "table.query":
             list(table.query_entities("PartitionKey eq @pk", parameters={"pk": f"~{tag}"}))
         elif kind == "queue.send":
-            queue.send_message(body)
+            first_calls_alone("send_message", partial(queue.send_message, body), decoded=sent)
         elif kind == "queue.receive":
-            got = list(queue.receive_messages(max_messages=1, visibility_timeout=300))
+            received = partial(_received, queue, max_messages=1, visibility_timeout=300)
+            got = first_calls_alone("receive_messages", received)
             if not got:
                 return False
         elif kind == "queue.delete":
@@ -193,3 +195,7 @@ def order_limit(per_order: dict[str, float], rates: dict[str, float]) -> float |
         share = count / HOST_BATCH if kind == "queue.receive" else count
         seconds += share / rate
     return round(1 / seconds, 2) if seconds else None
+
+
+def _received(queue: QueueClient, **options: Any) -> list[Any]:
+    return list(queue.receive_messages(**options))

@@ -18,6 +18,7 @@ import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,8 @@ from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
 from sas import settings as settings_module
-from sas.adapters import queue_models
+from sas.adapters.queue_models import first_calls_alone
+from sas.adapters.queue_models import sent as always_decoded
 from sas_local.bench.e2e import _body, _percentile
 from sas_local.stack import LocalStack
 
@@ -111,13 +113,13 @@ def endpoints(*, orders: int, log_dir: Path, timeout: float) -> dict[str, Any]:
 
 
 def _send(conn: str, queue_name: str, ids: list[str], priority: str) -> dict[str, datetime]:
-    queue_models.prepare()
     queue = QueueClient.from_connection_string(conn, queue_name)
     sent: dict[str, datetime] = {}
 
     def one(order_id: str) -> None:
         sent[order_id] = datetime.now(UTC)
-        queue.send_message(_body(order_id, priority))
+        send = partial(queue.send_message, _body(order_id, priority))
+        first_calls_alone("send_message", send, decoded=always_decoded)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(one, ids))

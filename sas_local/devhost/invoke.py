@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, cast
 
 import azure.functions as func
-from azure.functions import _abc as func_abc
 
 
-class _TraceContext(func_abc.TraceContext):
+class _TraceContext:
+    """What ``func.Context.trace_context`` offers: no trace came in."""
+
     @property
     def trace_state(self) -> str:
         return ""
@@ -28,7 +29,7 @@ class _TraceContext(func_abc.TraceContext):
         return {}
 
 
-class _RpcException(func_abc.RpcException):
+class _RpcException:
     @property
     def source(self) -> str:
         return ""
@@ -42,7 +43,9 @@ class _RpcException(func_abc.RpcException):
         return ""
 
 
-class _RetryContext(func_abc.RetryContext):
+class _RetryContext:
+    """What ``func.Context.retry_context`` offers: the first try, no retry policy."""
+
     @property
     def retry_count(self) -> int:
         return 0
@@ -52,7 +55,7 @@ class _RetryContext(func_abc.RetryContext):
         return 0
 
     @property
-    def exception(self) -> func_abc.RpcException:
+    def exception(self) -> _RpcException:
         return _RpcException()
 
 
@@ -84,11 +87,11 @@ class InvocationContext(func.Context):
         return self._function_directory
 
     @property
-    def trace_context(self) -> func_abc.TraceContext:
+    def trace_context(self) -> Any:  # the SDK types these with its private ABCs
         return _TraceContext()
 
     @property
-    def retry_context(self) -> func_abc.RetryContext:
+    def retry_context(self) -> Any:
         return _RetryContext()
 
 

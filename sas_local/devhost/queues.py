@@ -26,6 +26,7 @@ import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,8 @@ from azure.functions.queue import QueueMessage as FunctionQueueMessage
 from azure.storage.queue import ExponentialRetry, QueueClient
 from azure.storage.queue import QueueMessage as StorageQueueMessage
 
-from sas.adapters import queue_models
 from sas.adapters.clients import pooled_session
+from sas.adapters.queue_models import first_calls_alone, sent
 from sas.domain.wire import POISON_SUFFIX
 from sas_local.devhost.config import LEASE_SECONDS, POLLING_JITTER, QueueOptions
 from sas_local.devhost.invoke import InvocationContext, arguments, call_sync
@@ -85,7 +86,6 @@ def shared_transport() -> RequestsTransport:
 
 def make_client(connection_string: str, queue_name: str) -> QueueClient:
     """A client that sends and receives raw text (no encode/decode policy)."""
-    queue_models.prepare()
     return QueueClient.from_connection_string(
         connection_string,
         queue_name,
@@ -185,14 +185,15 @@ class QueuePoller:
                 break
             self._wake.clear()  # a wake from here on is for a message this receive may miss
             try:
-                messages = list(
-                    self._client(source).receive_messages(
-                        max_messages=options.batch_size,
-                        messages_per_page=options.batch_size,
-                        visibility_timeout=LEASE_SECONDS,
-                        retry_total=0,  # this loop backs off itself and stays stoppable
-                    )
+                receive = partial(
+                    _received,
+                    self._client(source),
+                    max_messages=options.batch_size,
+                    messages_per_page=options.batch_size,
+                    visibility_timeout=LEASE_SECONDS,
+                    retry_total=0,  # this loop backs off itself and stays stoppable
                 )
+                messages = first_calls_alone("receive_messages", receive)
             except Exception as exc:  # storage down or flaky: log, back off, keep polling
                 log.warning(
                     "sas.devhost.receive_failed",
@@ -313,5 +314,9 @@ class QueuePoller:
             if not self._poison_created:
                 ensure_queue(poison)
                 self._poison_created = True
-        poison.send_message(content)
+        first_calls_alone("send_message", partial(poison.send_message, content), decoded=sent)
         self._delete(message)
+
+
+def _received(client: QueueClient, **options: Any) -> list[StorageQueueMessage]:
+    return list(client.receive_messages(**options))
