@@ -223,7 +223,7 @@ def collect(
     for name in (design.table_name, design.live_table):  # the in-flight markers live apart
         with TableClient.from_connection_string(connection_string, name) as table:
             # The service's Timestamp of each row: when its transaction committed, by the one
-            # clock every write shares (the rows of one transaction share it).
+            # clock every write shares (a transaction's rows within TRANSACTION_SPREAD).
             entities += [
                 {**e, COMMITTED: e.metadata.get("timestamp")} for e in table.list_entities()
             ]
