@@ -16,7 +16,7 @@ from typing import Any, TypeVar, cast
 
 from sas import settings as settings_module
 from sas.domain.clock import Clock, SystemClock
-from sas.domain.transitions import RetryPolicy
+from sas.domain.recovery import RetryPolicy
 from sas.domain.workflow import AGENTS
 from sas.services import telemetry
 from sas.services.backlog import Backlog
@@ -138,7 +138,7 @@ def _live_table() -> Any:
 
 @_once
 def store() -> StateStore:
-    from sas.adapters.tables import TableStateStore
+    from sas.adapters.table_store import TableStateStore
 
     return TableStateStore(_table(), _live_table())
 

@@ -37,7 +37,7 @@ from rich.table import Table
 
 from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StatusEvent, decode
 from sas.domain.model import ProcessState

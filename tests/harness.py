@@ -15,12 +15,12 @@ from typing import Any
 
 from azure.data.tables import TableClient
 
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import NotFound, PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import Message, OrderSubmitted, ScheduleRequest, StepReply, StepRequest
 from sas.domain.model import OrderState
 from sas.domain.priority import Waiting
-from sas.domain.transitions import RetryPolicy
+from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import live_table_name
 from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.context import Agents, Routes

@@ -1,4 +1,5 @@
-"""The state store on Azure Table Storage (azure-data-tables).
+"""An order's rows on Azure Table Storage (azure-data-tables): what the handlers read and write.
+``sas/adapters/table_store.py`` adds what the Supervisor and operators need.
 
 One table; PartitionKey = OrderID so the order and its state are inserted in one entity-group
 transaction. Every update is conditional on the ETag (``MatchConditions.IfNotModified``): the
@@ -8,13 +9,11 @@ Azurite versions ignored If-Match inside batches, so a test pins that the pinned
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
-from typing import Any
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Self
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
@@ -26,32 +25,26 @@ from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.model import (
     HistoryEntry,
-    LiveMarker,
     OrderRecord,
     OrderState,
     ProcessState,
     StepRecord,
     Versioned,
 )
-from sas.domain.parked import ParkedMessage
 from sas.domain.wire import (
     DEFAULT_PRIORITY,
     HISTORY_ROW_PREFIX,
     LIVE_PARTITION,
     ORDER_ROW,
     PRIORITIES,
-    REJECTED_PARTITION,
     STATE_ROW,
     STEP_ROW_PREFIX,
     Priority,
     history_row_key,
     live_table_name,
     prefix_range,
-    rejected_row_key,
 )
 from sas.settings import Connection
-
-log = logging.getLogger(__name__)
 
 # The in-flight index (LIVE_PARTITION of the in-flight table): one marker per order that may
 # be in flight, with the time it is due for a look. The Supervisor queries the due markers, so
@@ -59,20 +52,15 @@ log = logging.getLogger(__name__)
 # is written *before* its order can become live and removed only *after* it is terminal, so a
 # lost write leaves an extra marker (swept away later), never a live order without one; its
 # due time is never later than the order's deadline (transitions.look_again_at).
-_BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
-_MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
-_MAX_BATCH = 100  # operations in one entity-group transaction
-_FAILED_RETRIES = 3  # a batch of re-arms and drops sent again without the one that failed
-_SLACK = timedelta(seconds=1)
 
 
-class TableStateStore:
+class OrderTables:
     def __init__(self, table: TableClient, live_table: TableClient) -> None:
         self._table = table
         self._live = live_table
 
     @classmethod
-    def connect(cls, connection: Connection, table_name: str) -> TableStateStore:
+    def connect(cls, connection: Connection, table_name: str) -> Self:
         """The store on the orders table ``table_name`` and its in-flight table."""
         from sas.adapters.clients import table_client
 
@@ -111,7 +99,7 @@ class TableStateStore:
         entity = self._get(order_id, STATE_ROW)
         if entity is None:
             return None
-        return Versioned(_state_from(entity), entity.metadata["etag"])
+        return Versioned(state_from(entity), entity.metadata["etag"])
 
     def update_state(
         self,
@@ -148,7 +136,7 @@ class TableStateStore:
         history: Sequence[HistoryEntry],
         step: StepRecord | None,
     ) -> str:
-        operations: list[Any] = [("update", _state_entity(state), _if_unchanged(etag))]
+        operations: list[Any] = [("update", _state_entity(state), if_unchanged(etag))]
         operations += [("create", _history_entity(entry)) for entry in history]
         if step is not None:
             # An upsert: the record of a step run again (an operator's resubmit) replaces the
@@ -183,177 +171,9 @@ class TableStateStore:
         """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
         re-touching changes its ETag so a concurrent drop_live of an older read fails."""
         written = self._live.upsert_entity(
-            _marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE
+            marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE
         )
         return str(written["etag"])
-
-    def list_live(self) -> list[LiveMarker]:
-        entities = self._live.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}
-        )
-        return [_marker_from(e) for e in entities]
-
-    def list_due(self, at: datetime) -> list[LiveMarker]:
-        entities = self._live.query_entities(
-            "PartitionKey eq @pk and DueAt le @at",
-            parameters={"pk": LIVE_PARTITION, "at": at},
-            results_per_page=1000,
-        )
-        return [_marker_from(e) for e in entities]
-
-    def rearm_live(
-        self,
-        rearms: Sequence[tuple[LiveMarker, datetime]],
-        drops: Sequence[LiveMarker] = (),
-    ) -> int:
-        """In transactions of up to 100 (one partition), each operation conditional on the
-        ETag the marker was read with: a re-arm replaces the marker with its new due time, a
-        drop deletes it. A marker that changed (or went) since read fails its transaction,
-        which is sent again without it (the service names the failed operation), a few times
-        at most; then, or on a failure that names no operation, the rest of that transaction
-        is given up: each marker left is due already, so the next sweep looks at it again.
-        Returns how many markers moved or went."""
-        writes: list[tuple[LiveMarker, datetime | None]] = [*rearms, *((m, None) for m in drops)]
-        done = 0
-        for start in range(0, len(writes), _MAX_BATCH):
-            done += self._write_markers(writes[start : start + _MAX_BATCH])
-        return done
-
-    def _write_markers(self, writes: Sequence[tuple[LiveMarker, datetime | None]]) -> int:
-        chunk = list(writes)
-        for _ in range(_FAILED_RETRIES + 1):
-            try:
-                self._live.submit_transaction([_marker_write(*write) for write in chunk])
-            except TableTransactionError as exc:
-                if exc.status_code not in (404, 412):
-                    raise
-                index = _named_index(exc)
-                if index is None or index >= len(chunk):
-                    break
-                del chunk[index]  # touched or dropped since: its new owner decides
-                if not chunk:
-                    return 0
-                continue
-            return len(chunk)
-        log.info("sas.marker_writes_left", extra={"count": len(chunk)})
-        return 0
-
-    def drop_live(self, marker: LiveMarker) -> bool:
-        """Remove a marker unless it was touched since read; False if it was (or is gone)."""
-        try:
-            self._live.delete_entity(
-                LIVE_PARTITION,
-                marker.order_id,
-                etag=marker.etag,
-                match_condition=MatchConditions.IfNotModified,
-            )
-        except ResourceModifiedError:
-            return False
-        return True
-
-    def query_states(
-        self,
-        *,
-        process_state: ProcessState | None = None,
-        priority: Priority | None = None,
-        submitted_after: datetime | None = None,
-        submitted_before: datetime | None = None,
-        finished_before: datetime | None = None,
-    ) -> Iterator[Versioned[OrderState]]:
-        clauses = ["RowKey eq @row"]
-        params: dict[str, Any] = {"row": STATE_ROW}
-        if process_state is not None:
-            clauses.append("ProcessState eq @state")
-            params["state"] = process_state.value
-        # A normal order has no Priority column (_priority_column), which a filter cannot ask
-        # for: normal is picked out below instead.
-        if priority is not None and priority != DEFAULT_PRIORITY:
-            clauses.append("Priority eq @priority")
-            params["priority"] = priority
-        # Time filters are widened by a second on the service and applied exactly here: a
-        # filter's datetime literal may be coarser than the stored value.
-        for name, clause, value in (
-            ("after", "SubmittedAt ge @after", submitted_after and submitted_after - _SLACK),
-            ("before", "SubmittedAt lt @before", submitted_before and submitted_before + _SLACK),
-            ("finished", "FinishedAt lt @finished", finished_before and finished_before + _SLACK),
-        ):
-            if value is not None:
-                clauses.append(clause)
-                params[name] = value
-        entities = self._table.query_entities(
-            " and ".join(clauses), parameters=params, results_per_page=1000
-        )
-        for entity in entities:
-            state = _state_from(entity)
-            finished = state.finished_at
-            if (
-                (priority is None or state.priority == priority)
-                and (submitted_after is None or state.submitted_at >= submitted_after)
-                and (submitted_before is None or state.submitted_at < submitted_before)
-                and (
-                    finished_before is None or (finished is not None and finished < finished_before)
-                )
-            ):
-                yield Versioned(state, str(entity.metadata["etag"]))
-
-    def count_states(self) -> dict[ProcessState, int]:
-        counts = dict.fromkeys(ProcessState, 0)
-        entities = self._table.query_entities(
-            "RowKey eq @row",
-            parameters={"row": STATE_ROW},
-            select=["ProcessState"],
-            results_per_page=1000,
-        )
-        for entity in entities:
-            counts[ProcessState(entity["ProcessState"])] += 1
-        return counts
-
-    def purge_order(self, state: Versioned[OrderState]) -> bool:
-        """One entity-group transaction when the order has at most 100 rows (a 3-step order
-        has about 15): all or nothing. A longer order goes in several, each of which also
-        rewrites the state row conditionally (a merge of nothing: only its ETag changes), so
-        every one commits only while the order is as it was read, a purge that loses a race
-        deletes nothing more, and one cut short is found and finished by the next."""
-        order_id = state.value.order_id
-        key = {"PartitionKey": order_id, "RowKey": STATE_ROW}
-        etag = state.etag
-        others = self._rows_besides_state(order_id)
-        try:
-            while len(others) >= _MAX_BATCH:
-                batch, others = others[: _MAX_BATCH - 1], others[_MAX_BATCH - 1 :]
-                merge = {
-                    "mode": UpdateMode.MERGE,
-                    "etag": etag,
-                    "match_condition": MatchConditions.IfNotModified,
-                }
-                results = self._table.submit_transaction(
-                    [("update", key, merge), *(("delete", row) for row in batch)]
-                )
-                etag = str(results[0]["etag"])
-            unchanged = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
-            self._table.submit_transaction(
-                [*(("delete", row) for row in others), ("delete", key, unchanged)]
-            )
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 412):  # changed, or purged by someone else meanwhile
-                return False
-            raise
-        # A row written while the purge ran (a stale reply's history row) would outlive its
-        # order, where no purge could find it: gone too.
-        for row in self._rows_besides_state(order_id):
-            with contextlib.suppress(ResourceNotFoundError):
-                self._table.delete_entity(order_id, row["RowKey"])
-        return True
-
-    def _rows_besides_state(self, order_id: str) -> list[dict[str, str]]:
-        rows = self._table.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": order_id}, select=["RowKey"]
-        )
-        return [
-            {"PartitionKey": order_id, "RowKey": row["RowKey"]}
-            for row in rows
-            if row["RowKey"] != STATE_ROW
-        ]
 
     # --- steps ------------------------------------------------------------------------
 
@@ -363,60 +183,6 @@ class TableStateStore:
         params = {"pk": order_id, "lo": lo, "hi": hi}
         entities = self._table.query_entities(query, parameters=params)
         return [_step_from(entity) for entity in entities]
-
-    # --- messages the app parked (rejected) ---------------------------------------------
-
-    def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
-        parked_id = rejected_row_key(at, uuid.uuid4().hex[:12])
-        kept = body[: _BODY_CHUNK * _MAX_BODY_CHUNKS]
-        entity: dict[str, Any] = {
-            "PartitionKey": REJECTED_PARTITION,
-            "RowKey": parked_id,
-            "Queue": queue,
-            "Reason": reason[:1000],
-            "At": at,
-            "BodyLength": len(body),
-            "BodyTruncated": len(kept) < len(body),
-        }
-        for index in range(0, len(kept), _BODY_CHUNK):
-            entity[f"Body{index // _BODY_CHUNK:02d}"] = kept[index : index + _BODY_CHUNK]
-        self._table.create_entity(entity)
-        return parked_id
-
-    def list_parked(self, limit: int = 100) -> list[ParkedMessage]:
-        entities = self._table.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": REJECTED_PARTITION}, results_per_page=limit
-        )
-        parked: list[ParkedMessage] = []
-        for entity in entities:
-            parked.append(_parked_from(entity))
-            if len(parked) >= limit:
-                break
-        return parked
-
-    def get_parked(self, parked_id: str) -> ParkedMessage | None:
-        entity = self._get(REJECTED_PARTITION, parked_id)
-        return None if entity is None else _parked_from(entity)
-
-    def drop_parked(self, parked_id: str) -> bool:
-        """Delete a parked message if unchanged since read; False if it is gone (or changed).
-
-        A one-operation transaction, not ``delete_entity``: the SDK's delete treats 404 as
-        success, so two operators dropping the same message would both be told they did."""
-        entity = self._get(REJECTED_PARTITION, parked_id)
-        if entity is None:
-            return False
-        conditional = {
-            "etag": entity.metadata["etag"],
-            "match_condition": MatchConditions.IfNotModified,
-        }
-        try:
-            self._table.submit_transaction([("delete", entity, conditional)])
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 412):
-                return False
-            raise
-        return True
 
     def _get(self, partition: str, row: str) -> Any:
         try:
@@ -447,21 +213,7 @@ def optional_utc(value: Any) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def _parked_from(entity: Mapping[str, Any]) -> ParkedMessage:
-    chunks = sorted(key for key in entity if key.startswith("Body") and key[4:].isdigit())
-    return ParkedMessage(
-        id=entity["RowKey"],
-        parked_by="app",
-        queue=entity["Queue"],
-        function=None,  # not stored: the operator knows which function the queue triggers
-        reason=entity["Reason"],
-        body=b"".join(bytes(entity[key]) for key in chunks),
-        body_truncated=bool(entity["BodyTruncated"]),
-        parked_at=utc(entity["At"]),
-    )
-
-
-def _marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dict[str, Any]:
+def marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dict[str, Any]:
     return {
         "PartitionKey": LIVE_PARTITION,
         "RowKey": order_id,
@@ -470,31 +222,12 @@ def _marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dic
     }
 
 
-def _if_unchanged(etag: str) -> dict[str, Any]:
+def if_unchanged(etag: str) -> dict[str, Any]:
     return {
         "mode": UpdateMode.REPLACE,
         "etag": etag,
         "match_condition": MatchConditions.IfNotModified,
     }
-
-
-def _marker_write(marker: LiveMarker, due_at: datetime | None) -> tuple[Any, ...]:
-    """A re-arm to ``due_at`` (None: a drop), as a transaction operation conditional on the
-    ETag ``marker`` was read with."""
-    if due_at is None:
-        condition = {"etag": marker.etag, "match_condition": MatchConditions.IfNotModified}
-        return ("delete", _marker_key(marker.order_id), condition)
-    entity = _marker_entity(marker.order_id, marker.touched_at, due_at)
-    return ("update", entity, _if_unchanged(marker.etag))
-
-
-def _marker_key(order_id: str) -> dict[str, Any]:
-    return {"PartitionKey": LIVE_PARTITION, "RowKey": order_id}
-
-
-def _marker_from(entity: Any) -> LiveMarker:
-    touched = utc(entity["TouchedAt"])
-    return LiveMarker(entity["RowKey"], touched, str(entity.metadata["etag"]), utc(entity["DueAt"]))
 
 
 def _order_entity(order: OrderRecord) -> dict[str, Any]:
@@ -522,13 +255,6 @@ def _order_from(entity: Mapping[str, Any]) -> OrderRecord:
         reply_to=entity.get("ReplyTo"),
         priority=_priority(entity.get("Priority")),
     )
-
-
-def _named_index(error: TableTransactionError) -> int | None:
-    """The operation a failed transaction names (its message starts ``<index>:``). The SDK's
-    ``index`` is 0 also when the service names none, which would blame the first operation."""
-    head, colon, _ = (error.message or "").partition(":")
-    return int(head) if colon and head.strip().isdigit() else None
 
 
 def _state_entity(state: OrderState) -> dict[str, Any]:
@@ -562,7 +288,7 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
     )
 
 
-def _state_from(entity: Mapping[str, Any]) -> OrderState:
+def state_from(entity: Mapping[str, Any]) -> OrderState:
     return OrderState(
         order_id=entity["PartitionKey"],
         workflow=entity["Workflow"],

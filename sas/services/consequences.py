@@ -22,7 +22,7 @@ from sas.domain.messages import (
     wants_status,
 )
 from sas.domain.model import HistoryEntry, OrderState, ProcessState
-from sas.domain.transitions import alert_sent, claim_alert
+from sas.domain.recovery import alert_sent, claim_alert
 from sas.domain.wire import (
     StatusLevel,
     alert_message_id,

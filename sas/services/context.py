@@ -13,7 +13,7 @@ from datetime import timedelta
 from sas.domain.clock import Clock
 from sas.domain.endpoints import Endpoint
 from sas.domain.priority import AdmissionPolicy
-from sas.domain.transitions import RetryPolicy
+from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import DEFAULT_PRIORITY, DEFAULT_REPLY_TO_PREFIXES, PRIORITIES, Priority
 from sas.services.backlog import Backlog
 from sas.services.breaker import CircuitBreaker

@@ -19,7 +19,8 @@ from sas.domain.parked import (
     parked_by,
     poison_queue,
 )
-from sas.domain.transitions import look_again_at, resubmit
+from sas.domain.recovery import resubmit
+from sas.domain.transitions import look_again_at
 from sas.domain.wire import Priority, submission_message_id
 from sas.domain.workflow import workflow_named
 from sas.services import consequences as then

@@ -21,7 +21,8 @@ from datetime import datetime, timedelta
 
 from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
-from sas.domain.transitions import Expiry, ExpiryAction, expire, look_again_at
+from sas.domain.recovery import Expiry, ExpiryAction, expire
+from sas.domain.transitions import look_again_at
 from sas.domain.workflow import shortest_budget, workflow_named
 from sas.services import consequences as then
 from sas.services import telemetry

@@ -355,9 +355,9 @@ def _break_failure_threshold() -> None:
 
 def _break_no_expiry() -> None:
     """The Supervisor never finds a deadline passed: a step that got no reply waits forever."""
-    from sas.domain import transitions
+    from sas.domain import recovery
 
-    setattr(transitions.RetryPolicy, "expired", lambda self, state, now: False)  # noqa: B010
+    setattr(recovery.RetryPolicy, "expired", lambda self, state, now: False)  # noqa: B010
 
 
 def _break_poison_reply() -> None:

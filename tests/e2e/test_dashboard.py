@@ -13,7 +13,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.model import ProcessState
 from sas.domain.wire import submission_message_id
 from sas.services import telemetry

@@ -18,7 +18,7 @@ from azure.storage.queue import TextBase64DecodePolicy
 
 from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import StatusEvent, StepReply, decode
 from sas.domain.model import ProcessState
 from sas.domain.parked import ParkedMessage

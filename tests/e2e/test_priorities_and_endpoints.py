@@ -19,7 +19,7 @@ import pytest
 
 from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
 from sas.domain.priority import Waiting

@@ -16,7 +16,7 @@ import pytest
 
 from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.model import ProcessState
 from sas.settings import QUEUE_ORDERS
 from sas_local.demo import demo_order

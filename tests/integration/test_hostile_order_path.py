@@ -13,10 +13,10 @@ from datetime import timedelta
 
 import pytest
 
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import StepReply, StepRequest
 from sas.domain.model import ProcessState
-from sas.domain.transitions import RetryPolicy
+from sas.domain.recovery import RetryPolicy
 from sas.services.submission import SubmissionOutcome
 from tests.harness import BUDGET, ROUTES, World, live_table_of
 from tests.instances import Instance, instance

@@ -31,7 +31,7 @@ from pydantic import ValidationError
 
 from sas.adapters.servicebus import ServiceBusTransport
 from sas.adapters.storage_queues import StorageQueueTransport
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import AlreadyExists, InvalidMessage
 from sas.domain.messages import (
     Message,

@@ -7,7 +7,7 @@ from datetime import timedelta
 import pytest
 from fastapi.testclient import TestClient
 
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import ConcurrencyConflict
 from sas.domain.messages import ScheduleRequest, StepRequest
 from sas.domain.model import ProcessState

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome

@@ -14,7 +14,7 @@ from azure.data.tables import TableServiceClient
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.wire import live_table_name
 from sas.services.ports import StateStore
 from sas_local.azurite import Azurite

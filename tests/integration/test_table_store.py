@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
 
-from sas.adapters.tables import TableStateStore
+from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.model import (
     HistoryEntry,

@@ -56,7 +56,7 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.parked import ParkedMessage
-from sas.domain.transitions import RetryPolicy
+from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import alert_message_id
 from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, Workflow, workflow_named
 from sas.services.context import ALERT_LEASE, Agents

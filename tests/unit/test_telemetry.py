@@ -21,7 +21,7 @@ from sas.adapters.telemetry_setup import aad_client_id
 from sas.domain.errors import PermanentRemoteError
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest, decode, encode
 from sas.domain.model import OrderState, ProcessState
-from sas.domain.transitions import RetryPolicy
+from sas.domain.recovery import RetryPolicy
 from sas.services import consequences, telemetry
 from sas.services.gauges import QueueGauges
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport, ScriptedRemote

@@ -6,23 +6,19 @@ import pytest
 from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.messages import StepReply
 from sas.domain.model import TERMINAL_STATES, ProcessState
+from sas.domain.recovery import RetryPolicy, alert_sent, claim_alert, expire, resubmit
 from sas.domain.transitions import (
     Fence,
     NotYet,
-    RetryPolicy,
     Then,
-    alert_sent,
     begin_compensation,
     claim,
-    claim_alert,
     complete_step,
     decide_reply,
-    expire,
     fence,
     initial_state,
     look_again_at,
     refuse_step,
-    resubmit,
 )
 from sas.domain.wire import Mode
 from sas.domain.workflow import ORDER_WORKFLOW, StepDefinition, Workflow

@@ -1,0 +1,308 @@
+"""The whole state store: an order's rows (``sas/adapters/tables.py``), plus what the
+Supervisor and operators use: the in-flight index's sweeps, queries over every order, purge,
+and the messages the app parked."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.core import MatchConditions
+from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+from azure.data.tables import TableTransactionError, UpdateMode
+
+from sas.adapters.tables import (
+    OrderTables,
+    if_unchanged,
+    marker_entity,
+    state_from,
+    utc,
+)
+from sas.domain.model import LiveMarker, OrderState, ProcessState, Versioned
+from sas.domain.parked import ParkedMessage
+from sas.domain.wire import (
+    DEFAULT_PRIORITY,
+    LIVE_PARTITION,
+    REJECTED_PARTITION,
+    STATE_ROW,
+    Priority,
+    rejected_row_key,
+)
+
+log = logging.getLogger(__name__)
+
+_BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
+_MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
+_MAX_BATCH = 100  # operations in one entity-group transaction
+_FAILED_RETRIES = 3  # a batch of re-arms and drops sent again without the one that failed
+_SLACK = timedelta(seconds=1)
+
+
+class TableStateStore(OrderTables):
+    # --- in-flight index --------------------------------------------------------------
+
+    def list_live(self) -> list[LiveMarker]:
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": LIVE_PARTITION}
+        )
+        return [_marker_from(e) for e in entities]
+
+    def list_due(self, at: datetime) -> list[LiveMarker]:
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk and DueAt le @at",
+            parameters={"pk": LIVE_PARTITION, "at": at},
+            results_per_page=1000,
+        )
+        return [_marker_from(e) for e in entities]
+
+    def rearm_live(
+        self,
+        rearms: Sequence[tuple[LiveMarker, datetime]],
+        drops: Sequence[LiveMarker] = (),
+    ) -> int:
+        """In transactions of up to 100 (one partition), each operation conditional on the
+        ETag the marker was read with: a re-arm replaces the marker with its new due time, a
+        drop deletes it. A marker that changed (or went) since read fails its transaction,
+        which is sent again without it (the service names the failed operation), a few times
+        at most; then, or on a failure that names no operation, the rest of that transaction
+        is given up: each marker left is due already, so the next sweep looks at it again.
+        Returns how many markers moved or went."""
+        writes: list[tuple[LiveMarker, datetime | None]] = [*rearms, *((m, None) for m in drops)]
+        done = 0
+        for start in range(0, len(writes), _MAX_BATCH):
+            done += self._write_markers(writes[start : start + _MAX_BATCH])
+        return done
+
+    def _write_markers(self, writes: Sequence[tuple[LiveMarker, datetime | None]]) -> int:
+        chunk = list(writes)
+        for _ in range(_FAILED_RETRIES + 1):
+            try:
+                self._live.submit_transaction([_marker_write(*write) for write in chunk])
+            except TableTransactionError as exc:
+                if exc.status_code not in (404, 412):
+                    raise
+                index = _named_index(exc)
+                if index is None or index >= len(chunk):
+                    break
+                del chunk[index]  # touched or dropped since: its new owner decides
+                if not chunk:
+                    return 0
+                continue
+            return len(chunk)
+        log.info("sas.marker_writes_left", extra={"count": len(chunk)})
+        return 0
+
+    def drop_live(self, marker: LiveMarker) -> bool:
+        """Remove a marker unless it was touched since read; False if it was (or is gone)."""
+        try:
+            self._live.delete_entity(
+                LIVE_PARTITION,
+                marker.order_id,
+                etag=marker.etag,
+                match_condition=MatchConditions.IfNotModified,
+            )
+        except ResourceModifiedError:
+            return False
+        return True
+
+    def query_states(
+        self,
+        *,
+        process_state: ProcessState | None = None,
+        priority: Priority | None = None,
+        submitted_after: datetime | None = None,
+        submitted_before: datetime | None = None,
+        finished_before: datetime | None = None,
+    ) -> Iterator[Versioned[OrderState]]:
+        clauses = ["RowKey eq @row"]
+        params: dict[str, Any] = {"row": STATE_ROW}
+        if process_state is not None:
+            clauses.append("ProcessState eq @state")
+            params["state"] = process_state.value
+        # A normal order has no Priority column (_priority_column), which a filter cannot ask
+        # for: normal is picked out below instead.
+        if priority is not None and priority != DEFAULT_PRIORITY:
+            clauses.append("Priority eq @priority")
+            params["priority"] = priority
+        # Time filters are widened by a second on the service and applied exactly here: a
+        # filter's datetime literal may be coarser than the stored value.
+        for name, clause, value in (
+            ("after", "SubmittedAt ge @after", submitted_after and submitted_after - _SLACK),
+            ("before", "SubmittedAt lt @before", submitted_before and submitted_before + _SLACK),
+            ("finished", "FinishedAt lt @finished", finished_before and finished_before + _SLACK),
+        ):
+            if value is not None:
+                clauses.append(clause)
+                params[name] = value
+        entities = self._table.query_entities(
+            " and ".join(clauses), parameters=params, results_per_page=1000
+        )
+        for entity in entities:
+            state = state_from(entity)
+            finished = state.finished_at
+            if (
+                (priority is None or state.priority == priority)
+                and (submitted_after is None or state.submitted_at >= submitted_after)
+                and (submitted_before is None or state.submitted_at < submitted_before)
+                and (
+                    finished_before is None or (finished is not None and finished < finished_before)
+                )
+            ):
+                yield Versioned(state, str(entity.metadata["etag"]))
+
+    def count_states(self) -> dict[ProcessState, int]:
+        counts = dict.fromkeys(ProcessState, 0)
+        entities = self._table.query_entities(
+            "RowKey eq @row",
+            parameters={"row": STATE_ROW},
+            select=["ProcessState"],
+            results_per_page=1000,
+        )
+        for entity in entities:
+            counts[ProcessState(entity["ProcessState"])] += 1
+        return counts
+
+    def purge_order(self, state: Versioned[OrderState]) -> bool:
+        """One entity-group transaction when the order has at most 100 rows (a 3-step order
+        has about 15): all or nothing. A longer order goes in several, each of which also
+        rewrites the state row conditionally (a merge of nothing: only its ETag changes), so
+        every one commits only while the order is as it was read, a purge that loses a race
+        deletes nothing more, and one cut short is found and finished by the next."""
+        order_id = state.value.order_id
+        key = {"PartitionKey": order_id, "RowKey": STATE_ROW}
+        etag = state.etag
+        others = self._rows_besides_state(order_id)
+        try:
+            while len(others) >= _MAX_BATCH:
+                batch, others = others[: _MAX_BATCH - 1], others[_MAX_BATCH - 1 :]
+                merge = {
+                    "mode": UpdateMode.MERGE,
+                    "etag": etag,
+                    "match_condition": MatchConditions.IfNotModified,
+                }
+                results = self._table.submit_transaction(
+                    [("update", key, merge), *(("delete", row) for row in batch)]
+                )
+                etag = str(results[0]["etag"])
+            unchanged = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+            self._table.submit_transaction(
+                [*(("delete", row) for row in others), ("delete", key, unchanged)]
+            )
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):  # changed, or purged by someone else meanwhile
+                return False
+            raise
+        # A row written while the purge ran (a stale reply's history row) would outlive its
+        # order, where no purge could find it: gone too.
+        for row in self._rows_besides_state(order_id):
+            with contextlib.suppress(ResourceNotFoundError):
+                self._table.delete_entity(order_id, row["RowKey"])
+        return True
+
+    def _rows_besides_state(self, order_id: str) -> list[dict[str, str]]:
+        rows = self._table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": order_id}, select=["RowKey"]
+        )
+        return [
+            {"PartitionKey": order_id, "RowKey": row["RowKey"]}
+            for row in rows
+            if row["RowKey"] != STATE_ROW
+        ]
+
+    # --- messages the app parked (rejected) ---------------------------------------------
+
+    def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
+        parked_id = rejected_row_key(at, uuid.uuid4().hex[:12])
+        kept = body[: _BODY_CHUNK * _MAX_BODY_CHUNKS]
+        entity: dict[str, Any] = {
+            "PartitionKey": REJECTED_PARTITION,
+            "RowKey": parked_id,
+            "Queue": queue,
+            "Reason": reason[:1000],
+            "At": at,
+            "BodyLength": len(body),
+            "BodyTruncated": len(kept) < len(body),
+        }
+        for index in range(0, len(kept), _BODY_CHUNK):
+            entity[f"Body{index // _BODY_CHUNK:02d}"] = kept[index : index + _BODY_CHUNK]
+        self._table.create_entity(entity)
+        return parked_id
+
+    def list_parked(self, limit: int = 100) -> list[ParkedMessage]:
+        entities = self._table.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": REJECTED_PARTITION}, results_per_page=limit
+        )
+        parked: list[ParkedMessage] = []
+        for entity in entities:
+            parked.append(_parked_from(entity))
+            if len(parked) >= limit:
+                break
+        return parked
+
+    def get_parked(self, parked_id: str) -> ParkedMessage | None:
+        entity = self._get(REJECTED_PARTITION, parked_id)
+        return None if entity is None else _parked_from(entity)
+
+    def drop_parked(self, parked_id: str) -> bool:
+        """Delete a parked message if unchanged since read; False if it is gone (or changed).
+
+        A one-operation transaction, not ``delete_entity``: the SDK's delete treats 404 as
+        success, so two operators dropping the same message would both be told they did."""
+        entity = self._get(REJECTED_PARTITION, parked_id)
+        if entity is None:
+            return False
+        conditional = {
+            "etag": entity.metadata["etag"],
+            "match_condition": MatchConditions.IfNotModified,
+        }
+        try:
+            self._table.submit_transaction([("delete", entity, conditional)])
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):
+                return False
+            raise
+        return True
+
+
+def _parked_from(entity: Mapping[str, Any]) -> ParkedMessage:
+    chunks = sorted(key for key in entity if key.startswith("Body") and key[4:].isdigit())
+    return ParkedMessage(
+        id=entity["RowKey"],
+        parked_by="app",
+        queue=entity["Queue"],
+        function=None,  # not stored: the operator knows which function the queue triggers
+        reason=entity["Reason"],
+        body=b"".join(bytes(entity[key]) for key in chunks),
+        body_truncated=bool(entity["BodyTruncated"]),
+        parked_at=utc(entity["At"]),
+    )
+
+
+def _marker_write(marker: LiveMarker, due_at: datetime | None) -> tuple[Any, ...]:
+    """A re-arm to ``due_at`` (None: a drop), as a transaction operation conditional on the
+    ETag ``marker`` was read with."""
+    if due_at is None:
+        condition = {"etag": marker.etag, "match_condition": MatchConditions.IfNotModified}
+        return ("delete", _marker_key(marker.order_id), condition)
+    entity = marker_entity(marker.order_id, marker.touched_at, due_at)
+    return ("update", entity, if_unchanged(marker.etag))
+
+
+def _marker_key(order_id: str) -> dict[str, Any]:
+    return {"PartitionKey": LIVE_PARTITION, "RowKey": order_id}
+
+
+def _marker_from(entity: Any) -> LiveMarker:
+    touched = utc(entity["TouchedAt"])
+    return LiveMarker(entity["RowKey"], touched, str(entity.metadata["etag"]), utc(entity["DueAt"]))
+
+
+def _named_index(error: TableTransactionError) -> int | None:
+    """The operation a failed transaction names (its message starts ``<index>:``). The SDK's
+    ``index`` is 0 also when the service names none, which would blame the first operation."""
+    head, colon, _ = (error.message or "").partition(":")
+    return int(head) if colon and head.strip().isdigit() else None

@@ -1,0 +1,163 @@
+"""What the Supervisor and operators decide, as pure functions: a step's deadline passed
+(retry, compensate or Error), the alert an Error owes, an operator's resubmit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+
+from sas.domain.errors import IllegalTransition
+from sas.domain.model import OrderState, ProcessState
+from sas.domain.transitions import begin_compensation, to_error
+from sas.domain.workflow import Workflow
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """The Supervisor's policy for expired records (docs/architecture.md, "Recovery")."""
+
+    max_failures: int = 3
+    """Expiries of one step before it is deemed non-transient."""
+    base_backoff: timedelta = timedelta(seconds=2)
+    max_backoff: timedelta = timedelta(minutes=1)
+    clock_skew: timedelta = timedelta(0)
+    """The clock-skew allowance. Every role reads the store's time as its process estimates
+    it (sas/services/store_time.py); a deadline counts as passed only this long after it
+    passed by the Supervisor's estimate, so two estimates' error never expires a step its
+    agent may still finish. Recovery comes that much later."""
+
+    def __post_init__(self) -> None:
+        if self.max_failures < 1:
+            raise ValueError("max_failures must be at least 1")
+        if self.clock_skew < timedelta(0):
+            raise ValueError("clock_skew must not be negative")
+
+    def expired(self, state: OrderState, now: datetime) -> bool:
+        """A live record whose deadline (plus the skew allowance) has passed."""
+        if state.is_terminal or state.complete_by is None:
+            return False
+        return state.complete_by + self.clock_skew <= now
+
+    def backoff(self, failures: int) -> timedelta:
+        """Wait before retry number ``failures``: doubling, capped."""
+        doubled: timedelta = self.base_backoff * (2 ** max(failures - 1, 0))
+        return min(doubled, self.max_backoff)
+
+
+class ExpiryAction(StrEnum):
+    RETRY = "retry"
+    """Pending again after a backoff, the failure counted."""
+    COMPENSATE = "compensate"
+    """Past the threshold: compensation queued."""
+    COMPENSATED = "compensated"
+    """Past the threshold with nothing to undo: finished as Compensated."""
+    ERROR = "error"
+    """Past the threshold and no compensation possible: Error, an operator alert owed."""
+
+
+@dataclass(frozen=True)
+class Expiry:
+    """What the Supervisor decided for an expired record."""
+
+    state: OrderState
+    action: ExpiryAction
+    delay: timedelta = timedelta(0)
+
+
+def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: RetryPolicy) -> Expiry:
+    """A live record whose deadline passed: count the failure, then retry or give up.
+
+    A timed-out step and a crashed one look the same. Past the threshold
+    a forward step is compensated *including itself*: it may have been applied before its
+    reply was lost, and undo actions are no-ops for effects that never happened.
+    """
+    if not policy.expired(state, now):
+        raise IllegalTransition(f"order {state.order_id} has not expired")
+    failures = state.failure_count + 1
+    step = workflow.step(state.step_index).name
+    if failures < policy.max_failures:
+        delay = policy.backoff(failures)
+        return Expiry(
+            replace(
+                state,
+                process_state=ProcessState.PENDING,
+                locked_by=None,
+                failure_count=failures,
+                not_before=now + delay,
+                complete_by=now + delay + workflow.pickup_budget,
+                updated_at=now,
+                last_error=f"{step} ({state.mode}) expired at attempt {state.attempt}",
+            ),
+            ExpiryAction.RETRY,
+            delay,
+        )
+    reason = f"{step} ({state.mode}) expired {failures} times"
+    if state.mode == "do" and workflow.on_failure == "compensate":
+        compensating = begin_compensation(
+            state, from_index=state.step_index, now=now, workflow=workflow, reason=reason
+        )
+        compensating = replace(compensating, failure_count=0)
+        action = ExpiryAction.COMPENSATED if compensating.is_terminal else ExpiryAction.COMPENSATE
+        return Expiry(compensating, action)
+    error = to_error(replace(state, failure_count=failures), now=now, reason=reason)
+    return Expiry(error, ExpiryAction.ERROR)
+
+
+def claim_alert(
+    state: OrderState,
+    *,
+    instance_id: str,
+    now: datetime,
+    lease: timedelta,
+    clock_skew: timedelta = timedelta(0),
+) -> OrderState:
+    """Take the right to send the alert an Error owes, for ``lease``.
+
+    Persisted (conditionally) *before* the alert is sent, so of several Supervisors and the
+    Scheduler that just wrote Error exactly one sends it. A live claim excludes everyone,
+    its own holder's instance included: the Scheduler and a Supervisor share one instance id
+    in a Functions host, so "same instance" never means "the caller that wrote the claim".
+    A claim whose lease ran out (its holder died between the claim and the send) may be
+    taken over: the alert then goes out again with the same alert id, which is what
+    consumers de-duplicate on. ``clock_skew``: the claim was timed by another instance's
+    clock, so it counts as lapsed only that much later by ours."""
+    if not state.alert_pending:
+        raise IllegalTransition(f"order {state.order_id} owes no alert")
+    held = state.alert_claimed_until is not None and now < state.alert_claimed_until + clock_skew
+    if held:
+        raise IllegalTransition(
+            f"alert of {state.order_id} is being sent by {state.alert_claimed_by!r}"
+        )
+    return replace(state, alert_claimed_by=instance_id, alert_claimed_until=now + lease)
+
+
+def alert_sent(state: OrderState) -> OrderState:
+    if not state.alert_pending:
+        raise IllegalTransition(f"order {state.order_id} owes no alert")
+    return replace(state, alert_pending=False, alert_claimed_by=None, alert_claimed_until=None)
+
+
+def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderState:
+    """An operator fixed the cause: run the failed step (or undo) again from a clean count."""
+    if state.process_state is not ProcessState.ERROR:
+        raise IllegalTransition(f"order {state.order_id} is {state.process_state}, not Error")
+    if state.alert_pending:
+        # Resubmitting now would cancel the episode's one alert before it went out.
+        raise IllegalTransition(
+            f"order {state.order_id}: its operator alert is still being sent; try again shortly"
+        )
+    return replace(
+        state,
+        process_state=ProcessState.PENDING,
+        locked_by=None,
+        failure_count=0,
+        not_before=None,
+        complete_by=now + workflow.pickup_budget,
+        updated_at=now,
+        finished_at=None,
+        alert_pending=False,
+        alert_claimed_by=None,
+        alert_claimed_until=None,
+    )
