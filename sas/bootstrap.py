@@ -18,7 +18,7 @@ from sas import settings as settings_module
 from sas.domain.clock import Clock, SystemClock
 from sas.domain.recovery import RetryPolicy
 from sas.domain.workflow import AGENTS
-from sas.services import telemetry
+from sas.services import metrics, telemetry
 from sas.services.backlog import Backlog
 from sas.services.breaker import BreakerStore, CircuitBreaker
 from sas.services.context import Agents, Context, Routes
@@ -245,7 +245,7 @@ def breaker(name: str) -> CircuitBreaker:
         found = _breakers.get(name)
         if found is None:
             found = _breakers[name] = CircuitBreaker(_breaker_store(), clock(), name)
-            telemetry.watch_breaker(name, found.last_status)
+            metrics.watch_breaker(name, found.last_status)
         return found
 
 

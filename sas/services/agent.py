@@ -29,7 +29,7 @@ from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, result_problem
 from sas.domain.wire import step_reply_message_id
 from sas.domain.workflow import longest_step_budget
-from sas.services import telemetry
+from sas.services import metrics, telemetry
 from sas.services.context import Agents, Context
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def run_step(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
         telemetry.annotate(span, outcome=outcome.value)
         if outcome in _FAILED:
             telemetry.fail(span, outcome.value)
-    telemetry.instruments.step_duration.record(
+    metrics.instruments.step_duration.record(
         time.monotonic() - started,
         {
             telemetry.STEP: request.step,
@@ -137,7 +137,7 @@ def _call_with_retries(ctx: Context, agents: Agents, attempt: _Attempt) -> dict[
         return state.upcoming_sleep >= left
 
     def before_sleep(state: RetryCallState) -> None:
-        telemetry.instruments.retries.add(1, {"sas.kind": "remote", telemetry.STEP: request.step})
+        metrics.instruments.retries.add(1, {"sas.kind": "remote", telemetry.STEP: request.step})
         log.info(
             "sas.remote_retry",
             extra={**extra, "try": state.attempt_number, "sleep": state.upcoming_sleep},

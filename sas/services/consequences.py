@@ -33,7 +33,7 @@ from sas.domain.wire import (
     step_request_message_id,
 )
 from sas.domain.workflow import Workflow
-from sas.services import telemetry
+from sas.services import metrics, telemetry
 from sas.services.context import Context
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ def request_schedule(
 def compensate(ctx: Context, state: OrderState, *, reason: str) -> None:
     """Ask a Scheduler to start undoing ``state`` (queued as Pending, undo): ``reason`` is
     ``refused`` (a step failed for good) or ``expired`` (it ran out of attempts)."""
-    telemetry.instruments.compensations.add(1, {"sas.reason": reason})
+    metrics.instruments.compensations.add(1, {"sas.reason": reason})
     with telemetry.order_span(
         telemetry.COMPENSATE, state.order_id, attempt=state.attempt, mode=state.mode
     ) as span:
@@ -164,7 +164,7 @@ def compensate(ctx: Context, state: OrderState, *, reason: str) -> None:
 def finished(ctx: Context, state: OrderState, etag: str) -> None:
     """Status for a terminal state; for Error, the one operator alert it is owed."""
     now = state.updated_at
-    telemetry.instruments.orders_finished.add(1, {telemetry.OUTCOME: state.process_state.value})
+    metrics.instruments.orders_finished.add(1, {telemetry.OUTCOME: state.process_state.value})
     log.info("sas.order_finished", extra={"order_id": state.order_id, "state": state.process_state})
     if state.process_state is ProcessState.PROCESSED:
         notify(ctx, state, "completed", now)
@@ -260,7 +260,7 @@ def _claim_alert(
 
 def alert(ctx: Context, order_id: str, reason: str, at: datetime, *, alert_id: str) -> None:
     """One operator alert: a message on the alerts queue and an ERROR log event."""
-    telemetry.instruments.alerts.add(1)
+    metrics.instruments.alerts.add(1)
     log.error(
         "sas.operator_alert order=%s reason=%s",
         order_id,

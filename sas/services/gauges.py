@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from sas.domain.clock import Clock
-from sas.services import telemetry
+from sas.services import metrics
 from sas.services.ports import PoisonStore, QueueDepth, StateStore
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class QueueGauges:
     def maybe_sample(self) -> bool:
         """Sample if metrics are exported and the last sample is old enough; True if it did.
         Never raises: a gauge must not stop a sweep."""
-        if not telemetry.metrics_enabled():
+        if not metrics.metrics_enabled():
             return False
         now = self._clock.now()
         if self._sampled_at is not None and now - self._sampled_at < self._every:
@@ -56,8 +56,8 @@ class QueueGauges:
         return True
 
     def sample(self) -> None:
-        telemetry.queue_depth.set({queue: self._depth.depth(queue) for queue in self._queues})
+        metrics.queue_depth.set({queue: self._depth.depth(queue) for queue in self._queues})
         parked = Counter(m.queue for m in self._store.list_parked(COUNT_LIMIT))
         if self._poison is not None:
             parked.update(m.queue for m in self._poison.list(COUNT_LIMIT))
-        telemetry.parked.set({**dict.fromkeys(self._queues, 0), **parked})
+        metrics.parked.set({**dict.fromkeys(self._queues, 0), **parked})

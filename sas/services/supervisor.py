@@ -25,7 +25,7 @@ from sas.domain.recovery import Expiry, ExpiryAction, expire
 from sas.domain.transitions import look_again_at
 from sas.domain.workflow import shortest_budget, workflow_named
 from sas.services import consequences as then
-from sas.services import telemetry
+from sas.services import metrics, telemetry
 from sas.services.consequences import AlertOutcome
 from sas.services.context import Context
 from sas.services.ports import StateStore
@@ -150,7 +150,7 @@ def _recover(
             "action": decided.action,
         },
     )
-    telemetry.instruments.recoveries.add(
+    metrics.instruments.recoveries.add(
         1, {"sas.action": decided.action.value, telemetry.STEP: step}
     )
     if not decided.state.is_terminal:
@@ -185,7 +185,7 @@ def _request_recovery(ctx: Context, decided: Expiry, step: str, etag: str, now: 
     status and alert of a finished order. The Supervisor never calls an agent itself."""
     new = decided.state
     if decided.action is ExpiryAction.RETRY:
-        telemetry.instruments.retries.add(1, {"sas.kind": "step", telemetry.STEP: step})
+        metrics.instruments.retries.add(1, {"sas.kind": "step", telemetry.STEP: step})
         then.request_schedule(ctx, new, delay_seconds=decided.delay.total_seconds())
         then.notify(ctx, new, "step_retry", now, step=step)
     elif decided.action is ExpiryAction.COMPENSATE:

@@ -20,7 +20,7 @@ from sas import bootstrap
 from sas import settings as app_settings
 from sas.domain.errors import ConcurrencyConflict
 from sas.domain.model import HistoryEntry, ProcessState
-from sas.services import telemetry
+from sas.services import metrics
 from sas.services.operator import OrderQuery
 from sas_cli import appsettings
 from tests.harness import World, permanent, store_on
@@ -35,7 +35,7 @@ pytestmark = pytest.mark.integration
 def reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricReader]:
     found = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[found])
-    monkeypatch.setattr(telemetry, "instruments", telemetry.instruments_on(provider.get_meter("t")))
+    monkeypatch.setattr(metrics, "instruments", metrics.instruments_on(provider.get_meter("t")))
     yield found
     provider.shutdown()
 

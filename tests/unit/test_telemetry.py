@@ -22,7 +22,7 @@ from sas.domain.errors import PermanentRemoteError
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest, decode, encode
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.recovery import RetryPolicy
-from sas.services import consequences, telemetry
+from sas.services import consequences, metrics, telemetry
 from sas.services.gauges import QueueGauges
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport, ScriptedRemote
 from tests.instances import agent_runner, instance
@@ -46,7 +46,7 @@ def spans(monkeypatch) -> InMemorySpanExporter:
 def reader(monkeypatch) -> Iterator[InMemoryMetricReader]:
     found = InMemoryMetricReader()
     provider = MeterProvider(metric_readers=[found])
-    monkeypatch.setattr(telemetry, "instruments", telemetry.instruments_on(provider.get_meter("t")))
+    monkeypatch.setattr(metrics, "instruments", metrics.instruments_on(provider.get_meter("t")))
     yield found
     provider.shutdown()
 
@@ -206,14 +206,14 @@ def test_compensation_and_alerts_are_counted(reader):
     )
     scheduler.on_reply(refused)
     assert points(reader, "sas.compensations") == [({"sas.reason": "refused"}, 1)]
-    telemetry.instruments.alerts.add(0)
+    metrics.instruments.alerts.add(0)
     consequences.alert(scheduler.ctx, "o1", "x", clock.now(), alert_id="a1")
     assert points(reader, "sas.alerts") == [({}, 1)]
 
 
 def test_breaker_state_is_observed_from_the_cached_status(reader):
-    telemetry.watch_breaker("unit-payment", lambda: "open")
-    telemetry.watch_breaker("unit-never-read", lambda: None)
+    metrics.watch_breaker("unit-payment", lambda: "open")
+    metrics.watch_breaker("unit-never-read", lambda: None)
     found = {
         a["sas.service"]: v
         for a, v in points(reader, "sas.breaker.state")
@@ -245,7 +245,7 @@ def test_queue_gauges_sample_at_most_once_per_interval_and_only_when_exported(re
     gauges = QueueGauges(depths, ("orders", "replies"), store, _Poison(), clock)  # type: ignore[arg-type]
     assert gauges.maybe_sample() is False  # no SDK installed: no reads
     assert depths.asked == []
-    monkeypatch.setattr(telemetry, "metrics_enabled", lambda: True)
+    monkeypatch.setattr(metrics, "metrics_enabled", lambda: True)
     assert gauges.maybe_sample() is True
     clock.advance(30)
     assert gauges.maybe_sample() is False
