@@ -15,7 +15,7 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from sas import settings as settings_module
-from sas.domain.clock import Clock, SystemClock
+from sas.domain.clock import Clock
 from sas.domain.recovery import RetryPolicy
 from sas.domain.workflow import AGENTS
 from sas.services import metrics, telemetry
@@ -26,7 +26,7 @@ from sas.services.gauges import QueueGauges
 from sas.services.operator import Operator
 from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
 from sas.services.routing import Router
-from sas.services.store_time import StoreClock
+from sas.services.store_time import StoreClock, SystemClock
 
 _lock = threading.RLock()
 _cached: list[Callable[..., Any]] = []

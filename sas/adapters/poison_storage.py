@@ -25,7 +25,7 @@ from functools import partial
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
-from sas.adapters.queue_models import first_calls_alone, sent
+from sas.adapters.storage_queues import first_calls_alone, sent
 from sas.domain.clock import require_utc
 from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.parked import (

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import UTC
+from typing import TypeVar
 
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64EncodePolicy
 
-from sas.adapters.queue_models import first_calls_alone, sent
 from sas.domain.errors import NotFound
 from sas.domain.messages import Message, encode
 from sas.domain.priority import Waiting
@@ -95,3 +96,36 @@ class StorageQueueTransport:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+
+
+# --- the SDK's first calls in a process, one at a time ---------------------------------------
+# azure-storage-queue works out each of its generated model classes' fields on the class's
+# first instance, unguarded: threads that send or receive for the first time in a process at
+# once can read a class another is still filling in (``RuntimeError: dictionary changed size
+# during iteration``, or a half-decoded answer after the message was queued). An operation's
+# calls run under one process-wide lock until one has decoded an answer.
+
+T = TypeVar("T")
+
+_first_calls = threading.Lock()
+_decoded: set[str] = set()
+
+
+def first_calls_alone(
+    operation: str, call: Callable[[], T], *, decoded: Callable[[T], bool] = bool
+) -> T:
+    """``call()``, alone in the process until ``decoded(result)`` held once for ``operation``
+    (an SDK method name). ``decoded``: whether the answer made the SDK build its models (a
+    receive or peek that found nothing built none); by default, a truthy result."""
+    if operation in _decoded:
+        return call()
+    with _first_calls:
+        result = call()
+        if decoded(result):
+            _decoded.add(operation)
+        return result
+
+
+def sent(_: object) -> bool:
+    """A send's answer is always decoded (the new message's id and receipt)."""
+    return True

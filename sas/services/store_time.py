@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from sas.domain.clock import Clock, ClockOffset
+from sas.domain.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -136,3 +138,67 @@ class StoreClock:
                     type(error).__name__,
                     extra={"host": self._host_name, "error": type(error).__name__},
                 )
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+DATE_RESOLUTION = 1.0
+"""Seconds: an HTTP ``Date`` header is the server's time cut to the second."""
+
+
+@dataclass(frozen=True)
+class Offset:
+    """Bounds of (the store's clock - this host's clock), in seconds."""
+
+    low: float
+    high: float
+
+    @property
+    def seconds(self) -> float:
+        return (self.low + self.high) / 2
+
+    @property
+    def error(self) -> float:
+        """How far the true offset may be from ``seconds``."""
+        return (self.high - self.low) / 2
+
+
+class ClockOffset:
+    """This host's clock against the store's, narrowed from the ``Date`` of each response.
+
+    The store stamped a response between the request's sending and its answer, to the second,
+    so each response bounds the offset to an interval about a second and a round trip wide;
+    the intersection of recent intervals narrows it to about a round trip. An empty
+    intersection means a clock moved (stepped or drifted): the estimate starts again from
+    the newest response."""
+
+    KEEP = 64
+    """Responses whose bounds are intersected: recent enough to follow a drifting clock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._bounds: deque[Offset] = deque(maxlen=self.KEEP)
+        self._current: Offset | None = None
+
+    @property
+    def current(self) -> Offset | None:
+        return self._current
+
+    def observe(self, sent: datetime, received: datetime, store_date: datetime) -> Offset:
+        """One response: sent and received by this host's clock, dated by the store's."""
+        bounds = Offset(
+            (store_date - received).total_seconds(),
+            (store_date - sent).total_seconds() + DATE_RESOLUTION,
+        )
+        with self._lock:
+            self._bounds.append(bounds)
+            narrowed = Offset(max(b.low for b in self._bounds), min(b.high for b in self._bounds))
+            if narrowed.low > narrowed.high:
+                self._bounds.clear()
+                self._bounds.append(bounds)
+                narrowed = bounds
+            self._current = narrowed
+        return narrowed

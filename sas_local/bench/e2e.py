@@ -29,7 +29,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
-from sas.adapters.queue_models import first_calls_alone, sent
+from sas.adapters.storage_queues import first_calls_alone, sent
 from sas.domain.wire import live_table_name
 from sas_local.bench import cpu
 from sas_local.stack import LocalStack

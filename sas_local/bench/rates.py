@@ -21,7 +21,7 @@ from azure.core.exceptions import ResourceExistsError
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from azure.storage.queue import QueueClient, QueueServiceClient
 
-from sas.adapters.queue_models import first_calls_alone, sent
+from sas.adapters.storage_queues import first_calls_alone, sent
 
 RATE_TABLE = "benchrates"
 RATE_QUEUE = "bench-rates"

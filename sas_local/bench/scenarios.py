@@ -28,8 +28,8 @@ from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
 from sas import settings as settings_module
-from sas.adapters.queue_models import first_calls_alone
-from sas.adapters.queue_models import sent as always_decoded
+from sas.adapters.storage_queues import first_calls_alone
+from sas.adapters.storage_queues import sent as always_decoded
 from sas_local.bench.e2e import _body, _percentile
 from sas_local.stack import LocalStack
 

@@ -37,7 +37,7 @@ from azure.storage.queue import ExponentialRetry, QueueClient
 from azure.storage.queue import QueueMessage as StorageQueueMessage
 
 from sas.adapters.clients import pooled_session
-from sas.adapters.queue_models import first_calls_alone, sent
+from sas.adapters.storage_queues import first_calls_alone, sent
 from sas.domain.wire import POISON_SUFFIX
 from sas_local.devhost.config import LEASE_SECONDS, POLLING_JITTER, QueueOptions
 from sas_local.devhost.invoke import InvocationContext, arguments, call_sync

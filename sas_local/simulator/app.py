@@ -17,8 +17,9 @@ from fastapi import FastAPI, Header, Path
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
-from sas.domain.clock import Clock, SystemClock
+from sas.domain.clock import Clock
 from sas.domain.wire import STEP_NAME
+from sas.services.store_time import SystemClock
 from sas_local.simulator.books import Books, Entry, Key, ServiceStats
 from sas_local.simulator.faults import FaultConfig, chance, refusal
 

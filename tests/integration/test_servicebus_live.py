@@ -29,9 +29,9 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from sas.adapters.clients import credential
 from sas.adapters.servicebus import ServiceBusTransport
-from sas.domain.clock import SystemClock
 from sas.domain.errors import NotFound
 from sas.domain.messages import ScheduleRequest, encode
+from sas.services.store_time import SystemClock
 from sas.settings import Connection
 
 pytestmark = pytest.mark.integration

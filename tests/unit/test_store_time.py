@@ -10,8 +10,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sas.domain.clock import ClockOffset
-from sas.services.store_time import StoreClock
+from sas.services.store_time import ClockOffset, StoreClock
 from tests.fakes import FakeClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]

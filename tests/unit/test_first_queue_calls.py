@@ -1,4 +1,4 @@
-"""First calls of a Storage Queue operation run one at a time (sas/adapters/queue_models.py)."""
+"""First calls of a Storage Queue operation run one at a time (sas/adapters/storage_queues.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ from itertools import count
 
 import pytest
 
-from sas.adapters import queue_models
-from sas.adapters.queue_models import first_calls_alone
+from sas.adapters.storage_queues import first_calls_alone, sent
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -78,7 +77,7 @@ def test_a_failed_first_call_leaves_the_next_ones_alone_too() -> None:
 
 def test_a_send_counts_as_decoded_whatever_it_returns() -> None:
     name = operation()
-    first_calls_alone(name, lambda: None, decoded=queue_models.sent)
+    first_calls_alone(name, lambda: None, decoded=sent)
     calls = Overlaps([])
     run_together(name, calls)
     assert calls.most > 1
