@@ -18,8 +18,8 @@ from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, encode
 from sas.domain.model import HistoryEntry, OrderState, StepRecord, Versioned
 from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
 from sas.domain.workflow import Workflow, workflow_named
+from sas.services import alerts, telemetry
 from sas.services import consequences as then
-from sas.services import telemetry
 from sas.services.context import Context
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,10 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
         return _drop(ctx, reply, state, verdict)
     now = ctx.clock.now()
     decision = decide_reply(state, reply, instance_id=ctx.instance_id, now=now, workflow=workflow)
-    new = then.with_queue_allowance(ctx, then.claiming_alert(ctx, decision.state), workflow)
+    new = decision.state
+    if new.alert_pending:  # Error: the claim on its alert goes in the same write
+        new = alerts.claiming_alert(ctx, new)
+    new = then.with_queue_allowance(ctx, new, workflow)
     decision = replace(decision, state=new)
     entries = [_reply_history(ctx, reply, state, verdict, decision)]
     if decision.then is Then.DISPATCH:  # the next step claimed in the same write

@@ -24,9 +24,9 @@ from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
 from sas.domain.recovery import Expiry, ExpiryAction, expire
 from sas.domain.transitions import look_again_at
 from sas.domain.workflow import shortest_budget, workflow_named
+from sas.services import alerts, metrics, telemetry
 from sas.services import consequences as then
-from sas.services import metrics, telemetry
-from sas.services.consequences import AlertOutcome
+from sas.services.alerts import AlertOutcome
 from sas.services.context import Context
 from sas.services.ports import StateStore
 
@@ -105,7 +105,7 @@ def _finished(
 ) -> str:
     """Settle the alert an Error still owes, then unindex the order."""
     state = current.value
-    alert = then.settle_alert(ctx, state, current.etag)
+    alert = alerts.settle_alert(ctx, state, current.etag)
     if alert is AlertOutcome.CLAIMED_ELSEWHERE:
         # Stays indexed until the alert is sent: looked at again once the claim lapses.
         lapses = (state.alert_claimed_until or now) + ctx.policy.clock_skew
@@ -132,7 +132,7 @@ def _recover(
 ) -> str:
     state, workflow = current.value, workflow_named(current.value.workflow)
     decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
-    decided = replace(decided, state=then.claiming_alert(ctx, decided.state))
+    decided = replace(decided, state=alerts.claiming_alert(ctx, decided.state))
     step = workflow.step(state.step_index).name
     try:
         etag = ctx.store.update_state(

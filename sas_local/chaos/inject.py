@@ -237,9 +237,9 @@ def _break_alert_lease() -> None:
     """The alert claim's lease is zero and the sender is slow between send and clear, so every
     sweep meanwhile takes the claim over and sends the alert again."""
     from sas import bootstrap
-    from sas.services import consequences
+    from sas.services import alerts
 
-    original_context, original_alert = bootstrap.context, consequences.alert
+    original_context, original_alert = bootstrap.context, alerts.alert
 
     def context() -> Any:
         return replace(original_context(), alert_lease=timedelta(0))
@@ -249,7 +249,7 @@ def _break_alert_lease() -> None:
         time.sleep(3)
 
     setattr(bootstrap, "context", context)  # noqa: B010
-    setattr(consequences, "alert", slow_alert)  # noqa: B010
+    setattr(alerts, "alert", slow_alert)  # noqa: B010
 
 
 _attempt = threading.local()
@@ -297,7 +297,7 @@ def _break_alert_on_processed() -> None:
     """A share of the Processed orders also raise an operator alert."""
     from sas.domain.model import ProcessState
     from sas.domain.wire import alert_message_id
-    from sas.services import consequences
+    from sas.services import alerts, consequences
 
     original = consequences.finished
 
@@ -305,9 +305,7 @@ def _break_alert_on_processed() -> None:
         original(ctx, state, etag)
         if state.process_state is ProcessState.PROCESSED and _picked(state.order_id):
             alert_id = alert_message_id(state.order_id, state.attempt, state.updated_at)
-            consequences.alert(
-                ctx, state.order_id, "broken build", state.updated_at, alert_id=alert_id
-            )
+            alerts.alert(ctx, state.order_id, "broken build", state.updated_at, alert_id=alert_id)
 
     setattr(consequences, "finished", finished)  # noqa: B010
 

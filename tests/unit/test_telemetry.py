@@ -22,7 +22,7 @@ from sas.domain.errors import PermanentRemoteError
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest, decode, encode
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.recovery import RetryPolicy
-from sas.services import consequences, metrics, telemetry
+from sas.services import alerts, metrics, telemetry
 from sas.services.gauges import QueueGauges
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport, ScriptedRemote
 from tests.instances import agent_runner, instance
@@ -207,7 +207,7 @@ def test_compensation_and_alerts_are_counted(reader):
     scheduler.on_reply(refused)
     assert points(reader, "sas.compensations") == [({"sas.reason": "refused"}, 1)]
     metrics.instruments.alerts.add(0)
-    consequences.alert(scheduler.ctx, "o1", "x", clock.now(), alert_id="a1")
+    alerts.alert(scheduler.ctx, "o1", "x", clock.now(), alert_id="a1")
     assert points(reader, "sas.alerts") == [({}, 1)]
 
 
