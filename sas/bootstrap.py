@@ -15,9 +15,9 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 
 from sas import settings as settings_module
+from sas.declared import registry
 from sas.domain.clock import Clock
 from sas.domain.recovery import RetryPolicy
-from sas.domain.workflow import AGENTS
 from sas.services import metrics, telemetry
 from sas.services.backlog import Backlog
 from sas.services.breaker import BreakerStore, CircuitBreaker
@@ -27,6 +27,7 @@ from sas.services.operator import Operator
 from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
 from sas.services.routing import Router
 from sas.services.store_time import StoreClock, SystemClock
+from sas.settings import AGENTS
 
 _lock = threading.RLock()
 _cached: list[Callable[..., Any]] = []
@@ -186,6 +187,7 @@ def context() -> Context:
         clock=clock(),
         routes=routes(),
         instance_id=s.instance_id,
+        workflows=registry(),
         policy=RetryPolicy(
             max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
         ),

@@ -18,6 +18,7 @@ from datetime import timedelta
 from typing import Literal, TypedDict
 from urllib.parse import urlparse
 
+from sas.declared import registry
 from sas.domain.endpoints import Endpoint, single_endpoint
 from sas.domain.errors import ConfigurationError
 from sas.domain.priority import AdmissionPolicy
@@ -34,7 +35,6 @@ from sas.domain.wire import (
     lane_setting,
     live_table_name,
 )
-from sas.domain.workflow import AGENTS
 
 TransportKind = Literal["servicebus", "storage"]
 """Which queue service carries the messages (a value; SAS_TRANSPORT is the key that picks it)."""
@@ -55,6 +55,8 @@ QUEUE_ALERTS = "SAS_QUEUE_ALERTS"
 LOW_PRIORITY_BACKLOG = "SAS_LOW_PRIORITY_BACKLOG_SECONDS"
 LOW_PRIORITY_MAX_DEFERRAL = "SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS"
 MAX_ENDPOINTS = 8
+AGENTS: tuple[str, ...] = registry().agents
+"""The agents the declared workflows name (sas/declared.py): each has its queue and service."""
 
 
 def agent_queue_setting(agent: str) -> str:

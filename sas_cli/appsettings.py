@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sas import settings as app_settings
-from sas.domain.workflow import AGENTS
+from sas.settings import AGENTS
 
 LOCAL_RUN_SETTINGS = Path(".sas-run") / "local.settings.json"
 

@@ -39,15 +39,15 @@ from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import InvalidMessage
-from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StatusEvent, decode
+from sas.domain.messages import OrderSubmitted, StatusEvent, decode
 from sas.domain.model import ProcessState
 from sas.domain.wire import Priority, submission_message_id
-from sas.domain.workflow import ORDER_WORKFLOW
 from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
 from sas_local.devhost.worker import PRELOAD_ENV
 from sas_local.ledger import LedgerReport, check_effects, configure_faults, fetch_ledger
 from sas_local.span_capture import CAPTURE_DIR_ENV, read_spans
 from sas_local.stack import LocalStack
+from workflows.order import ORDER_WORKFLOW, OrderDetails, OrderLine
 
 STATUS_QUEUE = "status-demo"
 FINAL_STATUSES = frozenset({"completed", "compensated", "failed", "rejected"})
@@ -95,7 +95,7 @@ def demo_order(index: int, run_id: str, reply_to: str = STATUS_QUEUE) -> OrderSu
             lines=[
                 OrderLine(sku=f"sku-{index % 5}", quantity=1 + index % 3, unit_price_cents=1999)
             ],
-        ),
+        ).model_dump(mode="json"),
         reply_to=reply_to,
     )
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from sas import settings as settings_module
 from sas.domain.wire import PRIORITIES, lane_function_name
-from sas.domain.workflow import AGENTS
+from sas.settings import AGENTS
 from sas_local.azurite import Azurite, free_port
 from sas_local.processes import REPO_ROOT, DevHost, ManagedProcess, start_devhost, start_process
 from sas_local.provision import provision

@@ -22,12 +22,12 @@ from sas.domain.model import OrderState
 from sas.domain.priority import Waiting
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import live_table_name
-from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.context import Agents, Routes
 from sas.services.operator import Operator
 from sas.services.routing import Router
 from tests.fakes import FakeClock
 from tests.instances import AgentOf, Instance, instance
+from workflows.order import ORDER_WORKFLOW
 
 BUDGET = ORDER_WORKFLOW.steps[0].budget.total_seconds()
 """A step's complete-by budget in the order workflow, in seconds."""

@@ -5,16 +5,53 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from sas.domain.clock import Clock
 from sas.domain.messages import OrderSubmitted, ScheduleRequest, StepReply, StepRequest
+from sas.domain.workflow import Registry, Workflow
 from sas.services import agent, scheduler, submission, supervisor
 from sas.services.agent import AgentOutcome
 from sas.services.context import Agents, Context, Routes
 from sas.services.ports import StateStore, Transport
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.services.submission import SubmissionOutcome
+from workflows.order import ORDER_WORKFLOW
+
+WORKFLOWS: dict[str, Workflow] = {ORDER_WORKFLOW.name: ORDER_WORKFLOW}
+"""What the tests' instances run: the order, and whatever a test adds (monkeypatch.setitem)."""
+
+
+class TestWorkflows(Registry):
+    """A registry of ``WORKFLOWS`` as they are at each use."""
+
+    def __init__(self) -> None:
+        super().__init__(workflows=(ORDER_WORKFLOW,))
+
+    def _now(self) -> Registry:
+        return Registry(workflows=tuple(WORKFLOWS.values()))
+
+    def named(self, name: str) -> Workflow:
+        return self._now().named(name)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._now()
+
+    @property
+    def agents(self) -> tuple[str, ...]:
+        return self._now().agents
+
+    @property
+    def longest_step_budget(self) -> timedelta:
+        return self._now().longest_step_budget
+
+    @property
+    def shortest_budget(self) -> timedelta:
+        return self._now().shortest_budget
+
+
+TEST_WORKFLOWS = TestWorkflows()
 
 
 @dataclass(frozen=True)
@@ -49,6 +86,7 @@ def instance(
     instance_id: str = "instance-1",
     **context: Any,
 ) -> Instance:
+    context.setdefault("workflows", TEST_WORKFLOWS)
     return Instance(Context(store, transport, clock, routes, instance_id, **context))
 
 

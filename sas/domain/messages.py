@@ -23,8 +23,6 @@ from pydantic import (
 
 from sas.domain.errors import InvalidMessage
 from sas.domain.wire import (
-    BUSINESS_ID,
-    CURRENCY,
     ENDPOINT_NAME,
     IDEMPOTENCY_KEY,
     MAX_ATTEMPT,
@@ -57,8 +55,6 @@ OrderId = Annotated[str, StringConstraints(pattern=ORDER_ID.python)]
 QueueName = Annotated[str, StringConstraints(pattern=QUEUE_NAME.python)]
 StepName = Annotated[str, StringConstraints(pattern=STEP_NAME.python)]
 EndpointName = Annotated[str, StringConstraints(pattern=ENDPOINT_NAME.python)]
-BusinessId = Annotated[str, StringConstraints(pattern=BUSINESS_ID.python)]
-ShortText = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
 
 class TraceContext(BaseModel):
@@ -92,34 +88,14 @@ class Message(BaseModel):
     when there is none (and in messages sent before it existed)."""
 
 
-class OrderLine(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
-
-    sku: Annotated[BusinessId, StringConstraints(max_length=40)]
-    quantity: int = Field(ge=1, le=10_000)
-    unit_price_cents: int = Field(ge=0, le=100_000_000)
-
-
-class OrderDetails(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
-
-    customer_id: BusinessId
-    currency: Annotated[str, StringConstraints(pattern=CURRENCY.python)]
-    lines: list[OrderLine] = Field(min_length=1, max_length=100)
-    address: ShortText
-
-    @property
-    def total_cents(self) -> int:
-        return sum(line.quantity * line.unit_price_cents for line in self.lines)
-
-
 class OrderSubmitted(Message):
     """The application's order, posted to the orders queue."""
 
     type: Literal["OrderSubmitted"] = "OrderSubmitted"
     order_id: OrderId
     workflow: StepName = "order"
-    details: OrderDetails
+    details: dict[str, Any]
+    """The workflow's input, checked against its schema (``Workflow.input``) on submission."""
     reply_to: QueueName | None = None
     """The submitter's private status queue, for StatusEvents."""
     status_events: StatusLevel = "outcome"

@@ -52,13 +52,8 @@ ORDER_ID = NameRule("order id", r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 """Safe as a Table PartitionKey and inside message ids: no '/', '\\', '#', '?', ':' or control
 characters, at most 64 characters."""
 
-BUSINESS_ID = NameRule("business id", r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
-"""Customer ids and SKUs in an order: the same safe alphabet as order ids."""
-
 STEP_NAME = NameRule("step name", r"[a-z][a-z0-9]{1,30}")
 """Workflow, step, agent and action names: they become setting keys and URL path segments."""
-
-CURRENCY = NameRule("currency code", r"[A-Z]{3}")
 
 IDEMPOTENCY_KEY = NameRule(
     "idempotency key", rf"(?:{ORDER_ID.body}):(?:{STEP_NAME.body})(?::undo)?"

@@ -1,13 +1,17 @@
 """Workflows are data: an ordered list of steps, each naming its agent and its budget.
 
-The Scheduler drives a workflow definition; it knows nothing of the business operations.
+The Scheduler drives a workflow definition; it knows nothing of the business operations. An
+application declares its workflows in a ``Registry`` (the repository's ``workflows/`` package).
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
+
+from pydantic import BaseModel, ValidationError
 
 from sas.domain.wire import STEP_NAME
 
@@ -41,13 +45,32 @@ class Workflow:
     """How long a Pending record may wait for a Scheduler before the Supervisor acts."""
     on_failure: Literal["compensate", "error"] = "compensate"
     """When a step fails for good: undo the completed steps, or stop in Error for an operator."""
+    input: type[BaseModel] | None = None
+    """The schema of the workflow's input (an order's ``details``); None: any JSON object."""
 
     def __post_init__(self) -> None:
+        if not STEP_NAME.matches(self.name):
+            raise ValueError(f"workflow name {self.name!r} must match {STEP_NAME.body}")
         if not self.steps:
             raise ValueError(f"workflow {self.name!r} has no steps")
         names = [step.name for step in self.steps]
         if len(set(names)) != len(names):
             raise ValueError(f"workflow {self.name!r} repeats a step name")
+
+    def parse_input(self, details: dict[str, Any]) -> dict[str, Any]:
+        """``details`` as the input schema reads it (JSON data); ValueError naming what is wrong,
+        never echoing a value."""
+        if self.input is None:
+            return details
+        try:
+            parsed = self.input.model_validate_json(json.dumps(details))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<details>'}: {err['msg']}"
+                for err in exc.errors(include_input=False, include_url=False)[:5]
+            )
+            raise ValueError(f"invalid details: {problems}") from None
+        return parsed.model_dump(mode="json")
 
     def step(self, index: int) -> StepDefinition:
         if not 0 <= index < len(self.steps):
@@ -75,37 +98,40 @@ class Workflow:
         return min(self.pickup_budget, *(step.budget for step in self.steps))
 
 
-_BUDGET = timedelta(seconds=15)
+@dataclass(frozen=True)
+class Registry:
+    """Every workflow an application runs, by name, and what follows from them."""
 
-ORDER_WORKFLOW = Workflow(
-    name="order",
-    steps=(
-        StepDefinition("reserve", "inventory", action="reserve", budget=_BUDGET, undo="release"),
-        StepDefinition("charge", "payment", action="charge", budget=_BUDGET, undo="refund"),
-        StepDefinition("ship", "shipping", action="ship", budget=_BUDGET, undo="cancel"),
-    ),
-    pickup_budget=timedelta(seconds=60),
-)
+    workflows: tuple[Workflow, ...]
 
-WORKFLOWS: dict[str, Workflow] = {ORDER_WORKFLOW.name: ORDER_WORKFLOW}
-AGENTS: tuple[str, ...] = tuple(
-    dict.fromkeys(agent for workflow in WORKFLOWS.values() for agent in workflow.agents)
-)
+    def __post_init__(self) -> None:
+        if not self.workflows:
+            raise ValueError("no workflow declared")
+        names = [workflow.name for workflow in self.workflows]
+        if len(set(names)) != len(names):
+            raise ValueError("two workflows share a name")
 
+    def named(self, name: str) -> Workflow:
+        for workflow in self.workflows:
+            if workflow.name == name:
+                return workflow
+        raise ValueError(f"unknown workflow {name!r}")
 
-def longest_step_budget() -> timedelta:
-    """No attempt of any step may take longer: an agent never works past it, whatever
-    deadline a (forged or corrupted) request names."""
-    return max(workflow.longest_budget for workflow in WORKFLOWS.values())
+    def __contains__(self, name: object) -> bool:
+        return any(workflow.name == name for workflow in self.workflows)
 
+    @property
+    def agents(self) -> tuple[str, ...]:
+        """Every agent a step names, in the order first named."""
+        return tuple(dict.fromkeys(a for workflow in self.workflows for a in workflow.agents))
 
-def shortest_budget() -> timedelta:
-    """No transition of any workflow sets a deadline nearer than this to its own time."""
-    return min(workflow.shortest_budget for workflow in WORKFLOWS.values())
+    @property
+    def longest_step_budget(self) -> timedelta:
+        """No attempt of any step may take longer: an agent never works past it, whatever
+        deadline a (forged or corrupted) request names."""
+        return max(workflow.longest_budget for workflow in self.workflows)
 
-
-def workflow_named(name: str) -> Workflow:
-    try:
-        return WORKFLOWS[name]
-    except KeyError:
-        raise ValueError(f"unknown workflow {name!r}") from None
+    @property
+    def shortest_budget(self) -> timedelta:
+        """No transition of any workflow sets a deadline nearer than this to its own time."""
+        return min(workflow.shortest_budget for workflow in self.workflows)

@@ -16,12 +16,12 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from sas import bootstrap
+from sas.declared import registry
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMessage, NotFound
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
 from sas.domain.wire import ORDER_ID, Priority
-from sas.domain.workflow import workflow_named
 from sas.entrypoints import dashboard
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
@@ -91,7 +91,7 @@ class StateView(BaseModel):
             workflow=state.workflow,
             process_state=state.process_state.value,
             step_index=state.step_index,
-            step=workflow_named(state.workflow).step(state.step_index).name,
+            step=registry().named(state.workflow).step(state.step_index).name,
             mode=state.mode,
             attempt=state.attempt,
             failure_count=state.failure_count,

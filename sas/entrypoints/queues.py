@@ -30,9 +30,9 @@ from sas.domain.messages import (
     decode,
 )
 from sas.domain.wire import PRIORITIES, lane_function_name, lane_setting
-from sas.domain.workflow import AGENTS
 from sas.entrypoints.triggers import TRANSPORT_IN_USE, queue_trigger
 from sas.services import agent, scheduler, submission, telemetry
+from sas.settings import AGENTS
 
 if TYPE_CHECKING:
     QueueMessage = func.QueueMessage | func.ServiceBusMessage

@@ -28,7 +28,6 @@ from sas.domain.endpoints import Endpoint
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, result_problem
 from sas.domain.wire import step_reply_message_id
-from sas.domain.workflow import longest_step_budget
 from sas.services import metrics, telemetry
 from sas.services.context import Agents, Context
 
@@ -108,7 +107,9 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
     if now >= request.complete_by:
         log.info("sas.step_request_expired", extra=extra)
         return AgentOutcome.EXPIRED
-    deadline = min(request.complete_by, now + longest_step_budget()) - ctx.agents.safety_margin
+    deadline = (
+        min(request.complete_by, now + ctx.workflows.longest_step_budget) - ctx.agents.safety_margin
+    )
     attempt = _Attempt(agent, request, deadline)
     try:
         result = _call_with_retries(ctx, ctx.agents, attempt)

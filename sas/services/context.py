@@ -15,6 +15,7 @@ from sas.domain.endpoints import Endpoint
 from sas.domain.priority import AdmissionPolicy
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import DEFAULT_PRIORITY, DEFAULT_REPLY_TO_PREFIXES, PRIORITIES, Priority
+from sas.domain.workflow import Registry
 from sas.services.backlog import Backlog
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, StateStore, Transport
@@ -92,6 +93,8 @@ class Context:
     routes: Routes
     instance_id: str
     """Who writes: the ``LockedBy`` of its claims and the actor of its history rows."""
+    workflows: Registry
+    """The application's workflows (sas/declared.py)."""
     policy: RetryPolicy = field(default_factory=RetryPolicy)
     backlog: Backlog | None = None
     """Peeks at the queues: a claimed step's deadline covers the wait its request can expect in

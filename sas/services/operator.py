@@ -22,7 +22,6 @@ from sas.domain.parked import (
 from sas.domain.recovery import resubmit
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import Priority, submission_message_id
-from sas.domain.workflow import workflow_named
 from sas.services import consequences as then
 from sas.services.context import Context
 from sas.services.ports import PoisonStore
@@ -177,7 +176,7 @@ class Operator:
         if current is None:
             raise NotFound(f"order {order_id} not found")
         now = self._clock.now()
-        workflow = workflow_named(current.value.workflow)
+        workflow = self._ctx.workflows.named(current.value.workflow)
         again = resubmit(current.value, now=now, workflow=workflow)
         due = look_again_at(again, now=now, workflow=workflow)
         self._store.touch_live(order_id, now, due)  # indexed before it is live again

@@ -17,7 +17,7 @@ from sas.domain.errors import ConcurrencyConflict, IllegalTransition
 from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, encode
 from sas.domain.model import HistoryEntry, OrderState, StepRecord, Versioned
 from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
-from sas.domain.workflow import Workflow, workflow_named
+from sas.domain.workflow import Workflow
 from sas.services import alerts, telemetry
 from sas.services import consequences as then
 from sas.services.context import Context
@@ -68,7 +68,11 @@ def _schedule(
         _park(ctx, ctx.routes.scheduler, "schedule request for an unknown order", request)
         log.warning("sas.schedule_unknown_order", extra=extra)
         return ScheduleOutcome.UNKNOWN_ORDER
-    state, workflow, now = current.value, workflow_named(current.value.workflow), ctx.clock.now()
+    state, workflow, now = (
+        current.value,
+        ctx.workflows.named(current.value.workflow),
+        ctx.clock.now(),
+    )
     try:
         claimed = claim(state, instance_id=ctx.instance_id, now=now, workflow=workflow)
     except NotYet:
@@ -129,7 +133,7 @@ def _on_reply(ctx: Context, reply: StepReply) -> ReplyOutcome:
 
 
 def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> ReplyOutcome:
-    state, workflow = current.value, workflow_named(current.value.workflow)
+    state, workflow = current.value, ctx.workflows.named(current.value.workflow)
     verdict = fence(
         state,
         workflow,

@@ -18,7 +18,7 @@ from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
 from sas.domain.priority import Waiting
 from sas.domain.transitions import claim, initial_state, look_again_at
 from sas.domain.wire import POISON_SUFFIX, deferred_submission_message_id
-from sas.domain.workflow import WORKFLOWS, Workflow
+from sas.domain.workflow import Workflow
 from sas.services import consequences as then
 from sas.services import telemetry
 from sas.services.context import Context
@@ -37,8 +37,12 @@ class SubmissionOutcome(StrEnum):
 def check(ctx: Context, message: OrderSubmitted) -> None:
     """InvalidMessage (with a reason for the submitter) if the order can't be accepted as it
     stands, whatever the store holds: checked before anything is written."""
-    if message.workflow not in WORKFLOWS:
+    if message.workflow not in ctx.workflows:
         raise InvalidMessage(f"unknown workflow {message.workflow!r}")
+    try:
+        ctx.workflows.named(message.workflow).parse_input(message.details)
+    except ValueError as exc:
+        raise InvalidMessage(str(exc)) from None
     reply_to = message.reply_to
     if reply_to is None:
         return
@@ -65,7 +69,7 @@ def submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
 
 def _submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
     check(ctx, message)
-    workflow = WORKFLOWS[message.workflow]
+    workflow = ctx.workflows.named(message.workflow)
     now = ctx.clock.now()
     if message.priority == "low":
         delay = ctx.admission.deferral(
@@ -102,7 +106,7 @@ def _accepted(
     ctx: Context, message: OrderSubmitted, workflow: Workflow, now: datetime
 ) -> tuple[OrderRecord, OrderState]:
     """The order as it will be kept, and its state with the first step claimed."""
-    details = message.details.model_dump(mode="json")
+    details = workflow.parse_input(message.details)
     order = OrderRecord(
         order_id=message.order_id,
         workflow=workflow.name,
@@ -166,7 +170,7 @@ def _redelivered(ctx: Context, order: OrderRecord, message: OrderSubmitted) -> S
     if current is not None:
         # This delivery's index touch moved the marker's due time to its own clock; put it
         # back where the existing order needs it (never after its deadline).
-        workflow = WORKFLOWS[current.value.workflow]
+        workflow = ctx.workflows.named(current.value.workflow)
         now = ctx.clock.now()
         due = look_again_at(current.value, now=now, workflow=workflow)
         ctx.store.touch_live(order.order_id, now, due)
@@ -184,7 +188,7 @@ def _redelivered(ctx: Context, order: OrderRecord, message: OrderSubmitted) -> S
         return SubmissionOutcome.CONFLICT
     log.info("sas.order_duplicate", extra=extra)
     if current is not None:
-        _resume(ctx, current.value, WORKFLOWS[order.workflow])
+        _resume(ctx, current.value, ctx.workflows.named(order.workflow))
     return SubmissionOutcome.DUPLICATE
 
 

@@ -23,7 +23,6 @@ from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
 from sas.domain.recovery import Expiry, ExpiryAction, expire
 from sas.domain.transitions import look_again_at
-from sas.domain.workflow import shortest_budget, workflow_named
 from sas.services import alerts, metrics, telemetry
 from sas.services import consequences as then
 from sas.services.alerts import AlertOutcome
@@ -75,7 +74,7 @@ def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites) -> str:
     with telemetry.order_span(
         telemetry.RECOVER,
         state.order_id,
-        step=workflow_named(state.workflow).step(state.step_index).name,
+        step=ctx.workflows.named(state.workflow).step(state.step_index).name,
         attempt=state.attempt,
         mode=state.mode,
         priority=state.priority,
@@ -92,7 +91,9 @@ def _orphan(ctx: Context, marker: LiveMarker, markers: MarkerWrites, now: dateti
     order's first deadline is no further away than this), and dropped after it."""
     if now - marker.touched_at > ORPHAN_GRACE and ctx.store.drop_live(marker):
         return "orphan_dropped"
-    markers.rearm(marker, min(marker.touched_at + ORPHAN_GRACE, now + shortest_budget()))
+    markers.rearm(
+        marker, min(marker.touched_at + ORPHAN_GRACE, now + ctx.workflows.shortest_budget)
+    )
     return "orphan_waiting"
 
 
@@ -116,7 +117,7 @@ def _finished(
 
 
 def _next_look(ctx: Context, state: OrderState, now: datetime) -> datetime:
-    due = look_again_at(state, now=now, workflow=workflow_named(state.workflow))
+    due = look_again_at(state, now=now, workflow=ctx.workflows.named(state.workflow))
     if due <= now and state.complete_by is not None:
         # Within the skew allowance of its deadline: judged expired only this much later.
         return state.complete_by + ctx.policy.clock_skew
@@ -130,7 +131,7 @@ def _recover(
     markers: MarkerWrites,
     now: datetime,
 ) -> str:
-    state, workflow = current.value, workflow_named(current.value.workflow)
+    state, workflow = current.value, ctx.workflows.named(current.value.workflow)
     decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
     decided = replace(decided, state=alerts.claiming_alert(ctx, decided.state))
     step = workflow.step(state.step_index).name
@@ -173,7 +174,7 @@ def _expiry_history(
         at=now,
         kind=f"expired_{decided.action}",
         attempt=state.attempt,
-        step=workflow_named(state.workflow).step(state.step_index).name,
+        step=ctx.workflows.named(state.workflow).step(state.step_index).name,
         mode=state.mode,
         actor=ctx.instance_id,
         detail=detail,

@@ -24,9 +24,9 @@ from sas import bootstrap
 from sas import settings as settings_module
 from sas.domain.model import HistoryEntry, OrderRecord, ProcessState
 from sas.domain.transitions import initial_state
-from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services import supervisor as supervising
 from sas_local.stack import app_env
+from workflows.order import ORDER_WORKFLOW
 
 RUNS_NOT_DUE = 25
 RUNS_ALL_DUE = 3

@@ -14,10 +14,10 @@ import pytest
 from sas import settings
 from sas.domain import wire
 from sas.domain.model import TERMINAL_STATES
-from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.context import ALERT_LEASE
 from sas_local import stack
 from sas_local.chaos.checker import Design
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.unit
 

@@ -89,9 +89,11 @@ APP_ASSETS = (".py", ".html", ".js", ".css")
 
 
 def expected_package(files: Iterable[str]) -> set[str]:
-    """What the package must hold, exactly: the entry point, host.json, requirements.txt
-    and the sas package's modules and assets."""
-    return set(APP_FILES) | {p for p in files if p.startswith("sas/") and p.endswith(APP_ASSETS)}
+    """What the package must hold, exactly: the entry point, host.json, requirements.txt,
+    the sas package's modules and assets, and the application's workflows."""
+    return set(APP_FILES) | {
+        p for p in files if p.startswith(("sas/", "workflows/")) and p.endswith(APP_ASSETS)
+    }
 
 
 def copy_files(files: Iterable[str], source: Path, target: Path) -> None:

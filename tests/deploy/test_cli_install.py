@@ -16,7 +16,7 @@ from azure.data.tables import TableServiceClient
 
 from sas import settings as app_settings
 from sas.adapters.clients import queue_service_client
-from sas.domain.workflow import AGENTS
+from sas.settings import AGENTS
 from sas_local.azurite import Azurite
 from sas_local.provision import provision
 from tests.deploy.packaging import ROOT, pip_install, python311

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sas import settings
-from sas.domain.workflow import AGENTS
+from sas.settings import AGENTS
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 

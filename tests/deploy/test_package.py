@@ -1,8 +1,9 @@
 """The deployment package holds the app and nothing else, even from a cluttered checkout.
 
 The package is built as azd and Core Tools build it: the project directory minus what
-`.funcignore` denies. It must hold exactly function_app.py, host.json, requirements.txt and
-the sas package's modules: no local tooling, CLI, tests, docs, infra, caches, venvs, settings.
+`.funcignore` denies. It must hold exactly function_app.py, host.json, requirements.txt, the
+sas package's modules and the app's workflows/: no local tooling, CLI, tests, docs, infra,
+caches, venvs, settings.
 """
 
 from __future__ import annotations

@@ -22,12 +22,12 @@ from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import StatusEvent, StepReply, decode
 from sas.domain.model import ProcessState
 from sas.domain.parked import ParkedMessage
-from sas.domain.workflow import ORDER_WORKFLOW
 from sas.settings import QUEUE_ORDERS, QUEUE_REPLIES
 from sas_local.demo import demo_order
 from sas_local.ledger import check_effects, fetch_ledger
 from sas_local.processes import wait_until
 from sas_local.stack import LocalStack
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.e2e
 

@@ -24,12 +24,18 @@ from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
 from sas.domain.priority import Waiting
 from sas.domain.wire import Priority
-from sas.domain.workflow import AGENTS, ORDER_WORKFLOW
-from sas.settings import LOW_PRIORITY_BACKLOG, QUEUE_ORDERS, QUEUE_REPLIES, agent_queue_setting
+from sas.settings import (
+    AGENTS,
+    LOW_PRIORITY_BACKLOG,
+    QUEUE_ORDERS,
+    QUEUE_REPLIES,
+    agent_queue_setting,
+)
 from sas_local.demo import demo_order
 from sas_local.ledger import check_effects, configure_faults, fetch_ledger
 from sas_local.processes import wait_until
 from sas_local.stack import LocalStack
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.e2e
 

@@ -6,8 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from sas.domain.workflow import WORKFLOWS, StepDefinition, Workflow
+from sas.domain.workflow import StepDefinition, Workflow
 from tests.harness import BUDGET, World
+from tests.instances import WORKFLOWS
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from sas.domain.messages import (
     decode,
 )
 from sas.domain.wire import PRIORITIES, REJECTED_PARTITION, lane_function_name
-from sas.domain.workflow import AGENTS
+from sas.settings import AGENTS
 from tests.unit.test_fuzz_parsers import bodies
 
 pytestmark = pytest.mark.integration

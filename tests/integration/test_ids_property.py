@@ -32,6 +32,7 @@ from pydantic import ValidationError
 from sas.adapters.servicebus import ServiceBusTransport
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.table_store import TableStateStore
+from sas.declared import registry
 from sas.domain.errors import AlreadyExists, InvalidMessage
 from sas.domain.messages import (
     Message,
@@ -58,11 +59,11 @@ from sas.domain.wire import (
     step_request_message_id,
     submission_message_id,
 )
-from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS
 from tests.conftest import unique_queue
 from tests.fakes import FakeClock
 from tests.harness import store_on
 from tests.integration.test_fuzz_functions import rows, user_function
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.integration
 
@@ -168,7 +169,7 @@ def messages_about(order_id: str, now: datetime) -> Iterator[tuple[Message, str]
     yield schedule, schedule_message_id(order_id, now)
     yield schedule, schedule_wakeup_message_id(order_id, now, now + timedelta(days=400))
     attempt = 10**6  # far more attempts than any order will ever take
-    for workflow in WORKFLOWS.values():
+    for workflow in registry().workflows:
         for index, step in enumerate(workflow.steps):
             modes: tuple[tuple[Mode, str | None], ...] = (("do", step.action), ("undo", step.undo))
             for mode, action in modes:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted
+from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
 from sas.domain.priority import AdmissionPolicy, Waiting
 from sas.domain.wire import PRIORITIES, Priority, lane_queue_name
@@ -17,6 +17,7 @@ from sas.services.context import Routes
 from sas.services.submission import SubmissionOutcome
 from tests.harness import World, permanent
 from tests.instances import instance
+from workflows.order import OrderDetails, OrderLine
 
 pytestmark = pytest.mark.integration
 
@@ -48,7 +49,7 @@ def order(order_id: str, priority: Priority = "normal") -> OrderSubmitted:
             currency="EUR",
             address="1 Lane Street",
             lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
-        ),
+        ).model_dump(mode="json"),
         priority=priority,
     )
 

@@ -12,12 +12,12 @@ from sas.domain.errors import ConcurrencyConflict
 from sas.domain.messages import ScheduleRequest, StepRequest
 from sas.domain.model import ProcessState
 from sas.domain.transitions import initial_state
-from sas.domain.workflow import ORDER_WORKFLOW
 from sas.services.context import ALERT_LEASE
 from sas.services.operator import Operator
 from sas.services.scheduler import ScheduleOutcome
 from tests.harness import BUDGET, World, live_table_of, permanent
 from tests.integration.test_failure_modes import order
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.integration
 

@@ -14,13 +14,14 @@ import pytest
 from sas.adapters.load_table import TableLoadStore
 from sas.domain.endpoints import Endpoint, single_endpoint
 from sas.domain.errors import TransientRemoteError
-from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, StepReply, StepRequest
+from sas.domain.messages import OrderSubmitted, StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.services.agent import AgentOutcome
 from sas.services.routing import Router
 from tests.fakes import FakeClock
 from tests.harness import LedgerRemote, World, live_table_of
 from tests.instances import agent_runner
+from workflows.order import OrderDetails, OrderLine
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +81,7 @@ def order(order_id: str) -> OrderSubmitted:
             currency="EUR",
             address="1 Route Road",
             lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
-        ),
+        ).model_dump(mode="json"),
     )
 
 

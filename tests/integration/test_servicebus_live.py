@@ -187,11 +187,11 @@ def test_a_high_priority_step_request_travels_on_the_high_lane(
     from sas.domain.messages import StepRequest, decode
     from sas.domain.model import OrderState, ProcessState
     from sas.domain.wire import PRIORITIES, lane_queue_name
-    from sas.domain.workflow import ORDER_WORKFLOW
     from sas.services.consequences import dispatch
     from sas.services.context import Routes
     from tests.fakes import InMemoryStore
     from tests.instances import instance
+    from workflows.order import ORDER_WORKFLOW
 
     order_id = new_order_id()
     lanes = {p: lane_queue_name(queue, p) for p in PRIORITIES}

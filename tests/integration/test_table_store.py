@@ -19,8 +19,8 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.transitions import claim, initial_state
-from sas.domain.workflow import ORDER_WORKFLOW
 from tests.harness import store_on
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.integration
 

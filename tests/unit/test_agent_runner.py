@@ -4,11 +4,10 @@ import pytest
 
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, decode, encode
-from sas.domain.workflow import longest_step_budget
 from sas.services.agent import AgentOutcome
 from sas.services.context import Routes
 from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
-from tests.instances import AgentOf, agent_runner
+from tests.instances import TEST_WORKFLOWS, AgentOf, agent_runner
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -156,4 +155,4 @@ def test_a_deadline_far_in_the_future_is_capped_at_the_longest_step_budget():
     far = request(clock).model_copy(update={"complete_by": started + timedelta(days=365 * 900)})
     remote = ScriptedRemote([TransientRemoteError("503")] * 10_000)
     assert runner(remote, transport, clock).handle(far) is AgentOutcome.GAVE_UP
-    assert clock.now() - started <= longest_step_budget()
+    assert clock.now() - started <= TEST_WORKFLOWS.longest_step_budget

@@ -27,8 +27,9 @@ from pycep import BicepParser
 from pycep.models import BicepElement
 
 from sas import settings
+from sas.declared import registry
 from sas.domain import wire
-from sas.domain.workflow import AGENTS, WORKFLOWS
+from sas.settings import AGENTS
 
 pytestmark = pytest.mark.unit
 
@@ -502,8 +503,8 @@ def test_service_bus_queues_dead_letter_deduplicate_and_lock_long_enough() -> No
     [queues] = resources_of_type(parsed, "Microsoft.ServiceBus/namespaces/queues").values()
     properties = body(queues)["properties"]
     main = bicep("main.bicep")
-    longest_budget = max(w.longest_budget for w in WORKFLOWS.values())
-    pickup_budget = max(w.pickup_budget for w in WORKFLOWS.values())
+    longest_budget = max(w.longest_budget for w in registry().workflows)
+    pickup_budget = max(w.pickup_budget for w in registry().workflows)
 
     assert properties["deadLetteringOnMessageExpiration"] is True
     assert properties["requiresDuplicateDetection"] is True
@@ -1041,7 +1042,7 @@ BUDGET_MENTION = re.compile(r"(complete-by|pickup)? ?budgets?\b[^()\n]{0,60}\((\
 def test_service_bus_send_timeout_is_below_the_shortest_step_budget() -> None:
     from sas.adapters import servicebus
 
-    shortest = min(step.budget for w in WORKFLOWS.values() for step in w.steps)
+    shortest = min(step.budget for w in registry().workflows for step in w.steps)
     default = inspect.signature(servicebus.ServiceBusTransport).parameters["send_timeout"].default
 
     assert shortest.total_seconds() > servicebus.DEFAULT_SEND_TIMEOUT
@@ -1049,8 +1050,8 @@ def test_service_bus_send_timeout_is_below_the_shortest_step_budget() -> None:
 
 
 def test_infra_comments_state_the_budgets_of_the_code() -> None:
-    step_budgets = {step.budget for w in WORKFLOWS.values() for step in w.steps}
-    pickup_budgets = {w.pickup_budget for w in WORKFLOWS.values()}
+    step_budgets = {step.budget for w in registry().workflows for step in w.steps}
+    pickup_budgets = {w.pickup_budget for w in registry().workflows}
     texts = all_infra_text() + "\n" + (INFRA / "README.md").read_text()
 
     mentions = BUDGET_MENTION.findall(texts)

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from sas.domain.model import ProcessState
-from sas.domain.workflow import ORDER_WORKFLOW
 from sas_local.ledger import check_effects, configure_faults, fetch_ledger
 from tests.unit.test_simulator import Sim, make_sim
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.unit
 

@@ -13,6 +13,7 @@ from sas.domain.messages import (
     decode,
     encode,
 )
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -36,7 +37,7 @@ def order(**overrides):
 
 def test_a_valid_order_round_trips():
     message = decode(OrderSubmitted, order())
-    assert message.details.total_cents == 1000
+    assert message.details["lines"][0]["unit_price_cents"] == 500
     assert decode(OrderSubmitted, encode(message)) == message
 
 
@@ -61,10 +62,6 @@ def test_fingerprint_is_stable_and_changes_with_content():
         (order(order_id=""), "order_id"),
         (order(reply_to="Not_A_Queue"), "reply_to"),
         (order(reply_to="a--b"), "reply_to"),
-        (
-            order(details={"customer_id": "c", "currency": "EUR", "address": "a", "lines": []}),
-            "lines",
-        ),
         (b" " * (MAX_MESSAGE_BYTES + 1), "oversize"),
     ],
 )
@@ -74,11 +71,21 @@ def test_bad_bodies_are_rejected_with_a_reason(body, reason):
     assert reason in caught.value.reason
 
 
-def test_strict_types_refuse_coercion():
-    body = json.loads(order())
-    body["details"]["lines"][0]["quantity"] = "2"
-    with pytest.raises(InvalidMessage, match="quantity"):
-        decode(OrderSubmitted, json.dumps(body))
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"lines": []}, "lines"),
+        ({"lines": [{"sku": "s", "quantity": "2", "unit_price_cents": 1}]}, "quantity"),
+        ({"currency": "<script>"}, "currency"),
+        ({"extra": 1}, "extra"),
+    ],
+)
+def test_a_workflows_input_is_checked_against_its_schema_strictly(change, reason):
+    details = {**json.loads(order())["details"], **change}
+    with pytest.raises(ValueError, match=reason) as caught:
+        ORDER_WORKFLOW.parse_input(details)
+    assert "<script>" not in str(caught.value)
+    assert decode(OrderSubmitted, order(details=details)).details == details  # the envelope's fine
 
 
 def test_reason_never_echoes_the_hostile_input():

@@ -727,9 +727,9 @@ def test_the_service_bus_factory_reuses_the_shared_credential_rule(
 
 
 def test_default_send_timeout_is_below_the_shortest_step_budget() -> None:
-    from sas.domain.workflow import WORKFLOWS
+    from sas.declared import registry
 
-    shortest = min(step.budget for w in WORKFLOWS.values() for step in w.steps)
+    shortest = min(step.budget for w in registry().workflows for step in w.steps)
 
     assert shortest.total_seconds() > sb.DEFAULT_SEND_TIMEOUT
 
@@ -765,11 +765,12 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
     client: FakeClient, transport: ServiceBusTransport, clock: FakeClock
 ) -> None:
     """The services pick the lane; the transport sends to that queue, nothing else changes."""
-    from sas.domain.messages import OrderDetails, OrderLine, OrderSubmitted, decode
+    from sas.domain.messages import OrderSubmitted, decode
     from sas.domain.wire import PRIORITIES, lane_queue_name
     from sas.services.context import Routes
     from sas.services.submission import SubmissionOutcome
     from tests.fakes import InMemoryStore
+    from workflows.order import OrderDetails, OrderLine
 
     bases = ("sas-orders", "sas-scheduler", "sas-replies", "sas-agent-inventory")
     routes = Routes(
@@ -787,7 +788,7 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
             currency="EUR",
             address="1 Bus Street",
             lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
-        ),
+        ).model_dump(mode="json"),
         priority="high",
     )
     outcome = instance(InMemoryStore(), transport, routes, clock).submit(order)

@@ -5,21 +5,20 @@ from datetime import timedelta
 import pytest
 
 from sas.domain.messages import (
-    OrderDetails,
-    OrderLine,
     OrderSubmitted,
     ScheduleRequest,
     StepReply,
     StepRequest,
 )
 from sas.domain.model import ProcessState
-from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, StepDefinition, Workflow
+from sas.domain.workflow import StepDefinition, Workflow
 from sas.services.backlog import Backlog
 from sas.services.context import Routes
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.services.submission import SubmissionOutcome
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
-from tests.instances import instance
+from tests.instances import WORKFLOWS, instance
+from workflows.order import ORDER_WORKFLOW, OrderDetails, OrderLine
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -46,7 +45,7 @@ def submitted(
             currency="EUR",
             address=address,
             lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
-        ),
+        ).model_dump(mode="json"),
         reply_to=reply_to,
         status_events=status_events,
         priority=priority,

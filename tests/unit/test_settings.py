@@ -13,7 +13,7 @@ import pytest
 
 from sas import settings
 from sas.domain.errors import ConfigurationError, SasError
-from sas.domain.workflow import AGENTS
+from sas.settings import AGENTS
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 

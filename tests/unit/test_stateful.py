@@ -39,8 +39,6 @@ from sas.domain.errors import IllegalTransition, PermanentRemoteError, Transient
 from sas.domain.messages import (
     Message,
     OperatorAlert,
-    OrderDetails,
-    OrderLine,
     OrderSubmitted,
     ScheduleRequest,
     StepReply,
@@ -58,13 +56,14 @@ from sas.domain.model import (
 from sas.domain.parked import ParkedMessage
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import alert_message_id
-from sas.domain.workflow import ORDER_WORKFLOW, WORKFLOWS, Workflow, workflow_named
+from sas.domain.workflow import Workflow
 from sas.services.context import ALERT_LEASE, Agents
 from sas.services.operator import Operator
 from sas.services.ports import StateStore
 from tests.fakes import FakeClock, InMemoryStore
 from tests.harness import BUDGET, ROUTES, Bus, Envelope, LedgerRemote
-from tests.instances import AgentOf, Instance, instance
+from tests.instances import TEST_WORKFLOWS, WORKFLOWS, AgentOf, Instance, instance
+from workflows.order import ORDER_WORKFLOW, OrderDetails, OrderLine
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -145,7 +144,7 @@ def order_message(order_id: str, variant: str) -> OrderSubmitted:
             currency="EUR",
             address="1 Main St" if variant == "a" else "2 Other St",
             lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
-        ),
+        ).model_dump(mode="json"),
         reply_to="status-a" if variant == "a" else None,
     )
 
@@ -221,7 +220,7 @@ class AuditingStore:
     def _refused_by_the_reply_rule(self, previous: OrderState, entry: HistoryEntry) -> str:
         """Why the reply rule refuses ``entry`` on ``previous`` ("" if it applies), restated
         here apart from the product's ``fence``."""
-        waiting_on = workflow_named(previous.workflow).step(previous.step_index).name
+        waiting_on = TEST_WORKFLOWS.named(previous.workflow).step(previous.step_index).name
         if previous.is_terminal or (waiting_on, previous.mode) != (entry.step, entry.mode):
             return "the order does not wait on that step and direction"
         if (entry.order_id, entry.step, entry.mode, entry.attempt) not in self.claimed:

@@ -21,7 +21,8 @@ from sas.domain.transitions import (
     refuse_step,
 )
 from sas.domain.wire import Mode
-from sas.domain.workflow import ORDER_WORKFLOW, StepDefinition, Workflow
+from sas.domain.workflow import StepDefinition, Workflow
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 

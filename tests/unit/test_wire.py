@@ -14,16 +14,15 @@ from sas import settings
 from sas.domain import wire
 from sas.domain.errors import ConfigurationError, InvalidMessage
 from sas.domain.messages import OrderSubmitted, decode
-from sas.domain.workflow import AGENTS, StepDefinition
+from sas.domain.workflow import StepDefinition
+from sas.settings import AGENTS
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = [
     wire.ORDER_ID,
-    wire.BUSINESS_ID,
     wire.STEP_NAME,
-    wire.CURRENCY,
     wire.QUEUE_NAME,
     wire.APP_QUEUE_NAME,
     wire.TABLE_NAME_RULE,

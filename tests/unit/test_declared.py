@@ -1,0 +1,82 @@
+"""An application's declared workflows: validated when declared, loaded by name, input checked
+against the workflow's schema (sas/domain/workflow.py, sas/declared.py)."""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from types import ModuleType
+
+import pytest
+
+from sas import declared
+from sas.domain.errors import ConfigurationError
+from sas.domain.workflow import Registry, StepDefinition, Workflow
+from workflows import REGISTRY
+from workflows.order import ORDER_WORKFLOW
+
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+STEP = StepDefinition("provision", "cloud", "provision", timedelta(seconds=5))
+
+
+@pytest.fixture
+def load(monkeypatch):
+    """``declared.registry()`` of the module named, its cache cleared before and after."""
+    declared.registry.cache_clear()
+
+    def registry_of(name: str, module: ModuleType | None = None) -> Registry:
+        if module is not None:
+            monkeypatch.setitem(sys.modules, name, module)
+        monkeypatch.setenv(declared.WORKFLOWS_MODULE, name)
+        declared.registry.cache_clear()
+        return declared.registry()
+
+    yield registry_of
+    declared.registry.cache_clear()
+
+
+def test_the_app_declares_the_order_workflow_and_its_agents():
+    assert REGISTRY.named("order") is ORDER_WORKFLOW
+    assert REGISTRY.agents == ("inventory", "payment", "shipping")
+    assert "order" in REGISTRY and "nope" not in REGISTRY
+
+
+def test_a_module_named_by_the_setting_declares_the_workflows(load):
+    module = ModuleType("my_workflows")
+    module.REGISTRY = Registry((Workflow("setup", (STEP,)),))  # type: ignore[attr-defined]
+    assert load("my_workflows", module).agents == ("cloud",)
+
+
+def test_a_missing_module_or_registry_is_a_clear_configuration_error(load):
+    with pytest.raises(ConfigurationError, match="no module 'no_such_workflows'"):
+        load("no_such_workflows")
+    with pytest.raises(ConfigurationError, match="REGISTRY must be a sas Registry"):
+        load("empty_workflows", ModuleType("empty_workflows"))
+
+
+@pytest.mark.parametrize(
+    ("declare", "problem"),
+    [
+        (lambda: Registry(()), "no workflow declared"),
+        (lambda: Registry((ORDER_WORKFLOW, ORDER_WORKFLOW)), "two workflows share a name"),
+        (lambda: Workflow("setup", ()), "has no steps"),
+        (lambda: Workflow("setup", (STEP, STEP)), "repeats a step name"),
+        (lambda: Workflow("Set Up", (STEP,)), "workflow name"),
+        (lambda: StepDefinition("x", "cloud", "provision", timedelta(seconds=5)), "step name"),
+        (lambda: StepDefinition("go", "cloud", "go", timedelta(0)), "budget must be positive"),
+    ],
+)
+def test_a_bad_declaration_fails_with_what_is_wrong(declare, problem):
+    with pytest.raises(ValueError, match=problem):
+        declare()
+
+
+def test_an_unknown_workflow_is_named():
+    with pytest.raises(ValueError, match="unknown workflow 'nope'"):
+        REGISTRY.named("nope")
+
+
+def test_a_workflow_without_a_schema_takes_any_json_object():
+    details = {"anything": [1, {"nested": True}]}
+    assert Workflow("setup", (STEP,)).parse_input(details) == details

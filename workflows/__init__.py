@@ -1,0 +1,6 @@
+"""The application's workflows: sas runs what ``REGISTRY`` declares (sas/declared.py)."""
+
+from sas.domain.workflow import Registry
+from workflows.order import ORDER_WORKFLOW
+
+REGISTRY = Registry(workflows=(ORDER_WORKFLOW,))
