@@ -27,7 +27,7 @@ from sas.services.operator import Operator
 from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
 from sas.services.routing import Router
 from sas.services.store_time import StoreClock, SystemClock
-from sas.settings import AGENTS
+from sas.settings import AGENTS, HTTP_AGENTS
 
 _lock = threading.RLock()
 _cached: list[Callable[..., Any]] = []
@@ -202,9 +202,14 @@ def agent_context() -> Context:
     """The context of a process that runs agents: remote services, breakers, and a router
     where some service declares several endpoints or a capacity."""
     s = settings()
-    endpoints = [s.endpoints_of(agent) for agent in AGENTS]
+    endpoints = [s.endpoints_of(agent) for agent in HTTP_AGENTS]
     routed = any(len(found) > 1 or found[0].capacity is not None for found in endpoints)
-    agents = Agents(remote=_remote(), breaker=breaker, router=router() if routed else None)
+    agents = Agents(
+        remote=_remote(),
+        breaker=breaker,
+        router=router() if routed else None,
+        python={agent.name: agent for agent in registry().python_agents},
+    )
     return replace(context(), agents=agents)
 
 
@@ -264,7 +269,7 @@ def router() -> Router:
     """Routes steps to remote endpoints by health (their breakers) and load."""
     s = settings()
     return Router(
-        {agent: s.endpoints_of(agent) for agent in AGENTS},
+        {agent: s.endpoints_of(agent) for agent in HTTP_AGENTS},
         clock(),
         s.instance_id,
         healthy=lambda endpoint: breaker(endpoint.target).healthy(),

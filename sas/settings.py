@@ -56,7 +56,9 @@ LOW_PRIORITY_BACKLOG = "SAS_LOW_PRIORITY_BACKLOG_SECONDS"
 LOW_PRIORITY_MAX_DEFERRAL = "SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS"
 MAX_ENDPOINTS = 8
 AGENTS: tuple[str, ...] = registry().agents
-"""The agents the declared workflows name (sas/declared.py): each has its queue and service."""
+"""The agents the declared workflows name (sas/declared.py): each has its queue."""
+HTTP_AGENTS: tuple[str, ...] = registry().http_agents
+"""The agents that call a remote HTTP service: each needs its URL (or endpoints) setting."""
 
 
 def agent_queue_setting(agent: str) -> str:
@@ -219,8 +221,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     if not TABLE_NAME_RULE.matches(table_name):
         raise ConfigurationError(f"{TABLE_NAME}={table_name!r} is not a valid table name")
     queues = queue_names(env)
-    endpoints = {agent: _endpoints(env, agent) for agent in AGENTS}
-    remote_urls = {agent: endpoints[agent][0].url for agent in AGENTS}
+    endpoints = {agent: _endpoints(env, agent) for agent in HTTP_AGENTS}
+    remote_urls = {agent: endpoints[agent][0].url for agent in HTTP_AGENTS}
     storage = _storage_connection(env, STORAGE_CONNECTION)
     servicebus = (
         _servicebus_connection(env, SERVICEBUS_CONNECTION) if transport == "servicebus" else None

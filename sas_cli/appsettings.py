@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sas import settings as app_settings
-from sas.settings import AGENTS
+from sas.settings import HTTP_AGENTS
 
 LOCAL_RUN_SETTINGS = Path(".sas-run") / "local.settings.json"
 
@@ -73,7 +73,7 @@ def apply(source: Source, env: MutableMapping[str, str] | None = None) -> None:
         for key in [key for key in target if _is_app_setting(key)]:
             del target[key]
     target.update(source.values)
-    for agent in AGENTS:
+    for agent in HTTP_AGENTS:
         if not (
             target.get(app_settings.remote_url_setting(agent))
             or target.get(app_settings.remote_endpoints_setting(agent))

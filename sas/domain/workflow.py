@@ -7,7 +7,8 @@ application declares its workflows in a ``Registry`` (the repository's ``workflo
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -99,10 +100,29 @@ class Workflow:
 
 
 @dataclass(frozen=True)
+class PythonAgent:
+    """An agent whose actions are functions of the app, run in the agent's own function:
+    ``action(context, data) -> result`` (``sas/actions.py``). Every other agent is a remote
+    HTTP service (``SAS_REMOTE_<AGENT>_URL``)."""
+
+    name: str
+    actions: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for label, value in (("agent", self.name), *(("action", a) for a in self.actions)):
+            if not STEP_NAME.matches(value):
+                raise ValueError(f"{label} {value!r} must match {STEP_NAME.body}")
+            if label == "action" and not callable(self.actions[value]):
+                raise ValueError(f"agent {self.name!r}: action {value!r} is not a function")
+
+
+@dataclass(frozen=True)
 class Registry:
     """Every workflow an application runs, by name, and what follows from them."""
 
     workflows: tuple[Workflow, ...]
+    python_agents: tuple[PythonAgent, ...] = ()
+    """The agents whose actions are Python functions; the rest call remote HTTP services."""
 
     def __post_init__(self) -> None:
         if not self.workflows:
@@ -110,6 +130,34 @@ class Registry:
         names = [workflow.name for workflow in self.workflows]
         if len(set(names)) != len(names):
             raise ValueError("two workflows share a name")
+        self._check_python_agents()
+
+    def _check_python_agents(self) -> None:
+        declared = [agent.name for agent in self.python_agents]
+        if len(set(declared)) != len(declared):
+            raise ValueError("two Python agents share a name")
+        for agent in self.python_agents:
+            if agent.name not in self.agents:
+                raise ValueError(f"Python agent {agent.name!r}: no step names it")
+        by_name = {agent.name: agent for agent in self.python_agents}
+        for workflow in self.workflows:
+            for step in workflow.steps:
+                found = by_name.get(step.agent)
+                for action in (step.action, step.undo):
+                    if found is not None and action is not None and action not in found.actions:
+                        raise ValueError(
+                            f"workflow {workflow.name!r}, step {step.name!r}: agent "
+                            f"{step.agent!r} has no action {action!r}"
+                        )
+
+    def python_agent(self, name: str) -> PythonAgent | None:
+        return next((agent for agent in self.python_agents if agent.name == name), None)
+
+    @property
+    def http_agents(self) -> tuple[str, ...]:
+        """The agents that call a remote HTTP service: each needs its URL setting."""
+        python = {agent.name for agent in self.python_agents}
+        return tuple(agent for agent in self.agents if agent not in python)
 
     def named(self, name: str) -> Workflow:
         for workflow in self.workflows:

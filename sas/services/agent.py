@@ -29,6 +29,7 @@ from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, result_problem
 from sas.domain.wire import step_reply_message_id
 from sas.services import metrics, telemetry
+from sas.services.actions import ActionContext, run_action
 from sas.services.context import Agents, Context
 
 log = logging.getLogger(__name__)
@@ -196,13 +197,7 @@ def _call(
             action=request.action,
             endpoint=None if endpoint is None else endpoint.name,
         ):
-            result = agents.remote.perform(
-                target,
-                request.action,
-                idempotency_key=request.idempotency_key,
-                payload=request.payload,
-                timeout=min(remaining, agents.max_call_seconds),
-            )
+            result = _perform(ctx, agents, attempt, target, min(remaining, agents.max_call_seconds))
     except TransientRemoteError:
         if breaker is not None:
             breaker.record_failure()
@@ -216,6 +211,33 @@ def _call(
     if breaker is not None:
         breaker.record_success()
     return result
+
+
+def _perform(
+    ctx: Context, agents: Agents, attempt: _Attempt, target: str, timeout: float
+) -> dict[str, Any]:
+    """The step's action: the app's Python function, or a call to the remote service."""
+    request = attempt.request
+    python = agents.python.get(attempt.agent)
+    if python is None:
+        return agents.remote.perform(
+            target,
+            request.action,
+            idempotency_key=request.idempotency_key,
+            payload=request.payload,
+            timeout=timeout,
+        )
+    context = ActionContext(
+        order_id=request.order_id,
+        step=request.step,
+        action=request.action,
+        mode=request.mode,
+        attempt=request.attempt,
+        idempotency_key=request.idempotency_key,
+        deadline=attempt.deadline,
+        clock=ctx.clock,
+    )
+    return run_action(python, context, dict(request.payload))
 
 
 def _reply(

@@ -15,7 +15,7 @@ from sas.domain.endpoints import Endpoint
 from sas.domain.priority import AdmissionPolicy
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import DEFAULT_PRIORITY, DEFAULT_REPLY_TO_PREFIXES, PRIORITIES, Priority
-from sas.domain.workflow import Registry
+from sas.domain.workflow import PythonAgent, Registry
 from sas.services.backlog import Backlog
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, StateStore, Transport
@@ -77,6 +77,8 @@ class Agents:
     max_call_seconds: float = 10.0
     safety_margin: timedelta = timedelta(milliseconds=250)
     """An agent aims to be done this long before the deadline."""
+    python: Mapping[str, PythonAgent] = field(default_factory=dict)
+    """The agents whose actions are the app's Python functions, by name: run in-process."""
 
     def breaker_of(self, target: str) -> CircuitBreaker | None:
         return None if self.breaker is None else self.breaker(target)

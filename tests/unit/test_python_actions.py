@@ -1,0 +1,185 @@
+"""Agent actions written as the app's Python functions run under the same guarantees as a
+remote call: the step's idempotency key, deadline and time left, retries with backoff, the
+shared breaker, refusals, late results dropped (sas/services/actions.py)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from sas.actions import ActionContext, PythonAgent, Refused, Transient
+from sas.domain.breaker import BreakerPolicy
+from sas.domain.messages import StepReply, StepRequest
+from sas.domain.workflow import Registry, StepDefinition, Workflow
+from sas.services.agent import AgentOutcome
+from sas.services.breaker import CircuitBreaker
+from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
+from tests.instances import AgentOf, agent_runner
+from tests.unit.test_agent_runner import ROUTES, request
+from tests.unit.test_breaker import FakeBreakerStore
+
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+
+class Payments:
+    """A payment provider inside the app: each effect applied once per idempotency key."""
+
+    def __init__(self, clock: FakeClock, script: list[Any] | None = None) -> None:
+        self.clock = clock
+        self.script = list(script or [])
+        self.seen: list[ActionContext] = []
+        self.data: list[dict[str, Any]] = []
+        self.effects: dict[str, str] = {}
+
+    def charge(self, context: ActionContext, data: dict[str, Any]) -> dict[str, Any] | None:
+        self.seen.append(context)
+        self.data.append(data)
+        step = self.script.pop(0) if self.script else None
+        if isinstance(step, BaseException):
+            raise step
+        if isinstance(step, (int, float)):
+            self.clock.advance(step)  # the action took this long
+        effect = self.effects.setdefault(context.idempotency_key, f"e{len(self.effects) + 1}")
+        return {"effect_id": effect}
+
+    def agent(self) -> PythonAgent:
+        return PythonAgent("payment", {"charge": self.charge})
+
+
+def runner(payments: Payments, transport: RecordingTransport, **options: Any) -> AgentOf:
+    python = {"payment": payments.agent()}
+    clock = payments.clock
+    remote = ScriptedRemote([])  # never called: the agent is Python
+    return agent_runner(
+        "payment", remote, transport, ROUTES, clock, sleep=clock.sleep, python=python, **options
+    )
+
+
+def reply_of(transport: RecordingTransport) -> StepReply:
+    (sent,) = transport.sent
+    assert isinstance(sent.message, StepReply)
+    return sent.message
+
+
+def test_the_action_is_told_the_step_and_its_result_is_the_reply():
+    clock, transport = FakeClock(), RecordingTransport()
+    payments = Payments(clock)
+    outcome = runner(payments, transport).handle(request(clock, budget_seconds=10))
+    assert outcome is AgentOutcome.REPLIED
+    assert reply_of(transport).result == {"effect_id": "e1"}
+    (context,) = payments.seen
+    assert (context.order_id, context.step, context.action, context.mode, context.attempt) == (
+        "o1",
+        "charge",
+        "charge",
+        "do",
+        4,
+    )
+    assert context.idempotency_key == "o1:charge"
+    assert 9 < context.time_left() < 10  # the deadline, less the agent's safety margin
+    assert payments.data == [{"order_id": "o1"}]
+
+
+def test_transient_faults_and_unexpected_exceptions_are_retried_under_the_same_key():
+    clock, transport = FakeClock(), RecordingTransport()
+    payments = Payments(clock, [Transient("busy", retry_after=3), KeyError("bug"), None])
+    start = clock.now()
+    assert runner(payments, transport).handle(request(clock)) is AgentOutcome.REPLIED
+    assert [c.idempotency_key for c in payments.seen] == ["o1:charge"] * 3
+    assert clock.now() - start >= timedelta(seconds=3)  # the action's hint was honoured
+    assert payments.effects == {"o1:charge": "e1"}
+
+
+def test_a_refusal_is_an_error_reply_with_its_reason():
+    clock, transport = FakeClock(), RecordingTransport()
+    payments = Payments(clock, [Refused("card declined")])
+    assert runner(payments, transport).handle(request(clock)) is AgentOutcome.REFUSED
+    reply = reply_of(transport)
+    assert (reply.outcome, reply.error) == ("error", "card declined")
+    assert len(payments.seen) == 1
+
+
+def test_faults_outlasting_the_deadline_send_nothing():
+    clock, transport = FakeClock(), RecordingTransport()
+    payments = Payments(clock, [Transient("down")] * 1000)
+    assert runner(payments, transport).handle(request(clock, 5)) is AgentOutcome.GAVE_UP
+    assert transport.sent == []
+
+
+def test_an_action_that_returns_after_the_deadline_sends_no_reply():
+    clock, transport = FakeClock(), RecordingTransport()
+    payments = Payments(clock, [10])  # takes 10 s of a 5 s budget
+    assert runner(payments, transport).handle(request(clock, 5)) is AgentOutcome.LATE
+    assert transport.sent == []
+
+
+def test_a_result_that_is_not_a_dict_is_retried_and_none_is_an_empty_result():
+    clock, transport = FakeClock(), RecordingTransport()
+    answers = iter(["not a dict", None])
+    agent = PythonAgent("payment", {"charge": lambda context, data: next(answers)})
+    run = agent_runner(
+        "payment",
+        ScriptedRemote([]),
+        transport,
+        ROUTES,
+        clock,
+        sleep=clock.sleep,
+        python={"payment": agent},
+    )
+    assert run.handle(request(clock)) is AgentOutcome.REPLIED
+    assert reply_of(transport).result == {}
+
+
+def test_the_shared_breaker_guards_a_python_agent_too():
+    clock, transport = FakeClock(), RecordingTransport()
+    policy = BreakerPolicy(failure_threshold=2, open_for=timedelta(seconds=60))
+    breaker = CircuitBreaker(FakeBreakerStore(), clock, "payment", policy, cache_ttl=0)
+    payments = Payments(clock, [Transient("down")] * 1000)
+    outcome = runner(payments, transport, breaker=breaker).handle(request(clock, 20))
+    assert outcome is AgentOutcome.GAVE_UP
+    assert len(payments.seen) == 2  # then the open breaker refused every try, not the action
+    assert breaker.last_status() == "open"
+
+
+def test_a_registry_checks_its_python_agents_against_the_steps():
+    charge = StepDefinition("charge", "payment", "charge", timedelta(seconds=5), undo="refund")
+    workflow = Workflow("pay", (charge,))
+    noop = {"charge": lambda context, data: None}
+    with pytest.raises(ValueError, match="agent 'payment' has no action 'refund'"):
+        Registry((workflow,), python_agents=(PythonAgent("payment", noop),))
+    with pytest.raises(ValueError, match="Python agent 'billing': no step names it"):
+        Registry((workflow,), python_agents=(PythonAgent("billing", noop),))
+    with pytest.raises(ValueError, match="not a function"):
+        PythonAgent("payment", {"charge": "charge"})  # type: ignore[dict-item]
+    both = {**noop, "refund": noop["charge"]}
+    registry = Registry((workflow,), python_agents=(PythonAgent("payment", both),))
+    assert (registry.agents, registry.http_agents) == (("payment",), ())
+
+
+def test_an_undo_is_told_its_mode_and_gets_the_original_result():
+    clock, transport = FakeClock(), RecordingTransport()
+    seen: list[tuple[ActionContext, dict[str, Any]]] = []
+
+    def refund(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
+        seen.append((context, data))
+        return {"refunded": data["original_result"]["effect_id"]}
+
+    agent = PythonAgent("payment", {"refund": refund})
+    undo = StepRequest(
+        **{
+            **request(clock).model_dump(exclude={"trace"}),
+            "mode": "undo",
+            "action": "refund",
+            "idempotency_key": "o1:charge:undo",
+            "payload": {"order_id": "o1", "original_result": {"effect_id": "e1"}},
+        }
+    )
+    run = agent_runner(
+        "payment", ScriptedRemote([]), transport, ROUTES, clock, python={"payment": agent}
+    )
+    assert run.handle(undo) is AgentOutcome.REPLIED
+    ((context, _),) = seen
+    assert (context.mode, context.idempotency_key) == ("undo", "o1:charge:undo")
+    assert reply_of(transport).result == {"refunded": "e1"}
