@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
@@ -38,12 +39,20 @@ class OrderDetails(BaseModel):
 
 _BUDGET = timedelta(seconds=15)
 
+
+def shipment(order: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """What ship is sent: the order, and the reservation reserve made for it."""
+    return {**order, "reservation": dict(results["reserve"])}
+
+
 ORDER_WORKFLOW = Workflow(
     name="order",
     steps=(
         StepDefinition("reserve", "inventory", action="reserve", budget=_BUDGET, undo="release"),
         StepDefinition("charge", "payment", action="charge", budget=_BUDGET, undo="refund"),
-        StepDefinition("ship", "shipping", action="ship", budget=_BUDGET, undo="cancel"),
+        StepDefinition(
+            "ship", "shipping", action="ship", budget=_BUDGET, undo="cancel", input=shipment
+        ),
     ),
     pickup_budget=timedelta(seconds=60),
     input=OrderDetails,

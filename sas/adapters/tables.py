@@ -284,6 +284,7 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "Deferrals": state.deferrals or None,
             "TraceParent": state.traceparent,
             "Details": json.dumps(state.details, separators=(",", ":")),
+            **_results_columns(state.results),
         }
     )
 
@@ -313,7 +314,27 @@ def state_from(entity: Mapping[str, Any]) -> OrderState:
         priority=_priority(entity.get("Priority")),
         deferrals=int(entity.get("Deferrals") or 0),
         traceparent=entity.get("TraceParent"),
+        results=_results_from(entity),
     )
+
+
+_RESULTS_CHUNK = 30_000
+"""Characters per ``ResultsNN`` column: the JSON is ASCII (``json.dumps`` escapes the rest), so
+this many fit a string property's 64 KiB of UTF-16."""
+
+
+def _results_columns(results: Mapping[str, Any]) -> dict[str, str]:
+    """The steps' results as JSON in as many columns as it needs (none while there are none)."""
+    if not results:
+        return {}
+    text = json.dumps(results, separators=(",", ":"))
+    chunks = range(0, len(text), _RESULTS_CHUNK)
+    return {f"Results{i // _RESULTS_CHUNK:02d}": text[i : i + _RESULTS_CHUNK] for i in chunks}
+
+
+def _results_from(entity: Mapping[str, Any]) -> dict[str, Any]:
+    keys = sorted(k for k in entity if k.startswith("Results") and k[7:].isdigit())
+    return json.loads("".join(entity[k] for k in keys)) if keys else {}
 
 
 def _priority_column(priority: Priority) -> str | None:

@@ -74,6 +74,8 @@ class OrderState:
     traceparent: str | None = None
     """The W3C context of the order's trace (its submission's span): what a Supervisor's
     recovery or an operator's resubmit continues. None when the order was not traced."""
+    results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
+    """What each completed step returned, by step name: the input of the steps after it."""
 
     @property
     def is_terminal(self) -> bool:

@@ -232,17 +232,27 @@ def decide_reply(
         )
         kind = "refused"
     else:
-        next_state = complete_step(
-            state,
-            attempt=reply.attempt,
-            step_index=reply.step_index,
-            mode=reply.mode,
-            instance_id=instance_id,
-            now=now,
-            workflow=workflow,
-        )
+        next_state = _completed(state, reply, instance_id=instance_id, now=now, workflow=workflow)
         kind = "undone" if reply.mode == "undo" else "completed"
     return ReplyDecision(next_state, _then(next_state), kind)
+
+
+def _completed(
+    state: OrderState, reply: StepReply, *, instance_id: str, now: datetime, workflow: Workflow
+) -> OrderState:
+    """An ``ok`` reply applied; a forward step's result kept for the steps after it."""
+    next_state = complete_step(
+        state,
+        attempt=reply.attempt,
+        step_index=reply.step_index,
+        mode=reply.mode,
+        instance_id=instance_id,
+        now=now,
+        workflow=workflow,
+    )
+    if reply.mode == "undo":
+        return next_state
+    return replace(next_state, results={**state.results, reply.step: reply.result})
 
 
 def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workflow) -> OrderState:

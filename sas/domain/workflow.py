@@ -26,6 +26,11 @@ class StepDefinition:
     """Complete-by budget: how long one attempt of this step may take, end to end."""
     undo: str | None = None
     """The compensating action (same agent), or None if the step needs no undoing."""
+    input: (
+        Callable[[Mapping[str, Any], Mapping[str, Mapping[str, Any]]], Mapping[str, Any]] | None
+    ) = None
+    """The step's data from the workflow's input and what the steps before it returned (by
+    step name); None: the input as it is. Either way the data also holds ``order_id``."""
 
     def __post_init__(self) -> None:
         labelled = [("step name", self.name), ("agent", self.agent), ("action", self.action)]
@@ -77,6 +82,18 @@ class Workflow:
         if not 0 <= index < len(self.steps):
             raise IndexError(f"workflow {self.name!r} has no step {index}")
         return self.steps[index]
+
+    def step_data(
+        self,
+        index: int,
+        order_id: str,
+        details: Mapping[str, Any],
+        results: Mapping[str, Mapping[str, Any]],
+    ) -> dict[str, Any]:
+        """What step ``index`` is sent to do."""
+        build = self.step(index).input
+        data = details if build is None else build(details, results)
+        return {**data, "order_id": order_id}
 
     def next_undo(self, index: int) -> int | None:
         """The highest step at or below ``index`` that has an undo action."""

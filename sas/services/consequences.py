@@ -7,9 +7,11 @@ goes first and the status events after it: a slow status queue never spends a st
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.messages import (
@@ -77,7 +79,9 @@ def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:
     step = workflow.step(state.step_index)
     if not state.is_running or state.complete_by is None:
         raise IllegalTransition(f"order {state.order_id} runs no step to dispatch")
-    payload = {"order_id": state.order_id, **state.details}
+    payload = _step_data(state, workflow)
+    if payload is None:
+        return  # nothing sent: the step expires and is retried, then compensated
     action, key = step.action, idempotency_key(state.order_id, step.name, state.mode)
     if state.mode == "undo":
         if step.undo is None:
@@ -107,6 +111,22 @@ def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:
         message_id=step_request_message_id(state.order_id, step.name, state.mode, state.attempt),
         correlation_id=state.order_id,
     )
+
+
+def _step_data(state: OrderState, workflow: Workflow) -> dict[str, Any] | None:
+    """The current step's data, as its ``input`` builds it; None (logged) if the app's builder
+    fails or builds something that is not a JSON object."""
+    try:
+        data = workflow.step_data(state.step_index, state.order_id, state.details, state.results)
+        json.dumps(data, allow_nan=False)
+    except Exception as exc:  # the app's own code: a bug, or results it did not expect
+        log.exception(
+            "sas.step_input_failed error=%s",
+            type(exc).__name__,
+            extra={"order_id": state.order_id, "step": workflow.step(state.step_index).name},
+        )
+        return None
+    return data
 
 
 def announce(ctx: Context, state: OrderState, workflow: Workflow) -> None:
