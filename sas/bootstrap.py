@@ -18,6 +18,7 @@ from sas import settings as settings_module
 from sas.declared import registry
 from sas.domain.clock import Clock
 from sas.domain.recovery import RetryPolicy
+from sas.domain.workflow import Registry
 from sas.services import metrics, telemetry
 from sas.services.backlog import Backlog
 from sas.services.breaker import BreakerStore, CircuitBreaker
@@ -107,6 +108,12 @@ def _calibrate_clock() -> None:
 
 
 @_once
+def workflows() -> Registry:
+    """The application's declared workflows (sas/declared.py)."""
+    return registry()
+
+
+@_once
 def routes() -> Routes:
     s = settings()
     return Routes(
@@ -187,7 +194,7 @@ def context() -> Context:
         clock=clock(),
         routes=routes(),
         instance_id=s.instance_id,
-        workflows=registry(),
+        workflows=workflows(),
         policy=RetryPolicy(
             max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
         ),
@@ -208,7 +215,7 @@ def agent_context() -> Context:
         remote=_remote(),
         breaker=breaker,
         router=router() if routed else None,
-        python={agent.name: agent for agent in registry().python_agents},
+        python={agent.name: agent for agent in workflows().python_agents},
     )
     return replace(context(), agents=agents)
 

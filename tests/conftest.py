@@ -46,12 +46,15 @@ def app_env(
     """Settings for the app's bootstrap: Storage Queues and this test's table on Azurite."""
     from sas import bootstrap, settings
     from sas_local.provision import provision
+    from tests.instances import TEST_WORKFLOWS
 
     monkeypatch.setenv(settings.TRANSPORT, "storage")
     monkeypatch.setenv(settings.STORAGE_CONNECTION, azurite.connection_string)
     monkeypatch.setenv(settings.TABLE_NAME, table.table_name)
     for agent in ("inventory", "payment", "shipping"):
         monkeypatch.setenv(settings.remote_url_setting(agent), "http://127.0.0.1:9")
+    # The workflows the tests' instances run, test-added ones included (tests/instances.py).
+    monkeypatch.setattr(bootstrap, "workflows", lambda: TEST_WORKFLOWS)
     bootstrap.reset()
     provision(bootstrap.settings())
     # The queues are shared by every test of the session: start each test with them empty.

@@ -40,6 +40,10 @@ class RetryPolicy:
             return False
         return state.complete_by + self.clock_skew <= now
 
+    def threshold(self, step_max_failures: int | None) -> int:
+        """Expiries that fail a step for good: its own threshold, else the policy's."""
+        return step_max_failures or self.max_failures
+
     def backoff(self, failures: int) -> timedelta:
         """Wait before retry number ``failures``: doubling, capped."""
         doubled: timedelta = self.base_backoff * (2 ** max(failures - 1, 0))
@@ -77,7 +81,7 @@ def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: Retr
         raise IllegalTransition(f"order {state.order_id} has not expired")
     failures = state.failure_count + 1
     step = workflow.step(state.step_index).name
-    if failures < policy.max_failures:
+    if failures < policy.threshold(workflow.step(state.step_index).max_failures):
         delay = policy.backoff(failures)
         return Expiry(
             replace(

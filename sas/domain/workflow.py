@@ -31,6 +31,9 @@ class StepDefinition:
     ) = None
     """The step's data from the workflow's input and what the steps before it returned (by
     step name); None: the input as it is. Either way the data also holds ``order_id``."""
+    max_failures: int | None = None
+    """Expiries of one attempt after another before the step counts as failed for good
+    (compensation or Error); None: the app's ``SAS_MAX_FAILURES``."""
 
     def __post_init__(self) -> None:
         labelled = [("step name", self.name), ("agent", self.agent), ("action", self.action)]
@@ -41,6 +44,8 @@ class StepDefinition:
                 raise ValueError(f"{label} {value!r} must match {STEP_NAME.body}")
         if self.budget <= timedelta(0):
             raise ValueError(f"step {self.name!r}: budget must be positive")
+        if self.max_failures is not None and self.max_failures < 1:
+            raise ValueError(f"step {self.name!r}: max_failures must be at least 1")
 
 
 @dataclass(frozen=True)

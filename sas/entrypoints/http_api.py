@@ -16,7 +16,6 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 
 from sas import bootstrap
-from sas.declared import registry
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMessage, NotFound
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
@@ -91,7 +90,7 @@ class StateView(BaseModel):
             workflow=state.workflow,
             process_state=state.process_state.value,
             step_index=state.step_index,
-            step=registry().named(state.workflow).step(state.step_index).name,
+            step=bootstrap.workflows().named(state.workflow).step(state.step_index).name,
             mode=state.mode,
             attempt=state.attempt,
             failure_count=state.failure_count,

@@ -163,18 +163,19 @@ def _recover(
 def _expiry_history(
     ctx: Context, state: OrderState, decided: Expiry, now: datetime
 ) -> HistoryEntry:
+    step = ctx.workflows.named(state.workflow).step(state.step_index)
     detail = None
     if state.complete_by is not None:
         detail = (
             f"{state.process_state} past {state.complete_by.isoformat()}, "
-            f"failure {state.failure_count + 1} of {ctx.policy.max_failures}"
+            f"failure {state.failure_count + 1} of {ctx.policy.threshold(step.max_failures)}"
         )
     return HistoryEntry(
         order_id=state.order_id,
         at=now,
         kind=f"expired_{decided.action}",
         attempt=state.attempt,
-        step=ctx.workflows.named(state.workflow).step(state.step_index).name,
+        step=step.name,
         mode=state.mode,
         actor=ctx.instance_id,
         detail=detail,

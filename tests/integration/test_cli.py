@@ -133,7 +133,7 @@ def test_submit_takes_details_from_a_file_and_an_order_id(world, capsys, tmp_pat
         (["submit", "order", "{not json"], "not valid JSON"),
         (["submit", "order", "[1, 2]"], "must be a JSON object"),
         (["submit", "order", "@/nonexistent/details.json"], "cannot read"),
-        (["submit", "order", '{"customer_id": "c1"}'], "the order is not valid: details"),
+        (["submit", "order", '{"customer_id": "c1"}'], "invalid details: currency"),
         (["submit", "nosuchflow", DETAILS], "unknown workflow 'nosuchflow'"),
         (["submit", "order", DETAILS, "--reply-to", "sas-orders"], "reply_to"),
         (["submit", "order", DETAILS, "--priority", "urgent"], "invalid choice: 'urgent'"),

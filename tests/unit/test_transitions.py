@@ -302,6 +302,20 @@ def test_expiry_at_the_threshold_compensates_including_the_step_that_may_have_ru
     assert "expired 3 times" in decided.state.last_error
 
 
+def test_a_step_may_declare_its_own_failure_threshold():
+    steps = list(WF.steps)
+    steps[1] = replace(steps[1], max_failures=1)  # charge: fail for good at its first expiry
+    own = Workflow("own", tuple(steps), pickup_budget=WF.pickup_budget)
+    state = running_at(1, own)
+    assert state.complete_by is not None
+    assert expire(state, now=state.complete_by, workflow=own, policy=POLICY).action == "compensate"
+    first = running_at(0, own)  # reserve keeps the policy's three
+    assert first.complete_by is not None
+    assert expire(first, now=first.complete_by, workflow=own, policy=POLICY).action == "retry"
+    with pytest.raises(ValueError, match="max_failures must be at least 1"):
+        replace(steps[0], max_failures=0)
+
+
 def test_expiry_at_the_threshold_of_an_undo_is_an_error():
     running = running_at(1)
     pending = refuse_step(
