@@ -1,50 +1,18 @@
-"""Fakes that record, for pure unit tests of service logic (never a stand-in for Azurite)."""
+"""Fakes that record, for pure unit tests of service logic (never a stand-in for Azurite).
+The store and clock are sas.testing's own."""
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
-from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
+from sas.domain.errors import NotFound
 from sas.domain.messages import Message
-from sas.domain.model import (
-    HistoryEntry,
-    LiveMarker,
-    OrderRecord,
-    OrderState,
-    ProcessState,
-    StepRecord,
-    Versioned,
-)
-from sas.domain.parked import ParkedMessage
 from sas.domain.priority import Waiting
-from sas.domain.wire import Priority, rejected_row_key
+from sas.testing.memory import FakeClock, InMemoryStore
 
-
-def _one_operation_per_marker(order_ids: list[str]) -> None:
-    """As the service refuses it: a transaction with two operations on one row fails whole
-    (``InvalidDuplicateRow``), whatever else it carries."""
-    repeated = sorted({o for o in order_ids if order_ids.count(o) > 1})
-    if repeated:
-        raise AssertionError(f"two operations on one marker in a transaction: {repeated}")
-
-
-class FakeClock:
-    def __init__(self, start: datetime | None = None) -> None:
-        self.current = start or datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-
-    def now(self) -> datetime:
-        return self.current
-
-    def advance(self, seconds: float) -> None:
-        self.current += timedelta(seconds=seconds)
-
-    def sleep(self, seconds: float) -> None:
-        """Use as the agent's sleep: time passes only when asked to."""
-        self.advance(seconds)
+__all__ = ["FakeClock", "InMemoryStore", "RecordingTransport", "ScriptedRemote", "Sent"]
 
 
 @dataclass
@@ -84,163 +52,6 @@ class RecordingTransport:
 
     def to(self, queue: str) -> list[Message]:
         return [s.message for s in self.sent if s.queue == queue]
-
-
-class InMemoryStore:
-    """ETag semantics like Table Storage: every write gets a new ETag; stale ones fail."""
-
-    def __init__(self) -> None:
-        self._etags = (f"W/{n}" for n in itertools.count(1))
-        self._parked_ids = itertools.count(1)
-        self.orders: dict[str, OrderRecord] = {}
-        self.states: dict[str, tuple[OrderState, str]] = {}
-        self.steps: dict[tuple[str, int], StepRecord] = {}
-        self.parked: dict[str, ParkedMessage] = {}
-        self.history: list[HistoryEntry] = []
-        self.live: dict[str, LiveMarker] = {}
-
-    def create_order(
-        self,
-        order: OrderRecord,
-        state: OrderState,
-        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
-    ) -> str:
-        if order.order_id in self.orders or state.order_id in self.states:
-            raise AlreadyExists(order.order_id)
-        self.orders[order.order_id] = order
-        etag = next(self._etags)
-        self.states[state.order_id] = (state, etag)
-        self.history.extend([history] if isinstance(history, HistoryEntry) else history or ())
-        return etag
-
-    def get_order(self, order_id: str) -> OrderRecord | None:
-        return self.orders.get(order_id)
-
-    def get_state(self, order_id: str) -> Versioned[OrderState] | None:
-        found = self.states.get(order_id)
-        return None if found is None else Versioned(*found)
-
-    def update_state(
-        self,
-        state: OrderState,
-        etag: str,
-        history: HistoryEntry | Sequence[HistoryEntry] | None = None,
-        *,
-        step: StepRecord | None = None,
-    ) -> str:
-        found = self.states.get(state.order_id)
-        if found is None:
-            raise NotFound(state.order_id)
-        if found[1] != etag:
-            raise ConcurrencyConflict(state.order_id)
-        new = next(self._etags)
-        self.states[state.order_id] = (state, new)
-        if isinstance(history, HistoryEntry):
-            self.history.append(history)
-        elif history is not None:
-            self.history.extend(history)
-        if step is not None:
-            self.steps[(step.order_id, step.index)] = step
-        return new
-
-    def add_history(self, entry: HistoryEntry) -> None:
-        self.history.append(entry)
-
-    def get_history(self, order_id: str) -> list[HistoryEntry]:
-        return [h for h in self.history if h.order_id == order_id]
-
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
-        marker = LiveMarker(order_id, at, next(self._etags), due_at)
-        self.live[order_id] = marker
-        return marker.etag
-
-    def list_live(self) -> list[LiveMarker]:
-        return list(self.live.values())
-
-    def list_due(self, at: datetime) -> list[LiveMarker]:
-        return [m for m in self.live.values() if m.due_at <= at]
-
-    def rearm_live(
-        self, rearms: Sequence[tuple[LiveMarker, datetime]], drops: Sequence[LiveMarker] = ()
-    ) -> int:
-        _one_operation_per_marker([m.order_id for m, _ in rearms] + [m.order_id for m in drops])
-        moved = 0
-        for marker, due_at in rearms:
-            current = self.live.get(marker.order_id)
-            if current is not None and current.etag == marker.etag:
-                self.live[marker.order_id] = replace(current, etag=next(self._etags), due_at=due_at)
-                moved += 1
-        return moved + sum(self.drop_live(marker) for marker in drops)
-
-    def drop_live(self, marker: LiveMarker) -> bool:
-        current = self.live.get(marker.order_id)
-        if current is None or current.etag != marker.etag:
-            return False
-        del self.live[marker.order_id]
-        return True
-
-    def query_states(
-        self,
-        *,
-        process_state: ProcessState | None = None,
-        priority: Priority | None = None,
-        submitted_after: datetime | None = None,
-        submitted_before: datetime | None = None,
-        finished_before: datetime | None = None,
-    ) -> Iterator[Versioned[OrderState]]:
-        for state, etag in list(self.states.values()):
-            finished = state.finished_at
-            if (
-                (process_state is None or state.process_state is process_state)
-                and (priority is None or state.priority == priority)
-                and (submitted_after is None or state.submitted_at >= submitted_after)
-                and (submitted_before is None or state.submitted_at < submitted_before)
-                and (finished_before is None or (finished and finished < finished_before))
-            ):
-                yield Versioned(state, etag)
-
-    def count_states(self) -> dict[ProcessState, int]:
-        counts = dict.fromkeys(ProcessState, 0)
-        for state, _ in self.states.values():
-            counts[state.process_state] += 1
-        return counts
-
-    def purge_order(self, state: Versioned[OrderState]) -> bool:
-        order_id = state.value.order_id
-        found = self.states.get(order_id)
-        if found is None or found[1] != state.etag:
-            return False
-        del self.states[order_id]
-        self.orders.pop(order_id, None)
-        self.history = [h for h in self.history if h.order_id != order_id]
-        self.steps = {key: s for key, s in self.steps.items() if key[0] != order_id}
-        return True
-
-    def get_steps(self, order_id: str) -> list[StepRecord]:
-        return [s for (oid, _), s in sorted(self.steps.items()) if oid == order_id]
-
-    def park_message(self, queue: str, reason: str, body: bytes, at: datetime) -> str:
-        parked_id = rejected_row_key(at, f"{next(self._parked_ids):012x}")
-        self.parked[parked_id] = ParkedMessage(
-            id=parked_id,
-            parked_by="app",
-            queue=queue,
-            function=None,
-            reason=reason,
-            body=body,
-            body_truncated=False,
-            parked_at=at,
-        )
-        return parked_id
-
-    def list_parked(self, limit: int = 100) -> list[ParkedMessage]:
-        return [self.parked[key] for key in sorted(self.parked)[:limit]]
-
-    def get_parked(self, parked_id: str) -> ParkedMessage | None:
-        return self.parked.get(parked_id)
-
-    def drop_parked(self, parked_id: str) -> bool:
-        return self.parked.pop(parked_id, None) is not None
 
 
 @dataclass

@@ -92,7 +92,11 @@ def expected_package(files: Iterable[str]) -> set[str]:
     """What the package must hold, exactly: the entry point, host.json, requirements.txt,
     the sas package's modules and assets, and the application's workflows."""
     return set(APP_FILES) | {
-        p for p in files if p.startswith(("sas/", "workflows/")) and p.endswith(APP_ASSETS)
+        p
+        for p in files
+        if p.startswith(("sas/", "workflows/"))
+        and not p.startswith("sas/testing/")  # the test harness stays home
+        and p.endswith(APP_ASSETS)
     }
 
 

@@ -1,0 +1,163 @@
+"""The order workflow under each failure mode, in memory through sas.testing: the states,
+history and effects the guarantees promise, each case in milliseconds."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from sas.actions import ActionContext, PythonAgent, Refused
+from sas.domain.workflow import Registry, StepDefinition, Workflow
+from sas.testing import (
+    Harness,
+    ProcessState,
+    crash_before_reply,
+    fault,
+    ok,
+    refuse,
+    too_slow,
+)
+from workflows import REGISTRY
+
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+DETAILS = {
+    "customer_id": "c1",
+    "currency": "EUR",
+    "address": "1 Main St",
+    "lines": [{"sku": "s1", "quantity": 1, "unit_price_cents": 100}],
+}
+DONE = {"o1:reserve", "o1:charge", "o1:ship"}
+
+
+def order(harness: Harness) -> str:
+    return harness.submit("order", DETAILS, order_id="o1")
+
+
+def test_success_processes_every_step_once():
+    harness = Harness(REGISTRY)
+    harness.script("inventory", "reserve", ok({"reservation": "r1"}))
+    order_id = order(harness)
+    harness.run()
+    assert harness.state(order_id).process_state is ProcessState.PROCESSED
+    assert harness.effects == DONE
+    assert harness.statuses(order_id)[-1] == "completed"
+    assert harness.state(order_id).results["reserve"] == {"reservation": "r1"}
+
+
+def test_transient_faults_are_retried_within_the_step():
+    harness = Harness(REGISTRY)
+    harness.script("payment", "charge", fault(), fault(retry_after=1), ok())
+    order(harness)
+    harness.run()
+    assert harness.state("o1").process_state is ProcessState.PROCESSED
+    assert [c for c in harness.calls if c[1] == "charge"] == [
+        ("payment", "charge", "o1:charge")
+    ] * 3
+    assert harness.history("o1").count("claimed:charge") == 1  # one attempt was enough
+
+
+def test_a_refusal_compensates_the_steps_done_in_reverse():
+    harness = Harness(REGISTRY)
+    harness.script("shipping", "ship", refuse("no courier"))
+    order(harness)
+    harness.run()
+    state = harness.state("o1")
+    assert state.process_state is ProcessState.COMPENSATED
+    assert "no courier" in (state.last_error or "")
+    assert harness.effects == {"o1:reserve", "o1:charge", "o1:charge:undo", "o1:reserve:undo"}
+    undos = [c[1] for c in harness.calls if c[2].endswith(":undo")]
+    assert undos == ["refund", "release"]
+
+
+def test_a_step_too_slow_for_its_deadline_is_retried_and_applied_once():
+    harness = Harness(REGISTRY)
+    harness.script("payment", "charge", too_slow(20))  # a 15 s budget
+    order(harness)
+    harness.run()
+    assert harness.state("o1").process_state is ProcessState.PROCESSED
+    assert "expired_retry:charge" in harness.history("o1")
+    assert harness.effects == DONE  # the late call's effect and the retry's are one
+
+
+def test_a_crash_before_the_reply_is_recovered_without_a_second_effect():
+    harness = Harness(REGISTRY)
+    harness.script("inventory", "reserve", crash_before_reply({"reservation": "r1"}))
+    order(harness)
+    harness.run()
+    assert harness.state("o1").process_state is ProcessState.PROCESSED
+    reserves = [c for c in harness.calls if c[1] == "reserve"]
+    assert len(reserves) == 2 and {c[2] for c in reserves} == {"o1:reserve"}
+    assert harness.effects == DONE
+
+
+def test_every_message_delivered_twice_changes_nothing():
+    harness = Harness(REGISTRY, duplicate_deliveries=True)
+    order(harness)
+    harness.run()
+    assert harness.state("o1").process_state is ProcessState.PROCESSED
+    assert harness.effects == DONE
+    assert "reply_dropped:reserve" in harness.history("o1")  # the duplicate reply, fenced
+    assert harness.statuses("o1").count("completed") == 1
+
+
+def test_a_step_that_keeps_expiring_is_compensated_including_itself():
+    harness = Harness(REGISTRY, max_failures=2)
+    harness.script("payment", "charge", too_slow(20), too_slow(20))
+    order(harness)
+    harness.run()
+    assert harness.state("o1").process_state is ProcessState.COMPENSATED
+    assert harness.effects >= {"o1:charge:undo", "o1:reserve:undo"}
+
+
+def test_an_undo_refused_ends_in_error_with_one_alert():
+    harness = Harness(REGISTRY)
+    harness.script("shipping", "ship", refuse())
+    harness.script("payment", "refund", refuse("refund rejected"))
+    order(harness)
+    harness.run()
+    assert harness.state("o1").process_state is ProcessState.ERROR
+    assert [a.order_id for a in harness.alerts] == ["o1"]
+
+
+def test_bad_details_are_parked_and_nothing_runs():
+    harness = Harness(REGISTRY)
+    harness.submit("order", {"customer_id": "c1"}, order_id="o1")
+    harness.run()
+    assert harness.store.states == {}
+    (parked,) = harness.store.parked.values()
+    assert parked.reason.startswith("invalid details")
+
+
+def test_python_agents_run_their_own_functions_unless_scripted():
+    seen: list[dict[str, Any]] = []
+
+    def provision(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
+        seen.append(data)
+        return {"id": f"vm-{context.order_id}"}
+
+    def notify(context: ActionContext, data: dict[str, Any]) -> None:
+        raise Refused("mailbox full")
+
+    steps = (
+        StepDefinition("provision", "cloud", "provision", timedelta(seconds=5)),
+        StepDefinition("notify", "mailer", "send", timedelta(seconds=5)),
+    )
+    registry = Registry(
+        (Workflow("setup", steps, on_failure="error"),),
+        python_agents=(
+            PythonAgent("cloud", {"provision": provision}),
+            PythonAgent("mailer", {"send": notify}),
+        ),
+    )
+    harness = Harness(registry)
+    harness.submit("setup", {"name": "a"}, order_id="a1")
+    harness.script("mailer", "send", fault(), ok())
+    harness.submit("setup", {"name": "b"}, order_id="b1")
+    harness.run()
+    assert harness.state("a1").process_state is ProcessState.PROCESSED
+    assert harness.state("b1").process_state is ProcessState.ERROR  # the real notify refused
+    assert seen == [{"name": "a", "order_id": "a1"}, {"name": "b", "order_id": "b1"}]
+    assert harness.state("a1").results["provision"] == {"id": "vm-a1"}
