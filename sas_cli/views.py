@@ -65,12 +65,15 @@ def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> 
     return shown
 
 
-def _cell(value: Any) -> str:
+def _cell(value: Any) -> Text:
+    """A table cell as plain text: what the app stored (a reason, a result) is never markup."""
     if value is None:
-        return ""
+        return Text("")
+    if isinstance(value, Text):
+        return value
     if isinstance(value, datetime):
-        return at(value)
-    return str(value)
+        return Text(at(value))
+    return Text(str(value))
 
 
 def at(moment: datetime | None) -> str:
@@ -120,11 +123,15 @@ def timeline(detail: OrderDetail) -> RenderableType:
         for h in detail.history
     ]
     events = ("at", "event", "step", "mode", "attempt", "endpoint", "by", "detail")
-    steps = [(s.index, s.name, s.attempt, s.completed_at) for s in detail.steps]
+    steps = [
+        (s.index, s.name, s.attempt, s.completed_at, Text(json.dumps(s.result)))
+        for s in detail.steps
+    ]
     return Group(
         status(detail.state),
+        Text(f"input: {json.dumps(detail.order.details)}"),  # data, never markup
         table("history", events, history),
-        table("completed steps", ("#", "step", "attempt", "at"), steps),
+        table("completed steps", ("#", "step", "attempt", "at", "result"), steps),
     )
 
 

@@ -171,6 +171,12 @@ def test_an_error_order_is_resubmitted_from_its_timeline_and_finishes(
         expect(page.locator(f"#history tbody tr[data-kind='{kind}']")).to_have_count(count)
     expect(page.locator("#compensation tbody tr").first).to_be_visible()
     expect(page.locator("#steps tbody tr")).to_have_count(2)  # reserve and charge were applied
+    # The order's input, and what each step returned (the simulator's effect ids).
+    expect(page.locator("#timeline-input")).to_contain_text('"customer_id"')
+    reserved = {s.name: s.result for s in store.get_steps(failed_order)}["reserve"]
+    expect(page.locator("#steps tbody tr[data-step='reserve'] .result")).to_contain_text(
+        reserved["effect_id"]
+    )
     trace_id = telemetry.trace_id_of(store.get_state(failed_order).value.traceparent)
     assert trace_id is not None  # the order was traced: the page must show its id
     expect(page.locator("#timeline-trace")).to_have_text(trace_id)

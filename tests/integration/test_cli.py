@@ -186,6 +186,7 @@ def test_history_shows_the_timeline_and_completed_steps(mixed, capsys):
     code, out, _ = sas(capsys, "history", "broken")
     assert code == 0
     assert "history" in out and "completed steps" in out and "refused" in out
+    assert '"customer_id"' in out and "result" in out  # the input, each step's result
     timeline = sas_json(capsys, "history", "broken")
     assert [h["kind"] for h in timeline["history"]] == [
         "submitted",

@@ -89,3 +89,13 @@ def test_parked_messages_of_both_kinds_show_in_one_table_as_the_api_shows_them()
         assert shown in app_row
     for shown in ("host", "?", "10", "MaxDeliveryCountExceeded", '{"a": 1}'):
         assert shown in host_row
+
+
+def test_stored_text_is_shown_as_it_is_never_as_markup():
+    at = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+    state = OrderState(
+        "o1", "order", ProcessState.ERROR, at, at, last_error="[bold red]card [/] declined"
+    )
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(views.failures_table([state]))
+    assert "[bold red]card [/] declined" in console.export_text()

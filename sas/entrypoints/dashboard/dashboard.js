@@ -141,12 +141,15 @@
     $("timeline-state").dataset.state = order.process_state;
     $("timeline-trace").textContent = order.trace_id || "—";
     $("timeline-workflow").textContent = `${order.workflow}, ${order.priority} priority`;
+    $("timeline-input").textContent = JSON.stringify(order.details);
     $("timeline-step").textContent =
       `${order.step} (${order.mode}), attempt ${order.attempt}, failures ${order.failure_count}`;
     $("timeline-error").textContent = order.last_error || "—";
     $("resubmit-box").hidden = order.process_state !== "Error";
     fill($("steps").tBodies[0], order.steps.map((step) => row(
-      [step.index, step.name, step.attempt, when(step.completed_at)], { "data-step": step.name },
+      [step.index, step.name, step.attempt, when(step.completed_at),
+        el("code", JSON.stringify(step.result), { class: "result" })],
+      { "data-step": step.name },
     )));
     const undo = order.history.filter((entry) => entry.mode === "undo");
     fill($("compensation").tBodies[0], undo.map((entry) => row(
