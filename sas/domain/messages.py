@@ -285,11 +285,19 @@ def decode(model: type[M], body: bytes | str) -> M:
     try:
         return model.model_validate_json(text)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '<body>'}: {err['msg']}"
-            for err in exc.errors(include_input=False, include_url=False)[:5]
-        )
-        raise InvalidMessage(f"invalid {model.__name__}: {problems}"[:1000]) from None
+        raise InvalidMessage(f"invalid {model.__name__}: {problems(exc, '<body>')}") from None
+
+
+def problems(error: ValidationError, whole: str) -> str:
+    """What a validation error found, fit to record and show: where (the schema's own field
+    names; an unexpected field's name, the sender's text, is never repeated) and what."""
+    found = []
+    for err in error.errors(include_input=False, include_url=False)[:5]:
+        loc = [str(p) for p in err["loc"]]
+        if err["type"] == "extra_forbidden" and loc:
+            loc[-1] = "<unexpected field>"
+        found.append(f"{'.'.join(loc) or whole}: {err['msg']}")
+    return "; ".join(found)[:900]
 
 
 class _NonFinite(Exception):

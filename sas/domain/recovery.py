@@ -46,7 +46,8 @@ class RetryPolicy:
 
     def backoff(self, failures: int) -> timedelta:
         """Wait before retry number ``failures``: doubling, capped."""
-        doubled: timedelta = self.base_backoff * (2 ** max(failures - 1, 0))
+        doublings = min(max(failures - 1, 0), 32)  # past the cap long before: no overflow
+        doubled: timedelta = self.base_backoff * 2**doublings
         return min(doubled, self.max_backoff)
 
 

@@ -14,7 +14,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from sas.domain.wire import STEP_NAME
+from sas.domain.messages import problems
+from sas.domain.wire import STEP_NAME, Mode
+
+MAX_STEPS = 16
+"""Steps of one workflow. Every completed step's result rides in the order's state row: at most
+8 KiB of UTF-8, at most 48 KiB stored (ASCII-escaped JSON, UTF-16), so 16 of them and the
+details (``MAX_DETAILS_JSON``) stay well under Table Storage's 1 MiB per entity."""
+MAX_BUDGET = timedelta(days=1)
+"""The longest complete-by or pickup budget: a deadline must stay far from the calendar's end."""
+MAX_DETAILS_JSON = 30_000
+"""Characters of an order's details as stored (ASCII JSON in one Table property of 64 KiB)."""
+MAX_FAILURES_LIMIT = 100
 
 
 @dataclass(frozen=True)
@@ -42,10 +53,15 @@ class StepDefinition:
         for label, value in labelled:
             if not STEP_NAME.matches(value):
                 raise ValueError(f"{label} {value!r} must match {STEP_NAME.body}")
-        if self.budget <= timedelta(0):
-            raise ValueError(f"step {self.name!r}: budget must be positive")
-        if self.max_failures is not None and self.max_failures < 1:
-            raise ValueError(f"step {self.name!r}: max_failures must be at least 1")
+        if not timedelta(0) < self.budget <= MAX_BUDGET:
+            raise ValueError(f"step {self.name!r}: budget must be positive, at most a day")
+        failures = self.max_failures
+        if failures is not None and (
+            type(failures) is not int or not 1 <= failures <= MAX_FAILURES_LIMIT
+        ):
+            raise ValueError(f"step {self.name!r}: max_failures must be an int from 1 to 100")
+        if self.input is not None and not callable(self.input):
+            raise ValueError(f"step {self.name!r}: input must be a function (details, results)")
 
 
 @dataclass(frozen=True)
@@ -62,8 +78,20 @@ class Workflow:
     def __post_init__(self) -> None:
         if not STEP_NAME.matches(self.name):
             raise ValueError(f"workflow name {self.name!r} must match {STEP_NAME.body}")
-        if not self.steps:
-            raise ValueError(f"workflow {self.name!r} has no steps")
+        if not isinstance(self.steps, tuple) or not self.steps:
+            raise ValueError(f"workflow {self.name!r}: steps must be a non-empty tuple")
+        if len(self.steps) > MAX_STEPS:
+            raise ValueError(f"workflow {self.name!r} has more than {MAX_STEPS} steps")
+        if not timedelta(0) < self.pickup_budget <= MAX_BUDGET:
+            raise ValueError(
+                f"workflow {self.name!r}: pickup_budget must be positive, at most a day"
+            )
+        if self.on_failure not in ("compensate", "error"):
+            raise ValueError(f"workflow {self.name!r}: on_failure must be 'compensate' or 'error'")
+        if self.input is not None and not (
+            isinstance(self.input, type) and issubclass(self.input, BaseModel)
+        ):
+            raise ValueError(f"workflow {self.name!r}: input must be a pydantic model class")
         names = [step.name for step in self.steps]
         if len(set(names)) != len(names):
             raise ValueError(f"workflow {self.name!r} repeats a step name")
@@ -71,17 +99,16 @@ class Workflow:
     def parse_input(self, details: dict[str, Any]) -> dict[str, Any]:
         """``details`` as the input schema reads it (JSON data); ValueError naming what is wrong,
         never echoing a value."""
-        if self.input is None:
-            return details
-        try:
-            parsed = self.input.model_validate_json(json.dumps(details))
-        except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or '<details>'}: {err['msg']}"
-                for err in exc.errors(include_input=False, include_url=False)[:5]
-            )
-            raise ValueError(f"invalid details: {problems}") from None
-        return parsed.model_dump(mode="json")
+        parsed = details
+        if self.input is not None:
+            try:
+                parsed = self.input.model_validate_json(json.dumps(details)).model_dump(mode="json")
+            except ValidationError as exc:
+                raise ValueError(f"invalid details: {problems(exc, '<details>')}") from None
+        size = len(json.dumps(parsed, separators=(",", ":")))
+        if size > MAX_DETAILS_JSON:
+            raise ValueError(f"details too large to keep: {size} > {MAX_DETAILS_JSON} characters")
+        return parsed
 
     def step(self, index: int) -> StepDefinition:
         if not 0 <= index < len(self.steps):
@@ -94,9 +121,12 @@ class Workflow:
         order_id: str,
         details: Mapping[str, Any],
         results: Mapping[str, Mapping[str, Any]],
+        mode: Mode = "do",
     ) -> dict[str, Any]:
-        """What step ``index`` is sent to do."""
-        build = self.step(index).input
+        """What step ``index`` is sent to do. Its undo gets the details (and, from the agent
+        runner, what the step returned), never the builder's data: a builder that fails must not
+        stop compensation."""
+        build = self.step(index).input if mode == "do" else None
         data = details if build is None else build(details, results)
         return {**data, "order_id": order_id}
 
@@ -147,8 +177,10 @@ class Registry:
     """The agents whose actions are Python functions; the rest call remote HTTP services."""
 
     def __post_init__(self) -> None:
-        if not self.workflows:
-            raise ValueError("no workflow declared")
+        if not isinstance(self.workflows, tuple) or not self.workflows:
+            raise ValueError("workflows must be a non-empty tuple")
+        if not isinstance(self.python_agents, tuple):
+            raise ValueError("python_agents must be a tuple")
         names = [workflow.name for workflow in self.workflows]
         if len(set(names)) != len(names):
             raise ValueError("two workflows share a name")

@@ -5,13 +5,16 @@ raising ``Refused`` (``sas/actions.py``); any other exception counts as transien
 
 from __future__ import annotations
 
+import json
 import logging
+import traceback
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sas.domain.clock import Clock
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
+from sas.domain.messages import result_problem
 from sas.domain.wire import Mode
 from sas.domain.workflow import PythonAgent
 
@@ -49,16 +52,37 @@ def run_action(agent: PythonAgent, context: ActionContext, data: dict[str, Any])
     except (TransientRemoteError, PermanentRemoteError):
         raise
     except Exception as exc:  # the app's own bug or a library's fault: retried like a timeout
-        log.warning(
-            "sas.action_failed action=%s error=%s",
-            where,
-            type(exc).__name__,
-            exc_info=True,
-            extra={"order_id": context.order_id, "step": context.step, "attempt": context.attempt},
-        )
+        _failed(context, where, type(exc).__name__, exc)
         raise TransientRemoteError(f"{where}: {type(exc).__name__}") from None
-    if result is None:
-        return {}
-    if not isinstance(result, dict):
-        raise TransientRemoteError(f"{where}: result is not a dict")
-    return result
+    return _as_json(context, where, {} if result is None else result)
+
+
+def _as_json(context: ActionContext, where: str, result: object) -> dict[str, Any]:
+    """The result as a reply carries it (JSON: keys become strings). One that is not a JSON
+    object of at most 8 KiB counts as a failed call: the step is retried, never completed with
+    a result lost on the way."""
+    try:
+        if not isinstance(result, dict):
+            raise TypeError("not a dict")
+        data = json.loads(json.dumps(result, allow_nan=False))
+        problem = result_problem(data)
+    except (TypeError, ValueError, RecursionError) as exc:
+        problem = f"not JSON data ({type(exc).__name__})"
+    if problem is not None:
+        _failed(context, where, f"result {problem}", None)
+        raise TransientRemoteError(f"{where}: result {problem}")
+    value: dict[str, Any] = data
+    return value
+
+
+def _failed(context: ActionContext, where: str, error: str, exc: BaseException | None) -> None:
+    """Logged with where the app's code failed, never with what it was given."""
+    frames = traceback.extract_tb(exc.__traceback__) if exc is not None else []
+    at = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "-"
+    log.warning(
+        "sas.action_failed action=%s error=%s at=%s",
+        where,
+        error,
+        at,
+        extra={"order_id": context.order_id, "step": context.step, "attempt": context.attempt},
+    )

@@ -117,7 +117,9 @@ def _step_data(state: OrderState, workflow: Workflow) -> dict[str, Any] | None:
     """The current step's data, as its ``input`` builds it; None (logged) if the app's builder
     fails or builds something that is not a JSON object."""
     try:
-        data = workflow.step_data(state.step_index, state.order_id, state.details, state.results)
+        data = workflow.step_data(
+            state.step_index, state.order_id, state.details, state.results, state.mode
+        )
         json.dumps(data, allow_nan=False)
     except Exception as exc:  # the app's own code: a bug, or results it did not expect
         log.exception(

@@ -39,10 +39,16 @@ def check(ctx: Context, message: OrderSubmitted) -> None:
     stands, whatever the store holds: checked before anything is written."""
     if message.workflow not in ctx.workflows:
         raise InvalidMessage(f"unknown workflow {message.workflow!r}")
+    workflow = ctx.workflows.named(message.workflow)
     try:
-        ctx.workflows.named(message.workflow).parse_input(message.details)
+        details = workflow.parse_input(message.details)
     except ValueError as exc:
         raise InvalidMessage(str(exc)) from None
+    try:  # the first step's data comes from the details alone: it must build now
+        workflow.step_data(0, message.order_id, details, {})
+    except Exception as exc:  # the app's own builder
+        reason = f"details do not build the first step's input ({type(exc).__name__})"
+        raise InvalidMessage(reason) from None
     reply_to = message.reply_to
     if reply_to is None:
         return

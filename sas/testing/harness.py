@@ -4,7 +4,9 @@ else can happen, through sas's own handlers: submission, Scheduler, agents and S
 Every message goes through its wire encoding and is delivered in due order; agents' actions
 answer from a script (``ok``, ``fault``, ``refuse``, ``too_slow``, ``crash_before_reply``), else
 a Python agent runs its own function and an HTTP agent succeeds with an empty result. A run
-takes milliseconds: the Supervisor's ticks, backoffs and deadlines are fake time.
+takes milliseconds: the Supervisor's ticks, backoffs and deadlines are fake time. Messages are
+handled one at a time, so a slow call's fake time passes for every order; an exception a
+handler raises ends ``run()`` (it is a bug the test should see).
 """
 
 from __future__ import annotations
@@ -144,6 +146,8 @@ class Harness:
         redelivery_after: float = 30.0,
         duplicate_deliveries: bool = False,
     ) -> None:
+        if supervisor_every <= 0 or redelivery_after <= 0:
+            raise ValueError("supervisor_every and redelivery_after must be positive")
         self.registry = registry
         self.clock = FakeClock()
         self.store = InMemoryStore()

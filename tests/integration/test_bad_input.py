@@ -49,7 +49,7 @@ BAD_ORDERS = {
         ).encode(),
         "type",
     ),
-    "unknown_field": (body(admin=True), "admin"),
+    "unknown_field": (body(admin=True), "<unexpected field>: Extra inputs"),
     "missing_field": (json.dumps({"type": "OrderSubmitted", "order_id": "o1"}).encode(), "details"),
     "future_version": (body(v=2), "v:"),
     "oversize": (b" " * (MAX_MESSAGE_BYTES + 1), "oversize"),

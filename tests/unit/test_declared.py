@@ -58,9 +58,18 @@ def test_a_missing_module_or_registry_is_a_clear_configuration_error(load):
 @pytest.mark.parametrize(
     ("declare", "problem"),
     [
-        (lambda: Registry(()), "no workflow declared"),
+        (lambda: Registry(()), "workflows must be a non-empty tuple"),
+        (lambda: Registry([ORDER_WORKFLOW]), "workflows must be a non-empty tuple"),  # type: ignore[arg-type]
         (lambda: Registry((ORDER_WORKFLOW, ORDER_WORKFLOW)), "two workflows share a name"),
-        (lambda: Workflow("setup", ()), "has no steps"),
+        (lambda: Workflow("setup", ()), "steps must be a non-empty tuple"),
+        (lambda: Workflow("setup", (STEP,) * 17), "more than 16 steps"),
+        (lambda: Workflow("setup", (STEP,), on_failure="retry"), "on_failure"),  # type: ignore[arg-type]
+        (lambda: Workflow("setup", (STEP,), pickup_budget=timedelta(0)), "pickup_budget"),
+        (lambda: Workflow("setup", (STEP,), input=dict), "pydantic model class"),  # type: ignore[arg-type]
+        (lambda: StepDefinition("go", "cloud", "go", timedelta.max), "at most a day"),
+        (lambda: StepDefinition("go", "cloud", "go", timedelta(1), max_failures=True), "an int"),
+        (lambda: StepDefinition("go", "cloud", "go", timedelta(1), max_failures=101), "an int"),
+        (lambda: StepDefinition("go", "cloud", "go", timedelta(1), input="x"), "a function"),  # type: ignore[arg-type]
         (lambda: Workflow("setup", (STEP, STEP)), "repeats a step name"),
         (lambda: Workflow("Set Up", (STEP,)), "workflow name"),
         (lambda: StepDefinition("x", "cloud", "provision", timedelta(seconds=5)), "step name"),

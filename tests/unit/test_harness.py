@@ -161,3 +161,8 @@ def test_python_agents_run_their_own_functions_unless_scripted():
     assert harness.state("b1").process_state is ProcessState.ERROR  # the real notify refused
     assert seen == [{"name": "a", "order_id": "a1"}, {"name": "b", "order_id": "b1"}]
     assert harness.state("a1").results["provision"] == {"id": "vm-a1"}
+
+
+def test_the_harness_refuses_a_clock_that_would_not_move():
+    with pytest.raises(ValueError, match="must be positive"):
+        Harness(REGISTRY, supervisor_every=0)

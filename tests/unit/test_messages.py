@@ -54,7 +54,7 @@ def test_fingerprint_is_stable_and_changes_with_content():
         (b"\xff\xfe", "not UTF-8"),
         (b"not json", "invalid OrderSubmitted"),
         (b"[]", "invalid OrderSubmitted"),
-        (order(extra_field=1), "extra_field"),
+        (order(extra_field=1), "<unexpected field>: Extra inputs"),
         (order(v=2), "v:"),
         (order(type="StepReply"), "type:"),
         (order(order_id="a/b"), "order_id"),
@@ -69,6 +69,7 @@ def test_bad_bodies_are_rejected_with_a_reason(body, reason):
     with pytest.raises(InvalidMessage) as caught:
         decode(OrderSubmitted, body)
     assert reason in caught.value.reason
+    assert "extra_field" not in caught.value.reason  # a sender's field name is never repeated
 
 
 @pytest.mark.parametrize(
@@ -77,14 +78,15 @@ def test_bad_bodies_are_rejected_with_a_reason(body, reason):
         ({"lines": []}, "lines"),
         ({"lines": [{"sku": "s", "quantity": "2", "unit_price_cents": 1}]}, "quantity"),
         ({"currency": "<script>"}, "currency"),
-        ({"extra": 1}, "extra"),
+        ({"SECRET_extra": 1}, "<unexpected field>: Extra inputs"),
     ],
 )
 def test_a_workflows_input_is_checked_against_its_schema_strictly(change, reason):
     details = {**json.loads(order())["details"], **change}
-    with pytest.raises(ValueError, match=reason) as caught:
+    with pytest.raises(ValueError) as caught:
         ORDER_WORKFLOW.parse_input(details)
-    assert "<script>" not in str(caught.value)
+    assert reason in str(caught.value)
+    assert "<script>" not in str(caught.value) and "SECRET" not in str(caught.value)
     assert decode(OrderSubmitted, order(details=details)).details == details  # the envelope's fine
 
 

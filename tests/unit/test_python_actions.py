@@ -183,3 +183,65 @@ def test_an_undo_is_told_its_mode_and_gets_the_original_result():
     ((context, _),) = seen
     assert (context.mode, context.idempotency_key) == ("undo", "o1:charge:undo")
     assert reply_of(transport).result == {"refunded": "e1"}
+
+
+@pytest.mark.parametrize(
+    ("answer", "expected"),
+    [
+        ({404: "found", "nested": {1: True}}, {"404": "found", "nested": {"1": True}}),
+        ({"ok": (1, 2)}, {"ok": [1, 2]}),
+    ],
+)
+def test_a_result_is_the_json_a_reply_carries(answer, expected):
+    clock, transport = FakeClock(), RecordingTransport()
+    agent = PythonAgent("payment", {"charge": lambda context, data: answer})
+    run = agent_runner(
+        "payment", ScriptedRemote([]), transport, ROUTES, clock, python={"payment": agent}
+    )
+    assert run.handle(request(clock)) is AgentOutcome.REPLIED
+    assert reply_of(transport).result == expected
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [{"at": object()}, {"n": float("nan")}, {"big": "x" * 9000}, {1.5: {"set": {1}}}],
+    ids=["not json", "nan", "over 8 KiB", "set"],
+)
+def test_a_result_no_reply_can_carry_fails_the_call_and_is_never_replaced(answer, caplog):
+    clock, transport = FakeClock(), RecordingTransport()
+    agent = PythonAgent("payment", {"charge": lambda context, data: answer})
+    run = agent_runner(
+        "payment",
+        ScriptedRemote([]),
+        transport,
+        ROUTES,
+        clock,
+        sleep=clock.sleep,
+        python={"payment": agent},
+    )
+    assert run.handle(request(clock, 5)) is AgentOutcome.GAVE_UP  # retried, never completed
+    assert transport.sent == []
+    assert "sas.action_failed" in caplog.text
+
+
+def test_an_action_failure_is_logged_with_where_never_with_the_data(caplog):
+    clock, transport = FakeClock(), RecordingTransport()
+
+    def leaky(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError(f"cannot use {data}")
+
+    agent = PythonAgent("payment", {"charge": leaky})
+    run = agent_runner(
+        "payment",
+        ScriptedRemote([]),
+        transport,
+        ROUTES,
+        clock,
+        sleep=clock.sleep,
+        python={"payment": agent},
+    )
+    secret = request(clock, 5).model_copy(update={"payload": {"card": "4111-SECRET"}})
+    run.handle(secret)
+    assert "sas.action_failed action=payment.charge error=ValueError at=" in caplog.text
+    assert "test_python_actions.py" in caplog.text
+    assert "SECRET" not in caplog.text

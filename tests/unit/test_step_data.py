@@ -49,30 +49,57 @@ def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(
 ):
     calls: list[int] = []
 
-    def broken(order: Any, results: Any) -> dict[str, Any]:
+    def flaky(order: Any, results: Any) -> dict[str, Any]:
         calls.append(1)
         if len(calls) == 1:
             raise KeyError("missing")
-        return {"fixed": True}
+        return {"fixed": results["go"]["ref"]}
 
-    step = StepDefinition("go", "payment", "charge", timedelta(seconds=5), input=broken)
-    monkeypatch.setitem(WORKFLOWS, "flaky", Workflow("flaky", (step,)))
+    first = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
+    then = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=flaky)
+    monkeypatch.setitem(WORKFLOWS, "flaky", Workflow("flaky", (first, then)))
     store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
     app = instance(store, transport, ROUTES, clock)
-    order = submitted().model_copy(update={"workflow": "flaky"})
+    app.submit(submitted().model_copy(update={"workflow": "flaky"}))
     with caplog.at_level(logging.ERROR):
-        app.submit(order)
-    assert requests(transport) == {}
+        app.on_reply(ok_reply(requests(transport)["go"]))
+    assert set(requests(transport)) == {"go"}  # then's data did not build: nothing sent
     assert "sas.step_input_failed error=KeyError" in caplog.text
     assert "missing" not in caplog.messages[-1]  # the event names the error type only
     clock.advance(6)
     app.sweep()  # expired: retried after a backoff
     clock.advance(10)
     app.schedule(ScheduleRequest(order_id="o1"))
-    (request,) = requests(transport).values()
-    assert request.payload == {"fixed": True, "order_id": "o1"}
+    request = requests(transport)["then"]
+    assert request.payload == {"fixed": "go", "order_id": "o1"}
     app.on_reply(ok_reply(request))
     assert state_of(store).process_state is ProcessState.PROCESSED
+
+
+def test_details_that_do_not_build_the_first_step_are_refused_before_any_write(monkeypatch):
+    def needs_name(order: Any, results: Any) -> dict[str, Any]:
+        return {"name": order["name"]}
+
+    step = StepDefinition("go", "payment", "charge", timedelta(seconds=5), input=needs_name)
+    monkeypatch.setitem(WORKFLOWS, "named", Workflow("named", (step,)))
+    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    order = OrderSubmitted(order_id="o1", workflow="named", details={"other": 1})
+    with pytest.raises(InvalidMessage, match=r"do not build the first step's input \(KeyError\)"):
+        instance(store, transport, ROUTES, clock).submit(order)
+    assert store.states == {} and transport.sent == []
+
+
+def test_an_undo_gets_the_details_never_the_builders_data(monkeypatch):
+    def broken_later(order: Any, results: Any) -> dict[str, Any]:
+        return {"ref": results["go"]["missing"]}  # fails once go has run
+
+    first = StepDefinition("go", "payment", "charge", timedelta(seconds=5), undo="refund")
+    then = StepDefinition(
+        "then", "payment", "charge", timedelta(seconds=5), undo="refund", input=broken_later
+    )
+    workflow = Workflow("broken", (first, then))
+    data = workflow.step_data(1, "o1", {"a": 1}, {"go": {"ref": "x"}}, "undo")
+    assert data == {"a": 1, "order_id": "o1"}
 
 
 def test_the_order_id_always_travels_and_cannot_be_overridden_by_the_data():
@@ -90,3 +117,13 @@ def test_an_order_submitted_with_other_details_is_refused_by_the_workflows_input
     with pytest.raises(InvalidMessage, match="invalid details"):
         instance(store, transport, ROUTES, clock).submit(order)
     assert store.get_state("o1") is None and transport.sent == []
+
+
+def test_details_too_large_to_keep_are_refused(monkeypatch):
+    step = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
+    monkeypatch.setitem(WORKFLOWS, "free", Workflow("free", (step,)))  # no input schema
+    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    order = OrderSubmitted(order_id="o1", workflow="free", details={"text": "ж" * 8000})
+    with pytest.raises(InvalidMessage, match="details too large to keep"):
+        instance(store, transport, ROUTES, clock).submit(order)
+    assert store.states == {}
