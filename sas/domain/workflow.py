@@ -99,10 +99,15 @@ class Workflow:
     def parse_input(self, details: dict[str, Any]) -> dict[str, Any]:
         """``details`` as the input schema reads it (JSON data); ValueError naming what is wrong,
         never echoing a value."""
+        try:  # NaN, a lone surrogate or absurd nesting: no JSON document can carry them
+            text = json.dumps(details, allow_nan=False, ensure_ascii=False)
+            text.encode("utf-8")
+        except (TypeError, ValueError, RecursionError):
+            raise ValueError("details are not JSON data") from None
         parsed = details
         if self.input is not None:
             try:
-                parsed = self.input.model_validate_json(json.dumps(details)).model_dump(mode="json")
+                parsed = self.input.model_validate_json(text).model_dump(mode="json")
             except ValidationError as exc:
                 raise ValueError(f"invalid details: {problems(exc, '<details>')}") from None
         size = len(json.dumps(parsed, separators=(",", ":")))

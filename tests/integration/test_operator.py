@@ -347,3 +347,23 @@ def test_the_api_refuses_a_bad_priority_or_an_app_only_field(client, app_env, ch
     response = client.post("/api/orders", json={**VALID_ORDER, "order_id": "bad-1", **change})
     assert response.status_code == 422
     assert reason in response.text
+
+
+@pytest.mark.parametrize(
+    ("details", "reason"),
+    [
+        ({"customer_id": "c1"}, "invalid details"),
+        ({**VALID_ORDER["details"], "address": "ж" * 40_000}, "invalid details"),
+        ({**VALID_ORDER["details"], "SECRET": {"a": {"b": 1}}}, "<unexpected field>"),
+    ],
+)
+def test_the_api_refuses_details_its_workflow_refuses_and_sends_nothing(
+    client, app_env, details, reason
+):
+    response = client.post(
+        "/api/orders", json={**VALID_ORDER, "order_id": "bad-2", "details": details}
+    )
+    assert response.status_code == 422, response.text
+    assert reason in response.text and "SECRET" not in response.text
+    queue = queue_service_client(bootstrap.settings().storage).get_queue_client("sas-orders")
+    assert queue.peek_messages() == []

@@ -127,3 +127,21 @@ def test_details_too_large_to_keep_are_refused(monkeypatch):
     with pytest.raises(InvalidMessage, match="details too large to keep"):
         instance(store, transport, ROUTES, clock).submit(order)
     assert store.states == {}
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    "details",
+    [{"n": float("nan")}, {"s": "\ud800"}, _deep(5000)],
+    ids=["nan", "lone surrogate", "deep"],
+)
+def test_details_no_json_document_can_carry_are_refused(details):
+    step = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
+    with pytest.raises(ValueError, match="details are not JSON data"):
+        Workflow("free", (step,)).parse_input(details)
