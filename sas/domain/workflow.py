@@ -41,7 +41,8 @@ class StepDefinition:
         Callable[[Mapping[str, Any], Mapping[str, Mapping[str, Any]]], Mapping[str, Any]] | None
     ) = None
     """The step's data from the workflow's input and what the steps before it returned (by
-    step name); None: the input as it is. Either way the data also holds ``order_id``."""
+    step name); None: the input as it is. Either way the data also holds ``order_id``. Called
+    at each dispatch of the step (a retry's too): a pure function of its arguments."""
     max_failures: int | None = None
     """Expiries of one attempt after another before the step counts as failed for good
     (compensation or Error); None: the app's ``SAS_MAX_FAILURES``."""
@@ -208,9 +209,6 @@ class Registry:
                             f"workflow {workflow.name!r}, step {step.name!r}: agent "
                             f"{step.agent!r} has no action {action!r}"
                         )
-
-    def python_agent(self, name: str) -> PythonAgent | None:
-        return next((agent for agent in self.python_agents if agent.name == name), None)
 
     @property
     def http_agents(self) -> tuple[str, ...]:
