@@ -12,7 +12,7 @@ CHROMIUM := /usr/bin/chromium
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD := 1
 
 .PHONY: setup run fast test lint format unit integration e2e clean lock hooks chaos bench chromium \
-	openapi
+	openapi infra
 
 setup: $(VENV)/.installed node_modules/.installed
 
@@ -76,6 +76,11 @@ $(CHROMIUM):
 # docs/openapi.json from the app's own schema (tests/unit/test_openapi.py fails when stale).
 openapi: setup
 	$(PY) -m sas_local.openapi
+
+# The parts of infra/ that follow from the app's workflows (workflows/): each agent's queues,
+# each HTTP agent's URL parameters and settings. A unit test fails when they are stale.
+infra: setup
+	$(PY) -m sas_local.infra
 
 clean:
 	rm -rf $(VENV) node_modules .pytest_cache .mypy_cache .ruff_cache .sas-run

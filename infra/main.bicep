@@ -52,17 +52,40 @@ param queuePrefix string = 'sas'
 @maxLength(59)
 param tableName string = 'sasorders'
 
+// Each HTTP agent's remote service, as the app's workflows declare them (workflows/). The
+// regions marked "generated" are written by `make infra` (sas_local/infra.py), and
+// tests/unit/test_infra_consistency.py fails when they are stale.
+// generated: agent parameters (make infra)
 @description('Base URL of the remote inventory service (SAS_REMOTE_INVENTORY_URL).')
 @minLength(8)
 param remoteInventoryUrl string
+
+@description('Endpoints of the inventory service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_INVENTORY_ENDPOINTS).')
+param remoteInventoryEndpoints string = ''
+
+@description('Calls the inventory service\'s one URL takes at once; empty: no limit (SAS_REMOTE_INVENTORY_CAPACITY).')
+param remoteInventoryCapacity string = ''
 
 @description('Base URL of the remote payment service (SAS_REMOTE_PAYMENT_URL).')
 @minLength(8)
 param remotePaymentUrl string
 
+@description('Endpoints of the payment service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_PAYMENT_ENDPOINTS).')
+param remotePaymentEndpoints string = ''
+
+@description('Calls the payment service\'s one URL takes at once; empty: no limit (SAS_REMOTE_PAYMENT_CAPACITY).')
+param remotePaymentCapacity string = ''
+
 @description('Base URL of the remote shipping service (SAS_REMOTE_SHIPPING_URL).')
 @minLength(8)
 param remoteShippingUrl string
+
+@description('Endpoints of the shipping service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_SHIPPING_ENDPOINTS).')
+param remoteShippingEndpoints string = ''
+
+@description('Calls the shipping service\'s one URL takes at once; empty: no limit (SAS_REMOTE_SHIPPING_CAPACITY).')
+param remoteShippingCapacity string = ''
+// end generated: agent parameters
 
 @description('NCRONTAB schedule of the supervisor timer (SAS_SUPERVISOR_SCHEDULE).')
 param supervisorSchedule string = '*/15 * * * * *'
@@ -77,24 +100,6 @@ param lowPriorityBacklogSeconds string = '5'
 
 @description('The longest a low-priority order is held back by that rule, in seconds: the starvation bound (SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS, 1-3600).')
 param lowPriorityMaxDeferralSeconds string = '60'
-
-@description('Endpoints of the inventory service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_INVENTORY_ENDPOINTS).')
-param remoteInventoryEndpoints string = ''
-
-@description('Calls the inventory service\'s one URL takes at once; empty: no limit (SAS_REMOTE_INVENTORY_CAPACITY).')
-param remoteInventoryCapacity string = ''
-
-@description('Endpoints of the payment service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_PAYMENT_ENDPOINTS).')
-param remotePaymentEndpoints string = ''
-
-@description('Calls the payment service\'s one URL takes at once; empty: no limit (SAS_REMOTE_PAYMENT_CAPACITY).')
-param remotePaymentCapacity string = ''
-
-@description('Endpoints of the shipping service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_SHIPPING_ENDPOINTS).')
-param remoteShippingEndpoints string = ''
-
-@description('Calls the shipping service\'s one URL takes at once; empty: no limit (SAS_REMOTE_SHIPPING_CAPACITY).')
-param remoteShippingCapacity string = ''
 
 @description('Clock-skew allowance: how far each host\'s estimate of the store\'s clock may be off; a deadline counts as passed only this long after it, and a host further off is reported (SAS_CLOCK_SKEW_SECONDS, 0-10).')
 param clockSkewSeconds string = '2'
@@ -145,16 +150,18 @@ param instanceMemoryMB int = 2048
 @description('E-mail address of the operators for the alert rules\' action group (SAS_ALERT_EMAIL). Empty: the action group has no receiver; the alerts still fire in Azure Monitor.')
 param alertEmail string = ''
 
-// Queue names, as sas.settings.queue_names derives them from SAS_QUEUE_PREFIX:
+// Queue names, as sas.settings.queue_names derives them from SAS_QUEUE_PREFIX and the agents:
 // tests/unit/test_infra_consistency.py fails when the two drift apart. Every queue the app
 // consumes has a lane per priority (high, normal, low): its own queue and its own trigger.
 var consumedQueues = [
   'orders'
   'scheduler'
   'replies'
+  // generated: agent queues (make infra)
   'agent-inventory'
   'agent-payment'
   'agent-shipping'
+  // end generated: agent queues
 ]
 // The queues the app consumes (its queue triggers): all but the alerts queue, which only
 // operators read. Receive-side roles are scoped to exactly these queues.
@@ -276,9 +283,11 @@ var sasSettings = {
   SAS_TRANSPORT: transport
   SAS_TABLE_NAME: tableName
   SAS_SUPERVISOR_SCHEDULE: supervisorSchedule
+  // generated: agent urls (make infra)
   SAS_REMOTE_INVENTORY_URL: remoteInventoryUrl
   SAS_REMOTE_PAYMENT_URL: remotePaymentUrl
   SAS_REMOTE_SHIPPING_URL: remoteShippingUrl
+  // end generated: agent urls
   SasStorage__tableServiceUri: storage.outputs.tableEndpoint
   SasStorage__queueServiceUri: storage.outputs.queueEndpoint
   SasStorage__credential: 'managedidentity'
@@ -289,12 +298,14 @@ var optionalSettings = {
   SAS_MAX_FAILURES: (maxFailures == 3) ? '' : string(maxFailures)
   SAS_CLOCK_SKEW_SECONDS: (clockSkewSeconds == '2') ? '' : clockSkewSeconds
   SAS_REPLY_TO_PREFIXES: (replyToPrefixes == 'status-') ? '' : replyToPrefixes
+  // generated: agent options (make infra)
   SAS_REMOTE_INVENTORY_ENDPOINTS: remoteInventoryEndpoints
-  SAS_REMOTE_PAYMENT_ENDPOINTS: remotePaymentEndpoints
-  SAS_REMOTE_SHIPPING_ENDPOINTS: remoteShippingEndpoints
   SAS_REMOTE_INVENTORY_CAPACITY: remoteInventoryCapacity
+  SAS_REMOTE_PAYMENT_ENDPOINTS: remotePaymentEndpoints
   SAS_REMOTE_PAYMENT_CAPACITY: remotePaymentCapacity
+  SAS_REMOTE_SHIPPING_ENDPOINTS: remoteShippingEndpoints
   SAS_REMOTE_SHIPPING_CAPACITY: remoteShippingCapacity
+  // end generated: agent options
   SAS_LOW_PRIORITY_BACKLOG_SECONDS: (lowPriorityBacklogSeconds == '5') ? '' : lowPriorityBacklogSeconds
   SAS_LOW_PRIORITY_MAX_DEFERRAL_SECONDS: (lowPriorityMaxDeferralSeconds == '60') ? '' : lowPriorityMaxDeferralSeconds
 }

@@ -29,7 +29,10 @@ from pycep.models import BicepElement
 from sas import settings
 from sas.declared import registry
 from sas.domain import wire
-from sas.settings import AGENTS
+from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
+from sas.settings import AGENTS, HTTP_AGENTS
+from sas_local import infra
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.unit
 
@@ -1169,8 +1172,34 @@ def test_parameters_file_covers_the_required_parameters() -> None:
     assert parameters["environmentName"]["value"] == "${AZURE_ENV_NAME}"
     assert parameters["location"]["value"] == "${AZURE_LOCATION}"
     assert parameters["principalId"]["value"] == "${AZURE_PRINCIPAL_ID}"
-    for agent in AGENTS:
-        assert f"remote{agent.capitalize()}Url" in declared
+    for agent in HTTP_AGENTS:
+        assert infra.param_name(agent, "Url") in declared
+
+
+def test_the_generated_infra_follows_the_declared_workflows() -> None:
+    assert infra.stale() == [], "run `make infra`"
+
+
+def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> None:
+    mail = StepDefinition("notify", "mail", "send", timedelta(seconds=5))
+    provision = StepDefinition("provision", "cloud", "create", timedelta(seconds=5))
+    declared = Registry(
+        (ORDER_WORKFLOW, Workflow("setup", (provision, mail))),
+        python_agents=(PythonAgent("cloud", {"create": lambda context, data: None}),),
+    )
+    monkeypatch.setattr(infra, "registry", lambda: declared)
+
+    assert infra.stale() == ["main.bicep", "main.parameters.json"]
+    bicep_text = infra.bicep_text(text("main.bicep"))
+    assert "'agent-cloud'" in bicep_text and "'agent-mail'" in bicep_text
+    assert (
+        "param remoteMailUrl string" in bicep_text
+        and "SAS_REMOTE_MAIL_URL: remoteMailUrl" in bicep_text
+    )
+    assert "remoteCloud" not in bicep_text  # a Python agent calls no remote service
+    parameters = json.loads(infra.parameters_text(text("main.parameters.json")))["parameters"]
+    assert parameters["remoteMailUrl"] == {"value": "${SAS_REMOTE_MAIL_URL}"}
+    assert "remoteCloudUrl" not in parameters
 
 
 def test_azure_yaml_deploys_the_python_function_app() -> None:
