@@ -23,12 +23,17 @@ from sas_local.provision import provision
 
 
 def app_env(
-    connection_string: str, simulator_url: str, *, explicit_queues: bool = False
+    connection_string: str,
+    simulator_url: str,
+    *,
+    explicit_queues: bool = False,
+    agents: Sequence[str] = AGENTS,
 ) -> dict[str, str]:
     """App settings for a local run: Storage Queues on Azurite, remotes on the simulator.
 
     ``explicit_queues``: every queue also named by its own setting, for another commit of the
-    app (the benchmark's comparison) whose triggers name a setting (``%SAS_QUEUE_…%``)."""
+    app (the benchmark's comparison) whose triggers name a setting (``%SAS_QUEUE_…%``).
+    ``agents``: those whose remote the simulator plays (another app's own)."""
     queues = settings_module.DEFAULT_QUEUES if explicit_queues else {}
     return {
         **queues,
@@ -39,7 +44,7 @@ def app_env(
         # Locally the Supervisor sweeps every 2 s, so recoveries show within a demo run.
         settings_module.SUPERVISOR_SCHEDULE: "*/2 * * * * *",
         settings_module.MAX_FAILURES: "3",
-        **{settings_module.remote_url_setting(a): f"{simulator_url}/{a}" for a in AGENTS},
+        **{settings_module.remote_url_setting(a): f"{simulator_url}/{a}" for a in agents},
     }
 
 
@@ -94,11 +99,13 @@ class LocalStack:
         app_root: Path = REPO_ROOT,
         endpoints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         host_env: Mapping[str, Mapping[str, str]] | None = None,
+        remote_agents: Sequence[str] = (),
     ) -> LocalStack:
         """``app_root``: the checkout whose function_app.py (and dev host) runs; another
         commit's worktree when the benchmark compares two commits. ``endpoints``: named
         endpoints of the simulator per agent (``simulator_endpoints``). ``host_env``: more
-        environment for one dev host only (``devhost`` or ``agents``), such as a skewed clock."""
+        environment for one dev host only (``devhost`` or ``agents``), such as a skewed clock.
+        ``remote_agents``: more agents whose remote the simulator plays (another app's)."""
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
         # The env below is the whole config: a settings file of our own (the same values; the
@@ -121,6 +128,7 @@ class LocalStack:
                     azurite.connection_string,
                     simulator_url,
                     explicit_queues=app_root.resolve() != REPO_ROOT.resolve(),
+                    agents=(*AGENTS, *remote_agents),
                 ),
                 **simulator_endpoints(simulator_url, endpoints or {}),
                 **(env_overrides or {}),
