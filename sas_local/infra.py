@@ -1,7 +1,8 @@
-"""`python -m sas_local.infra` (`make infra`): the parts of infra/ that follow from the app's
-declared workflows (workflows/), written into their marked regions of infra/main.bicep and into
-infra/main.parameters.json: each agent's queue lanes, and each HTTP agent's URL, endpoints and
-capacity parameters and app settings. `--check` changes nothing and fails if they are stale
+"""`python -m sas_local.infra` (`make infra`): what follows from the app's declared workflows
+(workflows/) outside the code: the marked regions of infra/main.bicep (each agent's queue
+lanes; each HTTP agent's URL, endpoints and capacity parameters and app settings), their
+entries in infra/main.parameters.json, and each HTTP agent's URL (on the simulator) in
+local.settings.example.json. `--check` changes nothing and fails if any is stale
 (tests/unit/test_infra_consistency.py runs it).
 """
 
@@ -17,9 +18,13 @@ from typing import Any
 from sas import settings
 from sas.declared import registry
 
-INFRA = Path(__file__).resolve().parents[1] / "infra"
+ROOT = Path(__file__).resolve().parents[1]
+INFRA = ROOT / "infra"
 BICEP = INFRA / "main.bicep"
 PARAMETERS = INFRA / "main.parameters.json"
+LOCAL_SETTINGS = ROOT / "local.settings.example.json"
+SIMULATOR = "http://127.0.0.1:7081"
+"""Where `python -m sas_local.simulator` listens by default: every remote a local run needs."""
 _REGION = re.compile(
     r"(?P<head>^[ \t]*// generated: (?P<name>[a-z ]+) \(make infra\)\n)(?P<body>.*?)"
     r"(?P<tail>^[ \t]*// end generated: (?P=name)\n)",
@@ -84,12 +89,21 @@ def bicep_text(current: str) -> str:
     text = _REGION.sub(replace, current)
     if missing := set(wanted) - found:
         raise ValueError(f"main.bicep: generated regions missing: {sorted(missing)}")
+    for name in wanted:
+        if current.count(f"// generated: {name} (make infra)") != 1:
+            raise ValueError(f"main.bicep: the region {name!r} must be there once")
     return text
 
 
-def parameters_text(current: str) -> str:
+def generated_parameters(bicep: str) -> set[str]:
+    """The parameters a main.bicep's generated region declares (those make infra owns)."""
+    found = next(m for m in _REGION.finditer(bicep) if m.group("name") == "agent parameters")
+    return set(re.findall(r"^param (\w+) ", found.group("body"), re.MULTILINE))
+
+
+def parameters_text(current: str, owned: set[str]) -> str:
     """main.parameters.json with one entry per HTTP agent parameter (azd fills them from the
-    environment), where the remote parameters were, the rest as it is."""
+    environment) in place of those ``owned`` (generated before), the rest as it is."""
     document = json.loads(current)
     generated: dict[str, Any] = {}
     for agent in registry().http_agents:
@@ -100,7 +114,7 @@ def parameters_text(current: str) -> str:
             generated[param_name(agent, what)] = {"value": f"${{{env}=}}"}
     parameters: dict[str, Any] = {}
     for name, value in document["parameters"].items():
-        if re.fullmatch(r"remote[A-Z][a-z0-9]*(Url|Endpoints|Capacity)", name):
+        if name in owned:
             parameters.update(generated)  # at the first remote parameter's place
             generated = {}
         else:
@@ -110,26 +124,52 @@ def parameters_text(current: str) -> str:
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
+def local_settings_text(current: str) -> str:
+    """local.settings.example.json with a URL on the simulator for each HTTP agent, and none
+    for an agent that is gone or runs in-process; the rest as it is."""
+    document = json.loads(current)
+    values = {
+        key: value
+        for key, value in document["Values"].items()
+        if not re.fullmatch(r"SAS_REMOTE_[A-Z0-9]+_URL", key)
+    }
+    for agent in registry().http_agents:
+        values[settings.remote_url_setting(agent)] = f"{SIMULATOR}/{agent}"
+    document["Values"] = values
+    return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def rewritten() -> dict[Path, str]:
+    """Each file's text as the declarations make it (all built before any is written)."""
+    bicep = BICEP.read_text(encoding="utf-8")
+    owned = generated_parameters(bicep)
+    return {
+        BICEP: bicep_text(bicep),
+        PARAMETERS: parameters_text(PARAMETERS.read_text(encoding="utf-8"), owned),
+        LOCAL_SETTINGS: local_settings_text(LOCAL_SETTINGS.read_text(encoding="utf-8")),
+    }
+
+
 def stale() -> list[str]:
-    """The infra files whose generated parts differ from the declarations."""
+    """The files whose generated parts differ from the declarations."""
     return [
         path.name
-        for path, make in ((BICEP, bicep_text), (PARAMETERS, parameters_text))
-        if make(path.read_text(encoding="utf-8")) != path.read_text(encoding="utf-8")
+        for path, text in rewritten().items()
+        if text != path.read_text(encoding="utf-8")
     ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m sas_local.infra", description=__doc__)
-    parser.add_argument("--check", action="store_true", help="fail if infra/ is stale")
+    parser.add_argument("--check", action="store_true", help="fail if anything is stale")
     args = parser.parse_args()
     if args.check:
         found = stale()
         if found:
             sys.exit(f"stale: {', '.join(found)}: run `make infra`")
         return
-    for path, make in ((BICEP, bicep_text), (PARAMETERS, parameters_text)):
-        path.write_text(make(path.read_text(encoding="utf-8")), encoding="utf-8")
+    for path, text in rewritten().items():
+        path.write_text(text, encoding="utf-8")
         print(path)
 
 

@@ -11,6 +11,7 @@ Not deployed with the app (``.funcignore``).
 
 from sas.domain.model import ProcessState
 from sas.testing.harness import (
+    Call,
     Crash,
     Harness,
     Outcome,
@@ -23,6 +24,7 @@ from sas.testing.harness import (
 from sas.testing.memory import FakeClock, InMemoryStore
 
 __all__ = [
+    "Call",
     "Crash",
     "FakeClock",
     "Harness",

@@ -17,7 +17,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
@@ -43,6 +43,19 @@ from sas.services.context import Agents, Context, Routes
 from sas.testing.memory import FakeClock, InMemoryStore
 
 STATUS_QUEUE = "status-harness"
+_order_ids = itertools.count(1)
+"""Order ids unique in the process: a module's state (keyed by idempotency key) never leaks
+from one harness into the next."""
+
+
+class Call(NamedTuple):
+    """One call of an action, as the agent made it."""
+
+    agent: str
+    action: str
+    key: str
+    """The idempotency key."""
+    data: Mapping[str, Any]
 
 
 class Crash(BaseException):
@@ -152,15 +165,15 @@ class Harness:
         self.clock = FakeClock()
         self.store = InMemoryStore()
         self.queues = _Queues(self.clock)
-        self.calls: list[tuple[str, str, str]] = []
-        """Every call of an action: (agent, action, idempotency key)."""
+        self.calls: list[Call] = []
+        """Every call of an action, in order: count them to see how often an action ran."""
         self.effects: set[str] = set()
-        """The idempotency keys of the effects calls applied (a provider applies one per key)."""
+        """The idempotency keys whose effect a scripted or default call applied (a provider
+        applies one per key); a Python agent's own effects are its business."""
         self._script: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
         self._every = timedelta(seconds=supervisor_every)
         self._redelivery = timedelta(seconds=redelivery_after)
         self._duplicates = duplicate_deliveries
-        self._ids = itertools.count(1)
         agents = {name: f"agent-{name}" for name in registry.agents}
         self.routes = Routes("orders", "scheduler", "replies", "alerts", agents)
         self.ctx = Context(
@@ -181,8 +194,22 @@ class Harness:
     # --- what a test says ----------------------------------------------------------------
 
     def script(self, agent: str, action: str, *outcomes: Outcome) -> None:
-        """The next calls of ``agent``'s ``action`` answer these, in order."""
+        """The next calls of ``agent``'s ``action`` answer these, in order; ValueError for an
+        action no step of the registry calls."""
+        known = {
+            (step.agent, name)
+            for workflow in self.registry.workflows
+            for step in workflow.steps
+            for name in (step.action, step.undo)
+            if name is not None
+        }
+        if (agent, action) not in known:
+            raise ValueError(f"no step calls {agent!r} action {action!r}")
         self._script[(agent, action)].extend(outcomes)
+
+    def unused(self) -> dict[tuple[str, str], list[Outcome]]:
+        """Scripted outcomes no call took (a test may want none)."""
+        return {key: list(left) for key, left in self._script.items() if left}
 
     def submit(
         self,
@@ -194,7 +221,7 @@ class Harness:
     ) -> str:
         """Post an order to the orders queue, as an application would; returns its id."""
         data = details.model_dump(mode="json") if isinstance(details, BaseModel) else dict(details)
-        order_id = order_id or f"order-{next(self._ids)}"
+        order_id = order_id or f"order-{next(_order_ids)}"
         message = OrderSubmitted(
             order_id=order_id,
             workflow=workflow,
@@ -289,7 +316,7 @@ class Harness:
         timeout: float,
     ) -> dict[str, Any]:
         """An HTTP agent's call: scripted, or a success with an empty result."""
-        result: dict[str, Any] = self._call(agent, action, idempotency_key, dict)
+        result: dict[str, Any] = self._call(agent, action, idempotency_key, payload, dict)
         return result
 
     def _scripted(self, python: PythonAgent) -> PythonAgent:
@@ -298,15 +325,22 @@ class Harness:
         def wrap(action: str, function: Callable[..., Any]) -> Callable[..., Any]:
             def run(context: Any, data: dict[str, Any]) -> Any:
                 key = context.idempotency_key
-                return self._call(python.name, action, key, lambda: function(context, data))
+                return self._call(python.name, action, key, data, lambda: function(context, data))
 
             return run
 
         actions = {name: wrap(name, function) for name, function in python.actions.items()}
         return PythonAgent(python.name, actions)
 
-    def _call(self, agent: str, action: str, key: str, otherwise: Callable[[], Any]) -> Any:
-        self.calls.append((agent, action, key))
+    def _call(
+        self,
+        agent: str,
+        action: str,
+        key: str,
+        data: Mapping[str, Any],
+        otherwise: Callable[[], Any],
+    ) -> Any:
+        self.calls.append(Call(agent, action, key, dict(data)))
         script = self._script.get((agent, action))
         if not script:
             result = otherwise()

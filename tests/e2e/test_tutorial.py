@@ -1,6 +1,6 @@
 """docs/your-workflow.md, followed word for word in a copy of the repository: its files written,
-its commands run, then its workflow on Azurite through the dev host, with the Python agent's
-transient fault, the HTTP service's own transient faults and a refusal that is compensated."""
+its commands run, then its workflow on Azurite through the dev host (as `make run` would run
+it), with the post's transient faults retried and its refusal compensated."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ _BLOCK = re.compile(r"<!-- (file: (?P<path>\S+)|run) -->\n```\w+\n(?P<body>.*?)`
 
 
 def copy_of_the_repository(target: Path) -> Path:
-    """Every file git knows (untracked ones too, ignored ones not), times kept, so make sees
-    the shared venv and node_modules as up to date."""
+    """Every file git tracks, times kept, so make sees the shared venv and node_modules (set
+    up by `make setup`) as up to date and never installs into them from the copy."""
     listed = subprocess.run(
-        ["git", "ls-files", "-co", "--exclude-standard"],
+        ["git", "ls-files"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
@@ -44,6 +44,10 @@ def copy_of_the_repository(target: Path) -> Path:
             shutil.copy2(source, target / name)
     for shared in (".venv", "node_modules"):
         (target / shared).symlink_to(REPO_ROOT / shared)
+    planned = subprocess.run(
+        ["make", "-n", "infra"], cwd=target, capture_output=True, text=True, check=True
+    ).stdout
+    assert "pip install" not in planned and "npm ci" not in planned, "run `make setup` first"
     return target
 
 
@@ -111,6 +115,8 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
         orders.send_message(greeting("kind-2", "hello"))
         wait_until(lambda: state_of("kind-2"), timeout=120, what="the refused greeting")
         ledger = fetch_ledger(stack.simulator_url)
+        stats = ledger["stats"]
+        assert isinstance(stats, dict) and stats["post"]["transient_failures"] >= 1  # retried
         assert state_of("kind-1") is ProcessState.PROCESSED
         assert state_of("kind-2") is ProcessState.COMPENSATED
         first = store.get_state("kind-1")

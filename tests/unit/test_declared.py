@@ -38,7 +38,8 @@ def load(monkeypatch):
 
 def test_the_app_declares_the_order_workflow_and_its_agents():
     assert REGISTRY.named("order") is ORDER_WORKFLOW
-    assert REGISTRY.agents == ("inventory", "payment", "shipping")
+    assert ORDER_WORKFLOW.agents == ("inventory", "payment", "shipping")
+    assert set(ORDER_WORKFLOW.agents) <= set(REGISTRY.agents)
     assert "order" in REGISTRY and "nope" not in REGISTRY
 
 

@@ -53,9 +53,8 @@ def test_transient_faults_are_retried_within_the_step():
     order(harness)
     harness.run()
     assert harness.state("o1").process_state is ProcessState.PROCESSED
-    assert [c for c in harness.calls if c[1] == "charge"] == [
-        ("payment", "charge", "o1:charge")
-    ] * 3
+    charges = [(c.agent, c.action, c.key) for c in harness.calls if c.action == "charge"]
+    assert charges == [("payment", "charge", "o1:charge")] * 3
     assert harness.history("o1").count("claimed:charge") == 1  # one attempt was enough
 
 
@@ -68,7 +67,7 @@ def test_a_refusal_compensates_the_steps_done_in_reverse():
     assert state.process_state is ProcessState.COMPENSATED
     assert "no courier" in (state.last_error or "")
     assert harness.effects == {"o1:reserve", "o1:charge", "o1:charge:undo", "o1:reserve:undo"}
-    undos = [c[1] for c in harness.calls if c[2].endswith(":undo")]
+    undos = [c.action for c in harness.calls if c.key.endswith(":undo")]
     assert undos == ["refund", "release"]
 
 
@@ -88,8 +87,8 @@ def test_a_crash_before_the_reply_is_recovered_without_a_second_effect():
     order(harness)
     harness.run()
     assert harness.state("o1").process_state is ProcessState.PROCESSED
-    reserves = [c for c in harness.calls if c[1] == "reserve"]
-    assert len(reserves) == 2 and {c[2] for c in reserves} == {"o1:reserve"}
+    reserves = [c for c in harness.calls if c.action == "reserve"]
+    assert len(reserves) == 2 and {c.key for c in reserves} == {"o1:reserve"}
     assert harness.effects == DONE
 
 
@@ -166,3 +165,15 @@ def test_python_agents_run_their_own_functions_unless_scripted():
 def test_the_harness_refuses_a_clock_that_would_not_move():
     with pytest.raises(ValueError, match="must be positive"):
         Harness(REGISTRY, supervisor_every=0)
+
+
+def test_a_script_names_only_actions_a_step_calls_and_what_is_left_is_shown():
+    harness = Harness(REGISTRY)
+    with pytest.raises(ValueError, match="no step calls 'payment' action 'chargee'"):
+        harness.script("payment", "chargee", fault())
+    harness.script("payment", "refund", ok())  # never called: the order succeeds
+    order(harness)
+    harness.run()
+    assert list(harness.unused()) == [("payment", "refund")]
+    (ship,) = [c for c in harness.calls if c.action == "ship"]
+    assert ship.data["reservation"] == {}  # what the builder made of reserve's result

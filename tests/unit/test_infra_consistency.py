@@ -30,7 +30,7 @@ from sas import settings
 from sas.declared import registry
 from sas.domain import wire
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
-from sas.settings import AGENTS, HTTP_AGENTS
+from sas.settings import HTTP_AGENTS
 from sas_local import infra
 from workflows.order import ORDER_WORKFLOW
 
@@ -59,9 +59,9 @@ SAS_KEYS = {
     settings.QUEUE_PREFIX,
     settings.TRANSPORT,
     settings.TABLE_NAME,
-    *(settings.remote_url_setting(agent) for agent in AGENTS),
-    *(settings.remote_capacity_setting(agent) for agent in AGENTS),
-    *(settings.remote_endpoints_setting(agent) for agent in AGENTS),
+    *(settings.remote_url_setting(agent) for agent in HTTP_AGENTS),
+    *(settings.remote_capacity_setting(agent) for agent in HTTP_AGENTS),
+    *(settings.remote_endpoints_setting(agent) for agent in HTTP_AGENTS),
     settings.LOW_PRIORITY_BACKLOG,
     settings.LOW_PRIORITY_MAX_DEFERRAL,
     SUPERVISOR_SCHEDULE,
@@ -1189,7 +1189,7 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
     )
     monkeypatch.setattr(infra, "registry", lambda: declared)
 
-    assert infra.stale() == ["main.bicep", "main.parameters.json"]
+    assert infra.stale() == ["main.bicep", "main.parameters.json", "local.settings.example.json"]
     bicep_text = infra.bicep_text(text("main.bicep"))
     assert "'agent-cloud'" in bicep_text and "'agent-mail'" in bicep_text
     assert (
@@ -1197,9 +1197,31 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
         and "SAS_REMOTE_MAIL_URL: remoteMailUrl" in bicep_text
     )
     assert "remoteCloud" not in bicep_text  # a Python agent calls no remote service
-    parameters = json.loads(infra.parameters_text(text("main.parameters.json")))["parameters"]
-    assert parameters["remoteMailUrl"] == {"value": "${SAS_REMOTE_MAIL_URL}"}
-    assert "remoteCloudUrl" not in parameters
+    owned = infra.generated_parameters(text("main.bicep"))
+    parameters = json.loads(infra.parameters_text(text("main.parameters.json"), owned))
+    assert parameters["parameters"]["remoteMailUrl"] == {"value": "${SAS_REMOTE_MAIL_URL}"}
+    assert "remoteCloudUrl" not in parameters["parameters"]
+    local = json.loads(infra.local_settings_text(LOCAL_SETTINGS_EXAMPLE.read_text()))["Values"]
+    assert local["SAS_REMOTE_MAIL_URL"] == "http://127.0.0.1:7081/mail"
+    assert "SAS_REMOTE_CLOUD_URL" not in local
+
+
+def test_make_infra_keeps_what_it_does_not_own_and_refuses_a_doubled_region() -> None:
+    bicep = text("main.bicep")
+    mine = json.loads(text("main.parameters.json"))
+    mine["parameters"]["remoteVaultUrl"] = {"value": "${VAULT_URL}"}  # the user's own
+    kept = json.loads(infra.parameters_text(json.dumps(mine), infra.generated_parameters(bicep)))
+    assert kept["parameters"]["remoteVaultUrl"] == {"value": "${VAULT_URL}"}
+    assert list(kept["parameters"]) == list(mine["parameters"])  # nothing moved
+    region = re.search(
+        r"// generated: agent queues \(make infra\)\n.*?// end generated: agent queues\n",
+        bicep,
+        re.DOTALL,
+    )
+    assert region is not None
+    doubled = bicep.replace(region.group(0), region.group(0) * 2)
+    with pytest.raises(ValueError, match="must be there once"):
+        infra.bicep_text(doubled)
 
 
 def test_azure_yaml_deploys_the_python_function_app() -> None:

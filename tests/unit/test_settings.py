@@ -13,7 +13,7 @@ import pytest
 
 from sas import settings
 from sas.domain.errors import ConfigurationError, SasError
-from sas.settings import AGENTS
+from sas.settings import AGENTS, HTTP_AGENTS
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -36,7 +36,7 @@ CLIENT_ID = "0b5d1e6a-6a86-4a4e-9f8e-1c2d3e4f5a6b"
 def remote_urls() -> dict[str, str]:
     return {
         settings.remote_url_setting(agent): f"https://remote.example.com/{agent}"
-        for agent in AGENTS
+        for agent in HTTP_AGENTS
     }
 
 
@@ -92,6 +92,7 @@ def test_defaults_with_connection_strings() -> None:
     assert s.queue(settings.QUEUE_ALERTS) == "sas-alerts"
     for agent in AGENTS:
         assert s.agent_queue(agent) == f"sas-agent-{agent}"
+    for agent in HTTP_AGENTS:
         assert s.remote_urls[agent] == f"https://remote.example.com/{agent}"
     assert s.storage.setting == "SasStorage"
     assert s.storage.connection_string == AZURITE
@@ -239,7 +240,7 @@ def test_an_empty_setting_is_an_unset_one() -> None:
 # --- errors name the key -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("agent", HTTP_AGENTS)
 def test_missing_remote_url(agent: str) -> None:
     key = settings.remote_url_setting(agent)
 

@@ -145,3 +145,27 @@ def test_details_no_json_document_can_carry_are_refused(details):
     step = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
     with pytest.raises(ValueError, match="details are not JSON data"):
         Workflow("free", (step,)).parse_input(details)
+
+
+def test_a_builder_that_always_fails_never_stops_the_compensation(monkeypatch):
+    def broken(order: Any, results: Any) -> dict[str, Any]:
+        raise KeyError("never builds")
+
+    first = StepDefinition("go", "payment", "charge", timedelta(seconds=5), undo="refund")
+    then = StepDefinition(
+        "then", "payment", "charge", timedelta(seconds=5), undo="refund", input=broken,
+        max_failures=1,
+    )  # fmt: skip
+    monkeypatch.setitem(WORKFLOWS, "broken", Workflow("broken", (first, then)))
+    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    app = instance(store, transport, ROUTES, clock)
+    app.submit(submitted().model_copy(update={"workflow": "broken"}))
+    app.on_reply(ok_reply(requests(transport)["go"]))
+    clock.advance(6)
+    app.sweep()  # then expired at its threshold: compensated, itself included
+    for _ in range(2):  # then's undo, then go's
+        app.schedule(ScheduleRequest(order_id="o1"))
+        undo = [s.message for s in transport.sent if isinstance(s.message, StepRequest)][-1]
+        assert undo.mode == "undo" and undo.payload["customer_id"] == "c1"  # the details
+        app.on_reply(ok_reply(undo).model_copy(update={"mode": "undo"}))
+    assert state_of(store).process_state is ProcessState.COMPENSATED

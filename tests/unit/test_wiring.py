@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sas.declared import registry
+
 pytestmark = pytest.mark.unit
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,11 +44,10 @@ NORMAL_LANES = {
     "submit": "sas-orders",
     "schedule": "sas-scheduler",
     "on_reply": "sas-replies",
-    "agent_inventory": "sas-agent-inventory",
-    "agent_payment": "sas-agent-payment",
-    "agent_shipping": "sas-agent-shipping",
+    # One agent function per agent the app's workflows name (workflows/: the order's three).
+    **{f"agent_{agent}": f"sas-agent-{agent}" for agent in registry().agents},
 }
-# One function per priority lane, each on its own queue (written out, not derived).
+# One function per priority lane, each on its own queue (the naming written out, not derived).
 QUEUE_FUNCTIONS = {
     **NORMAL_LANES,
     **{f"{name}_high": f"{queue}-high" for name, queue in NORMAL_LANES.items()},
