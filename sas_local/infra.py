@@ -153,9 +153,7 @@ def rewritten() -> dict[Path, str]:
 def stale() -> list[str]:
     """The files whose generated parts differ from the declarations."""
     return [
-        path.name
-        for path, text in rewritten().items()
-        if text != path.read_text(encoding="utf-8")
+        path.name for path, text in rewritten().items() if text != path.read_text(encoding="utf-8")
     ]
 
 
