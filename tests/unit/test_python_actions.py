@@ -49,11 +49,22 @@ class Payments:
 
 
 def runner(payments: Payments, transport: RecordingTransport, **options: Any) -> AgentOf:
-    python = {"payment": payments.agent()}
-    clock = payments.clock
-    remote = ScriptedRemote([])  # never called: the agent is Python
+    return python_runner(payments.agent(), transport, payments.clock, **options)
+
+
+def python_runner(
+    agent: PythonAgent, transport: RecordingTransport, clock: FakeClock, **options: Any
+) -> AgentOf:
+    """The payment agent as ``agent``'s functions; its remote is never called."""
     return agent_runner(
-        "payment", remote, transport, ROUTES, clock, sleep=clock.sleep, python=python, **options
+        "payment",
+        ScriptedRemote([]),
+        transport,
+        ROUTES,
+        clock,
+        sleep=clock.sleep,
+        python={agent.name: agent},
+        **options,
     )
 
 
@@ -119,15 +130,7 @@ def test_a_result_that_is_not_a_dict_is_retried_and_none_is_an_empty_result():
     clock, transport = FakeClock(), RecordingTransport()
     answers = iter(["not a dict", None])
     agent = PythonAgent("payment", {"charge": lambda context, data: next(answers)})
-    run = agent_runner(
-        "payment",
-        ScriptedRemote([]),
-        transport,
-        ROUTES,
-        clock,
-        sleep=clock.sleep,
-        python={"payment": agent},
-    )
+    run = python_runner(agent, transport, clock)
     assert run.handle(request(clock)) is AgentOutcome.REPLIED
     assert reply_of(transport).result == {}
 
@@ -176,9 +179,7 @@ def test_an_undo_is_told_its_mode_and_gets_the_original_result():
             "payload": {"order_id": "o1", "original_result": {"effect_id": "e1"}},
         }
     )
-    run = agent_runner(
-        "payment", ScriptedRemote([]), transport, ROUTES, clock, python={"payment": agent}
-    )
+    run = python_runner(agent, transport, clock)
     assert run.handle(undo) is AgentOutcome.REPLIED
     ((context, _),) = seen
     assert (context.mode, context.idempotency_key) == ("undo", "o1:charge:undo")
@@ -195,9 +196,7 @@ def test_an_undo_is_told_its_mode_and_gets_the_original_result():
 def test_a_result_is_the_json_a_reply_carries(answer, expected):
     clock, transport = FakeClock(), RecordingTransport()
     agent = PythonAgent("payment", {"charge": lambda context, data: answer})
-    run = agent_runner(
-        "payment", ScriptedRemote([]), transport, ROUTES, clock, python={"payment": agent}
-    )
+    run = python_runner(agent, transport, clock)
     assert run.handle(request(clock)) is AgentOutcome.REPLIED
     assert reply_of(transport).result == expected
 
@@ -210,15 +209,7 @@ def test_a_result_is_the_json_a_reply_carries(answer, expected):
 def test_a_result_no_reply_can_carry_fails_the_call_and_is_never_replaced(answer, caplog):
     clock, transport = FakeClock(), RecordingTransport()
     agent = PythonAgent("payment", {"charge": lambda context, data: answer})
-    run = agent_runner(
-        "payment",
-        ScriptedRemote([]),
-        transport,
-        ROUTES,
-        clock,
-        sleep=clock.sleep,
-        python={"payment": agent},
-    )
+    run = python_runner(agent, transport, clock)
     assert run.handle(request(clock, 5)) is AgentOutcome.GAVE_UP  # retried, never completed
     assert transport.sent == []
     assert "sas.action_failed" in caplog.text
@@ -231,15 +222,7 @@ def test_an_action_failure_is_logged_with_where_never_with_the_data(caplog):
         raise ValueError(f"cannot use {data}")
 
     agent = PythonAgent("payment", {"charge": leaky})
-    run = agent_runner(
-        "payment",
-        ScriptedRemote([]),
-        transport,
-        ROUTES,
-        clock,
-        sleep=clock.sleep,
-        python={"payment": agent},
-    )
+    run = python_runner(agent, transport, clock)
     secret = request(clock, 5).model_copy(update={"payload": {"card": "4111-SECRET"}})
     run.handle(secret)
     assert "sas.action_failed action=payment.charge error=ValueError at=" in caplog.text
