@@ -162,7 +162,7 @@ def _try_once(ctx: Context, agents: Agents, attempt: _Attempt) -> dict[str, Any]
     if ctx.clock.now() >= attempt.deadline:
         raise _DeadlineReached
     endpoint = None
-    if agents.router is not None:
+    if agents.router is not None and attempt.agent not in agents.python:  # HTTP agents only
         endpoint = agents.router.acquire(attempt.agent, avoid=attempt.avoid)
         if endpoint is None:
             raise _NoRoom
@@ -229,6 +229,7 @@ def _perform(
         )
     context = ActionContext(
         order_id=request.order_id,
+        agent=attempt.agent,
         step=request.step,
         action=request.action,
         mode=request.mode,

@@ -11,10 +11,12 @@ import pytest
 
 from sas.actions import ActionContext, PythonAgent, Refused, Transient
 from sas.domain.breaker import BreakerPolicy
+from sas.domain.endpoints import Endpoint
 from sas.domain.messages import StepReply, StepRequest
 from sas.domain.workflow import Registry, StepDefinition, Workflow
 from sas.services.agent import AgentOutcome
 from sas.services.breaker import CircuitBreaker
+from sas.services.routing import Router
 from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
 from tests.instances import AgentOf, agent_runner
 from tests.unit.test_agent_runner import ROUTES, request
@@ -144,6 +146,19 @@ def test_the_shared_breaker_guards_a_python_agent_too():
     assert outcome is AgentOutcome.GAVE_UP
     assert len(payments.seen) == 2  # then the open breaker refused every try, not the action
     assert breaker.last_status() == "open"
+
+
+def test_a_python_agent_runs_beside_the_router_of_the_http_agents():
+    """Capacity-aware routing is for HTTP agents' endpoints: a Python agent has none, and its
+    steps run while a router (some HTTP agent declares endpoints) is in place."""
+    clock, transport = FakeClock(), RecordingTransport()
+    west = Endpoint("inventory", "west", "http://west", capacity=2)
+    north = Endpoint("inventory", "north", "http://north", capacity=2)
+    router = Router({"inventory": (west, north)}, clock, "me", healthy=lambda e: True)
+    payments = Payments(clock)
+    outcome = runner(payments, transport, router=router).handle(request(clock))
+    assert outcome is AgentOutcome.REPLIED
+    assert reply_of(transport).result == {"effect_id": "e1"}
 
 
 def test_a_registry_checks_its_python_agents_against_the_steps():
