@@ -161,6 +161,8 @@ var consumedQueues = [
   'agent-inventory'
   'agent-payment'
   'agent-shipping'
+  'agent-cloud'
+  'agent-mailer'
   // end generated: agent queues
 ]
 // The queues the app consumes (its queue triggers): all but the alerts queue, which only
@@ -175,6 +177,12 @@ var queueNames = concat(triggerQueueNames, [alertsQueueName])
 var useServiceBus = transport == 'servicebus'
 // The in-flight table's name is the orders table's + this (sas/domain/wire.py, live_table_name).
 var liveTableSuffix = 'live'
+// The tables the Python agents keep their records in (PythonAgent.tables).
+var appTableNames = [
+  // generated: app tables (make infra)
+  'workspaces'
+  // end generated: app tables
+]
 
 var resourceToken = toLower(uniqueString(subscription().id, environmentName, location))
 var tags = {
@@ -219,6 +227,7 @@ module storage 'modules/storage.bicep' = {
     tags: tags
     tableName: tableName
     liveTableName: '${tableName}${liveTableSuffix}'
+    appTableNames: appTableNames
     deploymentContainerName: deploymentContainerName
     queueNames: useServiceBus ? [] : queueNames
   }

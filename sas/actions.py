@@ -8,9 +8,20 @@ def charge(context: ActionContext, data: dict) -> dict:
 PAYMENT = PythonAgent("payment", {"charge": charge, "refund": refund})
 """
 
+from typing import Any
+
 from sas.domain.errors import PermanentRemoteError as Refused
 from sas.domain.errors import TransientRemoteError as Transient
 from sas.domain.workflow import PythonAgent
 from sas.services.actions import ActionContext
 
-__all__ = ["ActionContext", "PythonAgent", "Refused", "Transient"]
+__all__ = ["ActionContext", "PythonAgent", "Refused", "Transient", "app_table"]
+
+
+def app_table(name: str) -> Any:
+    """An ``azure.data.tables.TableClient`` on a table of the app's own storage account that the
+    agent declares (``PythonAgent(..., tables=(name,))``), over sas's storage connection: where
+    an action can keep what it did under its idempotency key. One client per process."""
+    from sas import bootstrap  # on first use: the app's settings are read then, not at import
+
+    return bootstrap.app_table(name)

@@ -17,6 +17,7 @@ from typing import Any, TypeVar, cast
 from sas import settings as settings_module
 from sas.declared import registry
 from sas.domain.clock import Clock
+from sas.domain.errors import ConfigurationError
 from sas.domain.recovery import RetryPolicy
 from sas.domain.workflow import Registry
 from sas.services import metrics, telemetry
@@ -57,6 +58,7 @@ def reset() -> None:
         for get in _cached:
             get.cache_clear()  # type: ignore[attr-defined]
         _breakers.clear()
+        _app_tables.clear()
 
 
 @_once
@@ -286,3 +288,17 @@ def router() -> Router:
 
 
 _breakers: dict[str, CircuitBreaker] = {}
+_app_tables: dict[str, Any] = {}
+
+
+def app_table(name: str) -> Any:
+    """A TableClient for a table a Python agent declared (``PythonAgent.tables``)."""
+    if name not in workflows().tables:
+        raise ConfigurationError(f"table {name!r}: no Python agent declares it")
+    with _lock:
+        found = _app_tables.get(name)
+        if found is None:
+            from sas.adapters.clients import table_client
+
+            found = _app_tables[name] = table_client(settings().storage, name)
+        return found

@@ -58,6 +58,8 @@ MAX_ENDPOINTS = 8
 AGENTS: tuple[str, ...] = registry().agents
 """The agents the declared workflows name (sas/declared.py): each has its queue."""
 HTTP_AGENTS: tuple[str, ...] = registry().http_agents
+APP_TABLES: tuple[str, ...] = registry().tables
+"""The tables the Python agents declare (``PythonAgent.tables``), beside sas's own."""
 """The agents that call a remote HTTP service: each needs its URL (or endpoints) setting."""
 
 
@@ -191,7 +193,7 @@ class Settings:
     @property
     def tables(self) -> tuple[str, ...]:
         """Every table the app uses: what provisioning (Bicep, or locally) creates."""
-        return (self.table_name, self.live_table_name)
+        return (self.table_name, self.live_table_name, *APP_TABLES)
 
     def queue(self, key: str) -> str:
         return self.queues[key]
@@ -220,6 +222,8 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     table_name = env.get(TABLE_NAME) or DEFAULT_TABLE
     if not TABLE_NAME_RULE.matches(table_name):
         raise ConfigurationError(f"{TABLE_NAME}={table_name!r} is not a valid table name")
+    if {table_name.lower(), live_table_name(table_name).lower()} & {t.lower() for t in APP_TABLES}:
+        raise ConfigurationError(f"{TABLE_NAME}={table_name!r}: a Python agent declares it too")
     queues = queue_names(env)
     endpoints = {agent: _endpoints(env, agent) for agent in HTTP_AGENTS}
     remote_urls = {agent: endpoints[agent][0].url for agent in HTTP_AGENTS}

@@ -3,20 +3,26 @@ submits a batch of orders the way an application would (orders queue, private st
 shows progress from the status events, then summarises and proves from the ledgers that no
 effect was applied twice and every compensated order's effects were undone.
 
+Both example workflows run, half the batch each (`--workflow` picks one): the order, whose
+agents are remote HTTP services (the simulator), and the workspace, whose agents are Python
+functions keeping their effects in a table (workflows/workspace.py); a ninth of the workspaces
+ask for what configure refuses, and stop in Error.
+
 A tenth of the orders are high priority, sent last, into the backlog the others make, and a
 twentieth are low priority: the summary shows each priority's latency. Payment has two
 endpoints (west and north, sharing one ledger, 16 calls at once each).
 
 By default the remote services misbehave (transient faults, an outage, business refusals, slow
-answers past the deadline, the west payment endpoint down for the whole run) and one agent
-worker is killed mid-run; `--no-faults` runs the happy path. Exits non-zero if an order is
-left unfinished or a ledger check fails (and, with `--no-faults`, if any order is not
-Processed).
+answers past the deadline, the west payment endpoint down for the whole run), the Python
+actions too (sas_local/python_faults.py), and one agent worker is killed mid-run;
+`--no-faults` runs the happy path. Exits non-zero if an order is left unfinished or a ledger
+check fails (and, with `--no-faults`, if any order is not Processed).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import signal
@@ -43,11 +49,21 @@ from sas.domain.messages import OrderSubmitted, StatusEvent, decode
 from sas.domain.model import ProcessState
 from sas.domain.wire import Priority, submission_message_id
 from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
+from sas_local.chaos.inject import count_events
 from sas_local.devhost.worker import PRELOAD_ENV
-from sas_local.ledger import LedgerReport, check_effects, configure_faults, fetch_ledger
+from sas_local.ledger import (
+    LedgerReport,
+    app_effects,
+    check_effects,
+    configure_faults,
+    fetch_ledger,
+)
+from sas_local.python_faults import APP_ENV, CONFIG_ENV
 from sas_local.span_capture import CAPTURE_DIR_ENV, read_spans
 from sas_local.stack import LocalStack
-from workflows.order import ORDER_WORKFLOW, OrderDetails, OrderLine
+from workflows import REGISTRY
+from workflows.order import OrderDetails, OrderLine
+from workflows.workspace import WorkspaceRequest
 
 STATUS_QUEUE = "status-demo"
 FINAL_STATUSES = frozenset({"completed", "compensated", "failed", "rejected"})
@@ -65,6 +81,15 @@ FAULTS = {
     "outage_seconds": 8.0,
     "endpoints": {"west": {"down": True}},  # payment's west endpoint: routing goes north
 }
+PYTHON_FAULTS = {
+    "seed": 7,
+    "transient_rate": 0.10,
+    "lost_reply_rate": 0.05,
+    "slow_rate": 0.02,
+    "slow_seconds": 20.0,
+    "permanent_rate": 0.02,
+}
+WORKFLOWS = ("order", "workspace")
 PAYMENT_ENDPOINTS = {
     "payment": [{"name": "west", "capacity": 16}, {"name": "north", "capacity": 16}]
 }
@@ -100,6 +125,40 @@ def demo_order(index: int, run_id: str, reply_to: str = STATUS_QUEUE) -> OrderSu
     )
 
 
+def demo_workspace(
+    index: int, run_id: str, reply_to: str = STATUS_QUEUE, refusals: bool = True
+) -> OrderSubmitted:
+    """A workspace request; with ``refusals``, one in nine is for enterprise in australiaeast,
+    which configure refuses."""
+    regions = ("westeurope", "eastus", "australiaeast" if refusals else "westeurope")
+    return OrderSubmitted(
+        order_id=f"ws-{run_id}-{index:05d}",
+        workflow="workspace",
+        details=WorkspaceRequest.model_validate(
+            {
+                "team": f"team-{index}",
+                "owner": f"owner{index}@example.com",
+                "plan": ("free", "team", "enterprise")[index % 3],
+                "region": regions[(index // 3) % 3],
+            }
+        ).model_dump(mode="json"),
+        reply_to=reply_to,
+    )
+
+
+def demo_batch(
+    orders: int, run_id: str, workflows: tuple[str, ...], faults: bool
+) -> list[OrderSubmitted]:
+    """``orders`` submissions, taking turns among ``workflows``, prioritised."""
+    made = []
+    for index in range(orders):
+        if workflows[index % len(workflows)] == "order":
+            made.append(demo_order(index, run_id))
+        else:
+            made.append(demo_workspace(index, run_id, refusals=faults))
+    return prioritised(made)
+
+
 def drain_status(queue: QueueClient, tracker: Tracker) -> None:
     for message in queue.receive_messages(messages_per_page=32, max_messages=32):
         queue.delete_message(message)
@@ -120,9 +179,13 @@ def run(
     faults: bool,
     screenshot: Path | None = None,
     keep_running: bool = False,
+    workflows: tuple[str, ...] = WORKFLOWS,
 ) -> int:
     run_id = time.strftime("%H%M%S")
     spans = logs / "spans"
+    overrides = _trace_capture(spans)
+    if faults:
+        overrides |= _python_faults(logs / "python-faults")
     with console.status("starting Azurite, the remote service simulator and the dev hosts"):
         stack = LocalStack.start(
             workers=workers,
@@ -130,7 +193,7 @@ def run(
             extra_queues=(STATUS_QUEUE,),
             agents_apart=faults,
             endpoints=PAYMENT_ENDPOINTS,
-            env_overrides=_trace_capture(spans),
+            env_overrides=overrides,
         )
     try:
         if faults:
@@ -145,8 +208,10 @@ def run(
             f"[bold]dashboard[/]: {dashboard} (live; API docs at {stack.api_url}/api/docs)"
         )
         if faults:
-            console.print(f"faults: {FAULTS}; one agent worker will be killed mid-run")
-        outcome = _drive(stack, orders, run_id, timeout, faults)
+            console.print(f"faults: {FAULTS}; Python actions: {PYTHON_FAULTS}")
+            console.print("one agent worker will be killed mid-run")
+        batch = demo_batch(orders, run_id, workflows, faults)
+        outcome = _drive(stack, batch, timeout, faults)
         _summarise_traces(spans)
         if screenshot is not None:
             from sas_local.screenshot import capture  # Chromium only when asked for
@@ -170,6 +235,18 @@ def _trace_capture(spans: Path) -> dict[str, str]:
     for old in spans.glob("spans-*.jsonl"):
         old.unlink()
     return {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans)}
+
+
+def _python_faults(events: Path) -> dict[str, str]:
+    """The dev hosts run the app's workflows with their Python actions behind PYTHON_FAULTS."""
+    events.mkdir(parents=True, exist_ok=True)
+    for old in events.glob("events-*.log"):
+        old.unlink()
+    return {
+        "SAS_WORKFLOWS_MODULE": "sas_local.python_faults",
+        APP_ENV: os.environ.get("SAS_WORKFLOWS_MODULE") or "workflows",
+        CONFIG_ENV: json.dumps({**PYTHON_FAULTS, "events": str(events)}),
+    }
 
 
 def _summarise_traces(spans: Path) -> None:
@@ -198,7 +275,7 @@ def _kill_an_agent_worker(stack: LocalStack) -> str:
     return f"killed agent worker pid {pids[0]} (the dev host restarts it)"
 
 
-def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: bool) -> int:
+def _drive(stack: LocalStack, batch: list[OrderSubmitted], timeout: float, faults: bool) -> int:
     settings = stack.settings
     transport = StorageQueueTransport(queue_service_client(settings.storage))
     status_queue = queue_service_client(settings.storage).get_queue_client(
@@ -206,7 +283,7 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
     )
     store = TableStateStore.connect(settings.storage, settings.table_name)
     tracker = Tracker()
-    batch = prioritised(demo_order(i, run_id) for i in range(orders))
+    orders = len(batch)
     crash = "none"
     started = time.monotonic()
     columns = (
@@ -255,8 +332,15 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
         settings.queue(QUEUE_ALERTS)
     )
     alerts = alerts_queue.get_queue_properties().approximate_message_count or 0
-    report = check_effects(fetch_ledger(stack.simulator_url), outcomes, ORDER_WORKFLOW)
+    ledger = fetch_ledger(stack.simulator_url)
+    ledger["effects"] = [
+        *ledger.get("effects", []),  # type: ignore[misc]
+        *app_effects(settings.storage.connection_string or "", REGISTRY.tables),
+    ]
+    flows = {order.order_id: REGISTRY.named(order.workflow) for order in batch}
+    report = check_effects(ledger, outcomes, flows)
     _summary(orders, outcomes, tracker, report, elapsed, history, alerts, crash)
+    _by_workflow(batch, outcomes, stack.env)
     _priorities_and_endpoints(batch, tracker, stack.simulator_url)
 
     unfinished = [oid for oid, state in outcomes.items() if state not in _TERMINAL]
@@ -279,6 +363,26 @@ def _drive(stack: LocalStack, orders: int, run_id: str, timeout: float, faults: 
         "order's effects undone; one alert per Error"
     )
     return 0
+
+
+def _by_workflow(
+    batch: list[OrderSubmitted], outcomes: dict[str, ProcessState], env: dict[str, str]
+) -> None:
+    table = Table(title="by workflow", show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    for name in dict.fromkeys(order.workflow for order in batch):
+        counts = Counter(outcomes[o.order_id].value for o in batch if o.workflow == name)
+        table.add_row(name, ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    config = json.loads(env.get(CONFIG_ENV) or "{}")
+    if config.get("events"):
+        injected = count_events(Path(config["events"]))
+        table.add_row(
+            "injected in Python actions",
+            ", ".join(f"{n} {kind.removeprefix('python_')}" for kind, n in sorted(injected.items()))
+            or "none",
+        )
+    console.print(table)
 
 
 def prioritised(orders: Iterable[OrderSubmitted]) -> list[OrderSubmitted]:
@@ -369,7 +473,7 @@ def _summary(
     table.add_row("operator alerts", str(alerts))
     table.add_row("agent worker crash", crash)
     table.add_row(
-        "remote effects applied / undone",
+        "effects applied / undone",
         f"{report.effects} / {report.undone} {dict(sorted(report.by_service.items()))}",
     )
     table.add_row("idempotent replays at the remote", str(report.replays))
@@ -391,6 +495,12 @@ def main(argv: list[str] | None = None) -> None:
         "--workers", type=int, default=2, help="dev host worker processes (default 2)"
     )
     parser.add_argument("--no-faults", action="store_true", help="well-behaved remotes, no crash")
+    parser.add_argument(
+        "--workflow",
+        choices=("both", *WORKFLOWS),
+        default="both",
+        help="which example workflow the orders run (default both, taking turns)",
+    )
     parser.add_argument(
         "--timeout", type=float, default=None, help="seconds to wait for all orders"
     )
@@ -420,6 +530,7 @@ def main(argv: list[str] | None = None) -> None:
             faults=not args.no_faults,
             screenshot=args.screenshot,
             keep_running=args.keep_running,
+            workflows=WORKFLOWS if args.workflow == "both" else (args.workflow,),
         )
     )
 

@@ -1,9 +1,9 @@
 """`python -m sas_local.infra` (`make infra`): what follows from the app's declared workflows
 (workflows/) outside the code: the marked regions of infra/main.bicep (each agent's queue
-lanes; each HTTP agent's URL, endpoints and capacity parameters and app settings), their
-entries in infra/main.parameters.json, and each HTTP agent's URL (on the simulator) in
-local.settings.example.json. `--check` changes nothing and fails if any is stale
-(tests/unit/test_infra_consistency.py runs it).
+lanes; the Python agents' tables; each HTTP agent's URL, endpoints and capacity parameters
+and app settings), their entries in infra/main.parameters.json, and each HTTP agent's URL
+(on the simulator) in local.settings.example.json. `--check` changes nothing and fails if any
+is stale (tests/unit/test_infra_consistency.py runs it).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def regions() -> dict[str, str]:
     return {
         "agent parameters": "\n".join(_params(agent) for agent in http),
         "agent queues": "".join(f"  'agent-{agent}'\n" for agent in declared.agents),
+        "app tables": "".join(f"  '{table}'\n" for table in declared.tables),
         "agent urls": "".join(
             f"  {settings.remote_url_setting(a)}: {param_name(a, 'Url')}\n" for a in http
         ),

@@ -1,4 +1,5 @@
-"""Reads the simulated remote service's ledger and checks effects against order outcomes.
+"""Reads the simulated remote service's ledger, and the Python agents' effects (rows of their
+tables: ``app_effects``), and checks effects against order outcomes.
 
 The ledger (sas_local/simulator/books.py) lists do-entries (`undone_at`/`undone_by` once undone) and
 undo-entries (`original_action`/`original_key`, outcome `undone` or `noop`). The checks:
@@ -21,6 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
+from azure.data.tables import TableServiceClient
 
 from sas.domain.model import ProcessState
 from sas.domain.workflow import Workflow
@@ -78,6 +80,23 @@ def fetch_ledger(simulator_url: str) -> dict[str, object]:
     return ledger
 
 
+def app_effects(connection_string: str, tables: Iterable[str]) -> list[dict[str, object]]:
+    """The Python agents' effects as ledger entries: each row of their tables one effect,
+    PartitionKey the order, RowKey the idempotency key (as workflows/workspace.py keeps them)."""
+    service = TableServiceClient.from_connection_string(connection_string)
+    return [
+        {
+            "kind": "do",
+            "service": row.get("Agent"),
+            "action": row.get("Action"),
+            "idempotency_key": row["RowKey"],
+            "order_id": row["PartitionKey"],
+        }
+        for table in tables
+        for row in service.get_table_client(table).list_entities()
+    ]
+
+
 def configure_faults(simulator_url: str, faults: Mapping[str, object]) -> dict[str, object]:
     """Replace the simulator's fault config (fields as `sas_local.simulator.FaultConfig`)."""
     response = httpx.put(f"{simulator_url}/faults", json=dict(faults), timeout=10)
@@ -89,9 +108,10 @@ def configure_faults(simulator_url: str, faults: Mapping[str, object]) -> dict[s
 def check_effects(
     ledger: Mapping[str, object],
     outcomes: Mapping[str, ProcessState],
-    workflow: Workflow,
+    workflow: Workflow | Mapping[str, Workflow],
 ) -> LedgerReport:
-    """Check the ledger against the final (or current) state of each order; see module doc."""
+    """Check the ledger against the final (or current) state of each order; see module doc.
+    ``workflow``: every order's, or each order's by its id."""
     entries = _entries(ledger.get("effects"))
     dos = [e for e in entries if e.get("kind", "do") != "undo"]  # old ledgers had no kind
     undos = [e for e in entries if e.get("kind") == "undo"]
@@ -105,7 +125,8 @@ def check_effects(
         applied = by_order.get(order_id, [])
         name = _state_name(state)
         if name == "Processed":
-            problems += _processed_problems(order_id, applied, workflow)
+            steps_of = workflow if isinstance(workflow, Workflow) else workflow[order_id]
+            problems += _processed_problems(order_id, applied, steps_of)
         elif name == "Compensated":
             problems += [
                 f"{order_id}: {_label(e)} applied but not undone (order Compensated)"

@@ -16,7 +16,7 @@ from typing import Any
 
 from sas import settings as settings_module
 from sas.domain.wire import PRIORITIES, lane_function_name
-from sas.settings import AGENTS
+from sas.settings import AGENTS, HTTP_AGENTS
 from sas_local.azurite import Azurite, free_port
 from sas_local.processes import REPO_ROOT, DevHost, ManagedProcess, start_devhost, start_process
 from sas_local.provision import provision
@@ -27,7 +27,7 @@ def app_env(
     simulator_url: str,
     *,
     explicit_queues: bool = False,
-    agents: Sequence[str] = AGENTS,
+    agents: Sequence[str] = HTTP_AGENTS,
 ) -> dict[str, str]:
     """App settings for a local run: Storage Queues on Azurite, remotes on the simulator.
 
@@ -128,7 +128,7 @@ class LocalStack:
                     azurite.connection_string,
                     simulator_url,
                     explicit_queues=app_root.resolve() != REPO_ROOT.resolve(),
-                    agents=(*AGENTS, *remote_agents),
+                    agents=(*HTTP_AGENTS, *remote_agents),
                 ),
                 **simulator_endpoints(simulator_url, endpoints or {}),
                 **(env_overrides or {}),

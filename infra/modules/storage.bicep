@@ -1,6 +1,6 @@
 // One storage account for the Functions host (AzureWebJobsStorage), the deployment package
-// and the app (orders table and its in-flight table; Storage Queues when the storage transport
-// is selected).
+// and the app (orders table and its in-flight table, the Python agents' tables; Storage Queues
+// when the storage transport is selected).
 // Shared keys are off: every client, the host included, uses Entra ID.
 
 param name string
@@ -9,6 +9,8 @@ param tags object = {}
 param tableName string
 @description('The in-flight table beside the orders table: the Supervisor\'s index, kept apart so its query never passes finished history.')
 param liveTableName string
+@description('Tables the Python agents keep their records in (PythonAgent.tables).')
+param appTableNames array = []
 param deploymentContainerName string
 @description('Queues of the storage transport; a "<name>-poison" queue is added for each (the Functions host moves a message there after maxDequeueCount failures). Empty for the Service Bus transport.')
 param queueNames array = []
@@ -68,6 +70,11 @@ resource liveTable 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-
   parent: tableServices
   name: liveTableName
 }
+
+resource appTables 'Microsoft.Storage/storageAccounts/tableServices/tables@2023-05-01' = [for appTableName in appTableNames: {
+  parent: tableServices
+  name: appTableName
+}]
 
 resource queueServices 'Microsoft.Storage/storageAccounts/queueServices@2023-05-01' = {
   parent: storage

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from sas.domain.messages import problems
-from sas.domain.wire import STEP_NAME, Mode
+from sas.domain.wire import STEP_NAME, TABLE_NAME_RULE, Mode
 
 MAX_STEPS = 16
 """Steps of one workflow. Every completed step's result rides in the order's state row: at most
@@ -165,6 +165,9 @@ class PythonAgent:
 
     name: str
     actions: Mapping[str, Callable[..., Any]] = field(default_factory=dict)
+    tables: tuple[str, ...] = ()
+    """Tables of the app's storage account where the actions keep what they did (``app_table``
+    in sas/actions.py): provisioned with the app's own, by Bicep and locally."""
 
     def __post_init__(self) -> None:
         for label, value in (("agent", self.name), *(("action", a) for a in self.actions)):
@@ -172,6 +175,13 @@ class PythonAgent:
                 raise ValueError(f"{label} {value!r} must match {STEP_NAME.body}")
             if label == "action" and not callable(self.actions[value]):
                 raise ValueError(f"agent {self.name!r}: action {value!r} is not a function")
+        if not isinstance(self.tables, tuple):
+            raise ValueError(f"agent {self.name!r}: tables must be a tuple of names")
+        for table in self.tables:
+            if not isinstance(table, str) or not TABLE_NAME_RULE.matches(table):
+                raise ValueError(
+                    f"agent {self.name!r}: table {table!r} must match {TABLE_NAME_RULE.body}"
+                )
 
 
 @dataclass(frozen=True)
@@ -209,6 +219,11 @@ class Registry:
                             f"workflow {workflow.name!r}, step {step.name!r}: agent "
                             f"{step.agent!r} has no action {action!r}"
                         )
+
+    @property
+    def tables(self) -> tuple[str, ...]:
+        """The tables the Python agents keep their records in, each once."""
+        return tuple(dict.fromkeys(t for agent in self.python_agents for t in agent.tables))
 
     @property
     def http_agents(self) -> tuple[str, ...]:

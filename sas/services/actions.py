@@ -26,6 +26,7 @@ class ActionContext:
     """What an action is told about the step it performs."""
 
     order_id: str
+    agent: str
     step: str
     action: str
     mode: Mode

@@ -5,10 +5,12 @@
 Starts Azurite, the simulator, a dev host for the core functions (``--workers`` workers, worker
 0 also serves HTTP and sweeps), the agents in a dev host of their own and ``--supervisors - 1``
 extra dev hosts that only run the ``supervise`` timer. Every worker preloads
-``sas_local.chaos.inject``. Orders are submitted to the orders queue with a status queue,
-paced by the in-flight index, while a seeded schedule injects faults. Then the faults stop,
-the system drains (every order terminal, the in-flight index empty, no alert owed; bounded), and the
-independent checker (``checker.py``) judges what is left. Fault kinds: docs/reliability.md.
+``sas_local.chaos.inject`` and runs the app's workflows with their Python actions behind
+``sas_local.python_faults``. Orders of both example workflows, by turns, are submitted to the
+orders queue with a status queue, paced by the in-flight index, while a seeded schedule
+injects faults. Then the faults stop, the system drains (every order terminal, the in-flight
+index empty, no alert owed; bounded), and the independent checker (``checker.py``) judges what
+is left. Fault kinds: docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
+from sas_local import python_faults
 from sas_local.chaos import checker
 from sas_local.chaos.inject import CALM_FILE, CONFIG_ENV, CRASH_DIR, count_events
 from sas_local.processes import REPO_ROOT, DevHost, pid_alive, start_devhost
@@ -57,6 +60,10 @@ FAULT_KINDS = (
     "delayed_message",
     "clock_skew",
     "operator_resubmit",
+    "python_transient",
+    "python_lost_reply",
+    "python_slow",
+    "python_refusal",
 )
 
 
@@ -69,6 +76,9 @@ class Profile:
     undo_permanent_rate: float = 0.3
     slow_rate: float = 0.02
     slow_seconds: float = 20.0
+    lost_reply_rate: float = 0.04
+    """Python actions (the workspace workflow's agents) whose effect applies, then the call
+    fails; their transient, refusal and slow rates are the remote services'."""
     duplicate_rate: float = 0.03
     delay_rate: float = 0.03
     delay_max: float = 6.0
@@ -123,20 +133,32 @@ class _Shared:
 
 
 def order_body(order_id: str, index: int) -> str:
-    """An OrderSubmitted as an application posts it (Base64 JSON on the orders queue)."""
-    document = {
-        "type": "OrderSubmitted",
-        "v": 1,
-        "order_id": order_id,
-        "workflow": "order",
-        "details": {
+    """An OrderSubmitted as an application posts it (Base64 JSON on the orders queue): the
+    example workflows by turns, an order (HTTP agents) then a workspace (Python agents)."""
+    if index % 2:
+        workflow = "workspace"
+        details: dict[str, Any] = {
+            "team": f"team-{index}",
+            "owner": f"owner{index}@example.com",
+            "plan": ("free", "team", "enterprise")[index % 3],
+            "region": ("westeurope", "eastus", "australiaeast")[index // 2 % 3],
+        }
+    else:
+        workflow = "order"
+        details = {
             "customer_id": f"customer-{index % 17}",
             "currency": "EUR",
             "address": f"{index} Chaos Street",
             "lines": [
                 {"sku": f"sku-{index % 5}", "quantity": 1 + index % 3, "unit_price_cents": 1999}
             ],
-        },
+        }
+    document = {
+        "type": "OrderSubmitted",
+        "v": 1,
+        "order_id": order_id,
+        "workflow": workflow,
+        "details": details,
         "reply_to": STATUS_QUEUE,
     }
     return base64.b64encode(json.dumps(document).encode()).decode()
@@ -179,10 +201,27 @@ class Campaign:
             },
             "broken": list(o.broken),
         }
+        python = {
+            "seed": o.seed,
+            "events": str(self.chaos_dir),
+            **(
+                {
+                    "transient_rate": p.transient_rate,
+                    "lost_reply_rate": p.lost_reply_rate,
+                    "permanent_rate": p.permanent_rate,
+                    "slow_rate": p.slow_rate,
+                    "slow_seconds": p.slow_seconds,
+                }
+                if faults
+                else {}
+            ),
+        }
         return {
             "SAS_DEVHOST_PRELOAD": PRELOAD,
             CONFIG_ENV: json.dumps(config),
             "SAS_CLOCK_SKEW_SECONDS": f"{o.clock_skew_seconds:g}",
+            "SAS_WORKFLOWS_MODULE": python_faults.MODULE,
+            python_faults.CONFIG_ENV: json.dumps(python),
         }
 
     def start(self) -> LocalStack:

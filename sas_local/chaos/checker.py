@@ -5,7 +5,8 @@ design it checks against (table layout, workflow, alert id, policy) is written d
 ``design.toml`` next to this file, and the legal transitions are encoded below from the
 documented state machine (docs/architecture.md). Evidence is read raw: every entity of the
 table (azure-data-tables), the alerts queue and every ``-poison`` queue (azure-storage-queue,
-Base64 JSON bodies), and the simulator's ledger (``GET /ledger``).
+Base64 JSON bodies), the simulator's ledger (``GET /ledger``) and the Python agents' effects
+(rows of the tables ``design.toml`` names). Each order is judged by its own workflow.
 
 Violation classes (``Violation.kind``), each with the order id and evidence:
 
@@ -86,6 +87,14 @@ class StepSpec:
     agent: str
     action: str
     undo: str | None
+    max_failures: int | None = None
+    """Its own failure threshold; None: the policy's."""
+
+
+@dataclass(frozen=True)
+class FlowSpec:
+    steps: tuple[StepSpec, ...]
+    on_failure: str
 
 
 @dataclass(frozen=True)
@@ -106,19 +115,31 @@ class Design:
     max_failures: int
     clock_skew_seconds: float
     steps: tuple[StepSpec, ...]
+    """The steps of the workflow judged (``for_workflow``); the first declared by default."""
     on_failure: str
     terminal: frozenset[str]
+    workflows: Mapping[str, FlowSpec]
+    effect_tables: tuple[str, ...]
+    """The Python agents' tables: each row one effect (PartitionKey the order, RowKey the
+    idempotency key, Agent, Action), read as ledger entries."""
 
     @classmethod
     def load(cls, path: Path = DESIGN_PATH) -> Design:
         doc = tomllib.loads(path.read_text())
-        table, queues, alerts, policy, flow = (
-            doc["table"],
-            doc["queues"],
-            doc["alerts"],
-            doc["policy"],
-            doc["workflow"],
-        )
+        table, queues, alerts, policy = doc["table"], doc["queues"], doc["alerts"], doc["policy"]
+        flows = {
+            flow["name"]: FlowSpec(
+                tuple(
+                    StepSpec(
+                        s["name"], s["agent"], s["action"], s.get("undo"), s.get("max_failures")
+                    )
+                    for s in flow["steps"]
+                ),
+                flow["on_failure"],
+            )
+            for flow in doc["workflows"]
+        }
+        first = next(iter(flows.values()))
         return cls(
             table_name=table["name"],
             order_row=table["order_row"],
@@ -135,12 +156,26 @@ class Design:
             alert_id=re.compile(alerts["id_pattern"]),
             max_failures=int(policy["max_failures"]),
             clock_skew_seconds=float(policy["clock_skew_seconds"]),
-            steps=tuple(
-                StepSpec(s["name"], s["agent"], s["action"], s.get("undo")) for s in flow["steps"]
-            ),
-            on_failure=flow["on_failure"],
-            terminal=frozenset(flow["terminal"]),
+            steps=first.steps,
+            on_failure=first.on_failure,
+            terminal=frozenset(policy["terminal"]),
+            workflows=flows,
+            effect_tables=tuple(doc["effects"]["tables"]),
         )
+
+    def for_workflow(self, name: str) -> Design | None:
+        """This design judging the workflow ``name``; None for one it does not know."""
+        flow = self.workflows.get(name)
+        return None if flow is None else replace(self, steps=flow.steps, on_failure=flow.on_failure)
+
+    def threshold(self, index: int) -> int:
+        """Expiries of step ``index`` before it fails for good."""
+        own = self.steps[index].max_failures if 0 <= index < len(self.steps) else None
+        return own or self.max_failures
+
+    def threshold_of(self, step: str | None) -> int:
+        names = [spec.name for spec in self.steps]
+        return self.threshold(names.index(step)) if step in names else self.max_failures
 
     def next_undo(self, index: int) -> int | None:
         """The highest step at or below ``index`` that has an undo action."""
@@ -247,7 +282,29 @@ def collect(
                 poison[queue.name] = bodies + ["<more>"] * max(0, count - len(bodies))
     response = httpx.get(f"{simulator_url}/ledger", timeout=60)
     response.raise_for_status()
-    return Evidence(entities, list(alerts.values()), poison, response.json(), list(submitted))
+    ledger = response.json()
+    ledger["effects"] = [*ledger.get("effects", []), *_table_effects(connection_string, design)]
+    return Evidence(entities, list(alerts.values()), poison, ledger, list(submitted))
+
+
+def _table_effects(connection_string: str, design: Design) -> list[dict[str, Any]]:
+    """The Python agents' effects (``Design.effect_tables``) as ledger entries."""
+    from azure.data.tables import TableClient
+
+    found = []
+    for name in design.effect_tables:
+        with TableClient.from_connection_string(connection_string, name) as table:
+            found += [
+                {
+                    "kind": "do",
+                    "service": row.get("Agent"),
+                    "action": row.get("Action"),
+                    "idempotency_key": row["RowKey"],
+                    "order_id": row["PartitionKey"],
+                }
+                for row in table.list_entities()
+            ]
+    return found
 
 
 def decode_body(content: object) -> str:
@@ -344,11 +401,17 @@ def check(evidence: Evidence, design: Design | None = None) -> Verdict:
             continue
         ps = str(state.get("ProcessState"))
         outcomes[ps] += 1
-        history = _history(rows, design)
+        flow = design.for_workflow(str(state.get("Workflow")))
+        if flow is None:
+            why = f"unknown workflow {state.get('Workflow')!r}"
+            violations.append(Violation("illegal_transition", order_id, why, {}))
+            unexplained.add(order_id)
+            continue
+        history = _history(rows, flow)
         recoveries.update(r.kind for r in history if r.kind in RECOVERY_KINDS)
-        violations += _stuck(order_id, state, ps, order_id in live, design)
-        violations += _failure_counts(order_id, state, history, design)
-        found, replay_violations, explained = _replay(order_id, state, history, design)
+        violations += _stuck(order_id, state, ps, order_id in live, flow)
+        violations += _failure_counts(order_id, state, history, flow)
+        found, replay_violations, explained = _replay(order_id, state, history, flow)
         if explained:  # otherwise its episodes are unknown: the replay violation says why
             episodes[order_id] = found
         else:
@@ -436,12 +499,13 @@ def _failure_counts(
 ) -> list[Violation]:
     found = []
     count = int(state.get("FailureCount", 0))
-    if count > design.max_failures:
+    limit = design.threshold(int(state.get("StepIndex", -1)))
+    if count > limit:
         found.append(
             Violation(
                 "failure_count_exceeded",
                 order_id,
-                f"state FailureCount {count} > threshold {design.max_failures}",
+                f"state FailureCount {count} > threshold {limit}",
                 {"FailureCount": count},
             )
         )
@@ -449,7 +513,8 @@ def _failure_counts(
         match = _FAILURE.search(row.detail) if row.kind.startswith("expired_") else None
         if match is None:
             continue
-        failures, threshold, limit = int(match.group(1)), int(match.group(2)), design.max_failures
+        failures, threshold = int(match.group(1)), int(match.group(2))
+        limit = design.threshold_of(row.step)
         if failures > limit:
             why = f"{row.kind} counted failure {failures} > {limit}"
         elif row.kind == "expired_retry" and failures >= limit:
@@ -499,7 +564,7 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
         failures = int(match.group(1)) if match else s.failures + 1
         if failures != s.failures + 1:
             return f"expiry counted failure {failures}, expected {s.failures + 1}"
-        at_threshold = failures >= design.max_failures
+        at_threshold = failures >= design.threshold(s.step)
         compensate = s.mode == "do" and design.on_failure == "compensate"
         if r.kind == "expired_retry" and not at_threshold:
             return _State(PENDING, s.step, s.mode, s.attempt, failures, claimed=s.claimed)
@@ -741,12 +806,13 @@ def _ledger(
             )
     for order_id in evidence.submitted:
         state = by_order.get(order_id, {}).get(design.state_row)
-        if state is None:
+        flow = None if state is None else design.for_workflow(str(state.get("Workflow")))
+        if state is None or flow is None:
             continue
         ps = state.get("ProcessState")
         applied = dos.get(order_id, [])
         if ps == PROCESSED:
-            for step in design.steps:
+            for step in flow.steps:
                 mine = [
                     e
                     for e in applied

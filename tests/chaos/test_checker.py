@@ -62,6 +62,7 @@ class World:
             {
                 "PartitionKey": order,
                 "RowKey": DESIGN.state_row,
+                "Workflow": "order",
                 "ProcessState": ps,
                 "Attempt": attempt,
                 "StepIndex": step,
@@ -393,6 +394,61 @@ def test_a_retry_past_the_threshold_or_against_another_threshold_is_reported(det
     # A retry at the threshold is also a transition the replay cannot explain.
     assert "failure_count_exceeded" in kinds(world)
     assert set(kinds(world)) <= {"failure_count_exceeded", "illegal_transition"}
+
+
+def workspace(world: World, order: str, expiries: int, end: str = "completed") -> None:
+    """A workspace order (on_failure "error"): create, configure, then notify expiring
+    ``expiries`` times (its own threshold is 5) before ``end`` (completed, refused, or an
+    expiry kind)."""
+    world.submitted.append(order)
+    world.history(order, "submitted", 0, None)
+    world.history(order, "claimed", 1, "create")
+    world.history(order, "completed", 1, "create")
+    world.history(order, "completed", 2, "configure")
+    for failure in range(1, expiries + 1):
+        detail = f"failure {failure} of 5"
+        world.history(order, "expired_retry", 2 + failure, "notify", detail=detail)
+        world.history(order, "claimed", 3 + failure, "notify")
+    attempt = 3 + expiries
+    done = [("cloud", "create"), ("cloud", "configure")]
+    if end == "completed":
+        world.history(order, "completed", attempt, "notify")
+        done.append(("mailer", "notify"))
+        world.state(order, "Processed", attempt, 2, Workflow="workspace")
+    else:
+        failures = expiries + (end != "refused")
+        detail = f"failure {failures} of 5" if end != "refused" else "mailbox full"
+        error_at = world.history(order, end, attempt, "notify", detail=detail)
+        world.state(order, "Error", attempt, 2, Workflow="workspace", FailureCount=failures)
+        world.alert(order, attempt, error_at)
+    for agent, action in done:  # a Python agent's effect rows, read as ledger entries
+        key = f"{order}:{action}"
+        entry = {"kind": "do", "service": agent, "action": action, "idempotency_key": key}
+        world.effects.append({**entry, "order_id": order})
+
+
+def test_a_workspace_order_is_judged_by_its_own_workflow_and_thresholds() -> None:
+    world = World()
+    workspace(world, "w1", expiries=4)  # four expiries: legal under notify's own 5
+    workspace(world, "w2", expiries=0, end="refused")  # Error, nothing undone: on_failure
+    workspace(world, "w3", expiries=4, end="expired_error")
+    assert kinds(world) == []
+
+
+def test_a_workspace_order_compensated_or_retried_past_its_threshold_is_reported() -> None:
+    world = World()
+    workspace(world, "w1", expiries=4, end="expired_compensate")
+    assert "illegal_transition" in kinds(world)
+    world = World()
+    workspace(world, "w2", expiries=5)
+    assert "failure_count_exceeded" in kinds(world)
+
+
+def test_an_order_of_an_unknown_workflow_is_reported() -> None:
+    world = World()
+    world.processed("p1")
+    world.entities[-1]["Workflow"] = "nonesuch"
+    assert kinds(world) == ["illegal_transition"]
 
 
 def test_any_poisoned_message_is_reported() -> None:

@@ -17,7 +17,7 @@ from sas.domain.model import TERMINAL_STATES
 from sas.services.context import ALERT_LEASE
 from sas_local import stack
 from sas_local.chaos.checker import Design
-from workflows.order import ORDER_WORKFLOW
+from workflows import REGISTRY
 
 pytestmark = pytest.mark.unit
 
@@ -45,12 +45,20 @@ def test_queues_and_alerts_are_the_product_defaults() -> None:
     assert parsed is not None and (parsed["order"], parsed["attempt"]) == ("o-1", "7")
 
 
-def test_policy_and_workflow_are_the_local_stack_s() -> None:
+def test_policy_and_workflows_are_the_local_stack_s() -> None:
     local = stack.app_env("UseDevelopmentStorage=true", "http://127.0.0.1:1")
     assert DESIGN.max_failures == int(local[settings.MAX_FAILURES])
     assert DESIGN.clock_skew_seconds == settings.DEFAULT_CLOCK_SKEW_SECONDS
-    assert DESIGN.on_failure == ORDER_WORKFLOW.on_failure
-    assert [(s.name, s.agent, s.action, s.undo) for s in DESIGN.steps] == [
-        (s.name, s.agent, s.action, s.undo) for s in ORDER_WORKFLOW.steps
-    ]
     assert DESIGN.terminal == {str(s) for s in TERMINAL_STATES}
+    assert list(DESIGN.workflows) == [workflow.name for workflow in REGISTRY.workflows]
+    for workflow in REGISTRY.workflows:
+        flow = DESIGN.workflows[workflow.name]
+        assert flow.on_failure == workflow.on_failure
+        assert [(s.name, s.agent, s.action, s.undo, s.max_failures) for s in flow.steps] == [
+            (s.name, s.agent, s.action, s.undo, s.max_failures) for s in workflow.steps
+        ]
+    assert DESIGN.effect_tables == REGISTRY.tables
+    assert (DESIGN.steps, DESIGN.on_failure) == (
+        DESIGN.workflows["order"].steps,
+        DESIGN.workflows["order"].on_failure,
+    )

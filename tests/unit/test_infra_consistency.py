@@ -483,16 +483,22 @@ def test_the_queues_exist_in_both_transports_modules() -> None:
         assert name in storage_queues
 
 
-def test_both_tables_and_the_deployment_container_are_provisioned() -> None:
+def test_the_tables_and_the_deployment_container_are_provisioned() -> None:
     parsed = bicep("modules/storage.bicep")
     tables = resources_of_type(parsed, "Microsoft.Storage/storageAccounts/tableServices/tables")
     [container] = resources_of_type(
         parsed, "Microsoft.Storage/storageAccounts/blobServices/containers"
     ).values()
 
-    assert sorted(body(t)["name"] for t in tables.values()) == ["liveTableName", "tableName"]
+    assert sorted(body(t)["name"] for t in tables.values()) == [
+        "appTableName",
+        "liveTableName",
+        "tableName",
+    ]
     assert module_params("storage")["tableName"] == "tableName"
     main = bicep("main.bicep")
+    assert main["variables"]["appTableNames"]["value"] == list(registry().tables) != []
+    assert module_params("storage")["appTableNames"] == "appTableNames"
     assert main["variables"]["liveTableSuffix"]["value"] == wire.LIVE_TABLE_SUFFIX
     assert "liveTableSuffix" in str(module_params("storage")["liveTableName"])
     assert decorator(main, "tableName", "max_length") == 63 - len(wire.LIVE_TABLE_SUFFIX)
