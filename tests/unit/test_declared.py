@@ -9,9 +9,9 @@ from types import ModuleType
 
 import pytest
 
-from sas import declared
+from sas import declared, settings
 from sas.domain.errors import ConfigurationError
-from sas.domain.workflow import Registry, StepDefinition, Workflow
+from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
 from workflows import REGISTRY
 from workflows.order import ORDER_WORKFLOW
 
@@ -36,11 +36,22 @@ def load(monkeypatch):
     declared.registry.cache_clear()
 
 
-def test_the_app_declares_the_order_workflow_and_its_agents():
+def test_the_app_declares_the_two_example_workflows_and_their_agents():
     assert REGISTRY.named("order") is ORDER_WORKFLOW
     assert ORDER_WORKFLOW.agents == ("inventory", "payment", "shipping")
-    assert set(ORDER_WORKFLOW.agents) <= set(REGISTRY.agents)
-    assert "order" in REGISTRY and "nope" not in REGISTRY
+    assert REGISTRY.agents == ("inventory", "payment", "shipping", "cloud", "mailer")
+    assert REGISTRY.http_agents == ORDER_WORKFLOW.agents
+    assert REGISTRY.tables == ("workspaces",)  # declared by both Python agents, kept once
+    assert "workspace" in REGISTRY and "nope" not in REGISTRY
+
+
+def test_a_table_of_the_app_s_own_name_is_refused_at_start(monkeypatch):
+    monkeypatch.setattr(settings, "APP_TABLES", ("Orders",))
+    env = {settings.TRANSPORT: "storage", settings.STORAGE_CONNECTION: "UseDevelopmentStorage=true"}
+    env |= {settings.remote_url_setting(a): "http://x.example" for a in settings.HTTP_AGENTS}
+    with pytest.raises(ConfigurationError, match="a Python agent declares it too"):
+        settings.load({**env, settings.TABLE_NAME: "orders"})
+    assert settings.load({**env, settings.TABLE_NAME: "sales"}).tables[-1] == "Orders"
 
 
 def test_a_module_named_by_the_setting_declares_the_workflows(load):
@@ -75,6 +86,8 @@ def test_a_missing_module_or_registry_is_a_clear_configuration_error(load):
         (lambda: Workflow("Set Up", (STEP,)), "workflow name"),
         (lambda: StepDefinition("x", "cloud", "provision", timedelta(seconds=5)), "step name"),
         (lambda: StepDefinition("go", "cloud", "go", timedelta(0)), "budget must be positive"),
+        (lambda: PythonAgent("cloud", {}, tables=("my-table",)), "table 'my-table' must match"),
+        (lambda: PythonAgent("cloud", {}, tables="records"), "tables must be a tuple"),  # type: ignore[arg-type]
     ],
 )
 def test_a_bad_declaration_fails_with_what_is_wrong(declare, problem):

@@ -1188,28 +1188,31 @@ def test_the_generated_infra_follows_the_declared_workflows() -> None:
 
 def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> None:
     mail = StepDefinition("notify", "mail", "send", timedelta(seconds=5))
-    provision = StepDefinition("provision", "cloud", "create", timedelta(seconds=5))
+    provision = StepDefinition("provision", "vm", "create", timedelta(seconds=5))
+    create = {"create": lambda context, data: None}
     declared = Registry(
         (ORDER_WORKFLOW, Workflow("setup", (provision, mail))),
-        python_agents=(PythonAgent("cloud", {"create": lambda context, data: None}),),
+        python_agents=(PythonAgent("vm", create, tables=("machines",)),),
     )
     monkeypatch.setattr(infra, "registry", lambda: declared)
 
     assert infra.stale() == ["main.bicep", "main.parameters.json", "local.settings.example.json"]
     bicep_text = infra.bicep_text(text("main.bicep"))
-    assert "'agent-cloud'" in bicep_text and "'agent-mail'" in bicep_text
+    assert "'agent-vm'" in bicep_text and "'agent-mail'" in bicep_text
+    assert "'agent-cloud'" not in bicep_text  # the workspace's agents, not declared here
+    assert "  'machines'\n" in bicep_text and "'workspaces'" not in bicep_text
     assert (
         "param remoteMailUrl string" in bicep_text
         and "SAS_REMOTE_MAIL_URL: remoteMailUrl" in bicep_text
     )
-    assert "remoteCloud" not in bicep_text  # a Python agent calls no remote service
+    assert "remoteVm" not in bicep_text  # a Python agent calls no remote service
     owned = infra.generated_parameters(text("main.bicep"))
     parameters = json.loads(infra.parameters_text(text("main.parameters.json"), owned))
     assert parameters["parameters"]["remoteMailUrl"] == {"value": "${SAS_REMOTE_MAIL_URL}"}
-    assert "remoteCloudUrl" not in parameters["parameters"]
+    assert "remoteVmUrl" not in parameters["parameters"]
     local = json.loads(infra.local_settings_text(LOCAL_SETTINGS_EXAMPLE.read_text()))["Values"]
     assert local["SAS_REMOTE_MAIL_URL"] == "http://127.0.0.1:7081/mail"
-    assert "SAS_REMOTE_CLOUD_URL" not in local
+    assert "SAS_REMOTE_VM_URL" not in local
 
 
 def test_make_infra_keeps_what_it_does_not_own_and_refuses_a_doubled_region() -> None:
