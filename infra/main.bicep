@@ -85,6 +85,14 @@ param remoteShippingEndpoints string = ''
 
 @description('Calls the shipping service\'s one URL takes at once; empty: no limit (SAS_REMOTE_SHIPPING_CAPACITY).')
 param remoteShippingCapacity string = ''
+
+@description('App setting WORKSPACE_DOMAIN, read by the cloud agent\'s actions (for a secret, a Key Vault reference).')
+@minLength(1)
+param settingWorkspaceDomain string
+
+@description('App setting MAIL_FROM, read by the mailer agent\'s actions (for a secret, a Key Vault reference).')
+@minLength(1)
+param settingMailFrom string
 // end generated: agent parameters
 
 @description('NCRONTAB schedule of the supervisor timer (SAS_SUPERVISOR_SCHEDULE).')
@@ -292,11 +300,13 @@ var sasSettings = {
   SAS_TRANSPORT: transport
   SAS_TABLE_NAME: tableName
   SAS_SUPERVISOR_SCHEDULE: supervisorSchedule
-  // generated: agent urls (make infra)
+  // generated: agent settings (make infra)
   SAS_REMOTE_INVENTORY_URL: remoteInventoryUrl
   SAS_REMOTE_PAYMENT_URL: remotePaymentUrl
   SAS_REMOTE_SHIPPING_URL: remoteShippingUrl
-  // end generated: agent urls
+  WORKSPACE_DOMAIN: settingWorkspaceDomain
+  MAIL_FROM: settingMailFrom
+  // end generated: agent settings
   SasStorage__tableServiceUri: storage.outputs.tableEndpoint
   SasStorage__queueServiceUri: storage.outputs.queueEndpoint
   SasStorage__credential: 'managedidentity'

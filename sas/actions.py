@@ -3,9 +3,15 @@
 def charge(context: ActionContext, data: dict) -> dict:
     if context.time_left() < 1:
         raise Transient("too little time left")
+    client = Payments(context.setting("PAYMENTS_URL"))
     ...
 
-PAYMENT = PythonAgent("payment", {"charge": charge, "refund": refund})
+PAYMENT = PythonAgent(
+    "payment",
+    {"charge": charge, "refund": refund},
+    tables=("charges",),  # its records (app_table), provisioned with the app's
+    settings={"PAYMENTS_URL": "http://127.0.0.1:7081/payment"},  # and its local value
+)
 """
 
 from typing import Any

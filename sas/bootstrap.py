@@ -208,16 +208,21 @@ def context() -> Context:
 
 @_once
 def agent_context() -> Context:
-    """The context of a process that runs agents: remote services, breakers, and a router
-    where some service declares several endpoints or a capacity."""
+    """The context of a process that runs agents: remote services, breakers, a router where
+    some service declares several endpoints or a capacity; the Python agents' settings set."""
     s = settings()
+    declared = workflows()
+    if missing := [key for key in declared.settings if not os.environ.get(key)]:
+        raise ConfigurationError(f"missing setting {missing[0]} (a Python agent's)")
+    values = {key: os.environ[key] for key in declared.settings}
     endpoints = [s.endpoints_of(agent) for agent in HTTP_AGENTS]
     routed = any(len(found) > 1 or found[0].capacity is not None for found in endpoints)
     agents = Agents(
         remote=_remote(),
         breaker=breaker,
         router=router() if routed else None,
-        python={agent.name: agent for agent in workflows().python_agents},
+        python={agent.name: agent for agent in declared.python_agents},
+        settings=values,
     )
     return replace(context(), agents=agents)
 

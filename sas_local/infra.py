@@ -1,9 +1,10 @@
 """`python -m sas_local.infra` (`make infra`): what follows from the app's declared workflows
 (workflows/) outside the code: the marked regions of infra/main.bicep (each agent's queue
 lanes; the Python agents' tables; each HTTP agent's URL, endpoints and capacity parameters
-and app settings), their entries in infra/main.parameters.json, and each HTTP agent's URL
-(on the simulator) in local.settings.example.json. `--check` changes nothing and fails if any
-is stale (tests/unit/test_infra_consistency.py runs it).
+and app settings; each Python agent's own settings), their entries in
+infra/main.parameters.json, and in local.settings.example.json each HTTP agent's URL (on the
+simulator) and each Python agent's setting at its local value. `--check` changes nothing and
+fails if any is stale (tests/unit/test_infra_consistency.py runs it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,20 @@ def param_name(agent: str, what: str) -> str:
     return f"remote{agent.capitalize()}{what}"
 
 
+def setting_param(key: str) -> str:
+    """The Bicep parameter of a Python agent's setting: WORKSPACE_DOMAIN, settingWorkspaceDomain."""
+    return "setting" + "".join(part.capitalize() for part in key.split("_"))
+
+
+def _setting_params(key: str, agents: str) -> str:
+    return (
+        f"@description('App setting {key}, read by the {agents} agent\\'s actions (for a "
+        f"secret, a Key Vault reference).')\n"
+        f"@minLength(1)\n"
+        f"param {setting_param(key)} string\n"
+    )
+
+
 def _params(agent: str) -> str:
     upper = agent.upper()
     return (
@@ -57,13 +72,17 @@ def regions() -> dict[str, str]:
     """The text of each generated region of main.bicep, from the declared workflows."""
     declared = registry()
     http = declared.http_agents
+    keys = declared.settings
     return {
-        "agent parameters": "\n".join(_params(agent) for agent in http),
+        "agent parameters": "\n".join(
+            [*(_params(agent) for agent in http), *(_setting_params(k, _readers(k)) for k in keys)]
+        ),
         "agent queues": "".join(f"  'agent-{agent}'\n" for agent in declared.agents),
         "app tables": "".join(f"  '{table}'\n" for table in declared.tables),
-        "agent urls": "".join(
+        "agent settings": "".join(
             f"  {settings.remote_url_setting(a)}: {param_name(a, 'Url')}\n" for a in http
-        ),
+        )
+        + "".join(f"  {key}: {setting_param(key)}\n" for key in keys),
         "agent options": "".join(
             f"  {setting(a)}: {param_name(a, what)}\n"
             for a in http
@@ -73,6 +92,10 @@ def regions() -> dict[str, str]:
             )
         ),
     }
+
+
+def _readers(key: str) -> str:
+    return " and ".join(a.name for a in registry().python_agents if key in a.settings)
 
 
 def bicep_text(current: str) -> str:
@@ -113,6 +136,8 @@ def parameters_text(current: str, owned: set[str]) -> str:
         for what in ("Endpoints", "Capacity"):
             env = f"SAS_REMOTE_{upper}_{what.upper()}"
             generated[param_name(agent, what)] = {"value": f"${{{env}=}}"}
+    for key in registry().settings:
+        generated[setting_param(key)] = {"value": f"${{{key}}}"}
     parameters: dict[str, Any] = {}
     for name, value in document["parameters"].items():
         if name in owned:
@@ -125,17 +150,21 @@ def parameters_text(current: str, owned: set[str]) -> str:
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
-def local_settings_text(current: str) -> str:
-    """local.settings.example.json with a URL on the simulator for each HTTP agent, and none
-    for an agent that is gone or runs in-process; the rest as it is."""
+def generated_settings(bicep: str) -> set[str]:
+    """The app settings a main.bicep's generated region sets (those make infra owns)."""
+    found = next(m for m in _REGION.finditer(bicep) if m.group("name") == "agent settings")
+    return set(re.findall(r"^\s*(\w+): ", found.group("body"), re.MULTILINE))
+
+
+def local_settings_text(current: str, owned: set[str]) -> str:
+    """local.settings.example.json with a URL on the simulator for each HTTP agent and each
+    Python agent's setting at its local value, in place of those ``owned`` (generated before);
+    the rest as it is."""
     document = json.loads(current)
-    values = {
-        key: value
-        for key, value in document["Values"].items()
-        if not re.fullmatch(r"SAS_REMOTE_[A-Z0-9]+_URL", key)
-    }
+    values = {key: value for key, value in document["Values"].items() if key not in owned}
     for agent in registry().http_agents:
         values[settings.remote_url_setting(agent)] = f"{SIMULATOR}/{agent}"
+    values |= registry().settings
     document["Values"] = values
     return json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
@@ -144,10 +173,11 @@ def rewritten() -> dict[Path, str]:
     """Each file's text as the declarations make it (all built before any is written)."""
     bicep = BICEP.read_text(encoding="utf-8")
     owned = generated_parameters(bicep)
+    local = LOCAL_SETTINGS.read_text(encoding="utf-8")
     return {
         BICEP: bicep_text(bicep),
         PARAMETERS: parameters_text(PARAMETERS.read_text(encoding="utf-8"), owned),
-        LOCAL_SETTINGS: local_settings_text(LOCAL_SETTINGS.read_text(encoding="utf-8")),
+        LOCAL_SETTINGS: local_settings_text(local, generated_settings(bicep)),
     }
 
 

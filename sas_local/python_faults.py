@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sas.actions import ActionContext, PythonAgent, Refused, Transient
+from sas.actions import ActionContext, Refused, Transient
 from sas.domain.workflow import Registry
 from sas_local.simulator.faults import chance
 
@@ -103,10 +103,9 @@ def faulty(registry: Registry, faults: PythonFaults) -> Registry:
         return call
 
     agents = tuple(
-        PythonAgent(
-            agent.name,
-            {name: wrap(f"{agent.name}.{name}", fn) for name, fn in agent.actions.items()},
-            agent.tables,
+        replace(
+            agent,
+            actions={name: wrap(f"{agent.name}.{name}", fn) for name, fn in agent.actions.items()},
         )
         for agent in registry.python_agents
     )

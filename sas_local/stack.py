@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import Any
 
 from sas import settings as settings_module
+from sas.declared import registry
 from sas.domain.wire import PRIORITIES, lane_function_name
 from sas.settings import AGENTS, HTTP_AGENTS
 from sas_local.azurite import Azurite, free_port
@@ -45,6 +46,7 @@ def app_env(
         settings_module.SUPERVISOR_SCHEDULE: "*/2 * * * * *",
         settings_module.MAX_FAILURES: "3",
         **{settings_module.remote_url_setting(a): f"{simulator_url}/{a}" for a in agents},
+        **registry().settings,  # the Python agents' own, at their local values
     }
 
 

@@ -81,13 +81,13 @@ def _derived_id(prefix: str, context: ActionContext) -> str:
 def create(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
     if context.time_left() < 1:
         raise Transient("too little time left to create a workspace")
-    region = data["region"]
+    region, domain = data["region"], context.setting("WORKSPACE_DOMAIN")
     return EFFECTS.once(
         context,
         {
             "workspace_id": _derived_id("ws", context),
             "region": region,
-            "url": f"https://{data['team'].lower()}.{region}.example.net",
+            "url": f"https://{data['team'].lower()}.{region}.{domain}",
         },
     )
 
@@ -102,7 +102,8 @@ def configure(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
 
 
 def notify(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
-    return EFFECTS.once(context, {"to": data["owner"], "message_id": _derived_id("msg", context)})
+    message = {"from": context.setting("MAIL_FROM"), "to": data["owner"]}
+    return EFFECTS.once(context, {**message, "message_id": _derived_id("msg", context)})
 
 
 def configuring(
@@ -128,8 +129,18 @@ def announcing(
     }
 
 
-CLOUD = PythonAgent("cloud", {"create": create, "configure": configure}, tables=(TABLE,))
-MAILER = PythonAgent("mailer", {"notify": notify}, tables=(TABLE,))
+CLOUD = PythonAgent(
+    "cloud",
+    {"create": create, "configure": configure},
+    tables=(TABLE,),
+    settings={"WORKSPACE_DOMAIN": "example.net"},
+)
+MAILER = PythonAgent(
+    "mailer",
+    {"notify": notify},
+    tables=(TABLE,),
+    settings={"MAIL_FROM": "workspaces@example.net"},
+)
 _BUDGET = timedelta(seconds=15)
 
 WORKSPACE_WORKFLOW = Workflow(

@@ -7,6 +7,7 @@ application declares its workflows in a ``Registry`` (the repository's ``workflo
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -26,6 +27,10 @@ MAX_BUDGET = timedelta(days=1)
 MAX_DETAILS_JSON = 30_000
 """Characters of an order's details as stored (ASCII JSON in one Table property of 64 KiB)."""
 MAX_FAILURES_LIMIT = 100
+APP_SETTING = re.compile(r"(?=[A-Z0-9_]{3,64}\Z)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\Z")
+"""A Python agent's own app setting: an environment variable name, without ``__`` (which the
+Functions host reads as a section separator)."""
+RESERVED_SETTING_PREFIXES = ("SAS_", "AZURE", "FUNCTIONS_", "WEBSITE", "APPLICATIONINSIGHTS_")
 
 
 @dataclass(frozen=True)
@@ -168,6 +173,9 @@ class PythonAgent:
     tables: tuple[str, ...] = ()
     """Tables of the app's storage account where the actions keep what they did (``app_table``
     in sas/actions.py): provisioned with the app's own, by Bicep and locally."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """App settings the actions read (``setting`` in sas/actions.py), each with the value a
+    local run uses; in Azure each is a required deployment parameter."""
 
     def __post_init__(self) -> None:
         for label, value in (("agent", self.name), *(("action", a) for a in self.actions)):
@@ -177,6 +185,18 @@ class PythonAgent:
                 raise ValueError(f"agent {self.name!r}: action {value!r} is not a function")
         if not isinstance(self.tables, tuple):
             raise ValueError(f"agent {self.name!r}: tables must be a tuple of names")
+        for key, value in dict(self.settings).items():
+            if (
+                not isinstance(key, str)
+                or not APP_SETTING.match(key)
+                or key.startswith(RESERVED_SETTING_PREFIXES)
+            ):
+                raise ValueError(
+                    f"agent {self.name!r}: setting {key!r} must be 3-64 of A-Z, 0-9 and single "
+                    f"underscores, not starting with {', '.join(RESERVED_SETTING_PREFIXES)}"
+                )
+            if not isinstance(value, str) or not 0 < len(value) <= 1000:
+                raise ValueError(f"agent {self.name!r}: setting {key}'s local value must be text")
         for table in self.tables:
             if not isinstance(table, str) or not TABLE_NAME_RULE.matches(table):
                 raise ValueError(
@@ -201,6 +221,7 @@ class Registry:
         if len(set(names)) != len(names):
             raise ValueError("two workflows share a name")
         self._check_python_agents()
+        self.settings  # noqa: B018 - two local values for one setting fail here, at start
 
     def _check_python_agents(self) -> None:
         declared = [agent.name for agent in self.python_agents]
@@ -219,6 +240,16 @@ class Registry:
                             f"workflow {workflow.name!r}, step {step.name!r}: agent "
                             f"{step.agent!r} has no action {action!r}"
                         )
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The app settings the Python agents read, each with its local value."""
+        found: dict[str, str] = {}
+        for agent in self.python_agents:
+            for key, value in agent.settings.items():
+                if found.setdefault(key, value) != value:
+                    raise ValueError(f"setting {key}: two Python agents give it two local values")
+        return found
 
     @property
     def tables(self) -> tuple[str, ...]:

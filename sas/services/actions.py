@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sas.domain.clock import Clock
-from sas.domain.errors import PermanentRemoteError, TransientRemoteError
+from sas.domain.errors import ConfigurationError, PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import result_problem
 from sas.domain.wire import Mode
 from sas.domain.workflow import PythonAgent
@@ -39,10 +40,22 @@ class ActionContext:
     """By when the action must have returned, by the store's clock; a later result is dropped
     and the step retried."""
     clock: Clock
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """The agent's own settings (``PythonAgent.settings``) as this run has them."""
 
     def time_left(self) -> float:
         """Seconds until ``deadline`` (negative once it has passed)."""
         return (self.deadline - self.clock.now()).total_seconds()
+
+    def setting(self, key: str) -> str:
+        """The value of a setting the agent declares: from the app settings in Azure, the
+        declaration's local value in a local run or a ``sas.testing`` harness."""
+        try:
+            return self.settings[key]
+        except KeyError:
+            raise ConfigurationError(
+                f"setting {key!r}: agent {self.agent!r} does not declare it"
+            ) from None
 
 
 def run_action(agent: PythonAgent, context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:

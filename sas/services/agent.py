@@ -237,6 +237,7 @@ def _perform(
         idempotency_key=request.idempotency_key,
         deadline=attempt.deadline,
         clock=ctx.clock,
+        settings={key: agents.settings[key] for key in python.settings if key in agents.settings},
     )
     return run_action(python, context, dict(request.payload))
 

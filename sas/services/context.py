@@ -79,6 +79,8 @@ class Agents:
     """An agent aims to be done this long before the deadline."""
     python: Mapping[str, PythonAgent] = field(default_factory=dict)
     """The agents whose actions are the app's Python functions, by name: run in-process."""
+    settings: Mapping[str, str] = field(default_factory=dict)
+    """The values of the settings the Python agents declare (``PythonAgent.settings``)."""
 
     def breaker_of(self, target: str) -> CircuitBreaker | None:
         return None if self.breaker is None else self.breaker(target)

@@ -15,7 +15,7 @@ import heapq
 import itertools
 from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -188,6 +188,7 @@ class Harness:
                 remote=self,
                 sleep=self.clock.sleep,
                 python={a.name: self._scripted(a) for a in registry.python_agents},
+                settings=registry.settings,  # each at its local value, as in a local run
             ),
         )
 
@@ -330,7 +331,7 @@ class Harness:
             return run
 
         actions = {name: wrap(name, function) for name, function in python.actions.items()}
-        return PythonAgent(python.name, actions)
+        return replace(python, actions=actions)
 
     def _call(
         self,

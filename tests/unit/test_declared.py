@@ -67,6 +67,19 @@ def test_a_missing_module_or_registry_is_a_clear_configuration_error(load):
         load("empty_workflows", ModuleType("empty_workflows"))
 
 
+SETUP = Workflow("setup", (StepDefinition("go", "cloud", "go", timedelta(seconds=5)),))
+SETUP2 = Workflow(
+    "setup",
+    (
+        StepDefinition("go", "cloud", "go", timedelta(seconds=5)),
+        StepDefinition("tell", "mail", "tell", timedelta(seconds=5)),
+    ),
+)
+CLOUD_A = PythonAgent("cloud", {"go": print}, settings={"CLOUD_URL": "http://a"})
+CLOUD_B = PythonAgent("cloud", {"go": print}, settings={"CLOUD_URL": "http://b"})
+MAIL_B = PythonAgent("mail", {"tell": print}, settings={"CLOUD_URL": "http://b"})
+
+
 @pytest.mark.parametrize(
     ("declare", "problem"),
     [
@@ -88,6 +101,12 @@ def test_a_missing_module_or_registry_is_a_clear_configuration_error(load):
         (lambda: StepDefinition("go", "cloud", "go", timedelta(0)), "budget must be positive"),
         (lambda: PythonAgent("cloud", {}, tables=("my-table",)), "table 'my-table' must match"),
         (lambda: PythonAgent("cloud", {}, tables="records"), "tables must be a tuple"),  # type: ignore[arg-type]
+        (lambda: PythonAgent("cloud", {}, settings={"cloud_url": "x"}), "setting 'cloud_url'"),
+        (lambda: PythonAgent("cloud", {}, settings={"CLOUD__URL": "x"}), "single underscores"),
+        (lambda: PythonAgent("cloud", {}, settings={"SAS_CLOUD": "x"}), "not starting with SAS_"),
+        (lambda: PythonAgent("cloud", {}, settings={"CLOUD_URL": ""}), "local value"),
+        (lambda: Registry((SETUP,), (CLOUD_A, CLOUD_B)), "two Python agents share a name"),
+        (lambda: Registry((SETUP2,), (CLOUD_A, MAIL_B)), "two local values"),
     ],
 )
 def test_a_bad_declaration_fails_with_what_is_wrong(declare, problem):
@@ -103,3 +122,27 @@ def test_an_unknown_workflow_is_named():
 def test_a_workflow_without_a_schema_takes_any_json_object():
     details = {"anything": [1, {"nested": True}]}
     assert Workflow("setup", (STEP,)).parse_input(details) == details
+
+
+def test_an_agents_process_needs_every_declared_setting_and_passes_it_on(monkeypatch):
+    from sas import bootstrap
+
+    monkeypatch.setenv(settings.TRANSPORT, "storage")
+    monkeypatch.setenv(settings.STORAGE_CONNECTION, "UseDevelopmentStorage=true")
+    for agent in settings.HTTP_AGENTS:
+        monkeypatch.setenv(settings.remote_url_setting(agent), "http://x.example")
+    for key in REGISTRY.settings:
+        monkeypatch.delenv(key, raising=False)
+    bootstrap.reset()
+    with pytest.raises(ConfigurationError, match="missing setting WORKSPACE_DOMAIN"):
+        bootstrap.agent_context()
+    monkeypatch.setenv("WORKSPACE_DOMAIN", "contoso.example")
+    monkeypatch.setenv("MAIL_FROM", "ops@contoso.example")
+    bootstrap.reset()
+    agents = bootstrap.agent_context().agents
+    assert agents is not None
+    assert agents.settings == {
+        "WORKSPACE_DOMAIN": "contoso.example",
+        "MAIL_FROM": "ops@contoso.example",
+    }
+    bootstrap.reset()

@@ -445,7 +445,9 @@ def test_resolved_app_settings_load() -> None:
 
     loaded = settings.load(env)
 
-    assert len(env) <= 15, sorted(env)
+    own = sorted(key for key in env if key not in registry().settings)
+    assert len(own) <= 15, own  # sas's own; the Python agents' settings are the app's
+    assert set(registry().settings) <= set(env)
     assert (loaded.queue(settings.QUEUE_ORDERS), loaded.max_failures) == ("shop-orders", 5)
     assert loaded.transport == "servicebus"
     assert loaded.storage.uses_identity
@@ -1192,7 +1194,9 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
     create = {"create": lambda context, data: None}
     declared = Registry(
         (ORDER_WORKFLOW, Workflow("setup", (provision, mail))),
-        python_agents=(PythonAgent("vm", create, tables=("machines",)),),
+        python_agents=(
+            PythonAgent("vm", create, tables=("machines",), settings={"VM_SIZE": "small"}),
+        ),
     )
     monkeypatch.setattr(infra, "registry", lambda: declared)
 
@@ -1210,9 +1214,17 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
     parameters = json.loads(infra.parameters_text(text("main.parameters.json"), owned))
     assert parameters["parameters"]["remoteMailUrl"] == {"value": "${SAS_REMOTE_MAIL_URL}"}
     assert "remoteVmUrl" not in parameters["parameters"]
-    local = json.loads(infra.local_settings_text(LOCAL_SETTINGS_EXAMPLE.read_text()))["Values"]
+    local_text = infra.local_settings_text(
+        LOCAL_SETTINGS_EXAMPLE.read_text(), infra.generated_settings(text("main.bicep"))
+    )
+    local = json.loads(local_text)["Values"]
     assert local["SAS_REMOTE_MAIL_URL"] == "http://127.0.0.1:7081/mail"
     assert "SAS_REMOTE_VM_URL" not in local
+    assert local["VM_SIZE"] == "small"
+    assert "WORKSPACE_DOMAIN" not in local  # the workspace's, not declared here
+    assert "param settingVmSize string" in bicep_text and "VM_SIZE: settingVmSize" in bicep_text
+    assert parameters["parameters"]["settingVmSize"] == {"value": "${VM_SIZE}"}
+    assert "settingWorkspaceDomain" not in parameters["parameters"]
 
 
 def test_make_infra_keeps_what_it_does_not_own_and_refuses_a_doubled_region() -> None:
@@ -1252,10 +1264,13 @@ def test_local_settings_example_sets_what_a_local_run_needs_and_only_settings_th
 ):
     values: dict[str, str] = json.loads(LOCAL_SETTINGS_EXAMPLE.read_text())["Values"]
 
-    assert set(values) <= SAS_KEYS | {settings.STORAGE_CONNECTION, *HOST_LOCAL_KEYS}
+    own = {key: value for key, value in values.items() if key not in registry().settings}
+    assert set(own) <= SAS_KEYS | {settings.STORAGE_CONNECTION, *HOST_LOCAL_KEYS}
     assert values.get("FUNCTIONS_WORKER_RUNTIME") == "python"
     assert "AzureWebJobsStorage" in values
     assert settings.transport_from(values) == "storage"
     assert settings.STORAGE_CONNECTION in values
-    assert len(values) <= 15, sorted(values)
+    assert len(own) <= 15, sorted(own)
     settings.load(values)  # and they resolve
+    # The Python agents' settings, each at the local value its declaration gives.
+    assert {key: values[key] for key in registry().settings} == registry().settings

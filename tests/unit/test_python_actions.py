@@ -161,6 +161,22 @@ def test_a_python_agent_runs_beside_the_router_of_the_http_agents():
     assert reply_of(transport).result == {"effect_id": "e1"}
 
 
+def test_an_action_reads_its_own_settings_and_no_other():
+    clock, transport = FakeClock(), RecordingTransport()
+    seen: list[str] = []
+
+    def charge(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
+        seen.append(context.setting("PAY_URL"))
+        return {"other": context.setting("SHIP_URL")}  # another agent's: a failed call
+
+    agent = PythonAgent("payment", {"charge": charge}, settings={"PAY_URL": "local"})
+    values = {"PAY_URL": "https://pay.example", "SHIP_URL": "https://ship.example"}
+    run = python_runner(agent, transport, clock, settings=values)
+    assert run.handle(request(clock, 3)) is AgentOutcome.GAVE_UP
+    assert seen and set(seen) == {"https://pay.example"}
+    assert transport.sent == []
+
+
 def test_a_registry_checks_its_python_agents_against_the_steps():
     charge = StepDefinition("charge", "payment", "charge", timedelta(seconds=5), undo="refund")
     workflow = Workflow("pay", (charge,))

@@ -26,7 +26,8 @@ def registry(applied: list[str]) -> Registry:
         applied.append(context.idempotency_key)
         return {"made": True}
 
-    return Registry((FLOW,), python_agents=(PythonAgent("maker", {"make": make}, ("makes",)),))
+    maker = PythonAgent("maker", {"make": make}, ("makes",), settings={"MAKER_URL": "x"})
+    return Registry((FLOW,), python_agents=(maker,))
 
 
 def call(found: Registry, key: str) -> Any:
@@ -89,8 +90,9 @@ def test_the_same_seed_gives_the_same_faults_and_each_is_counted(tmp_path: Path)
     assert counts["python_transient"] and counts["python_lost_reply"]
 
 
-def test_the_wrapped_registry_keeps_its_agents_tables_and_steps() -> None:
+def test_the_wrapped_registry_keeps_its_agents_tables_settings_and_steps() -> None:
     found = faulty(registry([]), PythonFaults())
     assert found.tables == ("makes",)
+    assert found.settings == {"MAKER_URL": "x"}
     assert found.workflows == (FLOW,)
     assert call(found, "k") == {"made": True}
