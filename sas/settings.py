@@ -58,9 +58,9 @@ MAX_ENDPOINTS = 8
 AGENTS: tuple[str, ...] = registry().agents
 """The agents the declared workflows name (sas/declared.py): each has its queue."""
 HTTP_AGENTS: tuple[str, ...] = registry().http_agents
+"""The agents that call a remote HTTP service: each needs its URL (or endpoints) setting."""
 APP_TABLES: tuple[str, ...] = registry().tables
 """The tables the Python agents declare (``PythonAgent.tables``), beside sas's own."""
-"""The agents that call a remote HTTP service: each needs its URL (or endpoints) setting."""
 
 
 def agent_queue_setting(agent: str) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from sas import settings
 from sas.declared import registry
+from sas.domain.wire import live_table_name
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
@@ -73,6 +74,9 @@ def regions() -> dict[str, str]:
     declared = registry()
     http = declared.http_agents
     keys = declared.settings
+    own = {settings.DEFAULT_TABLE.lower(), live_table_name(settings.DEFAULT_TABLE).lower()}
+    if clash := [table for table in declared.tables if table.lower() in own]:
+        raise ValueError(f"table {clash[0]!r}: sas's own (tableName) has that name")
     return {
         "agent parameters": "\n".join(
             [*(_params(agent) for agent in http), *(_setting_params(k, _readers(k)) for k in keys)]

@@ -1,8 +1,10 @@
 """A workspace for a team: create it, configure it for its plan, tell its owner.
 
 Its agents are the app's own Python functions. Each effect is a row of the ``workspaces`` table
-(in the app's storage account), inserted once under its step's idempotency key: a retry, a
-duplicate delivery or a late second attempt finds the row and returns what the first did.
+(in the app's storage account), inserted once under its step's idempotency key with a digest of
+the request: a retry, a duplicate delivery or a late second attempt finds the row and returns
+what the first did; the key used again for another request (an order id submitted again after
+a purge) is refused.
 Nothing is undone automatically (``on_failure="error"``): a workspace that cannot be configured
 or announced stops in Error, with an alert, for an operator to finish or remove.
 """
@@ -19,6 +21,7 @@ from azure.core.exceptions import ResourceExistsError
 from pydantic import BaseModel, ConfigDict, StringConstraints
 
 from sas.actions import ActionContext, PythonAgent, Refused, Transient, app_table
+from sas.domain.messages import result_problem
 from sas.domain.workflow import StepDefinition, Workflow
 from workflows.order import BusinessId
 
@@ -32,16 +35,29 @@ class WorkspaceRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, regex_engine="python-re")
 
     team: BusinessId
-    owner: Annotated[str, StringConstraints(pattern=r"^[^@\s]{1,64}@[^@\s]{1,190}\Z")]
+    owner: Annotated[
+        str,
+        StringConstraints(
+            pattern=r"^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){1,8}\Z"
+        ),
+    ]
     plan: Literal["free", "team", "enterprise"]
     region: Literal["westeurope", "eastus", "australiaeast"]
 
 
 class Effects(Protocol):
-    def once(self, context: ActionContext, result: dict[str, Any]) -> dict[str, Any]:
+    def once(
+        self, context: ActionContext, data: dict[str, Any], result: dict[str, Any]
+    ) -> dict[str, Any]:
         """Apply the effect whose outcome is ``result`` unless this step's idempotency key
-        already applied one; either way, the outcome that stands."""
+        already applied one; either way, the outcome that stands. ``Refused`` if the key
+        already served other ``data`` (an order id used again after a purge)."""
         ...
+
+
+def digest(data: dict[str, Any]) -> str:
+    """What a request was, in a few bytes: a key used again must come with the same data."""
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 class TableEffects:
@@ -51,19 +67,26 @@ class TableEffects:
     def __init__(self, table: str) -> None:
         self.table = table
 
-    def once(self, context: ActionContext, result: dict[str, Any]) -> dict[str, Any]:
+    def once(
+        self, context: ActionContext, data: dict[str, Any], result: dict[str, Any]
+    ) -> dict[str, Any]:
+        if problem := result_problem(result):  # never store what no reply can carry
+            raise ValueError(f"result {problem}")
         client = app_table(self.table)
         row = {
             "PartitionKey": context.order_id,
             "RowKey": context.idempotency_key,
             "Agent": context.agent,
             "Action": context.action,
+            "Request": digest(data),
             "Result": json.dumps(result),
         }
         try:
             client.create_entity(row)
         except ResourceExistsError:  # an earlier attempt, or this one's lost first answer
             stored = client.get_entity(context.order_id, context.idempotency_key)
+            if stored.get("Request") != row["Request"]:
+                raise Refused("this idempotency key was used for another request") from None
             found: dict[str, Any] = json.loads(stored["Result"])
             return found
         return result
@@ -84,6 +107,7 @@ def create(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
     region, domain = data["region"], context.setting("WORKSPACE_DOMAIN")
     return EFFECTS.once(
         context,
+        data,
         {
             "workspace_id": _derived_id("ws", context),
             "region": region,
@@ -97,13 +121,14 @@ def configure(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
         raise Refused("no enterprise capacity in australiaeast")
     return EFFECTS.once(
         context,
+        data,
         {"workspace_id": data["workspace_id"], "plan": data["plan"], "seats": SEATS[data["plan"]]},
     )
 
 
 def notify(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
     message = {"from": context.setting("MAIL_FROM"), "to": data["owner"]}
-    return EFFECTS.once(context, {**message, "message_id": _derived_id("msg", context)})
+    return EFFECTS.once(context, data, {**message, "message_id": _derived_id("msg", context)})
 
 
 def configuring(

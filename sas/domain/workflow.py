@@ -222,6 +222,7 @@ class Registry:
             raise ValueError("two workflows share a name")
         self._check_python_agents()
         self.settings  # noqa: B018 - two local values for one setting fail here, at start
+        self.tables  # noqa: B018 - and two names for one table
 
     def _check_python_agents(self) -> None:
         declared = [agent.name for agent in self.python_agents]
@@ -254,7 +255,10 @@ class Registry:
     @property
     def tables(self) -> tuple[str, ...]:
         """The tables the Python agents keep their records in, each once."""
-        return tuple(dict.fromkeys(t for agent in self.python_agents for t in agent.tables))
+        found = tuple(dict.fromkeys(t for agent in self.python_agents for t in agent.tables))
+        if len({table.lower() for table in found}) != len(found):
+            raise ValueError("two Python agents' tables differ only in case (one table)")
+        return found
 
     @property
     def http_agents(self) -> tuple[str, ...]:

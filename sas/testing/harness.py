@@ -21,7 +21,12 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from sas.domain.errors import InvalidMessage, PermanentRemoteError, TransientRemoteError
+from sas.domain.errors import (
+    ConfigurationError,
+    InvalidMessage,
+    PermanentRemoteError,
+    TransientRemoteError,
+)
 from sas.domain.messages import (
     Message,
     OperatorAlert,
@@ -60,6 +65,12 @@ class Call(NamedTuple):
 
 class Crash(BaseException):
     """The agent's process died mid-call: nothing after it runs, its message is not settled."""
+
+
+class HarnessError(BaseException):
+    """An action needs what the harness does not give (a table through ``app_table``, a
+    setting its agent does not declare): ``run()`` stops with it, rather than retrying it as
+    a transient fault as a deployed agent would."""
 
 
 @dataclass(frozen=True)
@@ -326,7 +337,15 @@ class Harness:
         def wrap(action: str, function: Callable[..., Any]) -> Callable[..., Any]:
             def run(context: Any, data: dict[str, Any]) -> Any:
                 key = context.idempotency_key
-                return self._call(python.name, action, key, data, lambda: function(context, data))
+                try:
+                    return self._call(
+                        python.name, action, key, data, lambda: function(context, data)
+                    )
+                except ConfigurationError as exc:
+                    raise HarnessError(
+                        f"{python.name}.{action}: {exc} (in memory, settings have their local "
+                        "values and there are no tables: give the action a store of its own)"
+                    ) from exc
 
             return run
 

@@ -25,7 +25,10 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
   history that does not end in the state row;
 - ``failure_count_exceeded``: FailureCount (state row or an expiry's count) past the threshold,
   a retry at the threshold, or an expiry judged against another threshold;
-- ``poisoned_message``: any message in a ``-poison`` queue.
+- ``poisoned_message``: any message in a ``-poison`` queue;
+- ``unexpected_effect``: an effect no legal run makes: for an order never submitted, an action
+  its workflow has no step for, a step the order never reached (in ``do`` mode, past its
+  ``StepIndex``), or under a key that is not the step's (``design.toml``, ``do_key``).
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ KINDS = (
     "illegal_transition",
     "failure_count_exceeded",
     "poisoned_message",
+    "unexpected_effect",
 )
 RECOVERY_KINDS = (
     "expired_retry",
@@ -120,6 +124,8 @@ class Design:
     terminal: frozenset[str]
     workflows: Mapping[str, FlowSpec]
     effect_tables: tuple[str, ...]
+    do_key: str
+    """A step's idempotency key, ``{order}`` and ``{step}`` filled in."""
     """The Python agents' tables: each row one effect (PartitionKey the order, RowKey the
     idempotency key, Agent, Action), read as ledger entries."""
 
@@ -161,6 +167,7 @@ class Design:
             terminal=frozenset(policy["terminal"]),
             workflows=flows,
             effect_tables=tuple(doc["effects"]["tables"]),
+            do_key=doc["effects"]["do_key"],
         )
 
     def for_workflow(self, name: str) -> Design | None:
@@ -804,6 +811,7 @@ def _ledger(
                     {"original_key": key},
                 )
             )
+    found += _unexpected(evidence, dos, by_order, design)
     for order_id in evidence.submitted:
         state = by_order.get(order_id, {}).get(design.state_row)
         flow = None if state is None else design.for_workflow(str(state.get("Workflow")))
@@ -847,6 +855,44 @@ def _ledger(
                         {"applied_not_undone": left},
                     )
                 )
+    return found
+
+
+def _unexpected(
+    evidence: Evidence,
+    dos: Mapping[str, list[Mapping[str, Any]]],
+    by_order: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    design: Design,
+) -> list[Violation]:
+    found = []
+    submitted = set(evidence.submitted)
+    for order_id, applied in dos.items():
+        state = by_order.get(order_id, {}).get(design.state_row)
+        flow = None if state is None else design.for_workflow(str(state.get("Workflow")))
+        if order_id not in submitted:
+            labels = {"applied": [_label(e) for e in applied]}
+            why = "effect for an order never submitted"
+            found.append(Violation("unexpected_effect", order_id, why, labels))
+            continue
+        if state is None or flow is None:  # lost, parked or of no known workflow: said already
+            continue
+        steps = {(step.agent, step.action): index for index, step in enumerate(flow.steps)}
+        reached = int(state.get("StepIndex", -1))
+        ahead = state.get("Mode") != "undo" and state.get("ProcessState") != PROCESSED
+        for entry in applied:
+            index = steps.get((str(entry.get("service")), str(entry.get("action"))))
+            if index is None:
+                why = "an action no step of its workflow calls"
+            elif ahead and index > reached:
+                why = f"step {flow.steps[index].name}, which the order never reached"
+            elif entry.get("idempotency_key") != design.do_key.format(
+                order=order_id, step=flow.steps[index].name
+            ):
+                why = "a key that is not its step's"
+            else:
+                continue
+            found.append(Violation("unexpected_effect", order_id, f"{_label(entry)}: {why}",
+                                   {"StepIndex": reached, "Mode": state.get("Mode")}))  # fmt: skip
     return found
 
 

@@ -67,6 +67,7 @@ def test_an_idempotency_key_that_includes_the_attempt_is_caught(tmp_path: Path) 
     profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.3})
     report = broken_campaign(tmp_path, "key_attempt", profile, orders=12)
     assert report["violations_by_kind"].get("effect_applied_twice", 0) > 0, report
+    assert report["violations_by_kind"].get("unexpected_effect", 0) > 0, report  # its keys
 
 
 # The other classes, several breaks to a campaign (each break picks its own share of the

@@ -260,6 +260,9 @@ def test_an_order_left_in_the_in_flight_index_is_stuck() -> None:
 def test_an_effect_applied_twice_is_reported() -> None:
     world = clean()
     world.do("p1", 1, key="p1:charge:again")
+    assert kinds(world) == ["effect_applied_twice", "unexpected_effect"]  # the key is wrong too
+    world = clean()
+    world.do("p1", 1)  # the same key twice: a provider that does not de-duplicate
     assert kinds(world) == ["effect_applied_twice"]
 
 
@@ -458,6 +461,38 @@ def test_any_poisoned_message_is_reported() -> None:
     assert check(world.evidence(), DESIGN).violations[0].order_id == "p1"
 
 
+@pytest.mark.parametrize(
+    ("order", "entry"),
+    [
+        ("ghost", {"service": "cloud", "action": "create", "idempotency_key": "ghost:create"}),
+        ("p1", {"service": "cloud", "action": "create", "idempotency_key": "p1:create"}),
+        ("p1", {"service": "payment", "action": "charge", "idempotency_key": "p1:charge:2"}),
+    ],
+    ids=["never-submitted", "foreign-action", "key-not-the-step-s"],
+)
+def test_an_effect_no_legal_run_makes_is_reported(order: str, entry: dict[str, str]) -> None:
+    world = clean()
+    world.effects = [e for e in world.effects if (e["order_id"], e["action"]) != ("p1", "charge")]
+    if entry["action"] != "charge":  # keep p1 whole: only the entry under test is wrong
+        world.do("p1", 1)
+    world.effects.append({"kind": "do", "order_id": order, **entry})
+    assert kinds(world) == ["unexpected_effect"]
+
+
+def test_an_effect_of_a_step_never_reached_no_legal_run_makes_is_reported() -> None:
+    world = World()
+    world.submitted.append("w1")
+    world.history("w1", "submitted", 0, None)
+    world.history("w1", "claimed", 1, "create")
+    error_at = world.history("w1", "refused", 1, "create", detail="no capacity")
+    world.state("w1", "Error", 1, 0, Workflow="workspace")
+    world.alert("w1", 1, error_at)
+    assert kinds(world) == []
+    configure = {"service": "cloud", "action": "configure", "idempotency_key": "w1:configure"}
+    world.effects.append({"kind": "do", "order_id": "w1", **configure})
+    assert kinds(world) == ["unexpected_effect"]
+
+
 def test_every_class_has_a_test_here() -> None:
     source = Path(__file__).read_text()
     tested = {
@@ -472,6 +507,7 @@ def test_every_class_has_a_test_here() -> None:
         "illegal_transition": "no_legal_transition",
         "failure_count_exceeded": "past_the_threshold",
         "poisoned_message": "poisoned_message_is_reported",
+        "unexpected_effect": "no_legal_run_makes",
     }
     assert set(tested) == set(KINDS)
     assert all(f"{fragment}" in source for fragment in tested.values())

@@ -11,7 +11,7 @@ import pytest
 from azure.data.tables import TableServiceClient
 
 from sas import bootstrap, settings
-from sas.actions import ActionContext, app_table
+from sas.actions import ActionContext, Refused, app_table
 from sas.domain.errors import ConfigurationError
 from sas.services.store_time import SystemClock
 from sas_local.azurite import Azurite
@@ -60,11 +60,18 @@ def test_an_effect_is_applied_once_per_key_and_replayed_after(
     declared: TableServiceClient,
 ) -> None:
     effects = workspace.TableEffects(workspace.TABLE)
-    first = effects.once(context("w-once", "w-once:create"), {"workspace_id": "ws-1"})
-    again = effects.once(context("w-once", "w-once:create"), {"workspace_id": "ws-2"})
-    other = effects.once(context("w-once", "w-once:configure", "configure"), {"plan": "free"})
+    data = {"team": "Blue", "order_id": "w-once"}
+    first = effects.once(context("w-once", "w-once:create"), data, {"workspace_id": "ws-1"})
+    again = effects.once(context("w-once", "w-once:create"), data, {"workspace_id": "ws-2"})
+    step = context("w-once", "w-once:configure", "configure")
+    other = effects.once(step, data, {"plan": "free"})
     assert first == again == {"workspace_id": "ws-1"}
     assert other == {"plan": "free"}
+    with pytest.raises(Refused, match="used for another request"):
+        effects.once(context("w-once", "w-once:create"), {**data, "team": "Red"}, {})
+    with pytest.raises(ValueError, match="bytes > 8192"):  # never stored: no reply carries it
+        effects.once(context("w-big", "w-big:create"), data, {"blob": "x" * 9000})
+    assert list(app_table("workspaces").query_entities("PartitionKey eq 'w-big'")) == []
     rows = list(app_table("workspaces").query_entities("PartitionKey eq 'w-once'"))
     assert sorted((row["RowKey"], row["Agent"], row["Action"]) for row in rows) == [
         ("w-once:configure", "cloud", "configure"),
@@ -78,7 +85,9 @@ def test_concurrent_attempts_of_one_step_agree_on_one_effect(
     effects = workspace.TableEffects(workspace.TABLE)
     with ThreadPoolExecutor(8) as pool:
         answers = list(
-            pool.map(lambda n: effects.once(context("w-race", "w-race:create"), {"n": n}), range(8))
+            pool.map(
+                lambda n: effects.once(context("w-race", "w-race:create"), {}, {"n": n}), range(8)
+            )
         )
     assert len({answer["n"] for answer in answers}) == 1
     rows = list(app_table("workspaces").query_entities("PartitionKey eq 'w-race'"))

@@ -78,6 +78,8 @@ SETUP2 = Workflow(
 CLOUD_A = PythonAgent("cloud", {"go": print}, settings={"CLOUD_URL": "http://a"})
 CLOUD_B = PythonAgent("cloud", {"go": print}, settings={"CLOUD_URL": "http://b"})
 MAIL_B = PythonAgent("mail", {"tell": print}, settings={"CLOUD_URL": "http://b"})
+CLOUD_T = PythonAgent("cloud", {"go": print}, tables=("records",))
+MAIL_T = PythonAgent("mail", {"tell": print}, tables=("Records",))
 
 
 @pytest.mark.parametrize(
@@ -107,6 +109,7 @@ MAIL_B = PythonAgent("mail", {"tell": print}, settings={"CLOUD_URL": "http://b"}
         (lambda: PythonAgent("cloud", {}, settings={"CLOUD_URL": ""}), "local value"),
         (lambda: Registry((SETUP,), (CLOUD_A, CLOUD_B)), "two Python agents share a name"),
         (lambda: Registry((SETUP2,), (CLOUD_A, MAIL_B)), "two local values"),
+        (lambda: Registry((SETUP2,), (CLOUD_T, MAIL_T)), "differ only in case"),
     ],
 )
 def test_a_bad_declaration_fails_with_what_is_wrong(declare, problem):

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
-from sas.actions import ActionContext, PythonAgent, Refused
+from sas.actions import ActionContext, PythonAgent, Refused, app_table
 from sas.domain.workflow import Registry, StepDefinition, Workflow
 from sas.testing import (
     Harness,
+    HarnessError,
     ProcessState,
     crash_before_reply,
     fault,
@@ -177,3 +178,30 @@ def test_a_script_names_only_actions_a_step_calls_and_what_is_left_is_shown():
     assert list(harness.unused()) == [("payment", "refund")]
     (ship,) = [c for c in harness.calls if c.action == "ship"]
     assert ship.data["reservation"] == {}  # what the builder made of reserve's result
+
+
+@pytest.mark.parametrize(
+    ("needs", "problem"),
+    [
+        (lambda context: app_table("audit"), "table 'audit': no Python agent declares it"),
+        (lambda context: context.setting("AUDIT_URL"), "does not declare it"),
+    ],
+    ids=["table", "setting"],
+)
+def test_an_action_needing_what_the_harness_does_not_give_stops_the_run(needs, problem):
+    """A deployed agent retries a configuration fault like any other (it may be fixed); in
+    memory it is the test's own mistake, and it stops the run saying what is missing."""
+
+    def audit(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
+        needs(context)
+        return {}
+
+    step = StepDefinition("audit", "auditor", "audit", timedelta(seconds=5))
+    registry = Registry(
+        (Workflow("audited", (step,)),),
+        python_agents=(PythonAgent("auditor", {"audit": audit}, tables=("audit",)),),
+    )
+    harness = Harness(registry)
+    harness.submit("audited", {})
+    with pytest.raises(HarnessError, match=problem):
+        harness.run()

@@ -1227,6 +1227,18 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
     assert "settingWorkspaceDomain" not in parameters["parameters"]
 
 
+def test_make_infra_refuses_an_app_table_named_like_sas_s_own(monkeypatch) -> None:
+    make = {"make": lambda context, data: None}
+    step = StepDefinition("make", "maker", "make", timedelta(seconds=5))
+    declared = Registry(
+        (Workflow("making", (step,)),),
+        python_agents=(PythonAgent("maker", make, tables=("SasOrdersLive",)),),
+    )
+    monkeypatch.setattr(infra, "registry", lambda: declared)
+    with pytest.raises(ValueError, match="'SasOrdersLive': sas's own"):
+        infra.rewritten()
+
+
 def test_make_infra_keeps_what_it_does_not_own_and_refuses_a_doubled_region() -> None:
     bicep = text("main.bicep")
     mine = json.loads(text("main.parameters.json"))

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from sas.actions import ActionContext
+from sas.actions import ActionContext, Refused
 from sas.testing import Harness, ProcessState, crash_before_reply, fault, refuse, too_slow
 from workflows import REGISTRY, workspace
 
@@ -21,14 +21,20 @@ class MemoryEffects:
     """The table's rule in memory: the first effect per idempotency key stands."""
 
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, str], tuple[str, str, dict[str, Any]]] = {}
+        self.rows: dict[tuple[str, str], tuple[str, str, str, dict[str, Any]]] = {}
         self.tries = 0
 
-    def once(self, context: ActionContext, result: dict[str, Any]) -> dict[str, Any]:
+    def once(
+        self, context: ActionContext, data: dict[str, Any], result: dict[str, Any]
+    ) -> dict[str, Any]:
         self.tries += 1
         key = (context.order_id, context.idempotency_key)
-        self.rows.setdefault(key, (context.agent, context.action, result))
-        return self.rows[key][2]
+        row = self.rows.setdefault(
+            key, (context.agent, context.action, workspace.digest(data), result)
+        )
+        if row[2] != workspace.digest(data):
+            raise Refused("this idempotency key was used for another request")
+        return row[3]
 
     def actions(self, order_id: str) -> list[str]:
         return sorted(row[1] for (order, _), row in self.rows.items() if order == order_id)
@@ -118,3 +124,20 @@ def test_a_request_the_schema_refuses_is_parked_unapplied(effects: MemoryEffects
     with pytest.raises(LookupError):
         harness.state("w1")
     assert harness.calls == [] and effects.rows == {}
+
+
+def test_an_order_id_used_again_for_another_request_is_refused_not_replayed(
+    effects: MemoryEffects,
+) -> None:
+    """An order id purged and submitted again meets the first order's effects: the same keys,
+    other data. Nothing is replayed to it as if it were done."""
+    first = Harness(REGISTRY)
+    first.submit("workspace", REQUEST, order_id="w1")
+    first.run()
+    again = Harness(REGISTRY)  # the first one's records are gone, its effects are not
+    again.submit("workspace", {**REQUEST, "team": "Red", "plan": "free"}, order_id="w1")
+    again.run()
+    assert again.state("w1").process_state is ProcessState.ERROR
+    assert again.state("w1").results == {}
+    assert "refused:create" in again.history("w1")
+    assert effects.tries == 4 and len(effects.rows) == 3
