@@ -1,18 +1,23 @@
 """Test tooling: build the deployment zip the way azd and Core Tools do, and a venv to index it.
 
 `azd deploy` and `func azure functionapp publish` both zip the project directory minus the
-paths `.funcignore` denies (gitignore syntax; Core Tools does not honour `!` re-includes).
+paths `.funcignore` denies, each with a matcher of its own (``MATCHERS``): azd reads it as
+gitignore syntax; Core Tools (a port of the gitignore-parser npm package) turns each line into a
+regular expression matched at the start of the path, so a pattern without ``**/`` never reaches
+into a subdirectory, ``[...]`` is literal and ``*`` needs at least one character.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import pathspec
 import pytest
@@ -45,10 +50,47 @@ def funcignore_spec(text: str) -> pathspec.PathSpec[pathspec.Pattern]:
     return pathspec.PathSpec.from_lines("gitignore", text.splitlines())
 
 
-def package_paths(root: Path, funcignore: str | None = None) -> list[str]:
+Matcher = Literal["azd", "core tools"]
+MATCHERS: tuple[Matcher, ...] = ("azd", "core tools")
+
+
+class CoreToolsIgnore:
+    """``.funcignore`` as Core Tools' GitIgnoreParser reads it: each line (``!`` lines apart,
+    a leading ``/`` dropped) a regular expression, ``**`` any characters, ``*`` one or more but
+    no ``/``, everything else literal, all matched at the start of the relative path."""
+
+    def __init__(self, text: str) -> None:
+        lines = [line.strip() for line in text.split("\n")]
+        lines = [line for line in lines if line and not line.startswith("#")]
+        deny = [line.removeprefix("/") for line in lines if not line.startswith("!")]
+        keep = [line[1:].removeprefix("/") for line in lines if line.startswith("!")]
+        self._deny, self._keep = self._either(deny), self._either(keep)
+
+    @staticmethod
+    def _either(patterns: list[str]) -> re.Pattern[str]:
+        if not patterns:
+            return re.compile(r"$^")
+        return re.compile("^((" + ")|(".join(_core_tools_regex(p) for p in sorted(patterns)) + "))")
+
+    def accepts(self, path: str) -> bool:
+        return bool(self._keep.match(path)) or not self._deny.match(path)
+
+
+def _core_tools_regex(pattern: str) -> str:
+    escaped = re.sub(r"[\-\[\]/{}()+?.\\^$|]", lambda m: "\\" + m.group(0), pattern)
+    return escaped.replace("**", "(.+)").replace("*", "([^\\/]+)")
+
+
+CORE_TOOLS_SKIPS = ({".git", ".vscode"}, {".funcignore", ".gitignore", "local.settings.json"})
+"""Directories and file names Core Tools leaves out whatever .funcignore says."""
+
+
+def package_paths(root: Path, funcignore: str | None = None, matcher: Matcher = "azd") -> list[str]:
     """The files of `root` that the package holds: every file `.funcignore` does not deny."""
     if funcignore is None:
         funcignore = (root / ".funcignore").read_text()
+    if matcher == "core tools":
+        return _core_tools_paths(root, CoreToolsIgnore(funcignore))
     spec = funcignore_spec(funcignore)
     kept: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
@@ -62,9 +104,27 @@ def package_paths(root: Path, funcignore: str | None = None) -> list[str]:
     return sorted(kept)
 
 
-def build_package(root: Path, zip_path: Path, funcignore: str | None = None) -> set[str]:
+def _core_tools_paths(root: Path, ignore: CoreToolsIgnore) -> list[str]:
+    """Every file (Core Tools walks them all, into every directory) its matcher accepts."""
+    skipped_dirs, skipped_files = CORE_TOOLS_SKIPS
+    kept: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath).relative_to(root).as_posix()
+        prefix = "" if here == "." else f"{here}/"
+        dirnames[:] = sorted(d for d in dirnames if d not in skipped_dirs)
+        kept.extend(
+            f"{prefix}{name}"
+            for name in sorted(filenames)
+            if name not in skipped_files and ignore.accepts(prefix + name)
+        )
+    return sorted(kept)
+
+
+def build_package(
+    root: Path, zip_path: Path, funcignore: str | None = None, matcher: Matcher = "azd"
+) -> set[str]:
     """Write the deployment zip of `root` to `zip_path`; return the names it holds."""
-    paths = package_paths(root, funcignore)
+    paths = package_paths(root, funcignore, matcher)
     with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as package:
         for path in paths:
             package.write(root / path, path)

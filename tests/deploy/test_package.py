@@ -1,9 +1,9 @@
 """The deployment package holds the app and nothing else, even from a cluttered checkout.
 
-The package is built as azd and Core Tools build it: the project directory minus what
-`.funcignore` denies. It must hold exactly function_app.py, host.json, requirements.txt, the
-sas package's modules and the app's workflows/: no local tooling, CLI, tests, docs, infra,
-caches, venvs, settings.
+The package is built as azd and as Core Tools build it, each with its own `.funcignore`
+matcher (tests/deploy/packaging.py): the project directory minus what `.funcignore` denies.
+It must hold exactly function_app.py, host.json, requirements.txt, the sas package's modules
+and the app's workflows/: no local tooling, CLI, tests, docs, infra, caches, venvs, settings.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.deploy.packaging import (
+    MATCHERS,
     ROOT,
+    Matcher,
     build_package,
     copy_files,
     expected_package,
@@ -30,6 +32,9 @@ JUNK = (
     "node_modules/azurite/x.js",
     "sas/__pycache__/bootstrap.cpython-311.pyc",
     "sas/domain/__pycache__/x.pyc",
+    "sas/x/__pycache__/y.pyc",
+    "workflows/__pycache__/order.cpython-311.pyc",
+    "sas/stray.pyc",
     "sas.egg-info/PKG-INFO",  # `pip install -e .` (make setup) writes it
     ".coverage",
     ".coverage.host.123",
@@ -84,32 +89,47 @@ def test_the_package_of_this_checkout_holds_exactly_the_app(package_zip: Path):
     } <= built
 
 
+@pytest.mark.parametrize("matcher", MATCHERS)
 def test_the_package_of_a_cluttered_checkout_holds_exactly_the_app(
-    hostile_tree: Path, tmp_path: Path
+    hostile_tree: Path, tmp_path: Path, matcher: Matcher
 ):
-    built = build_package(hostile_tree, tmp_path / "sas.zip")
+    built = build_package(hostile_tree, tmp_path / "sas.zip", matcher=matcher)
     expected = expected_package(project_files())
     assert built == expected, difference(built, expected)
 
 
+def test_core_tools_packages_this_checkout_as_azd_does(package_zip: Path, tmp_path: Path):
+    with zipfile.ZipFile(package_zip) as package:
+        by_azd = set(package.namelist())
+    by_core_tools = build_package(ROOT, tmp_path / "func.zip", matcher="core tools")
+    assert by_core_tools == by_azd, difference(by_core_tools, by_azd)
+
+
+ALL_PYC = ("__pycache__/", "**/__pycache__/", "*.pyc", "**/*.pyc")
+
+
 @pytest.mark.parametrize(
-    ("removed", "now_shipped"),
+    ("removed", "now_shipped", "matcher"),
     [
-        ("sas_local/", "sas_local/new_tool.py"),
-        ("tests/", "tests/new_test.py"),
-        (".venv/", ".venv/lib/x.py"),
-        ("local.settings.json", "local.settings.json"),
-        ("__pycache__/", "sas/domain/__pycache__/x.pyc"),
+        (("sas_local/",), "sas_local/new_tool.py", "azd"),
+        (("tests/",), "tests/new_test.py", "core tools"),
+        ((".venv/",), ".venv/lib/x.py", "azd"),
+        (("local.settings.json",), "local.settings.json", "azd"),
+        (("**/__pycache__/", "**/*.pyc"), "sas/domain/__pycache__/x.pyc", "core tools"),
+        (
+            ("__pycache__/", "**/__pycache__/", "*.pyc", "**/*.pyc"),
+            "sas/x/__pycache__/y.pyc",
+            "azd",
+        ),
+        (("requirements.in",), "requirements.in", "core tools"),
     ],
 )
 def test_the_check_fails_when_a_funcignore_line_goes(
-    hostile_tree: Path, tmp_path: Path, removed: str, now_shipped: str
+    hostile_tree: Path, tmp_path: Path, removed: tuple[str, ...], now_shipped: str, matcher: Matcher
 ):
     lines = (hostile_tree / ".funcignore").read_text().splitlines()
-    assert removed in lines
-    kept = [line for line in lines if line != removed]
-    if removed == "__pycache__/":  # *.py[cod] denies the same files: both must go
-        kept.remove("*.py[cod]")
-    built = build_package(hostile_tree, tmp_path / "sas.zip", funcignore="\n".join(kept))
+    assert set(removed) <= set(lines)
+    kept = [line for line in lines if line not in removed]
+    built = build_package(hostile_tree, tmp_path / "sas.zip", "\n".join(kept), matcher)
     assert now_shipped in built
     assert built != expected_package(project_files())
