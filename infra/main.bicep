@@ -158,6 +158,13 @@ param instanceMemoryMB int = 2048
 @description('E-mail address of the operators for the alert rules\' action group (SAS_ALERT_EMAIL). Empty: the action group has no receiver; the alerts still fire in Azure Monitor.')
 param alertEmail string = ''
 
+@description('Storage request logs in Log Analytics (SAS_STORAGE_LOGS): essential (blob and table deletions, queue writes, which the storage transport\'s alert rules read) or all (every request: the largest line of the bill at volume).')
+@allowed([
+  'essential'
+  'all'
+])
+param storageLogs string = 'essential'
+
 // Queue names, as sas.settings.queue_names derives them from SAS_QUEUE_PREFIX and the agents:
 // tests/unit/test_infra_consistency.py fails when the two drift apart. Every queue the app
 // consumes has a lane per priority (high, normal, low): its own queue and its own trigger.
@@ -374,6 +381,7 @@ module diagnostics 'modules/diagnostics.bicep' = {
     functionAppName: functionApp.outputs.name
     storageAccountName: storage.outputs.name
     serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
+    storageLogs: storageLogs
   }
 }
 

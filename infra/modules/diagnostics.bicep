@@ -1,13 +1,22 @@
 // Diagnostic settings: the function app, the Service Bus namespace (servicebus transport) and
 // the storage account (account metrics; blob, queue and table service logs and metrics) send
 // their logs and metrics to the Log Analytics workspace. The storage transport's alert rules
-// (alerts.bicep) query StorageQueueLogs, which the queue service's setting fills.
+// (alerts.bicep) query StorageQueueLogs' PutMessage rows, which StorageWrite fills.
+// Storage logs are a row per request: every lease renewal, every order's table transactions
+// and queue reads. By default ('essential') blob and table log only deletions and the queues
+// only writes; 'all' logs every request of every service.
 
 param logAnalyticsId string
 param functionAppName string
 param storageAccountName string
 @description('Service Bus namespace; empty for the storage transport (no setting for it).')
 param serviceBusNamespaceName string = ''
+@description('Storage request logs: essential (blob and table deletions, queue writes) or all.')
+@allowed([
+  'essential'
+  'all'
+])
+param storageLogs string = 'essential'
 
 var settingName = 'to-log-analytics'
 var allLogs = [
@@ -22,6 +31,20 @@ var allMetrics = [
     enabled: true
   }
 ]
+var storageDeletes = [
+  {
+    category: 'StorageDelete'
+    enabled: true
+  }
+]
+var storageWrites = [
+  {
+    category: 'StorageWrite'
+    enabled: true
+  }
+]
+var blobAndTableLogs = (storageLogs == 'all') ? allLogs : storageDeletes
+var queueLogs = (storageLogs == 'all') ? allLogs : storageWrites
 // Storage accounts and their services publish the 'Transaction' metric category.
 var storageMetrics = [
   {
@@ -92,7 +115,7 @@ resource blobDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-previ
   scope: blobServices
   properties: {
     workspaceId: logAnalyticsId
-    logs: allLogs
+    logs: blobAndTableLogs
     metrics: storageMetrics
   }
 }
@@ -102,7 +125,7 @@ resource queueDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-prev
   scope: queueServices
   properties: {
     workspaceId: logAnalyticsId
-    logs: allLogs
+    logs: queueLogs
     metrics: storageMetrics
   }
 }
@@ -112,7 +135,7 @@ resource tableDiagnostics 'Microsoft.Insights/diagnosticSettings@2021-05-01-prev
   scope: tableServices
   properties: {
     workspaceId: logAnalyticsId
-    logs: allLogs
+    logs: blobAndTableLogs
     metrics: storageMetrics
   }
 }

@@ -978,8 +978,8 @@ def test_action_group_has_the_optional_operator_email() -> None:
     assert "condition" not in group["config"]
 
 
-def diagnostics_scope(transport: str) -> Scope:
-    args = module_args("diagnostics", transport)
+def diagnostics_scope(transport: str, **overrides: Any) -> Scope:
+    args = module_args("diagnostics", transport, **overrides)
     assert args is not None
     return file_scope(bicep("modules/diagnostics.bicep"), **args)
 
@@ -1021,6 +1021,40 @@ def test_diagnostic_settings_send_the_app_namespace_and_storage_to_the_workspace
     for service in ("blobServices", "queueServices", "tableServices"):
         [existing] = resources_of_type(parsed, f"{STORAGE_ACCOUNT}/{service}").values()
         assert body(existing)["parent"] == "storage"
+
+
+def storage_log_streams(**overrides: Any) -> dict[str, Any]:
+    """Each storage service's log streams as main.bicep deploys them."""
+    parsed = bicep("modules/diagnostics.bicep")
+    scope = diagnostics_scope("storage", **overrides)
+    found = {}
+    for resource in resources_of_type(parsed, DIAGNOSTIC_SETTINGS).values():
+        config = body(resource)
+        target, _ = assignment_target(parsed, config["scope"], scope)
+        if target.startswith(f"{STORAGE_ACCOUNT}/"):
+            found[target.rsplit("/", 1)[1]] = evaluate(config["properties"]["logs"], scope)
+    return found
+
+
+def test_storage_request_logs_are_sized_for_cost_by_default_and_all_on_request() -> None:
+    def categories(streams: list[dict[str, Any]]) -> list[str]:
+        return [stream.get("category") or stream["categoryGroup"] for stream in streams]
+
+    default = {service: categories(s) for service, s in storage_log_streams().items()}
+    assert default == {
+        "blobServices": ["StorageDelete"],
+        "queueServices": ["StorageWrite"],  # PutMessage: what the storage alert rules read
+        "tableServices": ["StorageDelete"],
+    }
+    everything = storage_log_streams(storageLogs="all")
+    assert {service: categories(s) for service, s in everything.items()} == {
+        service: ["allLogs"] for service in default
+    }
+    alerts = text("modules/alerts.bicep")
+    assert 'StorageQueueLogs | where OperationName == "PutMessage"' in alerts
+    assert json.loads(text("main.parameters.json"))["parameters"]["storageLogs"] == {
+        "value": "${SAS_STORAGE_LOGS=essential}"
+    }
 
 
 # --- no basic-auth publishing; Log Analytics without local auth ----------------------------------
@@ -1261,6 +1295,7 @@ def test_azure_yaml_deploys_the_python_function_app() -> None:
     azure_yaml = (ROOT / "azure.yaml").read_text()
 
     assert re.search(r"^services:\n  api:\n", azure_yaml, re.MULTILINE)
+    assert re.search(r'^requiredVersions:\n  azd: ">= 1\.18\.0"$', azure_yaml, re.MULTILINE)
     for line in ("project: .", "language: python", "host: function"):
         assert re.search(rf"^    {re.escape(line)}$", azure_yaml, re.MULTILINE), line
     tags = text("modules/functionapp.bicep")
