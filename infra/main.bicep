@@ -265,7 +265,7 @@ module serviceBus 'modules/servicebus.bicep' = if (useServiceBus) {
 
 // The app's identity: every data role it needs, nothing else (see modules/roles.bicep).
 // hostRoles: also Data Owner on each trigger queue, which target-based scaling needs to read
-// queue length (never on the namespace).
+// queue length (never on the namespace). Receiver on the alerts queue: its depth gauge peeks it.
 module appRoles 'modules/roles.bicep' = {
   name: 'roles-app'
   scope: rg
@@ -276,14 +276,15 @@ module appRoles 'modules/roles.bicep' = {
     storageQueues: !useServiceBus
     serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
     triggerQueueNames: useServiceBus ? triggerQueueNames : []
+    readQueueNames: useServiceBus ? [alertsQueueName] : []
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     hostRoles: true
   }
 }
 
 // The deploying principal, only on request (grantDeployerDataAccess): the app's data roles
-// without the host-only ones, receive scoped to the trigger queues, so that the live contract
-// test and ad-hoc checks can run against these resources.
+// without the host-only ones, receive scoped to the trigger queues and the alerts queue, so
+// that the live contract test, ad-hoc checks and operators reading alerts can run.
 module userRoles 'modules/roles.bicep' = if (grantDeployerDataAccess && !empty(principalId)) {
   name: 'roles-user'
   scope: rg
@@ -294,6 +295,7 @@ module userRoles 'modules/roles.bicep' = if (grantDeployerDataAccess && !empty(p
     storageQueues: !useServiceBus
     serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
     triggerQueueNames: useServiceBus ? triggerQueueNames : []
+    readQueueNames: useServiceBus ? [alertsQueueName] : []
     applicationInsightsName: monitoring.outputs.applicationInsightsName
     hostRoles: false
   }

@@ -18,6 +18,8 @@ param storageQueues bool = false
 param serviceBusNamespaceName string = ''
 @description('Service Bus queues the app consumes (its triggers): the receive-side role is scoped to each of them.')
 param triggerQueueNames array = []
+@description('Service Bus queues the principal reads but no trigger consumes (the alerts queue: the queue-depth gauges peek it, operators receive from it): Data Receiver on each.')
+param readQueueNames array = []
 param applicationInsightsName string
 @description('Also grant the roles only the Functions host and its scale controller need: blob data, telemetry, and Data Owner (instead of Receiver) on the trigger queues.')
 param hostRoles bool = true
@@ -80,6 +82,10 @@ var serviceBusTriggerQueues = empty(serviceBusNamespaceName) ? [] : triggerQueue
 var triggerQueueRoles = empty(serviceBusTriggerQueues) ? [] : [
   triggerQueueRole
 ]
+var serviceBusReadQueues = empty(serviceBusNamespaceName) ? [] : readQueueNames
+var readQueueRoles = empty(serviceBusReadQueues) ? [] : [
+  serviceBusDataReceiver
+]
 // Entra-authenticated telemetry into Application Insights (local auth is disabled there).
 var monitoringRoles = hostRoles ? [
   monitoringMetricsPublisher
@@ -94,6 +100,11 @@ resource serviceBus 'Microsoft.ServiceBus/namespaces@2024-01-01' existing = {
 }
 
 resource triggerQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for queueName in serviceBusTriggerQueues: {
+  parent: serviceBus
+  name: queueName
+}]
+
+resource readQueues 'Microsoft.ServiceBus/namespaces/queues@2024-01-01' existing = [for queueName in serviceBusReadQueues: {
   parent: serviceBus
   name: queueName
 }]
@@ -135,6 +146,17 @@ resource triggerQueueAssignments 'Microsoft.Authorization/roleAssignments@2022-0
   }
 }]
 
+resource readQueueAssignments 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for (queueName, i) in serviceBusReadQueues: {
+  name: guid(readQueues[i].id, principalId, serviceBusDataReceiver.id)
+  scope: readQueues[i]
+  properties: {
+    roleDefinitionId: subscriptionResourceId('Microsoft.Authorization/roleDefinitions', serviceBusDataReceiver.id)
+    principalId: principalId
+    principalType: principalType
+    description: '${serviceBusDataReceiver.name} on queue ${queueName} for sas'
+  }
+}]
+
 resource monitoringAssignments 'Microsoft.Authorization/roleAssignments@2022-04-01' = [for role in monitoringRoles: {
   name: guid(applicationInsights.id, principalId, role.id)
   scope: applicationInsights
@@ -146,4 +168,4 @@ resource monitoringAssignments 'Microsoft.Authorization/roleAssignments@2022-04-
   }
 }]
 
-output roleNames array = map(concat(storageRoles, serviceBusRoles, triggerQueueRoles, monitoringRoles), role => role.name)
+output roleNames array = map(concat(storageRoles, serviceBusRoles, triggerQueueRoles, readQueueRoles, monitoringRoles), role => role.name)

@@ -29,11 +29,11 @@ from typing import Protocol
 from uuid import UUID
 
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageState
-from azure.servicebus.exceptions import MessagingEntityNotFoundError
+from azure.servicebus.exceptions import MessagingEntityNotFoundError, ServiceBusAuthorizationError
 
 from sas.adapters.clients import servicebus_clients
 from sas.domain.clock import Clock, require_utc
-from sas.domain.errors import NotFound
+from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.messages import Message, encode
 from sas.domain.priority import Waiting
 from sas.domain.wire import TRACEPARENT_PROPERTY, TRACESTATE_PROPERTY
@@ -178,6 +178,8 @@ class ServiceBusTransport:
             peeked = receiver.peek_messages(max_message_count=count)
         except MessagingEntityNotFoundError as exc:
             raise NotFound(f"Service Bus queue {queue!r} does not exist") from exc
+        except ServiceBusAuthorizationError as exc:  # no Listen right: a deployment matter
+            raise ConfigurationError(f"no right to read Service Bus queue {queue!r}") from exc
         finally:
             _close_quietly(receiver, "receiver")
         # A peek also returns scheduled and deferred messages: only active ones are waiting.

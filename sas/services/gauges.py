@@ -56,8 +56,23 @@ class QueueGauges:
         return True
 
     def sample(self) -> None:
-        metrics.queue_depth.set({queue: self._depth.depth(queue) for queue in self._queues})
+        metrics.queue_depth.set(self._depths())
         parked = Counter(m.queue for m in self._store.list_parked(COUNT_LIMIT))
         if self._poison is not None:
             parked.update(m.queue for m in self._poison.list(COUNT_LIMIT))
         metrics.parked.set({**dict.fromkeys(self._queues, 0), **parked})
+
+    def _depths(self) -> dict[str, int]:
+        """Each queue's depth; one that cannot be read is left out, never the others."""
+        found: dict[str, int] = {}
+        for queue in self._queues:
+            try:
+                found[queue] = self._depth.depth(queue)
+            except Exception as exc:
+                log.warning(
+                    "sas.gauge_queue_failed queue=%s error=%s",
+                    queue,
+                    type(exc).__name__,
+                    extra={"queue": queue},
+                )
+        return found

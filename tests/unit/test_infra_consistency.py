@@ -657,6 +657,7 @@ def test_the_app_identity_gets_every_role_it_needs() -> None:
         TABLE_DATA_CONTRIBUTOR,
         SB_DATA_SENDER,
         SB_DATA_OWNER,  # on the trigger queues; includes receive
+        SB_DATA_RECEIVER,  # on the alerts queue, which the queue-depth gauge peeks
         METRICS_PUBLISHER,
     }
     assert storage == {
@@ -687,8 +688,9 @@ def test_service_bus_data_owner_is_scoped_to_each_trigger_queue_never_the_namesp
     assert sorted(grant.scope_name for grant in owner) == sorted(trigger_queues)
     assert {grant.scope_type for grant in owner} == {SB_QUEUE}
     roles = bicep("modules/roles.bicep")
-    [queues] = [r for r in resources_of_type(roles, SB_QUEUE).values() if r["existing"]]
-    assert body(queues)["parent"] == "serviceBus"
+    queues = [r for r in resources_of_type(roles, SB_QUEUE).values() if r["existing"]]
+    assert len(queues) == 2  # the trigger queues, the read-only ones
+    assert all(body(queue)["parent"] == "serviceBus" for queue in queues)
     [namespace] = resources_of_type(roles, SB_NAMESPACE).values()
     assert body(namespace)["name"] == "serviceBusNamespaceName"
     assert (module_args("appRoles", "servicebus") or {})["serviceBusNamespaceName"] == "sb"
@@ -715,11 +717,24 @@ def test_the_deploying_principal_gets_data_roles_only_on_request() -> None:
     assert module_params("userRoles")["hostRoles"] is False
 
 
-def test_the_deployer_receives_only_from_the_trigger_queues_and_gets_no_host_roles() -> None:
+def test_the_alerts_queue_is_readable_by_the_app_and_the_deployer_on_service_bus() -> None:
+    """The queue-depth gauges peek every queue, the alerts queue too; operators receive from
+    it. No trigger consumes it, so only Data Receiver, only there."""
+    for grants_of in (app_grants, deployer_grants):
+        receiver = [g for g in grants_of("servicebus") if g.role == SB_DATA_RECEIVER]
+        alerts = [g for g in receiver if g.scope_name == ALERTS_QUEUE]
+        assert [(g.scope_type, g.scope_name) for g in alerts] == [(SB_QUEUE, ALERTS_QUEUE)]
+    app_receiver = [g for g in app_grants("servicebus") if g.role == SB_DATA_RECEIVER]
+    assert [g.scope_name for g in app_receiver] == [ALERTS_QUEUE]
+    assert not [g for g in app_grants("storage") if g.role == SB_DATA_RECEIVER]
+
+
+def test_the_deployer_receives_only_from_the_app_s_queues_and_gets_no_host_roles() -> None:
     servicebus = deployer_grants("servicebus")
 
     receiver = [grant for grant in servicebus if grant.role == SB_DATA_RECEIVER]
-    assert sorted(grant.scope_name for grant in receiver) == sorted(code_trigger_queues())
+    expected = sorted([*code_trigger_queues(), ALERTS_QUEUE])
+    assert sorted(grant.scope_name for grant in receiver) == expected
     assert {grant.scope_type for grant in receiver} == {SB_QUEUE}
     assert {grant.role for grant in servicebus} == {
         TABLE_DATA_CONTRIBUTOR,

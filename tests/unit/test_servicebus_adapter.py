@@ -20,6 +20,7 @@ from azure.identity import DefaultAzureCredential, ManagedIdentityCredential
 from azure.servicebus import ServiceBusMessage
 from azure.servicebus.exceptions import (
     MessagingEntityNotFoundError,
+    ServiceBusAuthorizationError,
     ServiceBusConnectionError,
 )
 from opentelemetry import trace
@@ -871,3 +872,37 @@ def test_a_received_service_bus_message_continues_the_trace_its_properties_name(
     handle(message, function="schedule", queue_setting="x", model=ScheduleRequest, handler=handler)
     assert seen == ["4bf92f3577b34da6a3ce929d0e0e4736"]
     assert not trace.get_current_span().get_span_context().is_valid  # detached afterwards
+
+
+def test_a_queue_the_identity_may_not_read_leaves_the_other_gauges_sampled(
+    client: FakeClient, clock: FakeClock, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """The depth sampler peeks every queue; a refused peek (no Listen right there) is that
+    queue's gauge missing, not every gauge's."""
+    from sas.services import metrics
+    from sas.services.gauges import QueueGauges
+    from tests.fakes import InMemoryStore
+
+    class Refusing(FakeReceiver):
+        def peek_messages(self, max_message_count: int = 1) -> list[FakePeeked]:
+            raise ServiceBusAuthorizationError(message="Unauthorized access. 'Listen' claim(s)")
+
+    waiting = [FakePeeked(clock.now()), FakePeeked(clock.now())]
+    client.waiting = {"sas-orders": waiting, "sas-replies": waiting[:1]}
+    opened = client.get_queue_receiver
+    monkeypatch.setattr(
+        client,
+        "get_queue_receiver",
+        lambda queue_name: Refusing([]) if queue_name == "sas-alerts" else opened(queue_name),
+    )
+    transport = ServiceBusTransport(Factory(client), clock, endpoint=NAMESPACE)
+    with pytest.raises(ConfigurationError, match="no right to read Service Bus queue 'sas-alerts'"):
+        transport.depth("sas-alerts")
+    sampled: dict[str, int] = {}
+    monkeypatch.setattr(metrics.queue_depth, "set", sampled.update)
+    queues = ("sas-orders", "sas-alerts", "sas-replies")
+    gauges = QueueGauges(transport, queues, InMemoryStore(), None, clock)
+    with caplog.at_level(logging.WARNING):
+        gauges.sample()
+    assert sampled == {"sas-orders": 2, "sas-replies": 1}
+    assert "sas.gauge_queue_failed queue=sas-alerts error=ConfigurationError" in caplog.text
