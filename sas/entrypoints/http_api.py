@@ -14,6 +14,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sas import bootstrap
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMessage, NotFound
@@ -22,6 +23,7 @@ from sas.domain.model import OrderState, ProcessState
 from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
 from sas.domain.wire import ORDER_ID, Priority
 from sas.entrypoints import dashboard
+from sas.entrypoints.invocation import attributed
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
 
@@ -38,6 +40,26 @@ api = FastAPI(
     docs_url="/api/docs",
     openapi_url="/api/openapi.json",
 )
+
+
+class _Attributed:
+    """Every request runs attributed to its invocation (sas/entrypoints/invocation.py): sync
+    routes run on FastAPI's threadpool, whose records the worker would not forward."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        storage = scope.get("azure_functions.thread_local_storage")
+        invocation_id = scope.get("azure_functions.invocation_id")
+        if storage is None or not invocation_id:  # not served by the Functions worker
+            await self.app(scope, receive, send)
+            return
+        with attributed(storage, invocation_id):
+            await self.app(scope, receive, send)
+
+
+api.add_middleware(_Attributed)
 
 
 # Domain errors mean the same on every route: no such thing (404), or not now / not in this

@@ -5,6 +5,7 @@ import logging
 import azure.functions as func
 
 from sas import bootstrap, settings
+from sas.entrypoints.invocation import attributed
 from sas.services import supervisor
 
 log = logging.getLogger(__name__)
@@ -20,11 +21,12 @@ network, so a few threads keep a sweep over a thousand in-flight orders inside o
 @blueprint.timer_trigger(
     schedule=f"%{settings.SUPERVISOR_SCHEDULE}%", arg_name="timer", run_on_startup=False
 )
-def supervise(timer: func.TimerRequest) -> None:
+def supervise(timer: func.TimerRequest, context: func.Context) -> None:
     if timer.past_due:
         # Harmless: a sweep is idempotent and covers everything a missed tick would have.
         log.info("sas.supervisor_tick_past_due")
-    try:
-        supervisor.sweep(bootstrap.context(), parallelism=SUPERVISOR_PARALLELISM)
-    finally:
-        bootstrap.gauges().maybe_sample()  # at most once a minute, only if metrics export
+    with attributed(context.thread_local_storage, context.invocation_id):  # its pool's too
+        try:
+            supervisor.sweep(bootstrap.context(), parallelism=SUPERVISOR_PARALLELISM)
+        finally:
+            bootstrap.gauges().maybe_sample()  # at most once a minute, only if metrics export

@@ -12,6 +12,7 @@ what may still be queued: a reply sent in time applies when it arrives (``transi
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import threading
 from collections import Counter
@@ -52,7 +53,10 @@ def sweep(ctx: Context, *, parallelism: int = 1) -> Counter[str]:
         report.update(examine(marker) for marker in due)
     else:
         with ThreadPoolExecutor(min(parallelism, len(due))) as pool:
-            report.update(pool.map(examine, due))
+            # Each task in a copy of the caller's context: what the invocation set there
+            # (its log attribution, its span) holds on the pool's threads too.
+            tasks = [pool.submit(contextvars.copy_context().run, examine, m) for m in due]
+            report.update(task.result() for task in tasks)
     markers.flush()
     if report.total():
         log.info("sas.supervisor_sweep", extra={"report": dict(report), "orders_read": len(due)})

@@ -23,7 +23,7 @@ import uvicorn
 
 from sas_local.devhost.config import DevHostError
 from sas_local.devhost.http_routes import Route
-from sas_local.devhost.invoke import InvocationContext, arguments, call_sync
+from sas_local.devhost.invoke import InvocationContext, arguments, call_async, call_sync
 
 log = logging.getLogger(__name__)
 
@@ -107,9 +107,11 @@ class DevHostAsgi:
         started = time.monotonic()
         try:
             if inspect.iscoroutinefunction(function.fn):
-                result = await function.fn(**kwargs)
+                result = await call_async(function.fn(**kwargs), context.invocation_id)
             else:
-                result = await asyncio.to_thread(call_sync, function.fn, kwargs)
+                result = await asyncio.to_thread(
+                    call_sync, function.fn, kwargs, context.invocation_id
+                )
         except Exception:
             log.exception("sas.devhost.http_invocation_failed", extra=fields)
             return 500, [("content-type", "text/plain")], b"Internal Server Error"

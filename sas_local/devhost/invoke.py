@@ -1,4 +1,10 @@
-"""Calling user functions the way the Python worker does: trigger argument plus ``context``."""
+"""Calling user functions the way the Python worker does: trigger argument plus ``context``.
+
+As in the worker, one thread-local storage per process holds the invocation id of the thread
+that runs an invocation (``context.thread_local_storage``), set around a sync call and on the
+task of an async one; ``current_invocation_id`` reads it where a record is emitted, and the dev
+host's logs mark a record without one, which the Functions host would not forward
+(sas_local/devhost/logs.py)."""
 
 from __future__ import annotations
 
@@ -59,6 +65,21 @@ class _RetryContext:
         return _RpcException()
 
 
+WORKER_LOCAL = threading.local()
+"""The worker's thread-local invocation storage: one per process, set per thread."""
+_TASK_ATTRIBUTE = "_sas_devhost_invocation_id"
+
+
+def current_invocation_id() -> str | None:
+    """The invocation the calling thread (or asyncio task) runs, as the worker finds it."""
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop in this thread
+        task = None
+    found = getattr(task, _TASK_ATTRIBUTE, None) if task is not None else None
+    return found or getattr(WORKER_LOCAL, "invocation_id", None)
+
+
 class InvocationContext(func.Context):
     """A concrete ``func.Context`` (the abstract one cannot be instantiated)."""
 
@@ -66,8 +87,7 @@ class InvocationContext(func.Context):
         self._invocation_id = str(uuid.uuid4())
         self._function_name = function_name
         self._function_directory = str(function_directory)
-        self._thread_local = threading.local()
-        self._thread_local.invocation_id = self._invocation_id
+        self._thread_local = WORKER_LOCAL
 
     @property
     def invocation_id(self) -> str:
@@ -108,13 +128,21 @@ def arguments(
     return kwargs
 
 
-def call_sync(fn: Callable[..., Any], kwargs: dict[str, object]) -> object:
-    """Call from a worker thread; an ``async def`` function gets its own event loop."""
-    result = fn(**kwargs)
-    if inspect.isawaitable(result):
-        return asyncio.run(_await(result))
-    return result
+def call_sync(fn: Callable[..., Any], kwargs: dict[str, object], invocation_id: str) -> object:
+    """Call from a worker thread, attributed to ``invocation_id`` while it runs; an ``async
+    def`` function gets its own event loop."""
+    WORKER_LOCAL.invocation_id = invocation_id
+    try:
+        result = fn(**kwargs)
+        if inspect.isawaitable(result):
+            return asyncio.run(call_async(result, invocation_id))
+        return result
+    finally:
+        WORKER_LOCAL.invocation_id = None
 
 
-async def _await(awaitable: Any) -> object:
-    return await awaitable
+async def call_async(awaitable: Any, invocation_id: str) -> object:
+    """Await in a task of its own that carries ``invocation_id``, as the worker's do."""
+    task = asyncio.ensure_future(awaitable)
+    setattr(task, _TASK_ATTRIBUTE, invocation_id)
+    return await task

@@ -19,6 +19,7 @@ import threading
 from typing import TextIO
 
 from sas.services import telemetry
+from sas_local.devhost.invoke import current_invocation_id
 
 _STANDARD = frozenset(vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))) | {
     "message",
@@ -38,14 +39,22 @@ class KeyValueFormatter(logging.Formatter):
         return f"{head} {' '.join(fields)}{newline}{tail}"
 
 
+DROPPED = "dropped_in_azure"
+"""The field that marks an app's record the Functions host would not forward: no invocation
+id where it was emitted (sas/entrypoints/invocation.py)."""
+
+
 class _EnqueueHandler(logging.handlers.QueueHandler):
     """A QueueHandler that emits without taking the handler's lock: its emit formats a copy
     of the record and puts it on a thread-safe queue, so the lock ``Handler.handle`` holds
-    around it would only serialise the logging threads."""
+    around it would only serialise the logging threads. In the emitting thread, it marks an
+    app's record that carries no invocation, as the worker would find it there."""
 
     def handle(self, record: logging.LogRecord) -> bool:
         kept = self.filter(record)
         if kept:
+            if not record.name.startswith("sas_local") and current_invocation_id() is None:
+                setattr(record, DROPPED, 1)
             self.emit(record)
         return bool(kept)
 

@@ -270,7 +270,9 @@ class QueuePoller:
         started = time.monotonic()
         try:
             call_sync(
-                function.fn, arguments(function.fn, function.arg_name, trigger_message, context)
+                function.fn,
+                arguments(function.fn, function.arg_name, trigger_message, context),
+                context.invocation_id,
             )
         except Exception:
             elapsed = round((time.monotonic() - started) * 1000, 1)

@@ -62,7 +62,11 @@ class TimerRunner:
         fields = {"function": function.name, "invocation_id": context.invocation_id}
         started = time.monotonic()
         try:
-            call_sync(function.fn, arguments(function.fn, function.arg_name, request, context))
+            call_sync(
+                function.fn,
+                arguments(function.fn, function.arg_name, request, context),
+                context.invocation_id,
+            )
         except Exception:
             log.exception("sas.devhost.timer_failed", extra=fields)
             return

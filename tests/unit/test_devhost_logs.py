@@ -46,7 +46,7 @@ def stream() -> Iterator[BlockingStream]:
 
 def test_logging_threads_do_not_wait_for_a_blocked_stderr(stream):
     logs.configure("INFO", "w0 1", stream)
-    log = logging.getLogger("sas.test")
+    log = logging.getLogger("sas_local.test")
     log.info("first")
     assert stream.entered.wait(10)  # the writer thread is now stuck in write()
 
@@ -64,14 +64,14 @@ def test_logging_threads_do_not_wait_for_a_blocked_stderr(stream):
 
     lines = stream.getvalue().splitlines()
     assert len(lines) == 51
-    assert lines[0].endswith("INFO [w0 1] sas.test: first")
-    assert lines[50].endswith("sas.test: record 49 order_id=o49")
+    assert lines[0].endswith("INFO [w0 1] sas_local.test: first")
+    assert lines[50].endswith("sas_local.test: record 49 order_id=o49")
 
 
 def test_shutdown_writes_what_is_queued_and_later_records_go_straight_out(stream):
     stream.release.set()
     logs.configure("INFO", "w1 2", stream)
-    log = logging.getLogger("sas.test")
+    log = logging.getLogger("sas_local.test")
     try:
         raise ValueError("boom")
     except ValueError:
@@ -81,15 +81,15 @@ def test_shutdown_writes_what_is_queued_and_later_records_go_straight_out(stream
 
     text = stream.getvalue()
     head = text.splitlines()[0]
-    assert head.endswith("ERROR [w1 2] sas.test: failed attempt=2")
+    assert head.endswith("ERROR [w1 2] sas_local.test: failed attempt=2")
     assert text.count("ValueError: boom") == 1  # the traceback, once
-    assert text.splitlines()[-1].endswith("WARNING [w1 2] sas.test: after")
+    assert text.splitlines()[-1].endswith("WARNING [w1 2] sas_local.test: after")
 
 
 def test_flush_returns_once_what_was_logged_is_written_and_writes_no_marker(stream):
     """A worker flushes before it reports ready: its start-up lines are on stderr by then."""
     logs.configure("INFO", "w0 3", stream)
-    log = logging.getLogger("sas.test")
+    log = logging.getLogger("sas_local.test")
     log.info("first")
     assert stream.entered.wait(10)  # the writer is stuck in that line...
     log.info("started", extra={"queues": "record<-in"})  # ...so this one waits in the queue
@@ -105,4 +105,34 @@ def test_flush_returns_once_what_was_logged_is_written_and_writes_no_marker(stre
     assert flushed.wait(10)
     lines = stream.getvalue().splitlines()  # both, and not the marker
     assert len(lines) == 2
-    assert lines[1].endswith("INFO [w0 3] sas.test: started queues=record<-in")
+    assert lines[1].endswith("INFO [w0 3] sas_local.test: started queues=record<-in")
+
+
+def test_an_app_record_the_functions_host_would_drop_is_marked(stream):
+    """As the Python worker, the dev host knows an invocation's records by the id in the
+    emitting thread: a record from a thread the app started without it is marked, the way
+    Application Insights would never see it; one whose thread inherits it is not."""
+    from concurrent.futures import ThreadPoolExecutor
+    from contextvars import copy_context
+
+    from sas.entrypoints.invocation import attributed
+    from sas_local.devhost.invoke import WORKER_LOCAL, call_sync
+
+    stream.release.set()
+    logs.configure("INFO", "w0 1", stream)
+    log = logging.getLogger("sas.test")
+
+    def invocation() -> None:
+        log.warning("sas.in_the_invocation")
+        stray = threading.Thread(target=lambda: log.warning("sas.from_a_bare_thread"))
+        stray.start()
+        stray.join()
+        with attributed(WORKER_LOCAL, "inv-1"), ThreadPoolExecutor(2) as pool:
+            pool.submit(copy_context().run, log.warning, "sas.from_an_inheriting_pool").result()
+
+    call_sync(invocation, {}, "inv-1")
+    logs.flush()
+    lines = {line.split(": ", 1)[1].split(" ")[0]: line for line in stream.getvalue().splitlines()}
+    assert f"{logs.DROPPED}=1" in lines["sas.from_a_bare_thread"]
+    assert logs.DROPPED not in lines["sas.in_the_invocation"]
+    assert logs.DROPPED not in lines["sas.from_an_inheriting_pool"]

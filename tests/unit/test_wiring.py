@@ -88,7 +88,7 @@ def test_every_queue_function_is_wired_to_its_queue(transport, trigger, connecti
         assert wired["annotation"] == message_class
     timer = functions["supervise"]
     assert (timer["type"], timer["schedule"]) == ("timerTrigger", "%SAS_SUPERVISOR_SCHEDULE%")
-    assert timer["params"] == ["timer"]
+    assert timer["params"] == ["timer", "context"]  # its invocation, for threads it runs
     http = functions["http_app_func"]
     assert http["type"] == "httpTrigger"
     assert http["params"] == ["req", "context"]
