@@ -1,6 +1,10 @@
 """The whole local system in one object: Azurite, the remote simulator and the dev host.
 
 Used by the demo (`make run`) and the end-to-end tests, so both run exactly the same stack.
+Its dev hosts are laid out one of three ways (``Layout``): every function in one host; the
+agents in a host of their own; or as Flex Consumption runs them, every function in processes
+of its own (only HTTP functions share an instance there), so nothing one function leaves in a
+process can help another.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Literal
 
 from sas import settings as settings_module
 from sas.declared import registry
@@ -53,11 +57,41 @@ def app_env(
 AGENT_FUNCTIONS = tuple(
     lane_function_name(f"agent_{agent}", p) for agent in AGENTS for p in PRIORITIES
 )
-CORE_FUNCTIONS = (
-    *(lane_function_name(f, p) for f in ("submit", "schedule", "on_reply") for p in PRIORITIES),
-    "supervise",
-    "http_app_func",
+QUEUE_FUNCTIONS = tuple(
+    lane_function_name(f, p) for f in ("submit", "schedule", "on_reply") for p in PRIORITIES
 )
+CORE_FUNCTIONS = (*QUEUE_FUNCTIONS, "supervise", "http_app_func")
+Layout = Literal["shared", "agents apart", "flex"]
+
+
+@dataclass(frozen=True)
+class HostPlan:
+    name: str
+    functions: tuple[str, ...] | None
+    """None: every function of the app."""
+    workers: int
+    http: bool
+    timers: bool
+
+
+def host_plans(layout: Layout, workers: int) -> list[HostPlan]:
+    """The dev hosts of a layout; the first serves HTTP."""
+    if layout == "shared":
+        return [HostPlan("devhost", None, workers, http=True, timers=True)]
+    if layout == "agents apart":
+        return [
+            HostPlan("devhost", CORE_FUNCTIONS, workers, http=True, timers=True),
+            HostPlan("agents", AGENT_FUNCTIONS, 1, http=False, timers=False),
+        ]
+    # Flex Consumption: one scaling group per non-HTTP function, the HTTP ones share one.
+    return [
+        HostPlan("devhost", ("http_app_func",), 1, http=True, timers=False),
+        HostPlan("supervise", ("supervise",), 1, http=False, timers=True),
+        *(
+            HostPlan(name, (name,), 1, http=False, timers=False)
+            for name in (*QUEUE_FUNCTIONS, *AGENT_FUNCTIONS)
+        ),
+    ]
 
 
 def simulator_endpoints(
@@ -88,6 +122,8 @@ class LocalStack:
     settings: settings_module.Settings
     simulator_url: str
     api_url: str
+    others: tuple[DevHost, ...] = ()
+    """The Flex layout's other hosts, one per function."""
 
     @classmethod
     def start(
@@ -98,6 +134,7 @@ class LocalStack:
         extra_queues: tuple[str, ...] = (),
         env_overrides: Mapping[str, str] | None = None,
         agents_apart: bool = False,
+        layout: Layout | None = None,
         app_root: Path = REPO_ROOT,
         endpoints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         host_env: Mapping[str, Mapping[str, str]] | None = None,
@@ -107,7 +144,9 @@ class LocalStack:
         commit's worktree when the benchmark compares two commits. ``endpoints``: named
         endpoints of the simulator per agent (``simulator_endpoints``). ``host_env``: more
         environment for one dev host only (``devhost`` or ``agents``), such as a skewed clock.
-        ``remote_agents``: more agents whose remote the simulator plays (another app's)."""
+        ``remote_agents``: more agents whose remote the simulator plays (another app's).
+        ``layout``: how the functions are spread over dev hosts (default: the agents apart
+        when ``agents_apart``, else shared)."""
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
         # The env below is the whole config: a settings file of our own (the same values; the
@@ -138,22 +177,12 @@ class LocalStack:
             settings = settings_module.load(env)
             provision(settings, extra_queues)
             run_settings.write_text(json.dumps({"IsEncrypted": False, "Values": env}, indent=2))
-            groups = [(CORE_FUNCTIONS, workers, "devhost"), (AGENT_FUNCTIONS, 1, "agents")]
-            for functions, count, name in groups if agents_apart else [((), workers, "devhost")]:
-                hosts.append(
-                    start_devhost(
-                        app_root / "function_app.py",
-                        env={**env, **(host_env or {}).get(name, {})},
-                        workers=count,
-                        http_port=0 if name == "agents" else free_port(),
-                        functions=functions or None,
-                        timers=name != "agents",
-                        settings=run_settings,
-                        log_dir=logs / name,
-                        cwd=app_root,
-                        timeout=60,
-                    )
-                )
+            chosen = layout or ("agents apart" if agents_apart else "shared")
+            plans = host_plans(chosen, workers)
+            for plan in plans:  # all started at once, then each waited for
+                hosts.append(_start_host(plan, app_root, env, host_env, run_settings, logs))
+            for host in hosts:
+                host.wait_ready(60 + 2 * len(hosts))
         except BaseException:
             for host in hosts:
                 host.stop()
@@ -162,14 +191,20 @@ class LocalStack:
             azurite.stop()
             raise
         api_url = hosts[0].http_url or ""
-        agents = hosts[1] if agents_apart else None
-        return cls(azurite, simulator, hosts[0], agents, env, settings, simulator_url, api_url)
+        agents = hosts[1] if chosen == "agents apart" else None
+        others = tuple(hosts[1:]) if chosen == "flex" else ()
+        return cls(
+            azurite, simulator, hosts[0], agents, env, settings, simulator_url, api_url, others
+        )
+
+    @property
+    def hosts(self) -> tuple[DevHost, ...]:
+        return tuple(h for h in (self.devhost, self.agents, *self.others) if h is not None)
 
     def stop(self) -> None:
         try:
-            for host in (self.devhost, self.agents):
-                if host is not None:
-                    host.stop()
+            for host in self.hosts:
+                host.stop()
         finally:
             try:
                 self.simulator.stop()
@@ -186,3 +221,25 @@ class LocalStack:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _start_host(
+    plan: HostPlan,
+    app_root: Path,
+    env: Mapping[str, str],
+    host_env: Mapping[str, Mapping[str, str]] | None,
+    run_settings: Path,
+    logs: Path,
+) -> DevHost:
+    return start_devhost(
+        app_root / "function_app.py",
+        env={**env, **(host_env or {}).get(plan.name, {})},
+        workers=plan.workers,
+        http_port=free_port() if plan.http else 0,
+        functions=plan.functions,
+        timers=plan.timers,
+        settings=run_settings,
+        log_dir=logs / plan.name,
+        cwd=app_root,
+        wait=False,
+    )
