@@ -31,7 +31,7 @@ from sas_local.azurite import Azurite, free_port
 from sas_local.bench import e2e, rates, recovery, report, scenarios, sweep
 from sas_local.processes import REPO_ROOT, start_process
 from sas_local.provision import provision
-from sas_local.stack import app_env
+from sas_local.stack import Layout, app_env
 
 COUNT_SCRIPT = Path(__file__).with_name("count.py")
 STATUS_QUEUE = "status-bench"
@@ -219,10 +219,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
 
     def end_to_end(
-        name: str, root: Path, batch: int, count_of_workers: int, repetition: int
+        name: str,
+        root: Path,
+        batch: int,
+        count_of_workers: int,
+        repetition: int,
+        layout: Layout = "shared",
     ) -> None:
         progress(
-            f"{name}: {batch} orders, {count_of_workers} worker(s), run {repetition + 1}", started
+            f"{name}: {batch} orders, {count_of_workers} worker(s), {layout}, run {repetition + 1}",
+            started,
         )
         measured = e2e.run(
             commit=name,
@@ -230,10 +236,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=count_of_workers,
             orders=batch,
             timeout=60 + batch * 1.0,
-            log_dir=logs / f"e2e-{name}-{batch}-{count_of_workers}-{repetition + 1}",
+            log_dir=logs / f"e2e-{name}-{layout}-{batch}-{count_of_workers}-{repetition + 1}",
             count_supervision=not quick,  # it waits out the last markers
+            layout=layout,
         ).as_dict()
-        results["commits"][name]["e2e"].append({**measured, "repetition": repetition + 1})
+        runs = "e2e" if layout == "shared" else "e2e_flex"
+        results["commits"][name].setdefault(runs, []).append(
+            {**measured, "repetition": repetition + 1}
+        )
 
     with ExitStack() as stack:
         roots = {head: REPO_ROOT}
@@ -248,6 +258,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             list(roots), args.repeat, batches, workers
         ):
             end_to_end(name, roots[name], batch, count_of_workers, repetition)
+        for batch in batches:  # as Flex runs it: each function in a process of its own
+            end_to_end(head, REPO_ROOT, batch, 1, 0, layout="flex")
         for name, root in roots.items():
             progress(f"{name}: recovery latency", started)
             results["commits"][name]["recovery"] = recovery.measure(

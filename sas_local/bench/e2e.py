@@ -32,7 +32,7 @@ from azure.storage.queue import QueueClient
 from sas.adapters.storage_queues import first_calls_alone, sent
 from sas.domain.wire import live_table_name
 from sas_local.bench import cpu
-from sas_local.stack import LocalStack
+from sas_local.stack import Layout, LocalStack
 
 TERMINAL = ("Processed", "Compensated", "Error")
 
@@ -62,6 +62,11 @@ class E2EResult:
     what re-running finished steps cost."""
     cpu_hogs: int = 0
     """Processes spinning on the CPU beside the run."""
+    layout: str = "shared"
+    """How the functions were spread over dev hosts (sas_local/stack.py): ``flex``, each in
+    processes of its own, ``workers`` each."""
+    hosts: int = 1
+    """Dev hosts that ran the functions."""
     cpu_ms_per_order: dict[str, float] = field(default_factory=dict)
     """CPU milliseconds per order of the dev host (with its workers), Azurite and the simulator,
     from the first submission to the end of the run (see cpu.py)."""
@@ -108,12 +113,15 @@ def run(
     log_dir: Path,
     count_supervision: bool = True,
     cpu_hogs: int = 0,
+    layout: Layout = "shared",
 ) -> E2EResult:
     """``count_supervision``: also count the Supervisor's reads and the marker moves, which
     takes waiting until the last marker is gone (about one step budget after the run).
     ``cpu_hogs``: processes that spin on the CPU while the run goes (a loaded machine)."""
     with (
-        LocalStack.start(workers=workers, log_dir=log_dir, app_root=app_root) as stack,
+        LocalStack.start(
+            workers=workers, log_dir=log_dir, app_root=app_root, layout=layout
+        ) as stack,
         spinning(cpu_hogs),
     ):
         conn = stack.azurite.connection_string
@@ -121,8 +129,9 @@ def run(
         queue = QueueClient.from_connection_string(conn, settings.queues["SAS_QUEUE_ORDERS"])
         table = TableClient.from_connection_string(conn, settings.table_name)
         ids = [f"b{workers}w-{n:05d}" for n in range(orders)]
+        hosts = len(stack.hosts)
         processes = {
-            "devhost": stack.devhost.pid,
+            **{f"devhost{HOST}{n}": host.pid for n, host in enumerate(stack.hosts)},
             "azurite": stack.azurite.process.pid,
             "simulator": stack.simulator.pid,
         }
@@ -143,7 +152,7 @@ def run(
             queued = sum(q.get_queue_properties().approximate_message_count or 0 for q in consumed)
             quiet = quiet + 1 if queued == 0 else 0
             time.sleep(1.0)
-        cpu_used = cpu.per_order_ms(cpu_before, cpu.snapshot(processes), orders)
+        cpu_used = _dev_hosts_summed(cpu.per_order_ms(cpu_before, cpu.snapshot(processes), orders))
         latencies, first, last, processed = [], None, None, 0
         for order_id in ids:
             try:
@@ -188,7 +197,19 @@ def run(
         cpu_ms_per_order=cpu_used,
         sweep_reads_per_order=None if sweep_reads is None else round(sweep_reads / orders, 3),
         marker_moves_per_order=None if moves is None else round(moves / orders, 3),
+        layout=layout,
+        hosts=hosts,
     )
+
+
+HOST = "#"
+
+
+def _dev_hosts_summed(used: dict[str, float]) -> dict[str, float]:
+    """The dev hosts' CPU as one figure (the Flex layout runs one per function)."""
+    hosts = [value for name, value in used.items() if name.startswith(f"devhost{HOST}")]
+    others = {name: value for name, value in used.items() if not name.startswith("devhost")}
+    return {"devhost": round(sum(hosts), 1), **others}
 
 
 def _send(queue: QueueClient, body: str) -> None:

@@ -130,6 +130,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
                 "the order they ran.",
                 "",
             ]
+        lines += _flex_lines(measured)
         recovered = measured.get("recovery")
         if recovered:
             lines += [
@@ -293,6 +294,29 @@ def _cpu_used(run: dict[str, Any]) -> dict[str, float] | None:
     """CPU ms per order of each part, or None if the run did not measure all of them."""
     used: dict[str, float] = run.get("cpu_ms_per_order") or {}
     return used if all(name in used for name in _CPU_PARTS) else None
+
+
+def _flex_lines(measured: dict[str, Any]) -> list[str]:
+    """The same bursts with each function in processes of its own, as Flex Consumption runs
+    them (one worker each), beside the shared-process rows above."""
+    runs = measured.get("e2e_flex") or []
+    if not runs:
+        return []
+    lines = [
+        "**The same bursts, Flex layout** (every function in a dev host of its own, one "
+        "worker each; the dev hosts' CPU summed):",
+        "",
+        "| Orders | Dev hosts | Finished | Orders/s | p50 s | p95 s | Expiries "
+        "| CPU ms/order: dev hosts / Azurite / simulator |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        lines.append(
+            f"| {run['orders']} | {run.get('hosts', '-')} | {run['finished']} "
+            f"| {run['orders_per_s']:g} | {run['p50_s']:g} | {run['p95_s']:g} "
+            f"| {run['expiries']} | {_cpu_cell(run)} |"
+        )
+    return [*lines, ""]
 
 
 def _cpu_cell(run: dict[str, Any]) -> str:

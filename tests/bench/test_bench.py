@@ -15,6 +15,7 @@ import pytest
 from sas_local.bench import rates, report
 from sas_local.bench.__main__ import _short, parser, schedule
 from sas_local.processes import REPO_ROOT
+from sas_local.stack import host_plans
 
 pytestmark = pytest.mark.bench
 
@@ -45,6 +46,10 @@ def test_the_quick_benchmark_reports_every_part(tmp_path: Path) -> None:
     assert three["limit_orders_per_s"] > 0
     assert {run["workers"] for run in measured["e2e"]} == {1, 2}
     assert all(run["finished"] == run["orders"] for run in measured["e2e"])
+    (flex,) = measured["e2e_flex"]  # the same burst, each function in a dev host of its own
+    hosts = len(host_plans("flex", 1))
+    assert (flex["layout"], flex["finished"], flex["hosts"]) == ("flex", flex["orders"], hosts)
+    assert flex["cpu_ms_per_order"]["devhost"] > 0
     assert results["sweep"]["live"] == 100 and results["sweep"]["sweep_s_live_only"] > 0
     assert results["sweep"]["sweep_s_live_only_all_due"] > 0
     assert all("replies_dropped" in run and "expiries" in run for run in measured["e2e"])
@@ -56,6 +61,7 @@ def test_the_quick_benchmark_reports_every_part(tmp_path: Path) -> None:
     assert steps["queue.send"] > subscribed["queue.send"]  # every step's events cost sends
     document = (tmp_path / "benchmarks.md").read_text()
     assert report.BEGIN in document and "Requests per order" in document
+    assert "Flex layout" in document
     assert (tmp_path / "benchmarks.png").stat().st_size > 0
 
 
