@@ -28,6 +28,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-timeout", type=float, default=None, help="seconds (default scales)")
     p.add_argument("--no-faults", action="store_true", help="the same run without any fault")
     p.add_argument(
+        "--layout",
+        choices=("agents apart", "flex"),
+        default="agents apart",
+        help="the agents in a dev host of their own (default), or flex: every function apart",
+    )
+    p.add_argument(
         "--broken",
         action="append",
         choices=sorted(BROKEN),
@@ -57,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             drain_timeout=args.drain_timeout,
             faults=not args.no_faults,
             broken=tuple(args.broken),
+            layout=args.layout,
         )
     )
     print(json.dumps(report, indent=2))

@@ -40,7 +40,7 @@ from sas_local import python_faults
 from sas_local.chaos import checker
 from sas_local.chaos.inject import CALM_FILE, CONFIG_ENV, CRASH_DIR, count_events
 from sas_local.processes import REPO_ROOT, DevHost, pid_alive, start_devhost
-from sas_local.stack import LocalStack
+from sas_local.stack import Layout, LocalStack
 
 STATUS_QUEUE = "status-chaos"
 PRELOAD = "sas_local.chaos.inject"
@@ -116,6 +116,9 @@ class Options:
     faults: bool = True
     broken: tuple[str, ...] = ()
     clock_skew_seconds: float = 2.0
+    layout: Layout = "agents apart"
+    """How the functions are spread over dev hosts (sas_local/stack.py): the core functions
+    and the agents apart, or ``flex``, each function in processes of its own."""
 
 
 @dataclass
@@ -231,7 +234,7 @@ class Campaign:
             log_dir=self.logs,
             extra_queues=(STATUS_QUEUE,),
             env_overrides=self.chaos_env(),
-            agents_apart=True,
+            layout=self.options.layout,
         )
         self.stack = stack
         try:
@@ -293,12 +296,9 @@ class Campaign:
 
     def workers(self) -> list[tuple[str, int]]:
         stack = self.running
-        hosts: list[tuple[str, DevHost | None]] = [
-            ("core", stack.devhost),
-            ("agents", stack.agents),
-            *(("supervisor", host) for host in self.supervisors),
-        ]
-        return [(role, pid) for role, host in hosts if host for pid in host.worker_pids()]
+        hosts = [(_role(host), host) for host in stack.hosts]
+        hosts += [("supervisor", host) for host in self.supervisors]
+        return [(role, pid) for role, host in hosts for pid in host.worker_pids()]
 
     def kill_worker(self) -> None:
         eligible = [(r, p) for r, p in self.workers() if _age(p) >= MIN_WORKER_AGE]
@@ -550,7 +550,7 @@ class Campaign:
             "logs": str(self.logs),
             "command": (
                 f"python -m sas_local.chaos --orders {o.orders} --seed {o.seed} "
-                f"--workers {o.workers} --supervisors {o.supervisors}"
+                f"--workers {o.workers} --supervisors {o.supervisors} --layout {o.layout!r}"
                 + "".join(f" --broken {b}" for b in o.broken)
             ),
         }
@@ -593,6 +593,14 @@ class Campaign:
         ordered = {kind: counts.get(kind, 0) for kind in FAULT_KINDS}
         ordered |= {k: v for k, v in sorted(counts.items()) if k not in ordered}
         return ordered
+
+
+def _role(host: DevHost) -> str:
+    """What a dev host runs: the agents, the supervise timer alone, or core functions."""
+    functions = host.functions
+    if functions and all(name.startswith("agent_") for name in functions):
+        return "agents"
+    return "supervisor" if functions == ["supervise"] else "core"
 
 
 def _alert_ids(body: str) -> tuple[str, str]:

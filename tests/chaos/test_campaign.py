@@ -30,6 +30,7 @@ def test_three_hundred_orders_under_every_fault_kind_end_with_no_violation(
             supervisors=2,
             log_dir=tmp_path / "logs",
             report=tmp_path / "report.json",
+            layout="flex",  # as Flex Consumption runs it: nothing shared between functions
         )
     )
     summary = json.dumps({k: v for k, v in report.items() if k != "violations"}, indent=1)
