@@ -174,7 +174,7 @@ class PythonAgent:
     """Tables of the app's storage account where the actions keep what they did (``app_table``
     in sas/actions.py): provisioned with the app's own, by Bicep and locally."""
     settings: Mapping[str, str] = field(default_factory=dict)
-    """App settings the actions read (``setting`` in sas/actions.py), each with the value a
+    """App settings the actions read (``ActionContext.setting``), each with the value a
     local run uses; in Azure each is a required deployment parameter."""
 
     def __post_init__(self) -> None:
