@@ -7,7 +7,8 @@ none and never reaches Application Insights. Each trigger runs inside ``attribut
 invocation travels in a context variable, which those threads inherit (sas/services/supervisor.py
 copies it into its pool; anyio copies it into FastAPI's), and a log record factory sets the id
 in the thread's storage before the record is emitted: what the Functions documentation asks of
-threads an app starts.
+threads an app starts. A thread outside any invocation (the router's heartbeat) has none: its
+records (``sas.endpoint_load_*_failed``) stay in the host's own log, not Application Insights.
 """
 
 from __future__ import annotations

@@ -57,10 +57,19 @@ class QueueGauges:
 
     def sample(self) -> None:
         metrics.queue_depth.set(self._depths())
-        parked = Counter(m.queue for m in self._store.list_parked(COUNT_LIMIT))
-        if self._poison is not None:
-            parked.update(m.queue for m in self._poison.list(COUNT_LIMIT))
-        metrics.parked.set({**dict.fromkeys(self._queues, 0), **parked})
+        metrics.parked.set(self._parked())
+
+    def _parked(self) -> dict[str, int]:
+        """Parked messages by queue, the app's and the host's; none if either listing fails:
+        no figure, rather than the last one reported as if it were current."""
+        try:
+            parked = Counter(m.queue for m in self._store.list_parked(COUNT_LIMIT))
+            if self._poison is not None:
+                parked.update(m.queue for m in self._poison.list(COUNT_LIMIT))
+        except Exception as exc:
+            log.warning("sas.gauge_parked_failed error=%s", type(exc).__name__)
+            return {}
+        return {**dict.fromkeys(self._queues, 0), **parked}
 
     def _depths(self) -> dict[str, int]:
         """Each queue's depth; one that cannot be read is left out, never the others."""

@@ -264,6 +264,25 @@ def test_queue_gauges_sample_at_most_once_per_interval_and_only_when_exported(re
     assert gauges.maybe_sample() is True
 
 
+def test_a_parked_listing_that_fails_leaves_no_stale_figure_and_the_depths_sampled(
+    reader, monkeypatch, caplog
+):
+    store, clock, depths = InMemoryStore(), FakeClock(), _Depths()
+
+    class Failing:
+        def list(self, limit: int = 100) -> list[Any]:
+            raise TimeoutError("peek of one dead-letter queue timed out")
+
+    monkeypatch.setattr(metrics, "metrics_enabled", lambda: True)
+    QueueGauges(depths, ("orders",), store, _Poison(), clock).sample()  # type: ignore[arg-type]
+    assert points(reader, "sas.parked") != []
+    with caplog.at_level(logging.WARNING):
+        QueueGauges(depths, ("orders",), store, Failing(), clock).sample()  # type: ignore[arg-type]
+    assert points(reader, "sas.parked") == []  # not the last sample's, as if current
+    assert sorted(a["sas.queue"] for a, _ in points(reader, "sas.queue.depth")) == ["orders"]
+    assert "sas.gauge_parked_failed error=TimeoutError" in caplog.text
+
+
 def test_log_records_carry_the_order_and_the_trace(spans, caplog):
     handler = caplog.handler
     telemetry.install_log_filter([handler])
