@@ -12,7 +12,8 @@ import asyncio
 import inspect
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
@@ -68,16 +69,33 @@ class _RetryContext:
 WORKER_LOCAL = threading.local()
 """The worker's thread-local invocation storage: one per process, set per thread."""
 _TASK_ATTRIBUTE = "_sas_devhost_invocation_id"
+_running: set[str] = set()
+"""The invocations under way: the host forwards a record only for one of them (an id left on
+a reused thread by a finished invocation counts for nothing)."""
+_running_lock = threading.Lock()
 
 
 def current_invocation_id() -> str | None:
-    """The invocation the calling thread (or asyncio task) runs, as the worker finds it."""
+    """The running invocation the calling thread (or asyncio task) names, as the host takes it."""
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running event loop in this thread
         task = None
     found = getattr(task, _TASK_ATTRIBUTE, None) if task is not None else None
-    return found or getattr(WORKER_LOCAL, "invocation_id", None)
+    found = found or getattr(WORKER_LOCAL, "invocation_id", None)
+    with _running_lock:
+        return found if found in _running else None
+
+
+@contextmanager
+def _under_way(invocation_id: str) -> Iterator[None]:
+    with _running_lock:
+        _running.add(invocation_id)
+    try:
+        yield
+    finally:
+        with _running_lock:
+            _running.discard(invocation_id)
 
 
 class InvocationContext(func.Context):
@@ -133,10 +151,11 @@ def call_sync(fn: Callable[..., Any], kwargs: dict[str, object], invocation_id: 
     def`` function gets its own event loop."""
     WORKER_LOCAL.invocation_id = invocation_id
     try:
-        result = fn(**kwargs)
-        if inspect.isawaitable(result):
-            return asyncio.run(call_async(result, invocation_id))
-        return result
+        with _under_way(invocation_id):
+            result = fn(**kwargs)
+            if inspect.isawaitable(result):
+                return asyncio.run(call_async(result, invocation_id))
+            return result
     finally:
         WORKER_LOCAL.invocation_id = None
 
@@ -145,4 +164,5 @@ async def call_async(awaitable: Any, invocation_id: str) -> object:
     """Await in a task of its own that carries ``invocation_id``, as the worker's do."""
     task = asyncio.ensure_future(awaitable)
     setattr(task, _TASK_ATTRIBUTE, invocation_id)
-    return await task
+    with _under_way(invocation_id):
+        return await task

@@ -131,8 +131,17 @@ def test_an_app_record_the_functions_host_would_drop_is_marked(stream):
             pool.submit(copy_context().run, log.warning, "sas.from_an_inheriting_pool").result()
 
     call_sync(invocation, {}, "inv-1")
+
+    def later_on_a_reused_thread() -> None:  # the id a finished invocation left behind
+        WORKER_LOCAL.invocation_id = "inv-1"
+        log.warning("sas.after_the_invocation")
+
+    reused = threading.Thread(target=later_on_a_reused_thread)
+    reused.start()
+    reused.join()
     logs.flush()
     lines = {line.split(": ", 1)[1].split(" ")[0]: line for line in stream.getvalue().splitlines()}
     assert f"{logs.DROPPED}=1" in lines["sas.from_a_bare_thread"]
     assert logs.DROPPED not in lines["sas.in_the_invocation"]
     assert logs.DROPPED not in lines["sas.from_an_inheriting_pool"]
+    assert f"{logs.DROPPED}=1" in lines["sas.after_the_invocation"]
