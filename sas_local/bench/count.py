@@ -41,8 +41,13 @@ class RequestCounter:
         self._lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self.counting = False
+        self.live_partition: str | None = None
+        """The in-flight index's partition key: its entities are counted apart (a partition's
+        entity rate is a limit). Set from the measured commit's wire rules."""
 
-    def record(self, method: str, url: str, headers: Any, response_text: str | None) -> None:
+    def record(
+        self, method: str, url: str, headers: Any, response_text: str | None, body: Any = None
+    ) -> None:
         if not self.counting:
             return
         parts = urlsplit(url)
@@ -58,6 +63,11 @@ class RequestCounter:
             return
         with self._lock:
             self.counts[kind] += 1
+            if kind.startswith("table."):
+                where = unquote(parts.path) + unquote(parts.query) + _text(body)
+                live = self.live_partition is not None and self.live_partition in where
+                partition = "entity.live" if live else "entity.order"
+                self.counts[partition] += _entities(kind, body, response_text)
 
     @contextmanager
     def window(self) -> Iterator[Counter[str]]:
@@ -70,6 +80,25 @@ class RequestCounter:
             self.counting = False
             measured.update(self.counts)
             measured.subtract(before)
+
+
+def _text(body: Any) -> str:
+    if isinstance(body, bytes):
+        return body.decode("utf-8", "replace")
+    return body if isinstance(body, str) else ""
+
+
+def _entities(kind: str, body: Any, response_text: str | None) -> int:
+    """Entities a table request touches: each operation of a transaction, each entity a query
+    returns, one otherwise (the scalability targets count entities per partition)."""
+    if kind == "table.transaction":
+        return len(re.findall(r"^[A-Z]+ \S+ HTTP/1\.1", _text(body), re.MULTILINE))
+    if kind == "table.query":
+        try:
+            return len(json.loads(response_text or "{}").get("value", []))
+        except ValueError:
+            return 0
+    return 1
 
 
 def _table_kind(method: str, path: str, query: str, headers: Any) -> str | None:
@@ -124,12 +153,12 @@ def install(counter: RequestCounter) -> None:
     def send(self: Any, request: Any, **kwargs: Any) -> Any:
         response = original(self, request, **kwargs)
         text = None
-        if request.method == "GET" and "/messages" in request.url:
+        if request.method == "GET":
             try:
                 text = response.text()
             except Exception:  # counting must never break the request
                 text = None
-        counter.record(request.method, request.url, request.headers, text)
+        counter.record(request.method, request.url, request.headers, text, request.data)
         return response
 
     RequestsTransport.send = send
@@ -186,6 +215,8 @@ class InProcessHost:
 
         self.before_each: Callable[[], None] | None = None
         """Called before each delivery (``forget`` makes every message land on a new instance)."""
+        self.spent: dict[str, list[float]] = {}
+        """Per function: [invocations, CPU seconds, wall seconds] of its own calls."""
         self._functions = functions
         self._clients = {
             queue: QueueClient.from_connection_string(connection_string, queue)
@@ -196,13 +227,21 @@ class InProcessHost:
         from azure.functions.queue import QueueMessage
 
         delivered = 0
-        for queue, (_, fn, arg) in self._functions.items():
+        for queue, (name, fn, arg) in self._functions.items():
             client = self._clients[queue]
             for message in client.receive_messages(max_messages=32, visibility_timeout=60):
                 body = base64.b64decode(message.content)
                 if self.before_each is not None:
                     self.before_each()
-                fn(**{arg: QueueMessage(id=message.id, body=body, dequeue_count=1)})  # type: ignore[no-untyped-call]
+                trigger = QueueMessage(id=message.id, body=body, dequeue_count=1)  # type: ignore[no-untyped-call]
+                # The function's own cost: its CPU (process-wide, so threads it starts count)
+                # and its wall time, which waits on Azurite and the simulator too.
+                cpu, wall = time.process_time(), time.perf_counter()
+                fn(**{arg: trigger})
+                spent = self.spent.setdefault(name, [0, 0.0, 0.0])
+                spent[0] += 1
+                spent[1] += time.process_time() - cpu
+                spent[2] += time.perf_counter() - wall
                 client.delete_message(message)
                 delivered += 1
         return delivered
@@ -230,6 +269,12 @@ def main(argv: list[str] | None = None) -> int:
     # A commit whose app declares its workflows runs this module's (order and single).
     os.environ["SAS_WORKFLOWS_MODULE"] = "sas_local.bench.workflows"
     functions = load_functions(args.app_root.resolve())
+    try:
+        from sas.domain import wire
+
+        counter.live_partition = getattr(wire, "LIVE_PARTITION", None)
+    except ImportError:  # a commit from before the wire rules had a module of their own
+        pass
 
     from azure.data.tables import TableClient
     from azure.storage.queue import QueueClient
@@ -280,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             name += ", each message on another instance"
         on_path: Counter[str] = Counter()
         off_path: Counter[str] = Counter()
+        host.spent = {}
+        sweeps = [0.0, 0.0]  # CPU and wall seconds of the sweeps that end the orders
         for n in range(args.orders):
             elsewhere_tag = "-x" if elsewhere else ""
             order_id = f"bench-{workflow}-{int(subscriber)}{level or ''}{elsewhere_tag}-{n}"
@@ -296,7 +343,10 @@ def main(argv: list[str] | None = None) -> int:
             with counter.window() as swept, shifted_clock(supervisor, hours=1):
                 # Ends the order's in-flight marker, off the order's path: a sweep once
                 # the marker is due (an hour on, it is, whatever the commit's rule).
+                cpu, wall = time.process_time(), time.perf_counter()
                 supervisor.sweep()
+                sweeps[0] += time.process_time() - cpu
+                sweeps[1] += time.perf_counter() - wall
             off_path.update(swept)
             with counter_paused(counter):
                 for message in status.receive_messages(max_messages=32):
@@ -306,8 +356,15 @@ def main(argv: list[str] | None = None) -> int:
             "steps": steps,
             "status_subscriber": subscriber,
             "status_events": level or "default",
-            "per_order": {k: v / args.orders for k, v in sorted(on_path.items()) if v},
-            "supervisor_at_end": {k: v / args.orders for k, v in sorted(off_path.items()) if v},
+            "per_order": _per(on_path, args.orders),
+            "supervisor_at_end": _per(off_path, args.orders),
+            "entities": _per(on_path, args.orders, entities=True),
+            "entities_at_end": _per(off_path, args.orders, entities=True),
+            "invocations": _invocations(host.spent, args.orders),
+            "supervisor_at_end_ms": {
+                "cpu_ms": round(1000 * sweeps[0] / args.orders, 2),
+                "wall_ms": round(1000 * sweeps[1] / args.orders, 2),
+            },
         }
     sweep, sweep_due = _sweep_cost(counter, supervisor, bootstrap)
     for name in settings.queues.values():  # what the live orders sent: not for later runs
@@ -323,6 +380,28 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     return 0
+
+
+def _per(counts: Counter[str], orders: int, *, entities: bool = False) -> dict[str, float]:
+    """Requests (or, with ``entities``, entities by partition) per order."""
+    return {
+        k: round(v / orders, 3)
+        for k, v in sorted(counts.items())
+        if v and k.startswith("entity.") == entities
+    }
+
+
+def _invocations(spent: dict[str, list[float]], orders: int) -> dict[str, dict[str, float]]:
+    """Per function: invocations per order, and the CPU and wall milliseconds of one."""
+    return {
+        name: {
+            "per_order": count / orders,
+            "cpu_ms": round(1000 * cpu / count, 2),
+            "wall_ms": round(1000 * wall / count, 2),
+        }
+        for name, (count, cpu, wall) in sorted(spent.items())
+        if count
+    }
 
 
 def _send_markers_at_once(bootstrap: Any) -> None:
@@ -432,7 +511,7 @@ def _sweep_cost(
             supervisor.submit(decode(Submitted, body))
     with counter.window() as swept:
         supervisor.sweep()
-    quiet = {k: round(v / live, 3) for k, v in sorted(swept.items()) if v}
+    quiet = _per(swept, live)
     if "due_at" not in inspect.signature(store.touch_live).parameters:
         return quiet, None
     now = datetime.now(UTC)
@@ -441,7 +520,7 @@ def _sweep_cost(
             store.touch_live(order_id, now, now)
     with counter.window() as swept:
         supervisor.sweep()
-    return quiet, {k: round(v / live, 3) for k, v in sorted(swept.items()) if v}
+    return quiet, {**_per(swept, live), **_per(swept, live, entities=True)}
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from sas_local.bench import cost
 from sas_local.bench import rates as rates_module
 
 KINDS = (
@@ -176,6 +177,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
         ]
     lines += _side_by_side(results)
     lines += _scenarios(results)
+    lines += _costs(results)
     if chart_name:
         lines += [f"![Throughput and latency per worker count]({chart_name})", ""]
     return "\n".join(lines)
@@ -218,6 +220,14 @@ def _scenarios(results: dict[str, Any]) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def _costs(results: dict[str, Any]) -> list[str]:
+    """What an order costs in Azure, from the measured commit's counts (the first commit)."""
+    counts = next(iter(results["commits"].values()))["counts"]
+    if "invocations" not in counts["variants"].get(cost.VARIANT, {}):
+        return []
+    return cost.invocation_lines(counts) + cost.cost_lines(counts)
 
 
 def chart(results: dict[str, Any], path: Path) -> Path | None:

@@ -44,6 +44,11 @@ def test_the_quick_benchmark_reports_every_part(tmp_path: Path) -> None:
     subscribed = variants["3-step, with status subscriber"]["per_order"]
     assert subscribed["queue.send"] > three["per_order"]["queue.send"]
     assert three["limit_orders_per_s"] > 0
+    # Each function's own CPU and wall time per invocation: the cost table's compute input.
+    calls = three["invocations"]
+    assert calls["submit"]["per_order"] == 1 and calls["on_reply"]["per_order"] == 3
+    assert all(0 < c["cpu_ms"] <= c["wall_ms"] * 1.5 for c in calls.values())
+    assert three["entities"]["entity.live"] >= 1  # the in-flight marker, counted by partition
     assert {run["workers"] for run in measured["e2e"]} == {1, 2}
     assert all(run["finished"] == run["orders"] for run in measured["e2e"])
     (flex,) = measured["e2e_flex"]  # the same burst, each function in a dev host of its own
@@ -62,6 +67,7 @@ def test_the_quick_benchmark_reports_every_part(tmp_path: Path) -> None:
     document = (tmp_path / "benchmarks.md").read_text()
     assert report.BEGIN in document and "Requests per order" in document
     assert "Flex layout" in document
+    assert "What a 3-step order costs in Azure" in document and "Orders/s one unit" in document
     assert (tmp_path / "benchmarks.png").stat().st_size > 0
 
 
