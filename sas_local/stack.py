@@ -201,6 +201,10 @@ class LocalStack:
     def hosts(self) -> tuple[DevHost, ...]:
         return tuple(h for h in (self.devhost, self.agents, *self.others) if h is not None)
 
+    def stderr(self) -> str:
+        """Every dev host's log, one after another (in Flex, each function logs apart)."""
+        return "".join(host.stderr() for host in self.hosts)
+
     def stop(self) -> None:
         try:
             for host in self.hosts:

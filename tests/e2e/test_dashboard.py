@@ -43,7 +43,7 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
     spans = tmp_path_factory.mktemp("spans")
     traced = {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans)}
     logs = tmp_path_factory.mktemp("stack")
-    with LocalStack.start(workers=1, log_dir=logs, env_overrides=traced) as running:
+    with LocalStack.start(layout="flex", log_dir=logs, env_overrides=traced) as running:
         yield running
 
 

@@ -38,7 +38,7 @@ ORDERS = 50
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[LocalStack]:
     logs = tmp_path_factory.mktemp("stack")
-    with LocalStack.start(workers=2, log_dir=logs, extra_queues=(STATUS_QUEUE,)) as running:
+    with LocalStack.start(layout="flex", log_dir=logs, extra_queues=(STATUS_QUEUE,)) as running:
         yield running
 
 
@@ -145,7 +145,7 @@ def test_a_reply_for_an_old_attempt_delivered_by_hand_is_ignored(
     transport.send(replies, stale, message_id="stale", correlation_id=order_id)
     wait_until(lambda: queue_empty(stack, replies), timeout=30, what="stale reply consumed")
     wait_until(
-        lambda: "sas.reply_stale" in stack.devhost.stderr(),
+        lambda: "sas.reply_stale" in stack.stderr(),
         timeout=10,
         what="sas.reply_stale logged",
     )

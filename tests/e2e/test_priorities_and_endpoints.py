@@ -50,7 +50,7 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
     # backlog of a couple of hundred orders on this machine is enough to show it.
     overrides = {LOW_PRIORITY_BACKLOG: "1"}
     with LocalStack.start(
-        workers=2, log_dir=logs, endpoints=endpoints, env_overrides=overrides
+        layout="flex", log_dir=logs, endpoints=endpoints, env_overrides=overrides
     ) as running:
         yield running
 

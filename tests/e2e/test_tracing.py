@@ -41,7 +41,7 @@ def spans_dir(tmp_path_factory) -> Path:
 def stack(tmp_path_factory, spans_dir) -> Iterator[LocalStack]:
     env = {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans_dir)}
     logs = tmp_path_factory.mktemp("stack")
-    with LocalStack.start(workers=2, log_dir=logs, env_overrides=env) as running:
+    with LocalStack.start(layout="flex", log_dir=logs, env_overrides=env) as running:
         yield running
 
 
@@ -195,7 +195,7 @@ def test_log_records_carry_the_order_and_its_trace(stack, trace, order_id):
     trace_id = trace[0]["trace_id"]
     lines = [
         line
-        for line in stack.devhost.stderr().splitlines()
+        for line in stack.stderr().splitlines()
         if f"order_id={order_id}" in line and f"trace_id={trace_id}" in line
     ]
     assert any("sas.step_expired" in line for line in lines)  # logged by the Supervisor
