@@ -5,6 +5,8 @@
 // (storage allowSharedKeyAccess: false), no SAS/local auth (Service Bus, Application Insights
 // and Log Analytics disableLocalAuth: true), no basic-auth publishing (FTP/SCM off); every app
 // connection is identity-based. Diagnostic settings and alert rules report to the workspace.
+// Optional network isolation (networkIsolation, off by default): storage and Service Bus without
+// public network access, reached by the app through private endpoints (modules/network.bicep).
 
 targetScope = 'subscription'
 
@@ -165,6 +167,39 @@ param alertEmail string = ''
 ])
 param storageLogs string = 'essential'
 
+// Network isolation: see infra/README.md (Network isolation) for what it costs and what it cuts off.
+@description('Network isolation (SAS_NETWORK_ISOLATION): public network access off on the storage account and the Service Bus namespace, which the app reaches through private endpoints in a virtual network it is integrated with; Service Bus becomes Premium (Standard has no private endpoints). Off by default: it costs more, and the operator CLI then needs allowedIpAddresses. The app\'s HTTP endpoint stays public.')
+param networkIsolation bool = false
+
+@description('With networkIsolation: comma-separated public IPv4 addresses or CIDR ranges (203.0.113.7,198.51.100.0/24) let through the storage and Service Bus firewalls, for the operator CLI and the live contract test (SAS_ALLOWED_IP_ADDRESSES). Empty: public network access disabled outright.')
+param allowedIpAddresses string = ''
+
+@description('Service Bus tier (SAS_SERVICEBUS_SKU): Standard, or Premium (dedicated messaging units billed by the hour). networkIsolation always uses Premium. A Premium namespace is a new one (sbp-sas-*): a namespace cannot change between Standard and Premium in place.')
+@allowed([
+  'Standard'
+  'Premium'
+])
+param serviceBusSku string = 'Standard'
+
+@description('Premium Service Bus: messaging units, each billed by the hour (SAS_SERVICEBUS_MESSAGING_UNITS).')
+@allowed([
+  1
+  2
+  4
+  8
+  16
+])
+param serviceBusMessagingUnits int = 1
+
+@description('networkIsolation: address space of the virtual network.')
+param virtualNetworkAddressPrefix string = '10.0.0.0/16'
+
+@description('networkIsolation: the function app\'s integration subnet (delegated to Microsoft.App/environments, as Flex Consumption requires); room for the app\'s instances.')
+param appSubnetAddressPrefix string = '10.0.0.0/24'
+
+@description('networkIsolation: the private endpoints\' subnet (blob, queue, table, Service Bus).')
+param privateEndpointSubnetAddressPrefix string = '10.0.1.0/24'
+
 // Queue names, as sas.settings.queue_names derives them from SAS_QUEUE_PREFIX and the agents:
 // tests/unit/test_infra_consistency.py fails when the two drift apart. Every queue the app
 // consumes has a lane per priority (high, normal, low): its own queue and its own trigger.
@@ -190,6 +225,12 @@ var triggerQueueNames = flatten(map(consumedQueues, queue => [
 var alertsQueueName = '${queuePrefix}-alerts'
 var queueNames = concat(triggerQueueNames, [alertsQueueName])
 var useServiceBus = transport == 'servicebus'
+// Private endpoints need Premium; a Premium namespace gets a name of its own (a namespace keeps
+// its tier), so that switching tiers creates the other namespace instead of failing.
+var serviceBusPremium = networkIsolation || serviceBusSku == 'Premium'
+var serviceBusNamePrefix = serviceBusPremium ? 'sbp' : 'sb'
+// The firewalls' allowed addresses: the comma-separated list, trimmed, empty entries dropped.
+var allowedIps = filter(map(split(allowedIpAddresses, ','), ip => trim(ip)), ip => !empty(ip))
 // The in-flight table's name is the orders table's + this (sas/domain/wire.py, live_table_name).
 var liveTableSuffix = 'live'
 // The tables the Python agents keep their records in (PythonAgent.tables).
@@ -245,6 +286,8 @@ module storage 'modules/storage.bicep' = {
     appTableNames: appTableNames
     deploymentContainerName: deploymentContainerName
     queueNames: useServiceBus ? [] : queueNames
+    restrictNetwork: networkIsolation
+    allowedIpAddresses: networkIsolation ? allowedIps : []
   }
 }
 
@@ -252,7 +295,7 @@ module serviceBus 'modules/servicebus.bicep' = if (useServiceBus) {
   name: 'servicebus'
   scope: rg
   params: {
-    name: 'sb-sas-${resourceToken}'
+    name: '${serviceBusNamePrefix}-sas-${resourceToken}'
     location: location
     tags: tags
     queueNames: queueNames
@@ -260,6 +303,27 @@ module serviceBus 'modules/servicebus.bicep' = if (useServiceBus) {
     duplicateDetectionHistoryTimeWindow: serviceBusDuplicateDetectionWindow
     maxDeliveryCount: serviceBusMaxDeliveryCount
     defaultMessageTimeToLive: serviceBusMessageTimeToLive
+    sku: serviceBusPremium ? 'Premium' : 'Standard'
+    messagingUnits: serviceBusMessagingUnits
+    restrictNetwork: networkIsolation
+    allowedIpAddresses: networkIsolation ? allowedIps : []
+  }
+}
+
+// Network isolation: the VNet, the app's integration subnet, and private endpoints with their
+// DNS zones for the storage account's blob, queue and table services and the Service Bus namespace.
+module network 'modules/network.bicep' = if (networkIsolation) {
+  name: 'network'
+  scope: rg
+  params: {
+    vnetName: 'vnet-sas-${resourceToken}'
+    location: location
+    tags: tags
+    addressPrefix: virtualNetworkAddressPrefix
+    appSubnetPrefix: appSubnetAddressPrefix
+    privateEndpointSubnetPrefix: privateEndpointSubnetAddressPrefix
+    storageAccountName: storage.outputs.name
+    serviceBusNamespaceName: useServiceBus ? serviceBus.outputs.name : ''
   }
 }
 
@@ -367,6 +431,8 @@ module functionApp 'modules/functionapp.bicep' = {
     appSettings: appSettings
     maximumInstanceCount: maximumInstanceCount
     instanceMemoryMB: instanceMemoryMB
+    // The network module's output: the app starts once its private endpoints and DNS are there.
+    virtualNetworkSubnetId: networkIsolation ? network.outputs.appSubnetId : ''
   }
   // The host reaches its storage with the identity as soon as it starts: grant first.
   dependsOn: [

@@ -24,6 +24,8 @@ param maximumInstanceCount int = 100
   4096
 ])
 param instanceMemoryMB int = 2048
+@description('Network isolation: the subnet (delegated to Microsoft.App/environments) the app\'s outbound traffic goes through, to the private endpoints of its storage and Service Bus; empty: no VNet integration.')
+param virtualNetworkSubnetId string = ''
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' existing = {
   name: storageAccountName
@@ -74,6 +76,10 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
   properties: {
     serverFarmId: plan.id
     httpsOnly: true
+    // Outbound only: the app's HTTP endpoint stays public (function keys). Calls to public
+    // addresses (the remote services, Application Insights) still reach the internet, from the
+    // platform's outbound addresses (there is no NAT gateway).
+    virtualNetworkSubnetId: empty(virtualNetworkSubnetId) ? null : virtualNetworkSubnetId
     siteConfig: {
       minTlsVersion: '1.2'
     }

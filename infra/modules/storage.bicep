@@ -2,6 +2,8 @@
 // and the app (orders table and its in-flight table, the Python agents' tables; Storage Queues
 // when the storage transport is selected).
 // Shared keys are off: every client, the host included, uses Entra ID.
+// With restrictNetwork (main.bicep networkIsolation) public network access is off: the app
+// comes in through private endpoints (network.bicep), other clients only from allowedIpAddresses.
 
 param name string
 param location string
@@ -14,9 +16,28 @@ param appTableNames array = []
 param deploymentContainerName string
 @description('Queues of the storage transport; a "<name>-poison" queue is added for each (the Functions host moves a message there after maxDequeueCount failures). Empty for the Service Bus transport.')
 param queueNames array = []
+@description('Network isolation: deny public network access; the app reaches the account through private endpoints (network.bicep).')
+param restrictNetwork bool = false
+@description('With restrictNetwork: public IPv4 addresses or CIDR ranges still let in (the operator CLI); empty: public network access disabled.')
+param allowedIpAddresses array = []
 
 var poisonQueueNames = map(queueNames, queue => '${queue}-poison')
 var allQueueNames = concat(queueNames, poisonQueueNames)
+// Storage IP rules take a single address without a prefix length (no /31 or /32 ranges).
+var ipRules = map(allowedIpAddresses, ip => {
+  value: replace(ip, '/32', '')
+  action: 'Allow'
+})
+var publicNetworkAccess = (restrictNetwork && empty(allowedIpAddresses)) ? 'Disabled' : 'Enabled'
+var networkAcls = restrictNetwork ? {
+  bypass: 'AzureServices'
+  defaultAction: 'Deny'
+  ipRules: ipRules
+  virtualNetworkRules: []
+} : {
+  bypass: 'AzureServices'
+  defaultAction: 'Allow'
+}
 
 resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
   name: name
@@ -34,12 +55,9 @@ resource storage 'Microsoft.Storage/storageAccounts@2023-05-01' = {
     defaultToOAuthAuthentication: true
     minimumTlsVersion: 'TLS1_2'
     supportsHttpsTrafficOnly: true
-    publicNetworkAccess: 'Enabled'
+    publicNetworkAccess: publicNetworkAccess
     dnsEndpointType: 'Standard'
-    networkAcls: {
-      bypass: 'AzureServices'
-      defaultAction: 'Allow'
-    }
+    networkAcls: networkAcls
   }
 }
 

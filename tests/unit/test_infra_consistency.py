@@ -10,6 +10,7 @@ values rather than the spelling. An expression it cannot evaluate fails loudly: 
 from __future__ import annotations
 
 import inspect
+import ipaddress
 import json
 import os
 import re
@@ -202,7 +203,7 @@ def evaluate(expr: Any, scope: Scope) -> Any:
         return [evaluate(item, scope) for item in expr]
     if isinstance(expr, dict):
         if "function" in expr:
-            return _call(expr["function"]["type"], expr["function"]["parameters"], scope)
+            return _call(expr["function"]["type"], expr["function"].get("parameters", {}), scope)
         if "operator" in expr:
             return _operate(expr["operator"]["type"], expr["operator"]["operands"], scope)
         if expr.get("type") == "lambda_expression":
@@ -235,6 +236,11 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
         "empty": lambda value: not value,
         "string": str,
         "filter": lambda items, fn: [item for item in items if fn(item)],
+        "split": lambda text, separator: text.split(separator),
+        "trim": lambda text: text.strip(),
+        "replace": lambda text, old, new: text.replace(old, new),
+        # the public cloud's (the only one the infra's Service Bus DNS zone is for)
+        "environment": lambda: {"suffixes": {"storage": "core.windows.net"}},
         # resource id without the subscription: '<type>/<name>' (role ids are the name)
         "subscription_resource_id": lambda type_, *names: "/".join(
             [type_, *(str(n) for n in names if n is not None)]
@@ -551,14 +557,16 @@ MODULE_OUTPUTS: dict[str, Any] = {
         }
     },
     "functionApp": {"outputs": {"name": "func"}},
+    "network": {"outputs": {"appSubnetId": "app-subnet-id"}},
 }
 
 
 def module_args(module: str, transport: str, **overrides: Any) -> dict[str, Any] | None:
     """What main.bicep passes to a module for a transport (None: the module is not deployed).
 
-    Arguments that cannot be evaluated (resource tokens, uniqueString) are left out."""
-    scope = {**main_scope(transport), **MODULE_OUTPUTS, **overrides}
+    Arguments that cannot be evaluated (resource tokens, uniqueString) are left out; overrides
+    set main.bicep's parameters (its variables follow them) or stand in for its variables."""
+    scope = {**main_scope(transport, **overrides), **MODULE_OUTPUTS, **overrides}
     if not module_enabled(module, scope):
         return None
     args: dict[str, Any] = {}
@@ -801,7 +809,8 @@ def test_no_shared_key_or_local_auth_path() -> None:
     [namespace] = resources_of_type(servicebus, "Microsoft.ServiceBus/namespaces").values()
     assert body(namespace)["properties"]["disableLocalAuth"] is True
     assert body(namespace)["properties"]["minimumTlsVersion"] == "1.2"
-    assert body(namespace)["sku"]["name"] == "Standard"
+    sku = evaluate(body(namespace)["sku"], file_scope(servicebus, name="sb", queueNames=[]))
+    assert sku == {"name": "Standard", "tier": "Standard"}
 
     monitoring = bicep("modules/monitoring.bicep")
     [insights] = resources_of_type(monitoring, "Microsoft.Insights/components").values()
@@ -838,6 +847,244 @@ def test_one_user_assigned_identity() -> None:
     ]
 
     assert identities == ["identity"]
+
+
+# --- network isolation: off by default, private endpoints when on --------------------------------
+
+NETWORK_ISOLATION_PARAMETERS = {
+    "networkIsolation": "${SAS_NETWORK_ISOLATION=false}",
+    "allowedIpAddresses": "${SAS_ALLOWED_IP_ADDRESSES=}",
+    "serviceBusSku": "${SAS_SERVICEBUS_SKU=Standard}",
+    "serviceBusMessagingUnits": "${SAS_SERVICEBUS_MESSAGING_UNITS=1}",
+}
+PRIVATE_DNS_ZONES = {
+    "blob": "privatelink.blob.core.windows.net",
+    "queue": "privatelink.queue.core.windows.net",
+    "table": "privatelink.table.core.windows.net",
+    "namespace": "privatelink.servicebus.windows.net",
+}
+FLEX_SUBNET_DELEGATION = "Microsoft.App/environments"
+PRIVATE_ENDPOINT = "Microsoft.Network/privateEndpoints"
+DNS_ZONE = "Microsoft.Network/privateDnsZones"
+DNS_ZONE_LINK = "Microsoft.Network/privateDnsZones/virtualNetworkLinks"
+DNS_ZONE_GROUP = "Microsoft.Network/privateEndpoints/privateDnsZoneGroups"
+VNET = "Microsoft.Network/virtualNetworks"
+# Stand-ins for the resources network.bicep references by id.
+NETWORK_RESOURCES = {
+    "storage": {"id": "storage-id"},
+    "serviceBus": {"id": "servicebus-id"},
+}
+ISOLATED = {"networkIsolation": True, "resourceToken": "tok"}
+
+
+def storage_account(transport: str, **overrides: Any) -> dict[str, Any]:
+    """The storage account's properties as main.bicep deploys them."""
+    args = module_args("storage", transport, **overrides)
+    assert args is not None
+    parsed = bicep("modules/storage.bicep")
+    [account] = resources_of_type(parsed, STORAGE_ACCOUNT).values()
+    return dict(evaluate(body(account)["properties"], file_scope(parsed, **args)))
+
+
+def service_bus(**overrides: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(namespace, its network rule set or None) as main.bicep deploys them (servicebus)."""
+    args = module_args("serviceBus", "servicebus", **{"resourceToken": "tok", **overrides})
+    assert args is not None
+    parsed = bicep("modules/servicebus.bicep")
+    scope = file_scope(parsed, **args)
+    [namespace] = resources_of_type(parsed, SB_NAMESPACE).values()
+    [rules] = resources_of_type(parsed, f"{SB_NAMESPACE}/networkRuleSets").values()
+    assert body(rules)["parent"] == "namespace" and body(rules)["name"] == "default"
+    deployed_rules = evaluate(body(rules)["properties"], scope) if deployed(rules, scope) else None
+    return evaluate(body(namespace), scope), deployed_rules
+
+
+def network_targets(transport: str, **overrides: Any) -> tuple[Scope, list[Scope]]:
+    """network.bicep's scope as main.bicep deploys it, and the scope of each loop iteration."""
+    args = module_args("network", transport, **{**ISOLATED, **overrides})
+    assert args is not None, "the network module is deployed with networkIsolation"
+    parsed = bicep("modules/network.bicep")
+    scope = file_scope(parsed, **NETWORK_RESOURCES, **args)
+    looped = [PRIVATE_ENDPOINT, DNS_ZONE, DNS_ZONE_LINK, DNS_ZONE_GROUP]
+    iterations: list[Scope] = []
+    for type_ in looped:
+        [resource] = resources_of_type(parsed, type_).values()
+        assert "condition" not in resource["config"] or resource["config"]["condition"] is None
+        loop = resource["config"]["loop_type"]["detail"]
+        assert loop["array_name"] == "targets", f"{type_}: one of each per target, by index"
+        if type_ == PRIVATE_ENDPOINT:
+            for index, target in enumerate(scope["targets"]):
+                iterations.append({**scope, loop["item_name"]: target, "i": index})
+    return scope, iterations
+
+
+def network_resource(type_: str) -> dict[str, Any]:
+    [resource] = resources_of_type(bicep("modules/network.bicep"), type_).values()
+    return body(resource)
+
+
+def test_network_isolation_is_off_by_default_and_changes_nothing() -> None:
+    main = bicep("main.bicep")
+    assert param_default(main, "networkIsolation") is False
+    assert param_default(main, "allowedIpAddresses") == ""
+    assert param_default(main, "serviceBusSku") == "Standard"
+    for transport in ("servicebus", "storage"):
+        assert not module_enabled("network", main_scope(transport))
+        assert module_enabled("network", main_scope(transport, networkIsolation=True))
+        account = storage_account(transport)
+        assert account["publicNetworkAccess"] == "Enabled"
+        assert account["networkAcls"] == {"bypass": "AzureServices", "defaultAction": "Allow"}
+        assert (module_args("functionApp", transport) or {})["virtualNetworkSubnetId"] == ""
+    namespace, rules = service_bus()
+    assert namespace["name"] == "sb-sas-tok"
+    assert namespace["sku"] == {"name": "Standard", "tier": "Standard"}
+    assert namespace["properties"]["publicNetworkAccess"] == "Enabled"
+    assert rules is None, "a Standard namespace gets no network rule set"
+    functionapp = bicep("modules/functionapp.bicep")
+    [site] = resources_of_type(functionapp, "Microsoft.Web/sites").values()
+    subnet = body(site)["properties"]["virtualNetworkSubnetId"]
+    assert evaluate(subnet, file_scope(functionapp, virtualNetworkSubnetId="")) is None
+    assert evaluate(subnet, file_scope(functionapp, virtualNetworkSubnetId="s")) == "s"
+
+
+def test_network_isolation_turns_public_access_off_on_storage_and_service_bus() -> None:
+    for transport in ("servicebus", "storage"):
+        account = storage_account(transport, **ISOLATED)
+        assert account["publicNetworkAccess"] == "Disabled"
+        assert account["networkAcls"]["defaultAction"] == "Deny"
+        assert account["networkAcls"]["bypass"] == "AzureServices"
+        assert account["networkAcls"]["ipRules"] == []
+        assert account["allowSharedKeyAccess"] is False
+    namespace, rules = service_bus(**ISOLATED)
+    assert namespace["properties"]["publicNetworkAccess"] == "Disabled"
+    assert namespace["properties"]["disableLocalAuth"] is True
+    assert rules is not None
+    assert (rules["publicNetworkAccess"], rules["defaultAction"]) == ("Disabled", "Deny")
+    assert rules["ipRules"] == [] and rules["trustedServiceAccessEnabled"] is False
+
+
+def test_allowed_ip_addresses_open_the_firewalls_to_those_addresses_only() -> None:
+    """The operator CLI reads the table and the queues from the operator's machine."""
+    allowed = {**ISOLATED, "allowedIpAddresses": " 203.0.113.7/32, 198.51.100.0/24,"}
+    account = storage_account("servicebus", **allowed)
+    assert account["publicNetworkAccess"] == "Enabled"
+    assert account["networkAcls"]["defaultAction"] == "Deny"
+    assert account["networkAcls"]["ipRules"] == [
+        {"value": "203.0.113.7", "action": "Allow"},  # storage takes no /32
+        {"value": "198.51.100.0/24", "action": "Allow"},
+    ]
+    namespace, rules = service_bus(**allowed)
+    assert namespace["properties"]["publicNetworkAccess"] == "Enabled"
+    assert rules is not None and rules["defaultAction"] == "Deny"
+    assert rules["ipRules"] == [
+        {"ipMask": "203.0.113.7/32", "action": "Allow"},
+        {"ipMask": "198.51.100.0/24", "action": "Allow"},
+    ]
+    # Without isolation the list opens nothing and closes nothing.
+    assert storage_account("servicebus", allowedIpAddresses="203.0.113.7")["networkAcls"] == {
+        "bypass": "AzureServices",
+        "defaultAction": "Allow",
+    }
+
+
+def test_service_bus_is_premium_under_network_isolation() -> None:
+    """Standard namespaces have no private endpoints; a namespace keeps its tier, so Premium
+    is a namespace of its own."""
+    namespace, _ = service_bus(**ISOLATED)
+    assert namespace["sku"] == {"name": "Premium", "tier": "Premium", "capacity": 1}
+    assert namespace["name"] == "sbp-sas-tok"
+    namespace, _ = service_bus(**ISOLATED, serviceBusMessagingUnits=4)
+    assert namespace["sku"]["capacity"] == 4
+    namespace, rules = service_bus(serviceBusSku="Premium")
+    assert namespace["sku"]["name"] == "Premium"
+    assert namespace["properties"]["publicNetworkAccess"] == "Enabled"
+    assert rules is not None and (rules["defaultAction"], rules["ipRules"]) == ("Allow", [])
+    main = bicep("main.bicep")
+    assert decorator(main, "serviceBusSku", "allowed") == ["Standard", "Premium"]
+    assert decorator(main, "serviceBusMessagingUnits", "allowed") == [1, 2, 4, 8, 16]
+    assert (module_args("serviceBus", "servicebus", **ISOLATED) or {})["sku"] == "Premium"
+
+
+def test_network_isolation_adds_private_endpoints_with_their_dns_zones() -> None:
+    for transport, services in [
+        ("servicebus", ["blob", "queue", "table", "namespace"]),
+        ("storage", ["blob", "queue", "table"]),
+    ]:
+        _, iterations = network_targets(transport)
+        targets = [iteration["target"] for iteration in iterations]
+        assert [target["groupId"] for target in targets] == services, transport
+        assert [target["zone"] for target in targets] == [PRIVATE_DNS_ZONES[s] for s in services]
+        expected_ids = {"namespace": "servicebus-id"}
+        for target in targets:
+            assert target["serviceId"] == expected_ids.get(target["groupId"], "storage-id")
+            assert len(target["name"]) <= 64 and "_" not in target["name"]
+        endpoint = network_resource(PRIVATE_ENDPOINT)
+        zone = network_resource(DNS_ZONE)
+        group = network_resource(DNS_ZONE_GROUP)
+        for iteration in iterations:
+            properties = evaluate(endpoint["properties"], iteration)
+            assert properties["subnet"]["id"] == "${vnet.id}/subnets/snet-private-endpoints"
+            [connection] = properties["privateLinkServiceConnections"]
+            assert connection["properties"] == {
+                "privateLinkServiceId": iteration["target"]["serviceId"],
+                "groupIds": [iteration["target"]["groupId"]],
+            }
+            assert evaluate(zone["name"], iteration) == iteration["target"]["zone"]
+        assert zone["location"] == "global"
+        assert dotted(group["parent"]["operator"]["operands"]["operand_1"]) == "privateEndpoints"
+        [config] = group["properties"]["privateDnsZoneConfigs"]
+        zone_id = config["properties"]["privateDnsZoneId"]["operator"]["operands"]
+        assert zone_id["operand_2"] == "id"
+        assert zone_id["operand_1"]["operator"]["operands"] == {
+            "operand_1": "privateDnsZones",
+            "operand_2": "i",
+        }
+    link = network_resource(DNS_ZONE_LINK)
+    assert link["parent"]["operator"]["operands"]["operand_1"] == "privateDnsZones"
+    assert link["properties"]["registrationEnabled"] is False
+    assert dotted(link["properties"]["virtualNetwork"]["id"]) == "vnet.id"
+    args = module_args("network", "servicebus", **ISOLATED) or {}
+    assert (args["storageAccountName"], args["serviceBusNamespaceName"]) == ("st", "sb")
+
+
+def test_the_app_is_integrated_into_a_subnet_delegated_as_flex_consumption_requires() -> None:
+    scope, _ = network_targets("servicebus")
+    vnet = evaluate(network_resource(VNET)["properties"], scope)
+    [space] = vnet["addressSpace"]["addressPrefixes"]
+    subnets = {subnet["name"]: subnet["properties"] for subnet in vnet["subnets"]}
+    delegated = [
+        name
+        for name, subnet in subnets.items()
+        if [d["properties"]["serviceName"] for d in subnet.get("delegations", [])]
+        == [FLEX_SUBNET_DELEGATION]
+    ]
+    assert delegated == [scope["appSubnetName"]], "one subnet, delegated to Microsoft.App"
+    assert all("_" not in name for name in subnets), "Flex Consumption refuses _ in a subnet name"
+    assert subnets[scope["privateEndpointSubnetName"]]["privateEndpointNetworkPolicies"] == (
+        "Disabled"
+    )
+    prefixes = [ipaddress.IPv4Network(subnet["addressPrefix"]) for subnet in subnets.values()]
+    assert all(prefix.subnet_of(ipaddress.IPv4Network(space)) for prefix in prefixes)
+    assert not prefixes[0].overlaps(prefixes[1])
+    outputs = bicep("modules/network.bicep")["outputs"]
+    assert outputs["appSubnetId"]["value"] == "${vnet.id}/subnets/${appSubnetName}"
+    # main.bicep hands that subnet to the app, which waits for the network module through it.
+    subnet_arg = module_params("functionApp")["virtualNetworkSubnetId"]["operator"]["operands"]
+    assert subnet_arg["condition"] == "networkIsolation"
+    assert dotted(subnet_arg["true_value"]) == "network.outputs.appSubnetId"
+    isolated = module_args("functionApp", "servicebus", networkIsolation=True) or {}
+    assert isolated["virtualNetworkSubnetId"] == "app-subnet-id"
+
+
+def test_network_isolation_parameters_are_set_through_azd_and_documented() -> None:
+    parameters = json.loads(text("main.parameters.json"))["parameters"]
+    readme = (INFRA / "README.md").read_text()
+    for name, value in NETWORK_ISOLATION_PARAMETERS.items():
+        assert parameters[name] == {"value": value}, name
+        variable = value.removeprefix("${").split("=")[0]
+        assert f"`{variable}`" in readme, f"{variable} is not in infra/README.md"
+    for page in ("private-link", "dns", "service-bus"):
+        assert f"https://azure.microsoft.com/pricing/details/{page}/" in readme, page
 
 
 # --- Application Insights sampling keeps the operator alert -------------------------------------
