@@ -226,7 +226,11 @@ def _costs(results: dict[str, Any]) -> list[str]:
     """What an order costs in Azure, from the measured commit's counts (the first commit)."""
     counts = next(iter(results["commits"].values()))["counts"]
     if "invocations" not in counts["variants"].get(cost.VARIANT, {}):
-        return []
+        return [
+            "**What an order costs in Azure**: not in this run (its counts predate the timing "
+            "of each function invocation); run `make bench`.",
+            "",
+        ]
     return cost.invocation_lines(counts) + cost.cost_lines(counts)
 
 

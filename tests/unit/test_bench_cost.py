@@ -25,7 +25,7 @@ COUNTS = {
                 "queue.peek": 1.0,
             },
             "supervisor_at_end": {"table.point_read": 1.0, "table.query": 1.0},
-            "entities": {"entity.live": 1.0, "entity.order": 18.0},
+            "entities": {"entity.live": 1.0, "entity.order": 18.0, "entity.peeked_message": 2.0},
             "entities_at_end": {"entity.live": 2.0},
             "invocations": {
                 "submit": {"per_order": 1.0, "cpu_ms": 10.0, "wall_ms": 20.0},
@@ -35,7 +35,8 @@ COUNTS = {
             },
         }
     },
-    "sweep_per_due_live_order": {"table.point_read": 1.0, "entity.live": 2.0},
+    "sweep_per_due_live_order": {"table.point_read": 1.0},
+    "sweep_entities_per_due_live_order": {"entity.live": 2.0},
 }
 
 PRICES = """
@@ -194,8 +195,12 @@ def test_the_anchors_and_the_limits_follow_their_figures(prices: Path) -> None:
     assert row(lines, "One storage account, Service Bus transport")[3] == "2,000"  # 20,000 / 10
     # 10 table requests + 7 sends + 7 deletes + 1 peek = 25, + 7 receives (or 7/16 batched).
     assert row(lines, "One storage account, Storage Queue")[3] == "625 to 786"
-    assert row(lines, "The in-flight index")[3].startswith("667 ")  # 2,000 / 3 entities
-    assert row(lines, "One Service Bus Standard namespace")[3] == "67"  # 1,000 / 15 credits
+    # 2,000 entities/s over 3 per order, or 3 + 2 looks of 2 entities each.
+    assert re.fullmatch(r"667 \(.*\); 286 \(.*\)", row(lines, "The in-flight index")[3])
+    # 2,000 messages/s over 3 replies, or over 9 operations if receives and deletes count.
+    assert re.fullmatch(r"667 \(.*\); 222 \(.*\)", row(lines, "The replies queue")[3])
+    # 7 sends + 7 receives + 2 messages peeked (more than the 1 peek): 16 credits.
+    assert row(lines, "One Service Bus Standard namespace")[3] == "62"
 
 
 def test_a_price_not_read_from_its_vendor_is_marked(prices: Path) -> None:
