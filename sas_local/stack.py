@@ -83,12 +83,13 @@ def host_plans(layout: Layout, workers: int) -> list[HostPlan]:
             HostPlan("devhost", CORE_FUNCTIONS, workers, http=True, timers=True),
             HostPlan("agents", AGENT_FUNCTIONS, 1, http=False, timers=False),
         ]
-    # Flex Consumption: one scaling group per non-HTTP function, the HTTP ones share one.
+    # Flex Consumption: one scaling group per non-HTTP function, the HTTP ones share one. Each
+    # queue function scales out on its own: ``workers`` instances of it, competing for messages.
     return [
         HostPlan("devhost", ("http_app_func",), 1, http=True, timers=False),
         HostPlan("supervise", ("supervise",), 1, http=False, timers=True),
         *(
-            HostPlan(name, (name,), 1, http=False, timers=False)
+            HostPlan(name, (name,), workers, http=False, timers=False)
             for name in (*QUEUE_FUNCTIONS, *AGENT_FUNCTIONS)
         ),
     ]

@@ -31,7 +31,9 @@ ORDERS = 8
 @pytest.fixture(scope="module")
 def flex(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     logs: Path = tmp_path_factory.mktemp("flex")
-    with LocalStack.start(layout="flex", log_dir=logs, extra_queues=(STATUS_QUEUE,)) as stack:
+    with LocalStack.start(
+        layout="flex", workers=1, log_dir=logs, extra_queues=(STATUS_QUEUE,)
+    ) as stack:
         yield stack
 
 

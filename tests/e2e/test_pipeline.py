@@ -1,4 +1,5 @@
-"""The whole pipeline: function_app.py on the dev host (2 workers), Azurite, the simulator."""
+"""The whole pipeline: function_app.py as Flex runs it (each function in dev hosts of its own, two
+instances of each queue function competing), Azurite, the simulator."""
 
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ ORDERS = 50
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[LocalStack]:
     logs = tmp_path_factory.mktemp("stack")
-    with LocalStack.start(layout="flex", log_dir=logs, extra_queues=(STATUS_QUEUE,)) as running:
+    with LocalStack.start(
+        layout="flex", workers=2, log_dir=logs, extra_queues=(STATUS_QUEUE,)
+    ) as running:
         yield running
 
 

@@ -1,5 +1,6 @@
 """Priorities and endpoint routing through the whole local stack: function_app.py on the dev
-host (2 workers), Azurite, the simulator with two payment endpoints sharing one ledger.
+hosts as Flex runs it (each lane's function apart), Azurite, the simulator with two payment
+endpoints sharing one ledger.
 
 - Under a backlog of normal orders, high-priority orders (sent after the backlog) finish before
   most of it, and low-priority ones are held back at admission, then finish.
@@ -50,7 +51,7 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
     # backlog of a couple of hundred orders on this machine is enough to show it.
     overrides = {LOW_PRIORITY_BACKLOG: "1"}
     with LocalStack.start(
-        layout="flex", log_dir=logs, endpoints=endpoints, env_overrides=overrides
+        layout="flex", workers=1, log_dir=logs, endpoints=endpoints, env_overrides=overrides
     ) as running:
         yield running
 

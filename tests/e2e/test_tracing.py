@@ -41,7 +41,7 @@ def spans_dir(tmp_path_factory) -> Path:
 def stack(tmp_path_factory, spans_dir) -> Iterator[LocalStack]:
     env = {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans_dir)}
     logs = tmp_path_factory.mktemp("stack")
-    with LocalStack.start(layout="flex", log_dir=logs, env_overrides=env) as running:
+    with LocalStack.start(layout="flex", workers=1, log_dir=logs, env_overrides=env) as running:
         yield running
 
 
