@@ -27,6 +27,7 @@ from sas.domain.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_REPLY_TO_PREFIXES,
     ENDPOINT_NAME,
+    POISON_SUFFIX,
     PRIORITIES,
     REPLY_TO_PREFIX,
     TABLE_NAME_RULE,
@@ -332,10 +333,12 @@ def _reply_to_prefixes(env: Mapping[str, str], app_queues: Iterable[str]) -> tup
     if not prefixes:
         raise ConfigurationError(f"{REPLY_TO_PREFIXES} names no prefix")
     for queue in app_queues:
-        if queue.startswith(prefixes):
-            raise ConfigurationError(
-                f"{REPLY_TO_PREFIXES} would let submitters name the app's queue {queue!r}"
-            )
+        # The host's poison queue of each is the app's too (a prefix may cover it alone).
+        for covered in (queue, queue + POISON_SUFFIX):
+            if covered.startswith(prefixes):
+                raise ConfigurationError(
+                    f"{REPLY_TO_PREFIXES} would let submitters name the app's queue {covered!r}"
+                )
     return prefixes
 
 

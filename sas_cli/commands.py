@@ -18,9 +18,11 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -30,6 +32,7 @@ from rich.console import Console
 
 from sas import bootstrap
 from sas.domain.errors import (
+    AlreadyExists,
     ConcurrencyConflict,
     ConfigurationError,
     IllegalTransition,
@@ -109,7 +112,9 @@ def _actor() -> str:
 
 
 def parser() -> argparse.ArgumentParser:
-    top = _Parser(prog="sas", description=(__doc__ or "").split("\n")[0])
+    # The docstring's first paragraph, whole: its first line alone stops mid-sentence.
+    about = " ".join((__doc__ or "").split("\n\n")[0].split())
+    top = _Parser(prog="sas", description=about)
     top.add_argument(
         "--settings",
         type=Path,
@@ -228,7 +233,7 @@ def run(argv: Sequence[str] | None = None, *, cwd: Path | None = None) -> int:
         return handler(bootstrap.operator(), args)
     except (UsageError, InvalidMessage, ConfigurationError) as exc:
         return _fail(2, str(exc))
-    except (NotFound, IllegalTransition, ConcurrencyConflict) as exc:
+    except (NotFound, IllegalTransition, ConcurrencyConflict, AlreadyExists) as exc:
         return _fail(1, str(exc))
     except AzureError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
@@ -340,13 +345,30 @@ def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
 
 
 def _parked_replay(operator: Operator, args: argparse.Namespace) -> int:
-    operator.replay_parked(args.message_id, actor=args.actor)
+    with _row_number_hint(args.message_id):
+        operator.replay_parked(args.message_id, actor=args.actor)
     return _done(args, "replayed")
 
 
 def _parked_discard(operator: Operator, args: argparse.Namespace) -> int:
-    operator.discard_parked(args.message_id, actor=args.actor)
+    with _row_number_hint(args.message_id):
+        operator.discard_parked(args.message_id, actor=args.actor)
     return _done(args, "discarded")
+
+
+@contextmanager
+def _row_number_hint(message_id: str) -> Iterator[None]:
+    """``sas parked list`` numbers its rows; replay and discard take ids, never row numbers
+    (the rows move as messages come and go)."""
+    try:
+        yield
+    except NotFound as exc:
+        if re.fullmatch(r"#?\d{1,4}", message_id):
+            number = message_id.lstrip("#")
+            raise NotFound(
+                f"{exc}: give the id `sas parked list` prints after #{number}, not the row number"
+            ) from exc
+        raise
 
 
 def _done(args: argparse.Namespace, status: str) -> int:

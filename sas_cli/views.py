@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -77,7 +77,11 @@ def _cell(value: Any) -> Text:
 
 
 def at(moment: datetime | None) -> str:
-    return "" if moment is None else moment.strftime("%Y-%m-%d %H:%M:%S")
+    """Every time the CLI shows, as the dashboard shows it: to the second, in UTC, saying so."""
+    if moment is None:
+        return ""
+    utc = moment.astimezone(UTC) if moment.tzinfo is not None else moment
+    return utc.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def step_name(state: OrderState) -> str:

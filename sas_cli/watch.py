@@ -35,7 +35,7 @@ class Snapshot:
 
     def render(self, heading: str) -> RenderableType:
         return Group(
-            Text(f"{heading}, at {views.at(self.at)} UTC", style="bold"),
+            Text(f"{heading}, at {views.at(self.at)}", style="bold"),
             views.counts_table(self.counts),
             views.failures_table(self.failures),
         )

@@ -12,17 +12,24 @@ from datetime import datetime, timedelta
 from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Path, Query, Request, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sas import bootstrap
-from sas.domain.errors import ConcurrencyConflict, IllegalTransition, InvalidMessage, NotFound
+from sas.domain.errors import (
+    AlreadyExists,
+    ConcurrencyConflict,
+    IllegalTransition,
+    InvalidMessage,
+    NotFound,
+)
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
 from sas.domain.wire import ORDER_ID, Priority
-from sas.entrypoints import dashboard
+from sas.entrypoints import api_docs, dashboard
 from sas.entrypoints.invocation import attributed
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
@@ -37,7 +44,7 @@ api = FastAPI(
         "dashboard page built on them. In Azure every route "
         "needs the function key: the `x-functions-key` header, or `?code=` in the URL."
     ),
-    docs_url="/api/docs",
+    docs_url=None,  # served below, rendered here: Swagger UI would load from a CDN
     openapi_url="/api/openapi.json",
 )
 
@@ -73,6 +80,25 @@ def _not_found(request: Request, exc: NotFound) -> JSONResponse:
 @api.exception_handler(ConcurrencyConflict)
 def _conflict(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_409_CONFLICT)
+
+
+@api.exception_handler(RequestValidationError)
+def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with where and why, never the input back: input can hold text that cannot be
+    written as UTF-8 (a lone surrogate), which would turn the answer into a 500."""
+    detail = [
+        {
+            "loc": [_printable(part) if isinstance(part, str) else part for part in error["loc"]],
+            "msg": _printable(str(error["msg"])),
+            "type": error["type"],
+        }
+        for error in exc.errors()
+    ]
+    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
@@ -228,6 +254,15 @@ def stats() -> StatsView:
     )
 
 
+@api.get("/api/docs", response_class=HTMLResponse, include_in_schema=False)
+def docs() -> HTMLResponse:
+    """The API's reference, from its schema: no script, nothing from elsewhere."""
+    return HTMLResponse(
+        api_docs.page(api.openapi(), "/api/openapi.json", "in Azure: ?code=<function key>"),
+        headers={"content-security-policy": api_docs.CONTENT_SECURITY_POLICY},
+    )
+
+
 @api.get("/api/dashboard", response_class=HTMLResponse)
 def dashboard_page() -> HTMLResponse:
     """The operators' dashboard: one self-contained page (no build step, nothing from a CDN)
@@ -273,6 +308,8 @@ def submit_order(order: OrderSubmitted) -> dict[str, str]:
         message_id = bootstrap.operator().submit(order)
     except InvalidMessage as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.reason) from None
+    except AlreadyExists as exc:
+        raise HTTPException(status.HTTP_409_CONFLICT, str(exc)) from None
     return {
         "order_id": order.order_id,
         "message_id": message_id,

@@ -9,7 +9,13 @@ import logging
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
-from sas.domain.errors import ConfigurationError, IllegalTransition, InvalidMessage, NotFound
+from sas.domain.errors import (
+    AlreadyExists,
+    ConfigurationError,
+    IllegalTransition,
+    InvalidMessage,
+    NotFound,
+)
 from sas.domain.messages import MAX_MESSAGE_BYTES, OrderSubmitted
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
 from sas.domain.parked import (
@@ -155,10 +161,15 @@ class Operator:
     def submit(self, order: OrderSubmitted) -> str:
         """Send an order to its lane's orders queue, exactly as an application would, after
         the checks the submission function makes (InvalidMessage, with the reason, and nothing
-        sent). Returns the message id (the duplicate-detection key)."""
+        sent). Returns the message id (the duplicate-detection key). AlreadyExists, nothing
+        sent, if the id is taken by a different order (the submission function would park it;
+        one still queued is not seen). The same order again is sent: the app absorbs it."""
         if order.deferred_since is not None:
             raise InvalidMessage("deferred_since is set by the app, not by you")
         check(self._ctx, order)
+        existing = self._store.get_order(order.order_id)
+        if existing is not None and existing.fingerprint != order.fingerprint():
+            raise AlreadyExists(f"order id {order.order_id} already used for a different order")
         message_id = submission_message_id(order.order_id)
         self._transport.send(
             self._routes.lane(self._routes.orders, order.priority),

@@ -102,6 +102,17 @@ def test_submit_sends_the_order_to_its_priority_lane(world, capsys):
     assert queue_bodies(settings.lane(app_settings.QUEUE_ORDERS, "normal")) == []
 
 
+def test_submit_refuses_an_id_another_order_has_and_sends_nothing(world, capsys):
+    order(world, "taken")
+    lane = bootstrap.settings().queue(app_settings.QUEUE_ORDERS)
+    before = queue_bodies(lane)
+    other = json.dumps({**json.loads(DETAILS), "customer_id": "someone-else"})
+    code, out, err = sas(capsys, "submit", "order", other, "--order-id", "taken")
+    assert code == 1 and out == ""
+    assert err.strip() == "sas: error: order id taken already used for a different order"
+    assert queue_bodies(lane) == before
+
+
 def test_submit_takes_details_from_a_file_and_an_order_id(world, capsys, tmp_path):
     details = tmp_path / "details.json"
     details.write_text(DETAILS)
@@ -317,6 +328,9 @@ def test_parked_list_replay_and_discard_what_the_app_parked(world, poison, capsy
     for verb in ("replay", "discard"):
         code, out, err = sas(capsys, "parked", verb, replayed)
         assert code == 1 and err.strip() == "sas: error: no such parked message"
+        # A row number of the list is not an id: the error says which to give.
+        code, out, err = sas(capsys, "parked", verb, "1")
+        assert code == 1 and "give the id `sas parked list` prints after #1" in err
     assert queue_bodies("sas-orders") == [body(order_id="cli-1")]
 
 
@@ -595,6 +609,8 @@ def test_unreachable_storage_is_one_line_and_exit_code_1(bare_environment, capsy
 def test_help_lists_every_command(capsys):
     assert run(["--help"]) == 0
     out = capsys.readouterr().out
+    # The description whole, not cut at the docstring's first line break.
+    assert "through the app's own services, with the app's settings" in " ".join(out.split())
     for command in (
         "submit",
         "status",

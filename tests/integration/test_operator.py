@@ -334,6 +334,32 @@ def test_the_api_queues_an_order_on_its_priority_lane_and_shows_its_priority(
     assert "endpoint" in shown["history"][1]
     assert run(["status", "urgent-api"]) == 0  # the CLI reads the same store
     assert "priority high" in capsys.readouterr().out
+    # The id taken by another order: refused now, not parked later; nothing sent.
+    other = {**urgent, "details": {**VALID_ORDER["details"], "customer_id": "someone-else"}}
+    refused = client.post("/api/orders", json=other)
+    assert refused.status_code == 409 and "already used for a different order" in refused.text
+    assert list(high.peek_messages(max_messages=5)) == []
+    assert client.post("/api/orders", json=urgent).status_code == 202  # the same order: taken
+
+
+def test_text_that_cannot_be_written_as_utf8_is_refused_with_422_not_500(
+    client, app_env, failed_order
+):
+    """A lone surrogate in a JSON string (``\\ud800``, as JSON may carry it): refused with the
+    field named, nothing written."""
+
+    def post(url: str, document: dict[str, Any]) -> Any:
+        escaped = json.dumps(document)  # ASCII only: the surrogate travels as an escape
+        return client.post(url, content=escaped, headers={"content-type": "application/json"})
+
+    response = post("/api/orders", {**VALID_ORDER, "order_id": "h1-\ud800"})
+    assert response.status_code == 422 and "order_id" in response.text
+    queue = queue_service_client(bootstrap.settings().storage).get_queue_client("sas-orders")
+    assert queue.peek_messages() == []
+    before = client.get(f"/api/orders/{failed_order}").json()
+    response = post(f"/api/orders/{failed_order}/resubmit", {"actor": "\ud800"})
+    assert response.status_code == 422 and "actor" in response.text
+    assert client.get(f"/api/orders/{failed_order}").json() == before
 
 
 @pytest.mark.parametrize(

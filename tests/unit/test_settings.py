@@ -491,5 +491,7 @@ def test_reply_to_prefixes_default_to_status_and_never_cover_an_app_queue() -> N
     loaded = settings.load(storage_env(SAS_REPLY_TO_PREFIXES="status-, shop-"))
     assert loaded.reply_to_prefixes == ("status-", "shop-")
     assert "sas-orders" in config_error(storage_env(SAS_REPLY_TO_PREFIXES="sas-"))
+    # A prefix that covers only a poison queue of the app's.
+    assert "'sas-orders-poison'" in config_error(storage_env(SAS_REPLY_TO_PREFIXES="sas-orders-p"))
     for bad in ("Status-", "-x", "st/", " , "):
         assert settings.REPLY_TO_PREFIXES in config_error(storage_env(SAS_REPLY_TO_PREFIXES=bad))
