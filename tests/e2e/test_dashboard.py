@@ -4,8 +4,10 @@ Resubmit (once the cause is fixed) lets the order finish."""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from azure.storage.queue import TextBase64EncodePolicy
@@ -43,7 +45,7 @@ def stack(tmp_path_factory) -> Iterator[LocalStack]:
     spans = tmp_path_factory.mktemp("spans")
     traced = {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans)}
     logs = tmp_path_factory.mktemp("stack")
-    with LocalStack.start(layout="flex", log_dir=logs, env_overrides=traced) as running:
+    with LocalStack.start(layout="flex", workers=1, log_dir=logs, env_overrides=traced) as running:
         yield running
 
 
@@ -181,6 +183,15 @@ def test_an_error_order_is_resubmitted_from_its_timeline_and_finishes(
     assert trace_id is not None  # the order was traced: the page must show its id
     expect(page.locator("#timeline-trace")).to_have_text(trace_id)
 
+    # Resubmitted without fixing the cause: it says so while the order runs, and once the
+    # order is back in Error the box returns without the old news.
+    page.click("#resubmit")
+    expect(page.locator("#resubmit-outcome")).to_have_text(re.compile("^resubmitted: now "))
+    expect(page.locator("#resubmit-box")).to_be_hidden()
+    expect(page.locator("#resubmit-box")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#timeline-state")).to_have_text("Error")
+    expect(page.locator("#resubmit-outcome")).to_have_text("")
+
     configure_faults(stack.simulator_url, {})  # the operator fixed the cause
     page.click("#resubmit")
     expect(page.locator("#resubmit-outcome")).to_have_attribute("data-outcome", "ok")
@@ -189,7 +200,10 @@ def test_an_error_order_is_resubmitted_from_its_timeline_and_finishes(
     expect(page.locator("#resubmit-box")).to_be_hidden()
     assert state_of(store, failed_order) is ProcessState.COMPENSATED
     assert "resubmitted" in [entry.kind for entry in store.get_history(failed_order)]
-    expect(page.locator("#history tbody tr[data-kind='resubmitted']")).to_contain_text("dashboard")
+    resubmitted = page.locator("#history tbody tr[data-kind='resubmitted']")
+    expect(resubmitted).to_have_count(2)  # before the cause was fixed, and after
+    for entry in resubmitted.all():
+        expect(entry).to_contain_text("dashboard")
     expect(page.locator("[data-state-count='Error']")).to_have_text("0")
 
 
@@ -202,3 +216,45 @@ def test_pause_stops_the_live_refresh(page):
     assert refreshed.get_attribute("data-refreshes") == count
     page.click("#pause")
     expect(refreshed).not_to_have_attribute("data-refreshes", count or "")
+
+
+def test_the_api_reference_renders_with_no_network(stack, browser):
+    """/api/docs loads nothing from elsewhere: every request not to the app is refused here."""
+    opened = browser.new_page()
+    elsewhere: list[str] = []
+
+    def only_the_app(route: Any) -> None:
+        if route.request.url.startswith(stack.api_url):
+            route.continue_()
+        else:
+            elsewhere.append(route.request.url)
+            route.abort()
+
+    opened.route("**/*", only_the_app)
+    try:
+        opened.goto(f"{stack.api_url}/api/docs")
+        expect(opened.locator("h2", has_text="/api/orders/{order_id}/resubmit")).to_be_visible()
+        expect(opened.locator("h2#post--api-orders")).to_contain_text("Submit Order")
+        assert elsewhere == []
+    finally:
+        opened.close()
+
+
+def test_an_order_opens_from_its_link_and_by_its_id(stack, browser, failed_order):
+    opened = browser.new_page()
+    try:
+        opened.goto(f"{stack.api_url}/api/dashboard#order={failed_order}")
+        expect(opened.locator("#timeline-order")).to_have_text(failed_order)
+        opened.click("#timeline-close")
+        expect(opened.locator("#timeline")).to_be_hidden()
+        assert "#order=" not in opened.url
+        opened.fill("#find-order", "no-such-order")
+        opened.press("#find-order", "Enter")
+        expect(opened.locator("#find-outcome")).to_contain_text("order no-such-order: 404")
+        expect(opened.locator("#timeline")).to_be_hidden()
+        opened.fill("#find-order", failed_order)
+        opened.click("#find button[type=submit]")
+        expect(opened.locator("#timeline-order")).to_have_text(failed_order)
+        assert opened.url.endswith(f"/api/dashboard#order={failed_order}")  # a link to share
+    finally:
+        opened.close()

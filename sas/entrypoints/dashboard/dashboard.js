@@ -55,12 +55,13 @@
   }
 
   // Today's times without the date, so the tables stay narrow.
+  // Every time on the page as the CLI shows it: to the second, in UTC, saying so (local
+  // time in the tooltip).
   function when(iso) {
     if (!iso) return "—";
     const at = new Date(iso);
-    const text = at.toDateString() === new Date().toDateString()
-      ? at.toLocaleTimeString() : at.toLocaleString();
-    return el("time", text, { datetime: iso });
+    const text = `${at.toISOString().slice(0, 19).replace("T", " ")} UTC`;
+    return el("time", text, { datetime: iso, title: at.toLocaleString() });
   }
 
   function age(seconds) {
@@ -146,6 +147,10 @@
       `${order.step} (${order.mode}), attempt ${order.attempt}, failures ${order.failure_count}`;
     $("timeline-error").textContent = order.last_error || "—";
     $("resubmit-box").hidden = order.process_state !== "Error";
+    // "resubmitted" stays while the order runs again; back in Error, it is no longer news.
+    if (order.process_state === "Error" && $("resubmit-outcome").dataset.outcome === "ok") {
+      clearOutcome();
+    }
     fill($("steps").tBodies[0], order.steps.map((step) => row(
       [step.index, step.name, step.attempt, when(step.completed_at),
         el("code", JSON.stringify(step.result), { class: "result" })],
@@ -199,8 +204,9 @@
     $("problem").textContent = problems.join(" · ");
     refreshes += 1;
     const updated = $("updated-at");
-    updated.textContent = new Date().toLocaleTimeString();
-    updated.dateTime = new Date().toISOString();
+    const now = new Date().toISOString();
+    updated.textContent = when(now).textContent;
+    updated.dateTime = now;
     updated.dataset.refreshes = String(refreshes);
     $("status").textContent = paused ? "paused" : "live";
   }
@@ -210,18 +216,43 @@
     if (!paused) timer = setTimeout(async () => { await refresh(); schedule(); }, REFRESH_MS);
   }
 
+  function clearOutcome() {
+    $("resubmit-outcome").textContent = "";
+    delete $("resubmit-outcome").dataset.outcome;
+  }
+
+  // The page's address names the open order (#order=<id>): a link to it opens it.
+  function linkTo(orderId) {
+    const url = new URL(location.href);
+    url.hash = orderId === null ? "" : `order=${encodeURIComponent(orderId)}`;
+    history.replaceState(null, "", url);
+  }
+
+  function linkedOrder() {
+    const match = /^#order=(.+)$/.exec(location.hash);
+    return match ? decodeURIComponent(match[1]) : null;
+  }
+
   async function openTimeline(orderId) {
     openOrder = orderId;
-    $("resubmit-outcome").textContent = "";
+    linkTo(orderId);
+    clearOutcome();
+    $("find-outcome").textContent = "";
     for (const tr of $("orders").tBodies[0].rows) {
       tr.classList.toggle("selected", tr.dataset.orderId === orderId);
     }
     try {
       renderTimeline(await call("GET", `/api/orders/${encodeURIComponent(orderId)}`));
     } catch (error) {
-      $("problem").hidden = false;
-      $("problem").textContent = `order: ${error.message}`;
+      closeTimeline();
+      $("find-outcome").textContent = `order ${orderId}: ${error.message}`;
     }
+  }
+
+  function closeTimeline() {
+    openOrder = null;
+    linkTo(null);
+    $("timeline").hidden = true;
   }
 
   async function resubmit() {
@@ -262,11 +293,19 @@
       if (!paused) refresh();
       schedule();
     });
-    $("timeline-close").addEventListener("click", () => {
-      openOrder = null;
-      $("timeline").hidden = true;
+    $("timeline-close").addEventListener("click", closeTimeline);
+    $("find").addEventListener("submit", (event) => {
+      event.preventDefault();
+      const orderId = $("find-order").value.trim();
+      if (orderId) openTimeline(orderId);
+    });
+    window.addEventListener("hashchange", () => {
+      const linked = linkedOrder();
+      if (linked !== null && linked !== openOrder) openTimeline(linked);
     });
     $("resubmit").addEventListener("click", resubmit);
+    const linked = linkedOrder();
+    if (linked !== null) openTimeline(linked);
     refresh().then(schedule);
   }
 
