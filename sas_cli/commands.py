@@ -3,8 +3,10 @@ app's own services, with the app's settings (see sas_cli/appsettings.py).
 
   sas submit WORKFLOW DETAILS [--priority P] [--status-events steps] [--order-id ID]
   sas status ORDER_ID | history ORDER_ID
-  sas list [--state S] [--priority P] [--older-than 2h] [--newer-than 7d] [--limit N]
+  sas list [--state S] [--priority P] [--step S] [--error TEXT] [--older-than 2h] [--limit N]
   sas resubmit ORDER_ID [--actor NAME]
+  sas resubmit --all [--priority P] [--step S] [--error TEXT] [--older-than 2h] [--yes]
+  sas close ORDER_ID --reason TEXT [--actor NAME]
   sas parked list [--limit N] | replay ID | discard ID
   sas purge --older-than 30d [--yes]
   sas watch [--interval S] [--iterations N]
@@ -153,19 +155,19 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--priority", choices=PRIORITIES)
     listing.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="submitted")
     listing.add_argument("--newer-than", type=_arg(duration), metavar="AGE", help="submitted")
+    listing.add_argument("--step", help="at this step (its undo included)")
+    listing.add_argument("--error", metavar="TEXT", help="the last error contains TEXT, any case")
     listing.add_argument("--limit", type=_arg(_limit), default=100)
 
-    again = command("resubmit", _resubmit, "run an Error order's failed step again")
-    again.add_argument("order_id", type=_arg(_order_id))
-    again.add_argument("--actor", default=_actor(), help="who, for the audit trail")
+    _resubmit_command(command)
 
     _parked_commands(commands, command)
 
     purge = command(
         "purge",
         _purge,
-        "delete Processed and Compensated orders finished longer ago than --older-than "
-        "(a dry run unless --yes; Error orders are never purged)",
+        "delete Processed, Compensated and Closed orders finished longer ago than "
+        "--older-than (a dry run unless --yes; Error orders are never purged)",
     )
     purge.add_argument("--older-than", type=_arg(duration), metavar="AGE", required=True)
     purge.add_argument("--yes", action="store_true", help="delete them (default: only list)")
@@ -178,6 +180,31 @@ def parser() -> argparse.ArgumentParser:
 
     _alias_commands(commands, command)
     return top
+
+
+def _resubmit_command(command: Any) -> None:
+    """``resubmit`` (one order, or every one matching) and ``close``: what an operator does
+    with an Error order."""
+    again = command(
+        "resubmit",
+        _resubmit,
+        "run an Error order's failed step again; with --all, every Error order matching the "
+        "filters (a dry run unless --yes)",
+    )
+    again.add_argument("order_id", nargs="?", type=_arg(_order_id))
+    again.add_argument("--actor", default=_actor(), help="who, for the audit trail")
+    again.add_argument("--all", action="store_true", help="every Error order the filters match")
+    again.add_argument("--priority", choices=PRIORITIES)
+    again.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="submitted")
+    again.add_argument("--newer-than", type=_arg(duration), metavar="AGE", help="submitted")
+    again.add_argument("--step", help="at this step (its undo included)")
+    again.add_argument("--error", metavar="TEXT", help="the last error contains TEXT, any case")
+    again.add_argument("--limit", type=_arg(_limit), help="with --all: at most (default 100)")
+    again.add_argument("--yes", action="store_true", help="with --all: resubmit (default: list)")
+    closing = command("close", _close, "close an Error order settled by hand, with the reason")
+    closing.add_argument("order_id", type=_arg(_order_id))
+    closing.add_argument("--reason", required=True, help="how it was settled (kept in history)")
+    closing.add_argument("--actor", default=_actor(), help="who, for the audit trail")
 
 
 def _parked_commands(commands: Any, command: Command) -> None:
@@ -207,11 +234,21 @@ def _alias_commands(commands: Any, command: Command) -> None:
     by_state = command("list", _list, "= sas list --state", old)
     by_state.add_argument("--state", type=_arg(_state), required=True)
     by_state.add_argument("--limit", type=_arg(_limit), default=100)
-    by_state.set_defaults(priority=None, older_than=None, newer_than=None)
+    by_state.set_defaults(priority=None, older_than=None, newer_than=None, step=None, error=None)
     command("show", _history, "= sas history", old).add_argument("order_id", type=_arg(_order_id))
     old_resubmit = command("resubmit", _resubmit, "= sas resubmit", old)
     old_resubmit.add_argument("order_id", type=_arg(_order_id))
     old_resubmit.add_argument("--actor", default=_actor())
+    old_resubmit.set_defaults(
+        all=False,
+        yes=False,
+        priority=None,
+        older_than=None,
+        newer_than=None,
+        step=None,
+        error=None,
+        limit=None,
+    )
 
 
 def run(argv: Sequence[str] | None = None, *, cwd: Path | None = None) -> int:
@@ -298,13 +335,16 @@ def _list(operator: Operator, args: argparse.Namespace) -> int:
         priority=args.priority,
         older_than=args.older_than,
         newer_than=args.newer_than,
+        step=args.step or None,
+        error=args.error or None,
         limit=args.limit,
     )
-    found = operator.find(query)
+    found, total = operator.find_page(query)
     if args.json:
         _print_json([views.state_document(state) for state in found])
     else:
         console.print(views.states_table(_described(query), found))
+        print(f"{len(found)} of {total} matching order(s)")
     return 0
 
 
@@ -316,16 +356,78 @@ def _described(query: OrderQuery) -> str:
         said.append(f"submitted over {query.older_than} ago")
     if query.newer_than is not None:
         said.append(f"submitted within {query.newer_than}")
+    if query.step is not None:
+        said.append(f"at {query.step}")
+    if query.error is not None:
+        said.append(f"with an error containing {query.error!r}")
     return " ".join(said) + f" (at most {query.limit})"
 
 
 def _resubmit(operator: Operator, args: argparse.Namespace) -> int:
+    if args.all == (args.order_id is not None):
+        raise UsageError("give an order id, or --all with filters: one of the two")
+    if args.all:
+        return _resubmit_all(operator, args)
+    filters = (args.priority, args.older_than, args.newer_than, args.step, args.error, args.limit)
+    if args.yes or any(value is not None for value in filters):
+        raise UsageError("--yes and the filters go with --all")
     again = operator.resubmit(args.order_id, actor=args.actor)
     if args.json:
         _print_json(views.state_document(again))
     else:
         print(f"resubmitted {again.order_id}: now {again.process_state.value}")
     return 0
+
+
+def _close(operator: Operator, args: argparse.Namespace) -> int:
+    closed = operator.close(args.order_id, actor=args.actor, reason=args.reason)
+    if args.json:
+        _print_json(views.state_document(closed))
+    else:
+        print(f"closed {closed.order_id}")
+    return 0
+
+
+def _resubmit_all(operator: Operator, args: argparse.Namespace) -> int:
+    query = OrderQuery(
+        state=ProcessState.ERROR,
+        priority=args.priority,
+        older_than=args.older_than,
+        newer_than=args.newer_than,
+        step=args.step or None,
+        error=args.error or None,
+        limit=args.limit or 100,
+    )
+    report = operator.resubmit_matching(query, actor=args.actor, dry_run=not args.yes)
+    outcomes = {
+        s.order_id: report.outcomes.get(s.order_id, "would be resubmitted") for s in report.matched
+    }
+    if args.json:
+        _print_json(
+            {
+                "dry_run": report.dry_run,
+                "matched": len(outcomes),
+                "total": report.total,
+                "orders": outcomes,
+            }
+        )
+    else:
+        rows = [
+            (s.order_id, s.priority, s.updated_at, s.last_error, outcomes[s.order_id])
+            for s in report.matched
+        ]
+        columns = ("order", "priority", "updated", "last error", "outcome")
+        console.print(views.table(_described(query), columns, rows))
+        if report.dry_run:
+            print(
+                f"dry run: {len(rows)} of {report.total} matching order(s) would be resubmitted, "
+                "nothing was changed; run again with --yes to resubmit them"
+            )
+        else:
+            done = sum(1 for outcome in outcomes.values() if outcome == "done")
+            print(f"resubmitted {done} of {len(rows)} order(s)")
+    failed = [oid for oid, outcome in outcomes.items() if outcome.startswith("not ")]
+    return _fail(1, f"{len(failed)} order(s) not resubmitted") if failed else 0
 
 
 def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
@@ -399,14 +501,14 @@ def _purge(operator: Operator, args: argparse.Namespace) -> int:
             (s.order_id, s.process_state.value, s.finished_at, s.workflow, s.priority)
             for s in report.candidates
         ]
-        console.print(views.table(f"finished before {cutoff} (UTC)", columns, rows))
+        console.print(views.table(f"finished before {cutoff}", columns, rows))
         if report.dry_run:
             print(
                 f"dry run: {found} order(s) would be purged, nothing was deleted; "
                 "run again with --yes to delete them (Error orders are never purged)"
             )
         else:
-            print(f"purged {report.purged} of {found} order(s) finished before {cutoff} (UTC)")
+            print(f"purged {report.purged} of {found} order(s) finished before {cutoff}")
     if missed:
         return _fail(1, f"{missed} order(s) changed while being purged and were kept")
     return 0

@@ -53,7 +53,7 @@ WHOLE_COLUMNS = frozenset({"order", "id"})
 
 def table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
     cells = [[_cell(cell) for cell in row] for row in rows]
-    shown = Table(title=title, title_justify="left")
+    shown = Table(title=Text(title), title_justify="left")  # user text in it: never markup
     for index, column in enumerate(columns):
         if column in WHOLE_COLUMNS:
             widest = max((len(row[index]) for row in cells), default=0)
@@ -85,7 +85,9 @@ def at(moment: datetime | None) -> str:
 
 
 def step_name(state: OrderState) -> str:
-    return str(StateView.of(state).step)
+    """A step as the dashboard names it too: ``charge``, or ``charge (undo)`` being undone."""
+    name = str(StateView.of(state).step)
+    return f"{name} (undo)" if state.mode == "undo" else name
 
 
 def states_table(title: str, states: Sequence[OrderState]) -> Table:
@@ -101,8 +103,8 @@ def states_table(title: str, states: Sequence[OrderState]) -> Table:
 def status(state: OrderState) -> RenderableType:
     view = StateView.of(state).model_dump()
     lines = [
-        f"[bold]{state.order_id}[/] {state.process_state.value} at {view['step']} "
-        f"({state.mode}), attempt {state.attempt}, failures {state.failure_count}, "
+        f"[bold]{state.order_id}[/] {state.process_state.value} at {step_name(state)}, "
+        f"attempt {state.attempt}, failures {state.failure_count}, "
         f"priority {state.priority}",
         f"workflow {state.workflow}; submitted {at(state.submitted_at)}, "
         f"updated {at(state.updated_at)}"

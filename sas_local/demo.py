@@ -46,7 +46,7 @@ from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted, StatusEvent, decode
-from sas.domain.model import ProcessState
+from sas.domain.model import TERMINAL_STATES, ProcessState
 from sas.domain.wire import Priority, submission_message_id
 from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
 from sas_local.chaos.inject import count_events
@@ -429,7 +429,7 @@ def _priorities_and_endpoints(
     console.print(table)
 
 
-_TERMINAL = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR})
+_TERMINAL = TERMINAL_STATES
 
 
 def _percentile(values: list[float], q: int) -> float:

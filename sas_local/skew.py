@@ -24,11 +24,12 @@ from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
 from sas import settings as settings_module
+from sas.domain.model import TERMINAL_STATES
 from sas_local.devhost.worker import PRELOAD_ENV
 from sas_local.host_clock import OFFSET_ENV
 from sas_local.stack import LocalStack
 
-TERMINAL = frozenset({"Processed", "Compensated", "Error"})
+TERMINAL = frozenset(state.value for state in TERMINAL_STATES)
 FAULTS = {
     "seed": 7,
     "transient_rate": 0.1,

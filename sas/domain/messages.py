@@ -220,6 +220,7 @@ StatusKind = Literal[
     "step_undone",
     "compensated",
     "resubmitted",
+    "closed",
 ]
 
 STEP_EVENTS: frozenset[str] = frozenset(

@@ -22,10 +22,14 @@ class ProcessState(StrEnum):
     COMPENSATED = "Compensated"
     """The task failed and every effect it had was undone."""
     ERROR = "Error"
-    """Needs an operator (who can resubmit)."""
+    """Needs an operator (who can resubmit, or close it once settled by hand)."""
+    CLOSED = "Closed"
+    """An Error order an operator settled by hand and closed, with a reason: no more work."""
 
 
-TERMINAL_STATES = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR})
+TERMINAL_STATES = frozenset(
+    {ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR, ProcessState.CLOSED}
+)
 RUNNING_STATES = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
 
 

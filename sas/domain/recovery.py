@@ -144,6 +144,26 @@ def alert_sent(state: OrderState) -> OrderState:
     return replace(state, alert_pending=False, alert_claimed_by=None, alert_claimed_until=None)
 
 
+def close(state: OrderState, *, now: datetime) -> OrderState:
+    """An operator settled an Error order by hand: closed for good (purge may remove it later,
+    counting its retention from now)."""
+    if state.process_state is not ProcessState.ERROR:
+        raise IllegalTransition(f"order {state.order_id} is {state.process_state}, not Error")
+    if state.alert_pending:
+        raise IllegalTransition(
+            f"order {state.order_id}: its operator alert is still being sent; try again shortly"
+        )
+    return replace(
+        state,
+        process_state=ProcessState.CLOSED,
+        locked_by=None,
+        not_before=None,
+        complete_by=None,
+        updated_at=now,
+        finished_at=now,
+    )
+
+
 def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderState:
     """An operator fixed the cause: run the failed step (or undo) again from a clean count."""
     if state.process_state is not ProcessState.ERROR:

@@ -11,9 +11,9 @@ import base64
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Path, Query, Request, status
+from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -76,6 +76,11 @@ def _not_found(request: Request, exc: NotFound) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=status.HTTP_404_NOT_FOUND)
 
 
+@api.exception_handler(InvalidMessage)
+def _invalid_input(request: Request, exc: InvalidMessage) -> JSONResponse:
+    return JSONResponse({"detail": exc.reason}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
 @api.exception_handler(IllegalTransition)
 @api.exception_handler(ConcurrencyConflict)
 def _conflict(request: Request, exc: Exception) -> JSONResponse:
@@ -102,6 +107,19 @@ def _printable(text: str) -> str:
 
 
 OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
+# Who is signed in, where App Service authentication is on: it sets this header (and strips one
+# a caller sends). Without it the header is as trustworthy as the body's ``actor``, no more.
+SignedIn = Annotated[
+    str | None, Header(alias="x-ms-client-principal-name", include_in_schema=False)
+]
+
+
+def _actor(signed_in: str | None, claimed: str) -> str:
+    """The audit trail's actor: the signed-in user, else what the caller says."""
+    name = (signed_in or "").strip()
+    return name[:100] if name else claimed
+
+
 Limit = Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT, description="at most this many")]
 MAX_AGE_SECONDS = 10 * 366 * 86400
 """Ten years: older or newer than that filters nothing more, and keeps datetimes in range."""
@@ -195,6 +213,7 @@ AgeSeconds = Annotated[float | None, Query(ge=0, le=MAX_AGE_SECONDS)]
 
 @api.get("/api/orders", response_model=list[StateView])
 def list_orders(
+    response: Response,
     state: Annotated[ProcessState | None, Query(description="any state when left out")] = None,
     priority: Annotated[Priority | None, Query(description="any priority when left out")] = None,
     older_than_seconds: Annotated[
@@ -203,9 +222,16 @@ def list_orders(
     newer_than_seconds: Annotated[
         AgeSeconds, Query(description="submitted at most this many seconds ago")
     ] = None,
+    step: Annotated[
+        str | None, Query(max_length=100, description="at this step (its undo included)")
+    ] = None,
+    error: Annotated[
+        str | None, Query(max_length=200, description="the last error contains this, any case")
+    ] = None,
     limit: Limit = 100,
 ) -> list[StateView]:
-    """Orders matching every filter given, most recently updated first.
+    """Orders matching every filter given, most recently updated first; the header
+    ``x-total-count`` says how many match in all.
 
     Filters on anything but the order id scan the table: an operator's look, not a hot path."""
     if (
@@ -220,11 +246,15 @@ def list_orders(
     query = OrderQuery(
         state=state,
         priority=priority,
-        older_than=None if older_than_seconds is None else timedelta(seconds=older_than_seconds),
-        newer_than=None if newer_than_seconds is None else timedelta(seconds=newer_than_seconds),
+        older_than=_seconds(older_than_seconds),
+        newer_than=_seconds(newer_than_seconds),
+        step=step or None,
+        error=error or None,
         limit=limit,
     )
-    return [StateView.of(found) for found in bootstrap.operator().find(query)]
+    found, total = bootstrap.operator().find_page(query)
+    response.headers["x-total-count"] = str(total)
+    return [StateView.of(order) for order in found]
 
 
 STATS_LIST_CAP = 100
@@ -293,11 +323,100 @@ def get_order(order_id: OrderIdPath) -> OrderView:
     )
 
 
+class BulkResubmitRequest(BaseModel):
+    """Which Error orders to resubmit: every filter given must match."""
+
+    actor: Annotated[str, Field(min_length=1, max_length=100)] = "operator"
+    dry_run: bool = True
+    priority: Priority | None = None
+    older_than_seconds: Annotated[float | None, Field(ge=0, le=MAX_AGE_SECONDS)] = None
+    newer_than_seconds: Annotated[float | None, Field(ge=0, le=MAX_AGE_SECONDS)] = None
+    step: Annotated[str | None, Field(max_length=100)] = None
+    error: Annotated[str | None, Field(max_length=200)] = None
+    limit: Annotated[int, Field(ge=1, le=MAX_QUERY_LIMIT)] = 100
+    order_ids: Annotated[list[str] | None, Field(max_length=MAX_QUERY_LIMIT)] = None
+    """Only these, of what the filters match: the ids a dry run showed, so that the run acts
+    on what the operator saw and no order that came since."""
+
+
+class BulkOutcome(BaseModel):
+    order_id: str
+    outcome: str
+    """``would be resubmitted`` (dry run), ``done``, or why not."""
+
+
+class BulkReportView(BaseModel):
+    dry_run: bool
+    matched: int
+    """The orders listed (at most ``limit``)."""
+    total: int
+    """How many Error orders the filters match in all."""
+    orders: list[BulkOutcome]
+
+
+@api.post("/api/orders/resubmit", response_model=BulkReportView)
+def resubmit_orders(request: BulkResubmitRequest, signed_in: SignedIn = None) -> BulkReportView:
+    """Resubmit every Error order matching the filters (at most ``limit``, most recently
+    updated first). A dry run unless ``dry_run`` is false: it lists what would be resubmitted.
+    Each order's write is conditional; the report says per order what happened."""
+    query = OrderQuery(
+        state=ProcessState.ERROR,
+        priority=request.priority,
+        older_than=_seconds(request.older_than_seconds),
+        newer_than=_seconds(request.newer_than_seconds),
+        step=request.step or None,
+        error=request.error or None,
+        limit=request.limit,
+    )
+    report = bootstrap.operator().resubmit_matching(
+        query,
+        actor=_actor(signed_in, request.actor),
+        dry_run=request.dry_run,
+        only=request.order_ids,
+    )
+    return BulkReportView(
+        dry_run=report.dry_run,
+        matched=len(report.matched),
+        total=report.total,
+        orders=[
+            BulkOutcome(
+                order_id=state.order_id,
+                outcome=report.outcomes.get(state.order_id, "would be resubmitted"),
+            )
+            for state in report.matched
+        ],
+    )
+
+
+def _seconds(value: float | None) -> timedelta | None:
+    return None if value is None else timedelta(seconds=value)
+
+
 @api.post("/api/orders/{order_id}/resubmit", response_model=StateView)
-def resubmit_order(order_id: OrderIdPath, request: ResubmitRequest | None = None) -> StateView:
+def resubmit_order(
+    order_id: OrderIdPath, request: ResubmitRequest | None = None, signed_in: SignedIn = None
+) -> StateView:
     """Run a failed (Error) order's failed step again, from a clean failure count."""
-    actor = (request or ResubmitRequest()).actor
+    actor = _actor(signed_in, (request or ResubmitRequest()).actor)
     return StateView.of(bootstrap.operator().resubmit(order_id, actor=actor))
+
+
+class CloseRequest(BaseModel):
+    reason: Annotated[str, Field(min_length=1, max_length=500)]
+    """How the operator settled it: kept in the order's history."""
+    actor: Annotated[str, Field(min_length=1, max_length=100)] = "operator"
+
+
+@api.post("/api/orders/{order_id}/close", response_model=StateView)
+def close_order(
+    order_id: OrderIdPath, request: CloseRequest, signed_in: SignedIn = None
+) -> StateView:
+    """Close an Error order an operator settled by hand (no more work; purge may remove it).
+    409 unless the order is in Error."""
+    closed = bootstrap.operator().close(
+        order_id, actor=_actor(signed_in, request.actor), reason=request.reason
+    )
+    return StateView.of(closed)
 
 
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)
@@ -381,19 +500,19 @@ def list_parked(limit: Limit = 100) -> list[ParkedView]:
 
 
 @api.post("/api/parked/{parked_id}/replay")
-def replay_parked(parked_id: ParkedIdPath) -> dict[str, str]:
+def replay_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[str, str]:
     """Send it back to the queue it was meant for, and remove it from parked: the original body
     as an application would send it (parked by the app), or the very message, unchanged
     (parked by the host).
 
     409 if the app kept the body only in part, the queue is not one the app consumes, or
     (Service Bus) duplicate detection would still drop the copy."""
-    bootstrap.operator().replay_parked(parked_id, actor="operator")
+    bootstrap.operator().replay_parked(parked_id, actor=_actor(signed_in, "operator"))
     return {"id": parked_id, "status": "replayed"}
 
 
 @api.delete("/api/parked/{parked_id}")
-def discard_parked(parked_id: ParkedIdPath) -> dict[str, str]:
+def discard_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[str, str]:
     """Remove a parked message for good."""
-    bootstrap.operator().discard_parked(parked_id, actor="operator")
+    bootstrap.operator().discard_parked(parked_id, actor=_actor(signed_in, "operator"))
     return {"id": parked_id, "status": "discarded"}

@@ -6,11 +6,13 @@ API, the dashboard and the `sas` CLI all go through here."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sas.domain.errors import (
     AlreadyExists,
+    ConcurrencyConflict,
     ConfigurationError,
     IllegalTransition,
     InvalidMessage,
@@ -25,7 +27,7 @@ from sas.domain.parked import (
     parked_by,
     poison_queue,
 )
-from sas.domain.recovery import resubmit
+from sas.domain.recovery import close, resubmit
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import Priority, submission_message_id
 from sas.services import consequences as then
@@ -35,7 +37,9 @@ from sas.services.submission import check
 
 log = logging.getLogger(__name__)
 
-PURGEABLE_STATES = frozenset({ProcessState.PROCESSED, ProcessState.COMPENSATED})
+PURGEABLE_STATES = frozenset(
+    {ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.CLOSED}
+)
 """Finished for good. Error orders wait for an operator and are never purged."""
 MAX_QUERY_LIMIT = 1000
 NO_SUCH_PARKED = "no such parked message"
@@ -51,6 +55,10 @@ class OrderQuery:
     priority: Priority | None = None
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
+    step: str | None = None
+    """The step the order is at (by name; its undo included)."""
+    error: str | None = None
+    """Text its last error contains, in any case."""
     limit: int = 100
 
     def __post_init__(self) -> None:
@@ -59,6 +67,19 @@ class OrderQuery:
         for name, age in (("older_than", self.older_than), ("newer_than", self.newer_than)):
             if age is not None and age < timedelta(0):
                 raise ValueError(f"{name} must not be negative")
+
+
+@dataclass(frozen=True)
+class BulkReport:
+    """What a bulk action matched and, unless a dry run, what became of each order."""
+
+    dry_run: bool
+    matched: list[OrderState]
+    """The orders acted on (or, in a dry run, that would be): at most the query's limit."""
+    total: int
+    """How many Error orders match in all."""
+    outcomes: dict[str, str]
+    """Per order id: ``done``, or why not (someone moved it meanwhile, ...)."""
 
 
 @dataclass(frozen=True)
@@ -109,6 +130,10 @@ class Operator:
 
     def find(self, query: OrderQuery) -> list[OrderState]:
         """Matching orders, most recently updated first (all matches are read to sort them)."""
+        return self.find_page(query)[0]
+
+    def find_page(self, query: OrderQuery) -> tuple[list[OrderState], int]:
+        """The first ``query.limit`` matching orders, and how many match in all."""
         now = self._clock.now()
         found = [
             versioned.value
@@ -118,14 +143,31 @@ class Operator:
                 submitted_before=None if query.older_than is None else now - query.older_than,
                 submitted_after=None if query.newer_than is None else now - query.newer_than,
             )
+            if self._matches(versioned.value, query)
         ]
         found.sort(key=lambda state: (state.updated_at, state.order_id), reverse=True)
-        return found[: query.limit]
+        return found[: query.limit], len(found)
+
+    def _step_name(self, state: OrderState) -> str | None:
+        """The step's name; None for a workflow (or step) this app no longer declares."""
+        try:
+            return self._ctx.workflows.named(state.workflow).step(state.step_index).name
+        except (ValueError, IndexError):
+            return None
+
+    def _matches(self, state: OrderState, query: OrderQuery) -> bool:
+        """The filters the table cannot apply: the step's name and the error's text."""
+        if (
+            query.error is not None
+            and query.error.casefold() not in (state.last_error or "").casefold()
+        ):
+            return False
+        return query.step is None or self._step_name(state) == query.step
 
     def purge(
         self, retention: timedelta, *, dry_run: bool = True, limit: int = MAX_QUERY_LIMIT
     ) -> PurgeReport:
-        """Delete Processed and Compensated orders that finished more than ``retention`` ago
+        """Delete Processed, Compensated and Closed orders finished more than ``retention`` ago
         (at most ``limit`` per call, oldest first); a dry run only lists them.
 
         Once purged, an order's id is forgotten: a submission that arrives again with the same
@@ -178,6 +220,69 @@ class Operator:
             correlation_id=order.order_id,
         )
         return message_id
+
+    def resubmit_matching(
+        self,
+        query: OrderQuery,
+        *,
+        actor: str,
+        dry_run: bool = True,
+        only: Collection[str] | None = None,
+    ) -> BulkReport:
+        """Resubmit every Error order the query matches (at most ``query.limit``, most
+        recently updated first) and, given ``only`` (the ids a dry run showed), among those
+        only these; a dry run only lists them. Each write is the conditional one ``resubmit``
+        makes; an order that fails is reported and the others go on."""
+        if query.state not in (None, ProcessState.ERROR):
+            raise InvalidMessage("only Error orders are resubmitted")
+        matched, total = self.find_page(replace(query, state=ProcessState.ERROR))
+        if only is not None:
+            chosen = set(only)
+            matched = [state for state in matched if state.order_id in chosen]
+        outcomes: dict[str, str] = {}
+        if not dry_run:
+            for state in matched:
+                outcomes[state.order_id] = self._resubmit_one(state.order_id, actor)
+            log.warning(
+                "sas.orders_resubmitted",
+                extra={"matched": len(matched), "actor": actor[:100]},
+            )
+        return BulkReport(dry_run, matched, total, outcomes)
+
+    def _resubmit_one(self, order_id: str, actor: str) -> str:
+        try:
+            self.resubmit(order_id, actor=actor)
+        except (NotFound, IllegalTransition, ConcurrencyConflict) as exc:
+            return f"not resubmitted: {exc}"
+        except Exception as exc:  # one order's failure must not hide what became of the rest
+            log.warning("sas.bulk_resubmit_failed", extra={"order_id": order_id}, exc_info=True)
+            return f"not resubmitted: {type(exc).__name__}"
+        return "done"
+
+    def close(self, order_id: str, *, actor: str, reason: str) -> OrderState:
+        """Error -> Closed: the operator settled it by hand. Audited with the reason; the write
+        is conditional, as a resubmit's is. IllegalTransition if not Error."""
+        if not reason.strip():
+            raise InvalidMessage("closing an order needs a reason")
+        current = self._store.get_state(order_id)
+        if current is None:
+            raise NotFound(f"order {order_id} not found")
+        now = self._clock.now()
+        closed = close(current.value, now=now)
+        entry = HistoryEntry(
+            order_id=order_id,
+            at=now,
+            kind="closed",
+            attempt=closed.attempt,
+            step=self._step_name(closed),
+            mode=closed.mode,
+            actor=actor[:100],
+            detail=reason.strip()[:500],
+        )
+        self._store.update_state(closed, current.etag, entry)
+        log.warning("sas.order_closed", extra={"order_id": order_id, "actor": actor[:100]})
+        then.notify(self._ctx, closed, "closed", now)
+        return closed
 
     def resubmit(self, order_id: str, *, actor: str) -> OrderState:
         """Error -> Pending (failure count reset), audited; IllegalTransition if not Error.

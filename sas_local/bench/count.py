@@ -443,7 +443,7 @@ def _done(table: Any, order_id: str, counter: RequestCounter) -> bool:
             state = table.get_entity(order_id, "state")
         except ResourceNotFoundError:  # not inserted yet
             return False
-    return state["ProcessState"] in ("Processed", "Compensated", "Error")
+    return state["ProcessState"] in ("Processed", "Compensated", "Error", "Closed")
 
 
 @contextmanager

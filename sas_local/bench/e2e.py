@@ -30,11 +30,12 @@ from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
 from sas.adapters.storage_queues import first_calls_alone, sent
+from sas.domain.model import TERMINAL_STATES
 from sas.domain.wire import live_table_name
 from sas_local.bench import cpu
 from sas_local.stack import Layout, LocalStack
 
-TERMINAL = ("Processed", "Compensated", "Error")
+TERMINAL = tuple(state.value for state in TERMINAL_STATES)
 
 
 @dataclass(frozen=True)

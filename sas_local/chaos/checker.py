@@ -78,7 +78,7 @@ TRANSACTION_SPREAD = 0.005
 _RANK = {"submitted": 0, "claimed": 2, "deferred": 2}
 """Within one transaction: the reply or expiry first, then the claim it made (default 1)."""
 PENDING, PROCESSING, COMPENSATING = "Pending", "Processing", "Compensating"
-PROCESSED, COMPENSATED, ERROR = "Processed", "Compensated", "Error"
+PROCESSED, COMPENSATED, ERROR, CLOSED = "Processed", "Compensated", "Error", "Closed"
 _FAILURE = re.compile(r"failure (\d+) of (\d+)")
 
 
@@ -592,6 +592,10 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
         if s.ps != ERROR or r.attempt != s.attempt or not same_step:
             return "resubmit of an order not in Error"
         return _State(PENDING, s.step, s.mode, s.attempt, claimed=s.claimed)
+    if r.kind == "closed":  # an operator settled it by hand
+        if s.ps != ERROR or r.attempt != s.attempt:
+            return "close of an order not in Error"
+        return _State(CLOSED, s.step, s.mode, s.attempt, claimed=s.claimed)
     return f"unknown history kind {r.kind!r}"
 
 

@@ -1,10 +1,14 @@
 """The operators' dashboard in headless Chromium (Debian's package, driven by Playwright)
-against the dev host: its numbers match the store, an Error order's timeline shows, and
-Resubmit (once the cause is fixed) lets the order finish."""
+against the dev hosts: its numbers match the store; filters, paging counts, an order found by
+id or link; an Error order's timeline, Resubmit (one, or every match after a dry run) and
+Close then purge; parked messages replayed and discarded; the API reference with no network."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -67,31 +71,22 @@ def state_of(store: TableStateStore, order_id: str) -> ProcessState | None:
     return None if found is None else found.value.process_state
 
 
-@pytest.fixture(scope="module")
-def failed_order(stack, store) -> str:
-    """PROCESSED orders Processed, one in Error (its alert sent), one bad message parked by the
-    app."""
+def send(stack: LocalStack, index: int) -> str:
     transport = StorageQueueTransport(queue_service_client(stack.settings.storage))
-
-    def send(index: int) -> str:
-        order = demo_order(index, "dash")
-        transport.send(
-            stack.settings.lane(QUEUE_ORDERS, order.priority),
-            order,
-            message_id=submission_message_id(order.order_id),
-            correlation_id=order.order_id,
-        )
-        return order.order_id
-
-    good = [send(i) for i in range(PROCESSED)]
-    wait_until(
-        lambda: all(state_of(store, oid) is ProcessState.PROCESSED for oid in good),
-        timeout=90,
-        interval=0.3,
-        what=f"{PROCESSED} orders Processed",
+    order = demo_order(index, "dash")
+    transport.send(
+        stack.settings.lane(QUEUE_ORDERS, order.priority),
+        order,
+        message_id=submission_message_id(order.order_id),
+        correlation_id=order.order_id,
     )
+    return order.order_id
+
+
+def error_order(stack: LocalStack, store: TableStateStore, index: int) -> str:
+    """An order that stops in Error (shipping refused, then its refund), its alert sent."""
     configure_faults(stack.simulator_url, REFUSE_SHIP_AND_REFUND)
-    failed = send(PROCESSED)
+    failed = send(stack, index)
     wait_until(
         lambda: (
             (found := store.get_state(failed)) is not None
@@ -102,6 +97,21 @@ def failed_order(stack, store) -> str:
         interval=0.3,
         what="the order in Error with its alert sent",
     )
+    return failed
+
+
+@pytest.fixture(scope="module")
+def failed_order(stack, store) -> str:
+    """PROCESSED orders Processed, one in Error (its alert sent), one bad message parked by the
+    app."""
+    good = [send(stack, i) for i in range(PROCESSED)]
+    wait_until(
+        lambda: all(state_of(store, oid) is ProcessState.PROCESSED for oid in good),
+        timeout=90,
+        interval=0.3,
+        what=f"{PROCESSED} orders Processed",
+    )
+    failed = error_order(stack, store, PROCESSED)
     orders_queue = queue_service_client(stack.settings.storage).get_queue_client(
         stack.settings.lane(QUEUE_ORDERS, "normal"),
         message_encode_policy=TextBase64EncodePolicy(),
@@ -154,6 +164,21 @@ def test_the_filters_narrow_the_orders_table(page, failed_order):
     page.fill("#filter-older", "60")  # nothing here is an hour old
     page.dispatch_event("#filter-older", "change")
     expect(page.locator("#orders-empty")).to_be_visible()
+
+
+def test_orders_filter_on_error_text_and_say_how_many_match(page, failed_order):
+    rows = page.locator("#orders tbody tr")
+    page.fill("#filter-limit", "1")
+    page.dispatch_event("#filter-limit", "change")
+    expect(rows).to_have_count(1)
+    expect(page.locator("#orders-shown")).to_have_text(re.compile(r"^showing 1 of \d+$"))
+    assert int(page.locator("#orders-shown").get_attribute("data-total") or 0) > PROCESSED
+    page.fill("#filter-limit", "50")
+    page.fill("#filter-error", "UNDO REFUSED")  # any case
+    page.dispatch_event("#filter-error", "change")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-order-id", failed_order)
+    expect(page.locator("#orders-shown")).to_have_text("showing 1 of 1")
 
 
 def test_an_error_order_is_resubmitted_from_its_timeline_and_finishes(
@@ -258,3 +283,78 @@ def test_an_order_opens_from_its_link_and_by_its_id(stack, browser, failed_order
         assert opened.url.endswith(f"/api/dashboard#order={failed_order}")  # a link to share
     finally:
         opened.close()
+
+
+def test_the_error_orders_the_filters_match_are_resubmitted_after_a_dry_run(page, stack, store):
+    failed = error_order(stack, store, PROCESSED + 1)
+    page.click("#bulk-check")
+    outcome = page.locator("#bulk-outcome")
+    # Every Error order there is (this one, after the resubmit test let the first finish).
+    shown = re.compile(rf"Error order\(s\) would be resubmitted: .*{failed}")
+    expect(outcome).to_contain_text(shown)
+    assert state_of(store, failed) is ProcessState.ERROR  # a dry run changes nothing
+    configure_faults(stack.simulator_url, {})  # the cause fixed
+    page.click("#bulk-confirm")
+    expect(outcome).to_have_text(re.compile(r"^resubmitted (\d+) of \1$"))
+    expect(page.locator("#bulk-confirm")).to_be_hidden()
+    wait_until(
+        lambda: state_of(store, failed) is ProcessState.COMPENSATED,
+        timeout=90,
+        interval=0.3,
+        what="the resubmitted order undone",
+    )
+    actors = [e.actor for e in store.get_history(failed) if e.kind == "resubmitted"]
+    assert actors == ["dashboard"]
+
+
+def test_a_parked_message_is_replayed_then_discarded_from_the_page(page, store):
+    (first,) = [m.id for m in store.list_parked(10)]
+    row = page.locator(f"#parked tbody tr[data-parked-id='{first}']")
+    row.locator("button.replay").click()
+    outcome = page.locator("#parked-outcome")
+    expect(outcome).to_have_text(f"replayed {first}")
+    expect(row).to_have_count(0)
+    # Still not an order: the app parks it again, under a new id.
+    wait_until(lambda: store.list_parked(10), timeout=30, interval=0.3, what="parked again")
+    (again,) = [m.id for m in store.list_parked(10)]
+    assert again != first
+    discard = page.locator(f"#parked tbody tr[data-parked-id='{again}'] button.discard")
+    discard.click()
+    expect(discard).to_have_text("Discard for good")  # armed, across the page's refreshes
+    refreshes = page.locator("#updated-at").get_attribute("data-refreshes")
+    expect(page.locator("#updated-at")).not_to_have_attribute("data-refreshes", refreshes or "")
+    expect(discard).to_have_text("Discard for good")
+    discard.click()
+    expect(outcome).to_have_text(f"discarded {again}")
+    expect(page.locator("#parked-empty")).to_be_visible()
+    assert store.list_parked(10) == []
+
+
+def test_an_error_order_settled_by_hand_is_closed_then_purged(page, stack, store):
+    """Last in this module: the purge removes every finished order of the stack."""
+    settled = error_order(stack, store, PROCESSED + 2)
+    page.goto(f"{stack.api_url}/api/dashboard#order={settled}")
+    expect(page.locator("#timeline-state")).to_have_text("Error")
+    page.click("#close-order")  # no reason given: refused, nothing changes
+    expect(page.locator("#resubmit-outcome")).to_have_text("not closed: say how it was settled")
+    page.fill("#close-reason", "refunded by hand")
+    page.click("#close-order")
+    expect(page.locator("#timeline-state")).to_have_text("Closed")
+    expect(page.locator("#resubmit-box")).to_be_hidden()
+    expect(page.locator("#resubmit-outcome")).to_have_text("closed: now Closed")
+    closing = [(e.actor, e.detail) for e in store.get_history(settled) if e.kind == "closed"]
+    assert closing == [("dashboard", "refunded by hand")]
+
+    # The operator's CLI, a process of its own, on the settings the stack wrote.
+    settings = str(stack.devhost.log_dir.parent / "local.settings.json")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SAS_", "SasStorage"))}
+    done = subprocess.run(
+        [sys.executable, "-m", "sas_cli", "--settings", settings, "purge", "--older-than", "0s",
+         "--yes"],
+        capture_output=True, text=True, timeout=120, env=env, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0 and "purged" in done.stdout, done.stderr
+    assert store.get_state(settled) is None
+    page.fill("#find-order", settled)
+    page.press("#find-order", "Enter")
+    expect(page.locator("#find-outcome")).to_contain_text(f"order {settled}: 404")

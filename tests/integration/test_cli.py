@@ -240,6 +240,15 @@ def test_list_filters_by_state_priority_age_and_limit(mixed, capsys):
     assert sas_json(capsys, "orders", "list", "--state", "Error")[0]["order_id"] == "broken"
     code, out, _ = sas(capsys, "list", "--state", "Error")
     assert code == 0 and "broken" in out and "card declined" in out and "done-a" not in out
+    # The step an order is at, and its error's text (any case); and how many match in all.
+    assert listed(capsys, "--step", "charge") == ["broken"]
+    assert listed(capsys, "--step", "reserve") == ["running", "undone"]  # undone: at reserve (undo)
+    assert listed(capsys, "--error", "CARD DECLINED") == ["broken"]
+    assert listed(capsys, "--error", "refused", "--state", "Compensated") == ["undone"]
+    code, out, _ = sas(capsys, "list", "--error", "[/v1/refund] [red]x")  # text, never markup
+    assert code == 0 and "[/v1/refund] [red]x" in out and "0 of 0 matching" in out
+    code, out, _ = sas(capsys, "list", "--limit", "2")
+    assert code == 0 and out.rstrip().endswith("2 of 5 matching order(s)")
 
 
 @pytest.mark.parametrize(
@@ -269,6 +278,60 @@ def test_an_unknown_order_is_not_found_exit_code_1(mixed, capsys, command):
 
 
 # --- resubmit -----------------------------------------------------------------------------
+
+
+def test_close_settles_an_error_order_and_purge_may_then_remove_it(mixed, capsys):
+    code, out, err = sas(
+        capsys, "close", "broken", "--reason", "refunded by hand", "--actor", "ops"
+    )
+    assert (code, out.strip()) == (0, "closed broken"), err
+    shown = sas_json(capsys, "history", "broken")
+    assert shown["process_state"] == "Closed" and "card declined" in shown["last_error"]
+    closing = [(e["actor"], e["detail"]) for e in shown["history"] if e["kind"] == "closed"]
+    assert closing == [("ops", "refunded by hand")]
+    for argv, exit_code in (
+        (("close", "broken", "--reason", "again"), 1),  # Closed, not Error
+        (("close", "done-a", "--reason", "x"), 1),
+        (("close", "broken"), 2),  # no reason
+        (("close", "running", "--reason", "   "), 2),
+    ):
+        code, out, err = sas(capsys, *argv)
+        assert code == exit_code and out == "" and err.startswith("sas: error: "), argv
+    assert sas_json(capsys, "status", "running")["process_state"] == "Processing"
+    mixed.clock.advance(60)  # purge takes what finished before its cutoff
+    dry = sas_json(capsys, "purge", "--older-than", "30s")
+    assert "broken" in {state["order_id"] for state in dry["candidates"]}
+
+
+def test_resubmit_all_lists_first_then_resubmits_each_error_order(mixed, capsys):
+    code, out, _ = sas(capsys, "resubmit", "--all")
+    assert code == 0 and "broken" in out and "done-a" not in out
+    assert "dry run: 1 of 1 matching order(s) would be resubmitted, nothing was changed" in out
+    assert sas_json(capsys, "status", "broken")["process_state"] == "Error"
+    assert sas_json(capsys, "resubmit", "--all", "--priority", "high")["matched"] == 0
+
+    report = sas_json(capsys, "resubmit", "--all", "--yes", "--actor", "ops")
+    assert report == {"dry_run": False, "matched": 1, "total": 1, "orders": {"broken": "done"}}
+    shown = sas_json(capsys, "history", "broken")
+    assert shown["process_state"] == "Pending"
+    assert [e["actor"] for e in shown["history"] if e["kind"] == "resubmitted"] == ["ops"]
+    assert sas_json(capsys, "resubmit", "--all", "--yes")["matched"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        (),
+        ("broken", "--all"),
+        ("broken", "--yes"),
+        ("broken", "--priority", "high"),
+        ("broken", "--limit", "5"),
+    ],
+)
+def test_resubmit_takes_an_id_or_all_never_both(mixed, capsys, argv):
+    code, out, err = sas(capsys, "resubmit", *argv)
+    assert code == 2 and out == "" and err.startswith("sas: error: ")
+    assert sas_json(capsys, "status", "broken")["process_state"] == "Error"
 
 
 def test_resubmit_runs_an_error_order_again_and_refuses_a_processed_one(mixed, capsys):
@@ -506,6 +569,7 @@ def test_watch_renders_counts_and_recent_failures(mixed, capsys):
         "Processed": "2",
         "Compensated": "1",
         "Error": "1",
+        "Closed": "0",
     }
     failures = out[out.index("recent failures") :]
     assert "broken" in failures and "card declined" in failures

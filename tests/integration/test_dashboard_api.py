@@ -68,6 +68,7 @@ def test_stats_count_every_state_and_the_parked_messages(client, orders, poisone
         "Processed": 3,
         "Compensated": 0,
         "Error": 1,
+        "Closed": 0,
     }
     # One count for both kinds: the message the app parked and the one the host gave up on.
     assert (body["parked"], body["parked_more"]) == (2, False)
@@ -103,8 +104,18 @@ def test_orders_are_filtered_by_state_priority_and_age(client, orders):
 
 
 def test_orders_come_most_recently_updated_first_up_to_the_limit(client, orders):
-    listed = client.get("/api/orders", params={"limit": 2}).json()
-    assert [found["order_id"] for found in listed] == ["new-low", "new-normal"]
+    response = client.get("/api/orders", params={"limit": 2})
+    assert [found["order_id"] for found in response.json()] == ["new-low", "new-normal"]
+    assert response.headers["x-total-count"] == "4"  # the page, and how many match in all
+    only_error = client.get("/api/orders", params={"state": "Error", "limit": 1})
+    assert only_error.headers["x-total-count"] == "1"
+
+
+def test_orders_are_filtered_by_their_step_and_their_error_s_text(client, orders):
+    assert ids(client.get("/api/orders", params={"step": "charge"})) == {"failed"}
+    assert ids(client.get("/api/orders", params={"error": "Card Declined"})) == {"failed"}
+    assert ids(client.get("/api/orders", params={"error": "no such text"})) == set()
+    assert ids(client.get("/api/orders", params={"step": "nonsense"})) == set()
 
 
 @pytest.mark.parametrize(
@@ -116,6 +127,7 @@ def test_orders_come_most_recently_updated_first_up_to_the_limit(client, orders)
         ({"newer_than_seconds": "soon"}, "newer_than_seconds"),
         ({"limit": 0}, "limit"),
         ({"limit": 1001}, "limit"),
+        ({"error": "x" * 201}, "error"),
         ({"older_than_seconds": 60, "newer_than_seconds": 30}, "no order could match"),
     ],
 )

@@ -15,11 +15,12 @@ from fastapi.testclient import TestClient
 
 from sas import bootstrap
 from sas.adapters.clients import queue_service_client
-from sas.domain.errors import NotFound
+from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.messages import MAX_MESSAGE_BYTES
-from sas.domain.model import ProcessState
+from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import REJECTED_PARTITION, rejected_row_key
 from sas.entrypoints.http_api import api
+from sas.services.operator import Operator
 from sas_cli.commands import run
 from sas_local.devhost.queues import decode_body
 from tests.harness import World, permanent
@@ -340,6 +341,68 @@ def test_the_api_queues_an_order_on_its_priority_lane_and_shows_its_priority(
     assert refused.status_code == 409 and "already used for a different order" in refused.text
     assert list(high.peek_messages(max_messages=5)) == []
     assert client.post("/api/orders", json=urgent).status_code == 202  # the same order: taken
+
+
+def test_bulk_resubmit_is_a_dry_run_first_then_reports_each_order(client, failed_order):
+    dry = client.post("/api/orders/resubmit", json={"actor": "ops"})
+    assert dry.status_code == 200, dry.text
+    listed = {entry["order_id"]: entry["outcome"] for entry in dry.json()["orders"]}
+    assert dry.json()["dry_run"] is True and listed[failed_order] == "would be resubmitted"
+    assert dry.json()["total"] >= dry.json()["matched"] >= 1
+    # The run acts on what the dry run showed: an id it did not show is left alone.
+    others = client.post(
+        "/api/orders/resubmit", json={"dry_run": False, "order_ids": ["someone-else"]}
+    ).json()
+    assert others["orders"] == []
+    assert client.get(f"/api/orders/{failed_order}").json()["process_state"] == "Error"
+
+    # Signed in through App Service authentication: the audit trail names the user, not what
+    # the page says.
+    signed_in = {"x-ms-client-principal-name": "ada@contoso.com"}
+    done = client.post(
+        "/api/orders/resubmit",
+        json={"actor": "dashboard", "dry_run": False, "order_ids": [failed_order]},
+        headers=signed_in,
+    ).json()
+    assert {e["order_id"]: e["outcome"] for e in done["orders"]}[failed_order] == "done"
+    shown = client.get(f"/api/orders/{failed_order}").json()
+    assert shown["process_state"] == "Pending"
+    resubmitted = [e["actor"] for e in shown["history"] if e["kind"] == "resubmitted"]
+    assert resubmitted == ["ada@contoso.com"]
+    again = client.post("/api/orders/resubmit", json={"dry_run": False}).json()
+    assert failed_order not in {e["order_id"] for e in again["orders"]}
+    for bad in ({"limit": 0}, {"priority": "urgent"}, {"older_than_seconds": -1}):
+        assert client.post("/api/orders/resubmit", json=bad).status_code == 422
+
+
+def test_an_error_order_is_closed_with_a_reason_once(client, failed_order):
+    assert client.post(f"/api/orders/{failed_order}/close", json={}).status_code == 422
+    blank = client.post(f"/api/orders/{failed_order}/close", json={"reason": "   "})
+    assert blank.status_code == 422 and "reason" in blank.text
+    closed = client.post(
+        f"/api/orders/{failed_order}/close",
+        json={"reason": "refunded by hand"},
+        headers={"x-ms-client-principal-name": "ada@contoso.com"},
+    )
+    assert closed.status_code == 200 and closed.json()["process_state"] == "Closed"
+    shown = client.get(f"/api/orders/{failed_order}").json()
+    entries = [(e["actor"], e["detail"]) for e in shown["history"] if e["kind"] == "closed"]
+    assert entries == [("ada@contoso.com", "refunded by hand")]
+    again = client.post(f"/api/orders/{failed_order}/close", json={"reason": "again"})
+    assert again.status_code == 409
+    refused = client.post(f"/api/orders/{failed_order}/resubmit", json={})
+    assert refused.status_code == 409  # closed means no more work
+    assert client.get("/api/stats").json()["states"]["Closed"] >= 1
+
+
+def test_bulk_resubmit_reports_an_order_someone_else_moved(client, failed_order, monkeypatch):
+    def moved(self: Operator, order_id: str, *, actor: str) -> OrderState:
+        raise ConcurrencyConflict(f"order {order_id} changed meanwhile")
+
+    monkeypatch.setattr(Operator, "resubmit", moved)
+    report = client.post("/api/orders/resubmit", json={"dry_run": False}).json()
+    outcome = {e["order_id"]: e["outcome"] for e in report["orders"]}[failed_order]
+    assert outcome == f"not resubmitted: order {failed_order} changed meanwhile"
 
 
 def test_text_that_cannot_be_written_as_utf8_is_refused_with_422_not_500(

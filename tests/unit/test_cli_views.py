@@ -4,6 +4,7 @@ messages of both kinds in one table."""
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -30,7 +31,10 @@ def test_the_trace_id_is_shown_when_the_order_has_one():
     at = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
     state = OrderState("o1", "order", ProcessState.ERROR, at, at, last_error="HTTP 402")
     untraced = shown(state)
-    assert "o1 Error at reserve (do)" in untraced and "last error: HTTP 402" in untraced
+    assert "o1 Error at reserve, attempt" in untraced and "last error: HTTP 402" in untraced
+    assert "submitted 2026-11-22 12:00:00 UTC" in untraced  # one time format, zone said
+    undoing = shown(replace(state, process_state=ProcessState.PENDING, mode="undo"))
+    assert "o1 Pending at reserve (undo), attempt" in undoing  # as the dashboard names it
     assert "trace id" not in untraced
     traced = OrderState(
         "o1", "order", ProcessState.ERROR, at, at, traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01"

@@ -22,6 +22,8 @@ def test_every_route_the_dashboard_calls_is_documented_with_a_description() -> N
         ("/api/orders", "get"),
         ("/api/orders/{order_id}", "get"),
         ("/api/orders/{order_id}/resubmit", "post"),
+        ("/api/orders/{order_id}/close", "post"),
+        ("/api/orders/resubmit", "post"),
         ("/api/parked", "get"),
         ("/api/parked/{parked_id}/replay", "post"),
         ("/api/parked/{parked_id}", "delete"),
@@ -29,7 +31,9 @@ def test_every_route_the_dashboard_calls_is_documented_with_a_description() -> N
     ]:
         assert paths[path][method]["description"], f"{method.upper()} {path}"
     filters = {p["name"] for p in paths["/api/orders"]["get"]["parameters"]}
-    assert filters == {"state", "priority", "older_than_seconds", "newer_than_seconds", "limit"}
+    assert filters == {
+        "state", "priority", "older_than_seconds", "newer_than_seconds", "step", "error", "limit"
+    }  # fmt: skip
 
 
 def test_parked_messages_have_one_api_and_one_view() -> None:

@@ -6,7 +6,7 @@ import pytest
 from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.messages import StepReply
 from sas.domain.model import TERMINAL_STATES, ProcessState
-from sas.domain.recovery import RetryPolicy, alert_sent, claim_alert, expire, resubmit
+from sas.domain.recovery import RetryPolicy, alert_sent, claim_alert, close, expire, resubmit
 from sas.domain.transitions import (
     Fence,
     NotYet,
@@ -375,6 +375,32 @@ def test_resubmit_takes_an_error_back_to_pending_with_a_clean_count():
 def test_only_an_error_can_be_resubmitted(state):
     with pytest.raises(IllegalTransition):
         resubmit(replace(running_at(0), process_state=state), now=NOW, workflow=WF)
+
+
+def test_close_ends_an_error_order_for_good():
+    error = alert_sent(error_owing_an_alert())
+    later = NOW + timedelta(hours=1)
+    closed = close(error, now=later)
+    assert closed.process_state is ProcessState.CLOSED and closed.is_terminal
+    assert (closed.finished_at, closed.updated_at, closed.locked_by) == (later, later, None)
+    assert closed.last_error == error.last_error  # what went wrong stays on record
+    with pytest.raises(IllegalTransition):
+        resubmit(closed, now=later, workflow=ERROR_WF)  # closed means no more work
+    with pytest.raises(IllegalTransition):
+        close(closed, now=later)
+
+
+@pytest.mark.parametrize(
+    "state", [ProcessState.PENDING, ProcessState.PROCESSED, ProcessState.COMPENSATED]
+)
+def test_only_an_error_can_be_closed(state):
+    with pytest.raises(IllegalTransition):
+        close(replace(running_at(0), process_state=state), now=NOW)
+
+
+def test_a_close_while_the_alert_is_owed_is_refused():
+    with pytest.raises(IllegalTransition, match="alert"):
+        close(error_owing_an_alert(), now=NOW)
 
 
 # --- fencing: one decision, explicit outcomes ---------------------------------------------

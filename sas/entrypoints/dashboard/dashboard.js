@@ -3,7 +3,9 @@
 // so nothing an order or a message carries can become markup.
 (() => {
   const REFRESH_MS = 2000;
-  const STATES = ["Pending", "Processing", "Compensating", "Processed", "Compensated", "Error"];
+  const STATES = [
+    "Pending", "Processing", "Compensating", "Processed", "Compensated", "Error", "Closed",
+  ];
   // In Azure every route needs the function key: the page is opened with ?code=<key> and sends
   // it on its own calls. Locally the dev host needs none.
   const key = new URLSearchParams(location.search).get("code");
@@ -23,6 +25,8 @@
     });
     const payload = response.headers.get("content-type")?.includes("json")
       ? await response.json() : await response.text();
+    const total = response.headers.get("x-total-count");
+    if (Array.isArray(payload) && total !== null) payload.total = Number(total);
     if (!response.ok) {
       const detail = typeof payload === "object" && payload !== null ? payload.detail : payload;
       const reason = typeof detail === "string" ? detail : JSON.stringify(detail);
@@ -71,6 +75,11 @@
     return `${(seconds / 3600).toFixed(1)} h`;
   }
 
+  // A step as the CLI names it too: "charge", or "charge (undo)" while it is being undone.
+  function stepLabel(order) {
+    return order.mode === "undo" ? `${order.step} (undo)` : order.step;
+  }
+
   function stateBadge(state) {
     return el("span", state, { class: "state", "data-state": state });
   }
@@ -110,8 +119,61 @@
     if (priority) query.set("priority", priority);
     if (older !== "") query.set("older_than_seconds", String(Number(older) * 60));
     if (newer !== "") query.set("newer_than_seconds", String(Number(newer) * 60));
+    for (const name of ["step", "error"]) {
+      const value = $(`filter-${name}`).value.trim();
+      if (value) query.set(name, value);
+    }
     query.set("limit", $("filter-limit").value || "50");
     return query.toString();
+  }
+
+  // Bulk resubmit: a dry run first (what the filters match among Error orders, whatever the
+  // state filter says), then the run, on the same filters, reporting each order.
+  let bulkIds = null;  // what the dry run showed: the run acts on these only
+
+  function bulkRequest(dryRun) {
+    const query = new URLSearchParams(ordersQuery());
+    const request = { actor: "dashboard", dry_run: dryRun, limit: Number(query.get("limit")) };
+    if (!dryRun) request.order_ids = bulkIds;
+    for (const name of ["priority", "step", "error"]) {
+      if (query.get(name)) request[name] = query.get(name);
+    }
+    for (const name of ["older_than_seconds", "newer_than_seconds"]) {
+      if (query.get(name)) request[name] = Number(query.get(name));
+    }
+    return call("POST", "/api/orders/resubmit", request);
+  }
+
+  async function bulkCheck() {
+    $("bulk-confirm").hidden = true;
+    try {
+      const report = await bulkRequest(true);
+      bulkIds = report.orders.map((entry) => entry.order_id);
+      const more = report.total > report.matched ? ` (of ${report.total} matching)` : "";
+      $("bulk-outcome").textContent = report.matched === 0
+        ? "no Error order matches"
+        : `${report.matched} Error order(s) would be resubmitted${more}: ${bulkIds.join(", ")}`;
+      $("bulk-outcome").dataset.matched = String(report.matched);
+      $("bulk-confirm").hidden = report.matched === 0;
+    } catch (error) {
+      $("bulk-outcome").textContent = `not checked: ${error.message}`;
+    }
+  }
+
+  async function bulkRun() {
+    $("bulk-confirm").hidden = true;
+    try {
+      const report = await bulkRequest(false);
+      const done = report.orders.filter((entry) => entry.outcome === "done").length;
+      const refused = report.orders.filter((entry) => entry.outcome !== "done")
+        .map((entry) => `${entry.order_id} (${entry.outcome})`);
+      $("bulk-outcome").textContent = `resubmitted ${done} of ${report.matched}`
+        + (refused.length ? `; ${refused.join("; ")}` : "");
+      $("bulk-outcome").dataset.done = String(done);
+    } catch (error) {
+      $("bulk-outcome").textContent = `not resubmitted: ${error.message}`;
+    }
+    await refresh();
   }
 
   function renderOrders(orders) {
@@ -119,7 +181,7 @@
       const tr = row(
         [
           el("code", order.order_id), stateBadge(order.process_state), order.priority,
-          `${order.step} (${order.mode})`, order.attempt, order.failure_count,
+          stepLabel(order), order.attempt, order.failure_count,
           when(order.submitted_at), when(order.updated_at),
           el("span", order.last_error ?? "", { class: "error" }),
         ],
@@ -131,6 +193,9 @@
     });
     fill($("orders").tBodies[0], rows);
     $("orders-empty").hidden = orders.length > 0;
+    const total = orders.total ?? orders.length;
+    $("orders-shown").textContent = `showing ${orders.length} of ${total}`;
+    $("orders-shown").dataset.total = String(total);
   }
 
   function renderTimeline(order) {
@@ -143,8 +208,10 @@
     $("timeline-trace").textContent = order.trace_id || "—";
     $("timeline-workflow").textContent = `${order.workflow}, ${order.priority} priority`;
     $("timeline-input").textContent = JSON.stringify(order.details);
+    const ended = ["Processed", "Compensated", "Error", "Closed"].includes(order.process_state);
+    $("timeline-step-label").textContent = ended ? "Ended at" : "Now at";
     $("timeline-step").textContent =
-      `${order.step} (${order.mode}), attempt ${order.attempt}, failures ${order.failure_count}`;
+      `${stepLabel(order)}, attempt ${order.attempt}, failures ${order.failure_count}`;
     $("timeline-error").textContent = order.last_error || "—";
     $("resubmit-box").hidden = order.process_state !== "Error";
     // "resubmitted" stays while the order runs again; back in Error, it is no longer news.
@@ -176,11 +243,59 @@
         el("code", message.id, { class: "id" }), message.queue, message.function,
         age(message.age_seconds), message.delivery_count,
         el("span", message.reason, { class: "error" }),
-        el("span", message.body_text ?? `(binary) ${message.body_base64}`, { class: "body" })],
+        el("span", message.body_text ?? `(binary) ${message.body_base64}`, { class: "body" }),
+        parkedActions(message.id)],
       { "data-parked-id": message.id, "data-by": message.parked_by },
     )));
     $("parked-count").textContent = `(${parked.length})`;
     $("parked-empty").hidden = parked.length > 0;
+  }
+
+  // Replay, or discard (a second click within ARM_MS confirms): the same routes as `sas
+  // parked`. Which discards are armed outlives the table's refresh, not ARM_MS.
+  const ARM_MS = 10000;
+  const armed = new Map();  // parked id -> when its Discard was first clicked
+
+  function isArmed(id) {
+    const since = armed.get(id);
+    if (since !== undefined && Date.now() - since > ARM_MS) armed.delete(id);
+    return armed.has(id);
+  }
+
+  function parkedActions(id) {
+    const replay = el("button", "Replay", { type: "button", class: "action replay" });
+    const discard = el("button", isArmed(id) ? "Discard for good" : "Discard",
+      { type: "button", class: "quiet discard", "data-armed": isArmed(id) ? "1" : null });
+    replay.addEventListener("click", () => {
+      armed.delete(id);
+      return parkedAction(id, "replayed", "POST", "/replay");
+    });
+    discard.addEventListener("click", () => {
+      if (isArmed(id)) {
+        armed.delete(id);
+        return parkedAction(id, "discarded", "DELETE", "");
+      }
+      armed.set(id, Date.now());
+      discard.dataset.armed = "1";
+      discard.textContent = "Discard for good";
+      return null;
+    });
+    const cell = el("span", null, { class: "actions" });
+    cell.append(replay, discard);
+    return cell;
+  }
+
+  async function parkedAction(id, done, method, suffix) {
+    const outcome = $("parked-outcome");
+    try {
+      await call(method, `/api/parked/${encodeURIComponent(id)}${suffix}`);
+      outcome.textContent = `${done} ${id}`;
+      outcome.dataset.outcome = "ok";
+    } catch (error) {
+      outcome.textContent = `not ${done}: ${error.message}`;
+      outcome.dataset.outcome = "refused";
+    }
+    await refresh();
   }
 
   async function refresh() {
@@ -255,6 +370,29 @@
     $("timeline").hidden = true;
   }
 
+  async function closeOrder() {
+    const orderId = openOrder;
+    const outcome = $("resubmit-outcome");
+    const reason = $("close-reason").value.trim();
+    if (!reason) {
+      outcome.textContent = "not closed: say how it was settled";
+      outcome.dataset.outcome = "refused";
+      return;
+    }
+    try {
+      const state = await call(
+        "POST", `/api/orders/${encodeURIComponent(orderId)}/close`, { reason, actor: "dashboard" },
+      );
+      outcome.textContent = `closed: now ${state.process_state}`;
+      outcome.dataset.outcome = "closed";
+      $("close-reason").value = "";
+    } catch (error) {
+      outcome.textContent = `not closed: ${error.message}`;
+      outcome.dataset.outcome = "refused";
+    }
+    await refresh();
+  }
+
   async function resubmit() {
     const orderId = openOrder;
     const button = $("resubmit");
@@ -304,6 +442,10 @@
       if (linked !== null && linked !== openOrder) openTimeline(linked);
     });
     $("resubmit").addEventListener("click", resubmit);
+    $("close-order").addEventListener("click", closeOrder);
+    $("bulk-check").addEventListener("click", bulkCheck);
+    $("bulk-confirm").addEventListener("click", bulkRun);
+    $("filters").addEventListener("change", () => { $("bulk-confirm").hidden = true; });
     const linked = linkedOrder();
     if (linked !== null) openTimeline(linked);
     refresh().then(schedule);
