@@ -329,16 +329,21 @@ def _history(operator: Operator, args: argparse.Namespace) -> int:
     return 0
 
 
-def _list(operator: Operator, args: argparse.Namespace) -> int:
-    query = OrderQuery(
-        state=args.state,
+def _query(args: argparse.Namespace, state: ProcessState | None, limit: int) -> OrderQuery:
+    """The filters ``list`` and ``resubmit --all`` share."""
+    return OrderQuery(
+        state=state,
         priority=args.priority,
         older_than=args.older_than,
         newer_than=args.newer_than,
         step=args.step or None,
         error=args.error or None,
-        limit=args.limit,
+        limit=limit,
     )
+
+
+def _list(operator: Operator, args: argparse.Namespace) -> int:
+    query = _query(args, args.state, args.limit)
     found, total = operator.find_page(query)
     if args.json:
         _print_json([views.state_document(state) for state in found])
@@ -389,15 +394,7 @@ def _close(operator: Operator, args: argparse.Namespace) -> int:
 
 
 def _resubmit_all(operator: Operator, args: argparse.Namespace) -> int:
-    query = OrderQuery(
-        state=ProcessState.ERROR,
-        priority=args.priority,
-        older_than=args.older_than,
-        newer_than=args.newer_than,
-        step=args.step or None,
-        error=args.error or None,
-        limit=args.limit or 100,
-    )
+    query = _query(args, ProcessState.ERROR, args.limit or 100)
     report = operator.resubmit_matching(query, actor=args.actor, dry_run=not args.yes)
     outcomes = {
         s.order_id: report.outcomes.get(s.order_id, "would be resubmitted") for s in report.matched

@@ -144,15 +144,21 @@ def alert_sent(state: OrderState) -> OrderState:
     return replace(state, alert_pending=False, alert_claimed_by=None, alert_claimed_until=None)
 
 
-def close(state: OrderState, *, now: datetime) -> OrderState:
-    """An operator settled an Error order by hand: closed for good (purge may remove it later,
-    counting its retention from now)."""
+def _operator_may_act(state: OrderState) -> None:
+    """An operator acts on an Error order whose alert went out; IllegalTransition otherwise."""
     if state.process_state is not ProcessState.ERROR:
         raise IllegalTransition(f"order {state.order_id} is {state.process_state}, not Error")
     if state.alert_pending:
+        # Acting now would cancel the episode's one alert before it went out.
         raise IllegalTransition(
             f"order {state.order_id}: its operator alert is still being sent; try again shortly"
         )
+
+
+def close(state: OrderState, *, now: datetime) -> OrderState:
+    """An operator settled an Error order by hand: closed for good (purge may remove it later,
+    counting its retention from now)."""
+    _operator_may_act(state)
     return replace(
         state,
         process_state=ProcessState.CLOSED,
@@ -166,13 +172,7 @@ def close(state: OrderState, *, now: datetime) -> OrderState:
 
 def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderState:
     """An operator fixed the cause: run the failed step (or undo) again from a clean count."""
-    if state.process_state is not ProcessState.ERROR:
-        raise IllegalTransition(f"order {state.order_id} is {state.process_state}, not Error")
-    if state.alert_pending:
-        # Resubmitting now would cancel the episode's one alert before it went out.
-        raise IllegalTransition(
-            f"order {state.order_id}: its operator alert is still being sent; try again shortly"
-        )
+    _operator_may_act(state)
     return replace(
         state,
         process_state=ProcessState.PENDING,
