@@ -42,7 +42,7 @@ from sas.domain.errors import (
     NotFound,
 )
 from sas.domain.messages import OrderSubmitted
-from sas.domain.model import ProcessState
+from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
 from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery
 from sas_cli import appsettings, views
@@ -377,19 +377,20 @@ def _resubmit(operator: Operator, args: argparse.Namespace) -> int:
     if args.yes or any(value is not None for value in filters):
         raise UsageError("--yes and the filters go with --all")
     again = operator.resubmit(args.order_id, actor=args.actor)
-    if args.json:
-        _print_json(views.state_document(again))
-    else:
-        print(f"resubmitted {again.order_id}: now {again.process_state.value}")
-    return 0
+    return _changed(args, again, f"resubmitted {again.order_id}: now {again.process_state.value}")
 
 
 def _close(operator: Operator, args: argparse.Namespace) -> int:
     closed = operator.close(args.order_id, actor=args.actor, reason=args.reason)
+    return _changed(args, closed, f"closed {closed.order_id}")
+
+
+def _changed(args: argparse.Namespace, state: OrderState, line: str) -> int:
+    """An order an operator changed: its state as JSON, or one line."""
     if args.json:
-        _print_json(views.state_document(closed))
+        _print_json(views.state_document(state))
     else:
-        print(f"closed {closed.order_id}")
+        print(line)
     return 0
 
 
