@@ -25,8 +25,16 @@ from sas.services.backlog import Backlog
 from sas.services.breaker import BreakerStore, CircuitBreaker
 from sas.services.context import Agents, Context, Routes
 from sas.services.gauges import QueueGauges
+from sas.services.health import Health, HealthSources
 from sas.services.operator import Operator
-from sas.services.ports import LoadStore, PoisonStore, QueueDepth, StateStore, Transport
+from sas.services.ports import (
+    LoadStore,
+    PoisonStore,
+    QueueDepth,
+    QueuePeek,
+    StateStore,
+    Transport,
+)
 from sas.services.routing import Router
 from sas.services.store_time import StoreClock, SystemClock
 from sas.settings import AGENTS, HTTP_AGENTS
@@ -240,6 +248,25 @@ def gauges() -> QueueGauges:
 @_once
 def operator() -> Operator:
     return Operator(context(), poison=poison())
+
+
+@_once
+def health() -> Health:
+    """The operators' health view: throughput, endpoints and their breakers, waiting alerts."""
+    s = settings()
+    peeking = transport()  # both transports peek and estimate depth; the ports stay small
+    return Health(
+        HealthSources(
+            store=store(),
+            breakers=_breaker_store(),
+            loads=_load_store(),
+            queues=cast(QueuePeek, peeking),
+            depth=cast(QueueDepth, peeking),
+            clock=clock(),
+            alerts_queue=routes().alerts,
+            endpoints=lambda: [e for agent in HTTP_AGENTS for e in s.endpoints_of(agent)],
+        )
+    )
 
 
 @_once

@@ -10,6 +10,7 @@ app's own services, with the app's settings (see sas_cli/appsettings.py).
   sas parked list [--limit N] | replay ID | discard ID
   sas purge --older-than 30d [--yes]
   sas watch [--interval S] [--iterations N]
+  sas health [--minutes N] [--alerts N]
 
 Exit codes: 0 done, 1 not found or refused, 2 bad input (nothing changed).
 """
@@ -25,6 +26,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -44,6 +46,7 @@ from sas.domain.errors import (
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
+from sas.services.health import MAX_WINDOW
 from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery
 from sas_cli import appsettings, views
 from sas_cli.parsing import UsageError, duration, json_object
@@ -101,6 +104,15 @@ def _count(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise UsageError(f"{text!r} is not a count: a whole number, at least 1")
     return int(text)
+
+
+def _between(low: int, high: int, what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        if not text.isdigit() or not low <= int(text) <= high:
+            raise UsageError(f"{text!r} is not {what}: a whole number from {low} to {high}")
+        return int(text)
+
+    return parse
 
 
 def _order_id(text: str) -> str:
@@ -173,13 +185,28 @@ def parser() -> argparse.ArgumentParser:
     purge.add_argument("--yes", action="store_true", help="delete them (default: only list)")
     purge.add_argument("--limit", type=_arg(_limit), default=MAX_QUERY_LIMIT)
 
+    _looking_commands(command)
+    _alias_commands(commands, command)
+    return top
+
+
+def _looking_commands(command: Command) -> None:
+    """``watch`` and ``health``: how the app is doing, rather than one order."""
     live = command("watch", _watch, "counts by state and recent failures, refreshed in place")
     live.add_argument("--interval", type=_arg(_seconds), default=5.0, help="seconds")
     live.add_argument("--iterations", type=_arg(_count), help="stop after N refreshes")
     live.add_argument("--failures", type=_arg(_limit), default=10, help="how many to show")
 
-    _alias_commands(commands, command)
-    return top
+    health = command(
+        "health",
+        _health,
+        "orders finished per interval and the failure rate, each remote endpoint's breaker and "
+        "load, and the alerts waiting in the alerts queue (exit 1 if a part cannot be read)",
+    )
+    longest = MAX_WINDOW // timedelta(minutes=1)
+    minutes = _between(1, longest, "a window in minutes")
+    health.add_argument("--minutes", type=_arg(minutes), default=60, help="the window")
+    health.add_argument("--alerts", type=_arg(_between(1, 100, "a count")), default=20)
 
 
 def _resubmit_command(command: Any) -> None:
@@ -510,6 +537,17 @@ def _purge(operator: Operator, args: argparse.Namespace) -> int:
     if missed:
         return _fail(1, f"{missed} order(s) changed while being purged and were kept")
     return 0
+
+
+def _health(operator: Operator, args: argparse.Namespace) -> int:
+    report = bootstrap.health().report(timedelta(minutes=args.minutes), alerts=args.alerts)
+    if args.json:
+        _print_json(views.health_document(report))
+    else:
+        console.print(views.health(report, bootstrap.routes().alerts))
+    for problem in report.problems:
+        print(f"sas: not read: {problem}", file=sys.stderr)
+    return 1 if report.problems else 0
 
 
 def _watch(operator: Operator, args: argparse.Namespace) -> int:

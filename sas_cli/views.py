@@ -12,8 +12,10 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from sas.domain.breaker import BreakerStatus
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.parked import ParkedMessage
+from sas.entrypoints.health_api import HealthView
 from sas.entrypoints.http_api import (
     HistoryView,
     OrderView,
@@ -21,6 +23,7 @@ from sas.entrypoints.http_api import (
     StateView,
     StepView,
 )
+from sas.services.health import HealthReport
 from sas.services.operator import OrderDetail
 
 
@@ -196,3 +199,60 @@ def parked_table(title: str, documents: Sequence[Mapping[str, Any]]) -> Table:
 
 def _parsed(moment: str | None) -> datetime | None:
     return None if moment is None else datetime.fromisoformat(moment)
+
+
+def health_document(report: HealthReport) -> dict[str, Any]:
+    """What GET /api/health/report shows."""
+    return HealthView.of(report).model_dump(mode="json")
+
+
+def health(report: HealthReport, alerts_queue: str) -> RenderableType:
+    """Throughput (the buckets where anything happened), endpoints, then the waiting alerts."""
+    minutes = int(report.bucket.total_seconds() // 60)
+    rate = "-" if report.failure_rate is None else f"{report.failure_rate:.1%}"
+    submitted = sum(b.submitted for b in report.buckets)
+    summary = (
+        f"since {at(report.since)}: {submitted} submitted, {report.finished} finished, "
+        f"{report.failed} failed (failure rate {rate})"
+    )
+    busy = [b for b in report.buckets if b.submitted or b.finished]
+    columns = ("from", "submitted", "processed", "compensated", "error", "closed")
+    rows = [(b.start, b.submitted, *(b.finished.get(s, 0) for s in _FINISHED)) for b in busy]
+    endpoints = [
+        (
+            e.target,
+            e.breaker.value,
+            e.consecutive_failures,
+            e.opened_until if e.breaker is not BreakerStatus.CLOSED else None,
+            f"{e.in_flight}/{e.capacity}" if e.capacity is not None else e.in_flight,
+            e.processes,
+        )
+        for e in report.endpoints
+    ]
+    waiting = "?" if report.alerts_waiting is None else report.alerts_waiting
+    alerts = [
+        (a.at, a.order_id, a.order_state.value if a.order_state else "gone", a.reason)
+        for a in report.alerts
+    ]
+    return Group(
+        Text(summary),
+        table(f"orders per {minutes} min (only those with any)", columns, rows),
+        table(
+            "remote endpoints",
+            ("endpoint", "breaker", "failures", "open until", "in flight", "processes"),
+            endpoints,
+        ),
+        table(
+            f"alerts waiting in {alerts_queue}: {waiting} (oldest first; left there)",
+            ("at", "order", "order now", "reason"),
+            alerts,
+        ),
+    )
+
+
+_FINISHED = (
+    ProcessState.PROCESSED,
+    ProcessState.COMPENSATED,
+    ProcessState.ERROR,
+    ProcessState.CLOSED,
+)

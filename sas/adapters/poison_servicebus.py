@@ -28,7 +28,7 @@ import builtins
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -40,7 +40,7 @@ from azure.servicebus import (
 from azure.servicebus.exceptions import MessagingEntityNotFoundError
 
 from sas.adapters.clients import servicebus_clients
-from sas.adapters.servicebus import DEFAULT_SEND_TIMEOUT, PropertyValue, SenderLike
+from sas.adapters.servicebus import DEFAULT_SEND_TIMEOUT, PropertyValue, SenderLike, body_bytes
 from sas.domain.clock import Clock, require_utc
 from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.parked import (
@@ -337,19 +337,6 @@ class ServiceBusDeadLetters:
             delivery_count=message.delivery_count,
             transport="servicebus",
         )
-
-
-def body_bytes(body: Any) -> bytes:
-    """A received body as bytes: a data body comes as an iterable of byte chunks."""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return bytes(body)
-    if isinstance(body, str):
-        return body.encode("utf-8")
-    if isinstance(body, Iterable):
-        return b"".join(
-            chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk) for chunk in body
-        )
-    return str(body).encode("utf-8")
 
 
 def _close_quietly(closeable: ReceiverLike | SenderLike | DeadLetterClientLike) -> None:

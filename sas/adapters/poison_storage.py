@@ -25,7 +25,7 @@ from functools import partial
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
 from azure.storage.queue import QueueClient, QueueMessage, QueueServiceClient
 
-from sas.adapters.storage_queues import first_calls_alone, sent
+from sas.adapters.storage_queues import PEEK_MAX, first_calls_alone, sent
 from sas.domain.clock import require_utc
 from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.parked import (
@@ -41,8 +41,6 @@ from sas.domain.wire import POISON_SUFFIX
 
 log = logging.getLogger(__name__)
 
-PEEK_MAX = 32
-"""Storage returns at most 32 messages per peek or receive."""
 DEFAULT_LEASE_SECONDS = 30
 """How long a message received while looking for another stays invisible if it cannot be
 handed back (the pop receipt must also outlast the send of a replay)."""

@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Protocol
+from typing import Any, Protocol
 from uuid import UUID
 
 from azure.servicebus import ServiceBusMessage, ServiceBusMessageState
@@ -65,6 +65,8 @@ class SenderLike(Protocol):
 class PeekedLike(Protocol):
     @property
     def enqueued_time_utc(self) -> datetime | None: ...
+    @property
+    def body(self) -> Any: ...
 
 
 class ReceiverLike(Protocol):
@@ -160,14 +162,20 @@ class ServiceBusTransport:
         )
 
     def waiting(self, queue: str) -> Waiting:
-        return self._peek(queue, Waiting.PEEK)
+        active = self._active(queue, Waiting.PEEK)
+        times = [m.enqueued_time_utc for m in active if m.enqueued_time_utc is not None]
+        return Waiting(min(times).astimezone(UTC) if times else None, len(active))
 
     def depth(self, queue: str) -> int:
         """Active messages seen by a peek, so at most ``Waiting.PEEK``: the exact count needs
         the management API (Manage rights), which the app's identity does not have."""
-        return self._peek(queue, Waiting.PEEK).count
+        return len(self._active(queue, Waiting.PEEK))
 
-    def _peek(self, queue: str, count: int) -> Waiting:
+    def peek(self, queue: str, limit: int) -> list[bytes]:
+        return [body_bytes(m.body) for m in self._active(queue, max(limit, 1))]
+
+    def _active(self, queue: str, count: int) -> list[PeekedLike]:
+        """The active messages among the first ``count`` a peek returns."""
         with self._lock:
             if self._client is None:
                 self._client = self._client_factory()
@@ -183,9 +191,7 @@ class ServiceBusTransport:
         finally:
             _close_quietly(receiver, "receiver")
         # A peek also returns scheduled and deferred messages: only active ones are waiting.
-        active = [m for m in peeked if getattr(m, "state", None) in (None, _ACTIVE)]
-        times = [m.enqueued_time_utc for m in active if m.enqueued_time_utc is not None]
-        return Waiting(min(times).astimezone(UTC) if times else None, len(active))
+        return [m for m in peeked if getattr(m, "state", None) in (None, _ACTIVE)]
 
     def close(self) -> None:
         """Close every sender, the client and (via ``on_close``) the credential. Idempotent.
@@ -258,6 +264,19 @@ def message_type(message: Message) -> str:
 def trace_context() -> dict[str, str]:
     """W3C trace context of the current OpenTelemetry span; empty without one."""
     return current_carrier()
+
+
+def body_bytes(body: Any) -> bytes:
+    """A received body as bytes: a data body comes as an iterable of byte chunks."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return bytes(body)
+    if isinstance(body, str):
+        return body.encode("utf-8")
+    if isinstance(body, Iterable):
+        return b"".join(
+            chunk.encode("utf-8") if isinstance(chunk, str) else bytes(chunk) for chunk in body
+        )
+    return str(body).encode("utf-8")
 
 
 def _close_quietly(closeable: SenderLike | ReceiverLike | ClientLike, what: str) -> None:

@@ -20,12 +20,15 @@ from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64Encod
 
 from sas.domain.errors import NotFound
 from sas.domain.messages import Message, encode
+from sas.domain.parked import storage_body
 from sas.domain.priority import Waiting
 from sas.services.telemetry import stamped
 
 log = logging.getLogger(__name__)
 
 MAX_DELAY_SECONDS = 7 * 24 * 3600
+PEEK_MAX = 32
+"""Storage returns at most 32 messages per peek or receive."""
 
 
 class StorageQueueTransport:
@@ -78,6 +81,19 @@ class StorageQueueTransport:
             raise NotFound(f"queue {queue} does not exist") from None
         times = [m.inserted_on for m in peeked if m.inserted_on is not None]
         return Waiting(min(times).astimezone(UTC) if times else None, len(peeked))
+
+    def peek(self, queue: str, limit: int) -> list[bytes]:
+        """The first ``limit`` bodies (at most 32: all a Storage peek shows), decoded from
+        the Base64 text this transport sends."""
+        try:
+            client = self._client(queue)
+            peeked = first_calls_alone(
+                "peek_messages",
+                lambda: list(client.peek_messages(max_messages=min(max(limit, 1), PEEK_MAX))),
+            )
+        except ResourceNotFoundError:
+            raise NotFound(f"queue {queue} does not exist") from None
+        return [storage_body(message.content or "")[0] for message in peeked]
 
     def _client(self, queue: str) -> QueueClient:
         client = self._clients.get(queue)

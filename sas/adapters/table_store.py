@@ -117,6 +117,7 @@ class TableStateStore(OrderTables):
         submitted_after: datetime | None = None,
         submitted_before: datetime | None = None,
         finished_before: datetime | None = None,
+        updated_after: datetime | None = None,
     ) -> Iterator[Versioned[OrderState]]:
         clauses = ["RowKey eq @row"]
         params: dict[str, Any] = {"row": STATE_ROW}
@@ -134,6 +135,7 @@ class TableStateStore(OrderTables):
             ("after", "SubmittedAt ge @after", submitted_after and submitted_after - _SLACK),
             ("before", "SubmittedAt lt @before", submitted_before and submitted_before + _SLACK),
             ("finished", "FinishedAt lt @finished", finished_before and finished_before + _SLACK),
+            ("updated", "UpdatedAt ge @updated", updated_after and updated_after - _SLACK),
         ):
             if value is not None:
                 clauses.append(clause)
@@ -151,6 +153,7 @@ class TableStateStore(OrderTables):
                 and (
                     finished_before is None or (finished is not None and finished < finished_before)
                 )
+                and (updated_after is None or state.updated_at >= updated_after)
             ):
                 yield Versioned(state, str(entity.metadata["etag"]))
 

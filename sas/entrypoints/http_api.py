@@ -29,7 +29,7 @@ from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
 from sas.domain.wire import ORDER_ID, Priority
-from sas.entrypoints import api_docs, dashboard
+from sas.entrypoints import api_docs, dashboard, health_api
 from sas.entrypoints.invocation import attributed
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
@@ -39,9 +39,10 @@ api = FastAPI(
     version="0.1.0",
     description=(
         "The operators' API of the sas app (Scheduler Agent Supervisor on Azure Functions): "
-        "orders by state, one order's timeline, resubmitting an Error order, parked messages "
-        "(bad input the app refused, and messages the Functions host gave up on), and the "
-        "dashboard page built on them. In Azure every route "
+        "orders by state, one order's timeline, resubmitting or closing Error orders, parked "
+        "messages (bad input the app refused, and messages the Functions host gave up on), the "
+        "system's health (throughput, breakers, waiting alerts), and the dashboard page built "
+        "on them. In Azure every route "
         "needs the function key: the `x-functions-key` header, or `?code=` in the URL."
     ),
     docs_url=None,  # served below, rendered here: Swagger UI would load from a CDN
@@ -67,6 +68,7 @@ class _Attributed:
 
 
 api.add_middleware(_Attributed)
+api.include_router(health_api.router)
 
 
 # Domain errors mean the same on every route: no such thing (404), or not now / not in this

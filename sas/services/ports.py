@@ -89,6 +89,7 @@ class StateStore(Protocol):
         submitted_after: datetime | None = None,
         submitted_before: datetime | None = None,
         finished_before: datetime | None = None,
+        updated_after: datetime | None = None,
     ) -> Iterator[Versioned[OrderState]]:
         """Every order whose state matches all the filters given (None = any), in no promised
         order. Scans the table: for operators, never for the order path."""
@@ -153,6 +154,13 @@ class QueueDepth(Protocol):
     def depth(self, queue: str) -> int:
         """How many messages wait in ``queue``, as the transport estimates it (metrics only);
         NotFound if the queue does not exist."""
+        ...
+
+
+class QueuePeek(Protocol):
+    def peek(self, queue: str, limit: int) -> list[bytes]:
+        """The bodies of the first messages waiting in ``queue``, left where they are (a
+        Storage queue shows at most 32); NotFound if the queue does not exist."""
         ...
 
 

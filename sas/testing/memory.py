@@ -147,6 +147,7 @@ class InMemoryStore:
         submitted_after: datetime | None = None,
         submitted_before: datetime | None = None,
         finished_before: datetime | None = None,
+        updated_after: datetime | None = None,
     ) -> Iterator[Versioned[OrderState]]:
         for state, etag in list(self.states.values()):
             finished = state.finished_at
@@ -156,6 +157,7 @@ class InMemoryStore:
                 and (submitted_after is None or state.submitted_at >= submitted_after)
                 and (submitted_before is None or state.submitted_at < submitted_before)
                 and (finished_before is None or (finished and finished < finished_before))
+                and (updated_after is None or state.updated_at >= updated_after)
             ):
                 yield Versioned(state, etag)
 

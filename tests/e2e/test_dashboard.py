@@ -1,7 +1,8 @@
 """The operators' dashboard in headless Chromium (Debian's package, driven by Playwright)
 against the dev hosts: its numbers match the store; filters, paging counts, an order found by
 id or link; an Error order's timeline, Resubmit (one, or every match after a dry run) and
-Close then purge; parked messages replayed and discarded; the API reference with no network."""
+Close then purge; parked messages replayed and discarded; the health view with an open breaker
+and an unread alert; the API reference with no network."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import pytest
 from azure.storage.queue import TextBase64EncodePolicy
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from sas.adapters.clients import queue_service_client
+from sas.adapters.breaker_table import TableBreakerStore
+from sas.adapters.clients import queue_service_client, table_client
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.table_store import TableStateStore
+from sas.domain.breaker import BreakerStatus
 from sas.domain.model import ProcessState
 from sas.domain.wire import submission_message_id
 from sas.services import telemetry
@@ -328,6 +331,39 @@ def test_a_parked_message_is_replayed_then_discarded_from_the_page(page, store):
     expect(outcome).to_have_text(f"discarded {again}")
     expect(page.locator("#parked-empty")).to_be_visible()
     assert store.list_parked(10) == []
+
+
+def test_the_health_view_shows_an_open_breaker_and_the_unread_alert(
+    page, stack, store, failed_order
+):
+    """Inventory answers 503 to every call until its breaker opens (the agents' own doing);
+    the failed order's alert has waited, unread, in the alerts queue since the fixture."""
+    breakers = TableBreakerStore(table_client(stack.settings.storage, stack.settings.table_name))
+
+    def inventory_open() -> bool:
+        found = breakers.get("inventory")
+        return found is not None and found.value.status is BreakerStatus.OPEN
+
+    configure_faults(stack.simulator_url, {"per_service": {"inventory": {"transient_rate": 1.0}}})
+    try:
+        send(stack, PROCESSED + 3)
+        wait_until(inventory_open, timeout=60, interval=0.3, what="inventory's breaker open")
+        inventory = page.locator("#endpoints tbody tr[data-target='inventory']")
+        expect(inventory).to_have_attribute("data-breaker", "open", timeout=WAIT_MS)
+    finally:
+        configure_faults(stack.simulator_url, {})
+    expect(page.locator("#endpoints tbody tr[data-target='shipping']")).to_have_attribute(
+        "data-breaker", "closed"
+    )
+    # One alert each time it stopped in Error (it was resubmitted since, and failed again).
+    alert = page.locator("#alerts tbody tr").filter(has_text=failed_order).first
+    expect(alert.locator("td").nth(3)).to_contain_text("refused")
+    expect(page.locator("#counts [data-count='alerts']")).not_to_have_text("—")
+    expect(page.locator("#health-summary")).to_contain_text("failure rate")
+    assert int(page.locator("#health-summary").get_attribute("data-failed") or 0) >= 1
+    expect(page.locator("#throughput svg rect[data-series='processed']").first).to_be_visible()
+    alert.locator("a").click()  # a link to the order's timeline
+    expect(page.locator("#timeline")).to_have_attribute("data-order-id", failed_order)
 
 
 def test_an_error_order_settled_by_hand_is_closed_then_purged(page, stack, store):

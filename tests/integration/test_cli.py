@@ -19,7 +19,11 @@ from rich.console import Console
 
 from sas import bootstrap
 from sas import settings as app_settings
+from sas.adapters.breaker_table import TableBreakerStore
 from sas.adapters.clients import queue_service_client
+from sas.adapters.load_table import TableLoadStore
+from sas.domain.breaker import BreakerState, BreakerStatus
+from sas.domain.messages import OperatorAlert
 from sas.domain.model import ProcessState
 from sas.domain.wire import LIVE_PARTITION, POISON_SUFFIX
 from sas_cli import commands
@@ -584,6 +588,54 @@ def test_watch_as_json_lines_for_scripts(mixed, capsys):
     assert first["counts"] == second["counts"]
     assert first["counts"]["Processed"] == 2 and first["counts"]["Pending"] == 0
     assert [f["order_id"] for f in first["failures"]] == ["undone", "broken"]
+
+
+def test_health_shows_throughput_an_open_breaker_the_load_and_a_waiting_alert(mixed, capsys, table):
+    now = mixed.clock.now()
+    TableBreakerStore(table).put(
+        BreakerState(
+            name="payment",
+            updated_at=now,
+            status=BreakerStatus.OPEN,
+            consecutive_failures=5,
+            opened_until=now + timedelta(seconds=10),
+        ),
+        None,
+    )
+    TableLoadStore(live_table_of(table)).publish("host-1", {"shipping": 2}, now)
+    bootstrap.transport().send(
+        bootstrap.routes().alerts,
+        OperatorAlert(alert_id="al-1", order_id="broken", reason="card declined", at=now),
+        message_id="al-1",
+        correlation_id="broken",
+    )
+
+    shown = sas_json(capsys, "health", "--minutes", "60")
+    assert (shown["finished"], shown["failed"], shown["failure_rate"]) == (4, 2, 0.5)
+    assert sum(bucket["submitted"] for bucket in shown["buckets"]) == 5
+    assert len(shown["buckets"]) == 60 and shown["bucket_seconds"] == 60
+    breakers = {e["target"]: (e["breaker"], e["in_flight"]) for e in shown["endpoints"]}
+    assert breakers == {
+        "inventory": ("closed", 0),
+        "payment": ("open", 0),
+        "shipping": ("closed", 2),
+    }
+    assert [(a["alert_id"], a["order_state"]) for a in shown["alerts"]] == [("al-1", "Error")]
+    assert shown["alerts_waiting"] == 1 and shown["problems"] == []
+
+    code, out, err = sas(capsys, "health", "--minutes", "90")
+    assert code == 0, err
+    assert "5 submitted, 4 finished, 2 failed (failure rate 50.0%)" in out
+    assert re.search(r"payment\s+│\s+open\s+│\s+5\s+│", out), out
+    assert "alerts waiting in" in out and "card declined" in out and "Error" in out
+    assert "orders per 2 min" in out
+
+
+@pytest.mark.parametrize("argv", [("--minutes", "0"), ("--minutes", "10081"), ("--alerts", "x")])
+def test_health_refuses_a_window_or_count_out_of_range(app_env, capsys, argv):
+    code, out, err = sas(capsys, "health", *argv)
+    assert (code, out) == (2, "")
+    assert "is not a" in err
 
 
 # --- where the settings come from ---------------------------------------------------------

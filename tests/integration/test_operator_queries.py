@@ -169,3 +169,13 @@ def test_submit_sends_to_the_orders_lane_and_refuses_bad_orders(world: World) ->
     for lane in world.routes.all_lanes(world.routes.orders):
         assert world.bus.take(lane) == []
     assert world.store.get_state("sub-2") is None
+
+
+def test_orders_updated_since_a_time_are_found_and_older_ones_not(mixed: World) -> None:
+    """The health view's one query: by the state row's UpdatedAt, on the service."""
+    now = mixed.clock.now()
+    since = now - timedelta(minutes=15)
+    found = {v.value.order_id for v in mixed.store.query_states(updated_after=since)}
+    assert found == {"broken", "waiting"}
+    everything = mixed.store.query_states(updated_after=now - timedelta(hours=2))
+    assert {v.value.order_id for v in everything} == {"done-a", "done-b", "broken", "waiting"}

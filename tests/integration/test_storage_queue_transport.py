@@ -61,3 +61,18 @@ def test_what_waits_is_dated_by_the_enqueue_time_of_the_first_visible_message(qu
     queue_service.get_queue_client(name).delete_message(taken)
     with pytest.raises(NotFound):
         transport.waiting(unique_queue())
+
+
+def test_a_peek_returns_the_bodies_as_sent_and_leaves_them_queued(queue_service):
+    name = unique_queue()
+    queue_service.create_queue(name)
+    transport = StorageQueueTransport(queue_service)
+    for order_id in ("o1", "o2", "o3"):
+        transport.send(
+            name, ScheduleRequest(order_id=order_id), message_id=order_id, correlation_id=order_id
+        )
+    peeked = transport.peek(name, 2)
+    assert [decode(ScheduleRequest, body).order_id for body in peeked] == ["o1", "o2"]
+    assert len(transport.peek(name, 100)) == 3  # all three still there
+    with pytest.raises(NotFound):
+        transport.peek(unique_queue(), 5)

@@ -77,6 +77,7 @@ class FakeSender:
 class FakePeeked:
     enqueued_time_utc: datetime | None
     state: Any = None
+    body: Any = b""
 
 
 class FakeReceiver:
@@ -827,6 +828,23 @@ def test_a_lanes_backlog_counts_only_active_messages(
     ]
     seen = transport.waiting("sas-agent-payment")
     assert (seen.oldest, seen.count) == (recent, 1)
+
+
+def test_a_peek_returns_the_active_bodies_whole_and_leaves_them(
+    client: FakeClient, transport: ServiceBusTransport, clock: FakeClock
+) -> None:
+    """A data body comes as chunks of bytes; a scheduled message is not waiting yet."""
+    from azure.servicebus import ServiceBusMessageState
+
+    now = clock.now()
+    client.waiting["sas-alerts"] = [
+        FakePeeked(now, ServiceBusMessageState.ACTIVE, [b'{"a":', b"1}"]),
+        FakePeeked(now, ServiceBusMessageState.SCHEDULED, [b"later"]),
+        FakePeeked(now, None, b"plain"),
+    ]
+    assert transport.peek("sas-alerts", 10) == [b'{"a":1}', b"plain"]
+    assert transport.peek("sas-alerts", 1) == [b'{"a":1}']
+    assert client.receivers == ["sas-alerts", "sas-alerts"]
 
 
 def test_the_context_also_travels_in_the_body_and_an_untraced_body_is_unchanged(

@@ -3,6 +3,7 @@
 // so nothing an order or a message carries can become markup.
 (() => {
   const REFRESH_MS = 2000;
+  const HEALTH_EVERY = 5;  // refreshes: the health view reads every order of its window
   const STATES = [
     "Pending", "Processing", "Compensating", "Processed", "Compensated", "Error", "Closed",
   ];
@@ -14,6 +15,8 @@
   let timer = null;
   let refreshes = 0;
   let openOrder = null;
+  let alertsWaiting = null;  // from the last health view, for its card
+  let healthDue = true;  // read the health view on the next refresh, whatever its count
 
   async function call(method, path, body) {
     const headers = { accept: "application/json" };
@@ -106,6 +109,11 @@
     const shown = stats.parked_more ? `${stats.parked}+` : stats.parked;
     parked.append(el("span", shown, { class: "count", "data-count": "parked" }));
     cards.push(parked);
+    const alerts = el("div", null, { class: "card", "data-kind": "alerts", title: "alerts waiting" });
+    alerts.append(el("span", "Alerts waiting", { class: "label" }));
+    alerts.append(el("span", alertsWaiting ?? "—", { class: "count", "data-count": "alerts" }));
+    alerts.addEventListener("click", () => $("health").scrollIntoView());
+    cards.push(alerts);
     $("counts").replaceChildren(...cards);
   }
 
@@ -199,6 +207,7 @@
   }
 
   function renderTimeline(order) {
+    if (order.order_id !== openOrder) return;  // closed, or another opened, while it loaded
     $("timeline").hidden = false;
     $("timeline").dataset.orderId = order.order_id;
     $("timeline").dataset.state = order.process_state;
@@ -233,6 +242,79 @@
         entry.actor, entry.detail],
       { "data-kind": entry.kind, "data-mode": entry.mode },
     )));
+  }
+
+  // --- health: throughput, endpoints and their breakers, waiting alerts -------------------
+  const SERIES = ["processed", "compensated", "error", "closed"];
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function svg(tag, attrs, text) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs)) node.setAttribute(name, String(value));
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+
+  // One stacked bar per bucket (finished, by state now), a dot for the orders submitted.
+  function renderThroughput(report) {
+    const width = 600;
+    const height = 100;
+    const slot = width / Math.max(report.buckets.length, 1);
+    const top = Math.max(1, ...report.buckets.map((b) => Math.max(b.submitted,
+      SERIES.reduce((sum, name) => sum + b[name], 0))));
+    const chart = svg("svg", { viewBox: `0 0 ${width} ${height}`, preserveAspectRatio: "none",
+      role: "img", "aria-label": "orders finished and submitted per interval" });
+    report.buckets.forEach((bucket, index) => {
+      const group = svg("g", { "data-start": bucket.start });
+      const label = `${when(bucket.start).textContent}: ${bucket.submitted} submitted, `
+        + SERIES.map((name) => `${bucket[name]} ${name}`).join(", ");
+      group.append(svg("title", {}, label));
+      let y = height;
+      for (const name of SERIES) {
+        const tall = (bucket[name] / top) * (height - 4);
+        if (tall > 0) {
+          y -= tall;
+          group.append(svg("rect", { x: index * slot + 1, y, width: Math.max(slot - 2, 1),
+            height: tall, "data-series": name }));
+        }
+      }
+      if (bucket.submitted > 0) {
+        group.append(svg("rect", { x: index * slot + slot / 4,
+          y: height - (bucket.submitted / top) * (height - 4) - 1, width: slot / 2, height: 2,
+          "data-series": "submitted" }));
+      }
+      chart.append(group);
+    });
+    $("throughput").replaceChildren(chart);
+  }
+
+  function renderHealth(report) {
+    renderThroughput(report);
+    const rate = report.failure_rate === null ? "no order finished"
+      : `failure rate ${(report.failure_rate * 100).toFixed(1)}%`;
+    const submitted = report.buckets.reduce((sum, b) => sum + b.submitted, 0);
+    $("health-summary").textContent = `${submitted} submitted, ${report.finished} finished, `
+      + `${report.failed} failed (${rate}) since ${when(report.since).textContent}`
+      + (report.problems.length ? ` · not read: ${report.problems.join("; ")}` : "");
+    $("health-summary").dataset.failed = String(report.failed);
+    fill($("endpoints").tBodies[0], report.endpoints.map((e) => row(
+      [el("code", e.target),
+        el("span", e.breaker.replace("_", " "), { class: "breaker", "data-breaker": e.breaker }),
+        e.consecutive_failures, e.breaker === "closed" ? "—" : when(e.opened_until),
+        e.capacity === null ? e.in_flight : `${e.in_flight} of ${e.capacity}`, e.processes],
+      { "data-target": e.target, "data-breaker": e.breaker },
+    )));
+    fill($("alerts").tBodies[0], report.alerts.map((alert) => {
+      const link = el("a", alert.order_id, { href: `#order=${encodeURIComponent(alert.order_id)}` });
+      return row(
+        [when(alert.at), link, alert.order_state ? stateBadge(alert.order_state) : "gone",
+          el("span", alert.reason, { class: "error" })],
+        { "data-alert-id": alert.alert_id },
+      );
+    }));
+    alertsWaiting = report.alerts_waiting;
+    $("alerts-count").textContent = alertsWaiting === null ? "(?)" : `(${alertsWaiting})`;
+    $("alerts-empty").hidden = report.alerts.length > 0;
   }
 
   // One table for both kinds: "app" (bad input the app refused) and "host" (what the
@@ -307,10 +389,16 @@
         problems.push(`${what}: ${error.message}`);
       }
     };
+    const health = healthDue || refreshes % HEALTH_EVERY === 0;
+    healthDue = false;
     await Promise.all([
       attempt("counts", () => call("GET", "/api/stats"), renderCounts),
       attempt("orders", () => call("GET", `/api/orders?${ordersQuery()}`), renderOrders),
       attempt("parked", () => call("GET", "/api/parked?limit=20"), renderParked),
+      !health ? null : attempt(
+        "health", () => call("GET", `/api/health/report?minutes=${$("health-minutes").value}`),
+        renderHealth,
+      ),
       openOrder === null ? null : attempt(
         "order", () => call("GET", `/api/orders/${encodeURIComponent(openOrder)}`), renderTimeline,
       ),
@@ -422,6 +510,7 @@
       }
     }
     $("filters").addEventListener("change", () => refresh());
+    $("health-minutes").addEventListener("change", () => { healthDue = true; refresh(); });
     $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
     $("pause").addEventListener("click", () => {
       paused = !paused;

@@ -1,0 +1,120 @@
+"""The health view's route (sas/services/health.py), part of the HTTP API."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, Field
+
+from sas import bootstrap
+from sas.domain.breaker import BreakerStatus
+from sas.domain.model import ProcessState
+from sas.services.health import MAX_WINDOW, Bucket, EndpointHealth, HealthReport, WaitingAlert
+
+router = APIRouter()
+
+
+class BucketView(BaseModel):
+    start: datetime
+    submitted: int = Field(description="orders submitted in this bucket")
+    processed: int = Field(description="orders that finished in it and are Processed")
+    compensated: int
+    error: int
+    closed: int
+    failed: int = Field(description="compensated + error + closed")
+
+    @classmethod
+    def of(cls, bucket: Bucket) -> BucketView:
+        done = bucket.finished
+        return cls(
+            start=bucket.start,
+            submitted=bucket.submitted,
+            processed=done.get(ProcessState.PROCESSED, 0),
+            compensated=done.get(ProcessState.COMPENSATED, 0),
+            error=done.get(ProcessState.ERROR, 0),
+            closed=done.get(ProcessState.CLOSED, 0),
+            failed=bucket.failed,
+        )
+
+
+class EndpointView(BaseModel):
+    agent: str
+    endpoint: str
+    target: str = Field(description="agent/endpoint: what names its breaker and load rows")
+    breaker: BreakerStatus = Field(
+        description="as last written; an open breaker past opened_until lets the next call probe"
+    )
+    consecutive_failures: int
+    opened_until: datetime | None
+    changed_at: datetime | None = Field(description="the breaker's last write (None: never)")
+    in_flight: int = Field(description="calls in flight, over every process counting them")
+    capacity: int | None = Field(description="calls it takes at once (None: no limit declared)")
+    processes: int = Field(description="processes with calls in flight to it")
+
+    @classmethod
+    def of(cls, endpoint: EndpointHealth) -> EndpointView:
+        return cls(**vars(endpoint))
+
+
+class AlertView(BaseModel):
+    alert_id: str
+    order_id: str
+    reason: str
+    at: datetime
+    order_state: ProcessState | None = Field(description="the order's state now (None: purged)")
+
+    @classmethod
+    def of(cls, alert: WaitingAlert) -> AlertView:
+        return cls(**vars(alert))
+
+
+class HealthView(BaseModel):
+    at: datetime = Field(description="when it was read, by the app's clock")
+    since: datetime = Field(description="the first bucket's start")
+    bucket_seconds: int
+    buckets: list[BucketView]
+    finished: int = Field(description="orders that finished in the window")
+    failed: int
+    failure_rate: float | None = Field(description="failed / finished (None: none finished)")
+    endpoints: list[EndpointView]
+    alerts: list[AlertView] = Field(
+        description="the first alerts waiting in the alerts queue, oldest first; reading them "
+        "leaves them there"
+    )
+    alerts_waiting: int | None = Field(
+        description="how many wait in the alerts queue, as the transport estimates it "
+        "(Service Bus: what one peek sees)"
+    )
+    problems: list[str] = Field(description="parts that could not be read; the rest is shown")
+
+    @classmethod
+    def of(cls, report: HealthReport) -> HealthView:
+        return cls(
+            at=report.at,
+            since=report.since,
+            bucket_seconds=int(report.bucket.total_seconds()),
+            buckets=[BucketView.of(bucket) for bucket in report.buckets],
+            finished=report.finished,
+            failed=report.failed,
+            failure_rate=report.failure_rate,
+            endpoints=[EndpointView.of(endpoint) for endpoint in report.endpoints],
+            alerts=[AlertView.of(alert) for alert in report.alerts],
+            alerts_waiting=report.alerts_waiting,
+            problems=report.problems,
+        )
+
+
+@router.get("/api/health/report", response_model=HealthView)
+def health_report(
+    minutes: Annotated[
+        int, Query(ge=1, le=MAX_WINDOW // timedelta(minutes=1), description="the window")
+    ] = 60,
+    alerts: Annotated[int, Query(ge=1, le=100, description="list at most this many")] = 20,
+) -> HealthView:
+    """Orders submitted and finished per bucket over the last ``minutes`` (at most 60
+    buckets) with the failure rate, every remote endpoint's breaker and load against its
+    capacity, and the alerts waiting in the alerts queue. Reads every order updated in the
+    window: an operator's look, not a hot path."""
+    return HealthView.of(bootstrap.health().report(timedelta(minutes=minutes), alerts=alerts))

@@ -1,0 +1,229 @@
+"""The operators' health view: orders finished over time and how many failed, each remote
+endpoint's breaker and load against its capacity, and the alerts waiting in the alerts queue.
+The HTTP API, the dashboard and the `sas health` command all read it from here.
+
+Each part is read on its own: one that cannot be read is named in ``problems`` and the others
+are still shown. Throughput is counted from the orders' states as they are now (a resubmitted
+order that then finished counts as finished, not as its earlier Error), by reading every order
+updated in the window: an operator's look, never the order path's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TypeVar
+
+from sas.domain.breaker import BreakerStatus
+from sas.domain.clock import Clock
+from sas.domain.endpoints import Endpoint, EndpointLoad
+from sas.domain.errors import InvalidMessage
+from sas.domain.messages import OperatorAlert, decode
+from sas.domain.model import ProcessState
+from sas.services.breaker import BreakerStore
+from sas.services.ports import LoadStore, QueueDepth, QueuePeek, StateStore
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+MAX_BUCKETS = 60
+MAX_WINDOW = timedelta(days=7)
+LOAD_STALE_AFTER = timedelta(seconds=5)
+"""A process's load row older than this is not counted (it stopped, or stopped calling)."""
+FAILED = frozenset({ProcessState.ERROR, ProcessState.COMPENSATED, ProcessState.CLOSED})
+"""Finished without doing the work (Closed: settled by hand after an Error): the failure
+rate's numerator."""
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Orders submitted in ``[start, start + bucket)``, and those that finished then, by the
+    state they are in now."""
+
+    start: datetime
+    submitted: int = 0
+    finished: Mapping[ProcessState, int] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> int:
+        return sum(self.finished.get(state, 0) for state in FAILED)
+
+
+@dataclass(frozen=True)
+class EndpointHealth:
+    agent: str
+    endpoint: str
+    target: str
+    breaker: BreakerStatus
+    """As last written: an open breaker whose ``opened_until`` passed lets the next call probe."""
+    consecutive_failures: int
+    opened_until: datetime | None
+    changed_at: datetime | None
+    """When the breaker was last written; None: never (no failure yet)."""
+    in_flight: int
+    """Calls in flight, summed over the processes that published a count lately."""
+    capacity: int | None
+    processes: int
+
+
+@dataclass(frozen=True)
+class WaitingAlert:
+    alert_id: str
+    order_id: str
+    reason: str
+    at: datetime
+    order_state: ProcessState | None
+    """The order's state now: None if it is gone (purged)."""
+
+
+@dataclass(frozen=True)
+class HealthReport:
+    at: datetime
+    since: datetime
+    bucket: timedelta
+    buckets: list[Bucket]
+    endpoints: list[EndpointHealth]
+    alerts: list[WaitingAlert]
+    """The first alerts waiting in the alerts queue, oldest first (left in the queue)."""
+    alerts_waiting: int | None
+    """How many wait there, as the transport estimates it (None: could not be read)."""
+    problems: list[str]
+
+    @property
+    def finished(self) -> int:
+        return sum(sum(b.finished.values()) for b in self.buckets)
+
+    @property
+    def failed(self) -> int:
+        return sum(b.failed for b in self.buckets)
+
+    @property
+    def failure_rate(self) -> float | None:
+        """Errors and compensations among the orders that finished in the window."""
+        return None if self.finished == 0 else self.failed / self.finished
+
+
+@dataclass(frozen=True)
+class HealthSources:
+    store: StateStore
+    breakers: BreakerStore
+    loads: LoadStore
+    queues: QueuePeek
+    depth: QueueDepth
+    clock: Clock
+    alerts_queue: str
+    endpoints: Callable[[], Sequence[Endpoint]]
+    """Every remote endpoint the app calls (read when asked, so settings load lazily)."""
+
+
+class Health:
+    def __init__(self, sources: HealthSources) -> None:
+        self._s = sources
+
+    def report(self, window: timedelta, *, alerts: int = 20) -> HealthReport:
+        """The view over the last ``window``, in at most MAX_BUCKETS equal buckets of whole
+        minutes; at most ``alerts`` alerts listed."""
+        if not timedelta(minutes=1) <= window <= MAX_WINDOW:
+            raise InvalidMessage(f"the window must be 1 minute to {MAX_WINDOW.days} days")
+        if not 1 <= alerts <= 100:
+            raise InvalidMessage("alerts must be 1..100")
+        now = self._s.clock.now()
+        minutes = -(-int(window.total_seconds() // 60) // MAX_BUCKETS)
+        bucket = timedelta(minutes=max(minutes, 1))
+        since = _floor(now, bucket) - bucket * (window // bucket - 1)
+        problems: list[str] = []
+        buckets = _guarded("throughput", problems, lambda: self._buckets(since, bucket, now))
+        endpoints = _guarded("endpoints", problems, self._endpoints)
+        listed, waiting = _guarded("alerts", problems, lambda: self._alerts(alerts)) or ([], None)
+        return HealthReport(
+            now, since, bucket, buckets or [], endpoints or [], listed, waiting, problems
+        )
+
+    def _buckets(self, since: datetime, size: timedelta, now: datetime) -> list[Bucket]:
+        starts = []
+        start = since
+        while start <= now:
+            starts.append(start)
+            start += size
+        submitted = [0] * len(starts)
+        finished: list[dict[ProcessState, int]] = [{} for _ in starts]
+        for versioned in self._s.store.query_states(updated_after=since):
+            state = versioned.value
+            last = len(starts) - 1  # a time ahead of this clock (another's) counts as now
+            if state.submitted_at >= since:
+                submitted[min((state.submitted_at - since) // size, last)] += 1
+            if state.finished_at is not None and state.finished_at >= since:
+                slot = finished[min((state.finished_at - since) // size, last)]
+                slot[state.process_state] = slot.get(state.process_state, 0) + 1
+        return [
+            Bucket(at, count, done)
+            for at, count, done in zip(starts, submitted, finished, strict=True)
+        ]
+
+    def _endpoints(self) -> list[EndpointHealth]:
+        now = self._s.clock.now()
+        fresh: dict[str, list[EndpointLoad]] = {}
+        for row in self._s.loads.read():
+            if now - row.at <= LOAD_STALE_AFTER:
+                fresh.setdefault(row.target, []).append(row)
+        found = []
+        for endpoint in self._s.endpoints():
+            versioned = self._s.breakers.get(endpoint.target)
+            state = None if versioned is None else versioned.value
+            rows = fresh.get(endpoint.target, [])
+            found.append(
+                EndpointHealth(
+                    agent=endpoint.agent,
+                    endpoint=endpoint.name,
+                    target=endpoint.target,
+                    breaker=BreakerStatus.CLOSED if state is None else state.status,
+                    consecutive_failures=0 if state is None else state.consecutive_failures,
+                    opened_until=None if state is None else state.opened_until,
+                    changed_at=None if state is None else state.updated_at,
+                    in_flight=sum(max(row.in_flight, 0) for row in rows),
+                    capacity=endpoint.capacity,
+                    processes=sum(1 for row in rows if row.in_flight > 0),
+                )
+            )
+        return found
+
+    def _alerts(self, limit: int) -> tuple[list[WaitingAlert], int]:
+        """The first ``limit`` alerts waiting, and how many wait."""
+        waiting = self._s.depth.depth(self._s.alerts_queue)
+        found = []
+        for body in self._s.queues.peek(self._s.alerts_queue, limit):
+            try:
+                alert = decode(OperatorAlert, body)
+            except InvalidMessage as exc:  # not the app's: shown nowhere, said once here
+                log.warning("sas.alert_unreadable reason=%s", exc.reason)
+                continue
+            current = self._s.store.get_state(alert.order_id)
+            found.append(
+                WaitingAlert(
+                    alert_id=alert.alert_id,
+                    order_id=alert.order_id,
+                    reason=alert.reason,
+                    at=alert.at,
+                    order_state=None if current is None else current.value.process_state,
+                )
+            )
+        return sorted(found, key=lambda alert: (alert.at, alert.alert_id))[:limit], waiting
+
+
+def _floor(at: datetime, size: timedelta) -> datetime:
+    """``at`` down to a whole ``size`` since midnight, so that buckets stay put as time goes."""
+    midnight = at.replace(hour=0, minute=0, second=0, microsecond=0)
+    return midnight + ((at - midnight) // size) * size
+
+
+def _guarded(what: str, problems: list[str], read: Callable[[], T]) -> T | None:
+    try:
+        return read()
+    except Exception as exc:  # one part unread must not hide the others
+        log.warning("sas.health_read_failed part=%s", what, exc_info=True)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        problems.append(f"{what}: {type(exc).__name__}: {first[:200]}")
+        return None

@@ -1,0 +1,219 @@
+"""The health view's logic (sas/services/health.py) on in-memory ports: buckets, failure rate,
+breakers with load against capacity, waiting alerts with their orders' states now, and one
+part that cannot be read leaving the others shown."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from sas.domain.breaker import BreakerState, BreakerStatus
+from sas.domain.endpoints import Endpoint, EndpointLoad
+from sas.domain.errors import InvalidMessage
+from sas.domain.messages import OperatorAlert, encode
+from sas.domain.model import OrderState, ProcessState, Versioned
+from sas.services.health import Health, HealthSources
+from sas.testing.memory import FakeClock, InMemoryStore
+
+NOW = datetime.fromisoformat("2026-11-26T12:30:20+00:00")
+
+
+class Breakers:
+    def __init__(self, *states: BreakerState) -> None:
+        self.states = {state.name: state for state in states}
+
+    def get(self, name: str) -> Versioned[BreakerState] | None:
+        found = self.states.get(name)
+        return None if found is None else Versioned(found, "e1")
+
+    def put(self, state: BreakerState, etag: str | None) -> str:
+        raise AssertionError("the health view never writes")
+
+
+class Loads:
+    def __init__(self, *rows: EndpointLoad) -> None:
+        self.rows = list(rows)
+
+    def publish(self, instance_id: str, counts: object, at: datetime) -> None:
+        raise AssertionError("the health view never writes")
+
+    def read(self) -> list[EndpointLoad]:
+        return self.rows
+
+
+class Queues:
+    def __init__(self, bodies: list[bytes], error: Exception | None = None) -> None:
+        self.bodies = bodies
+        self.error = error
+        self.peeked: list[tuple[str, int]] = []
+
+    def peek(self, queue: str, limit: int) -> list[bytes]:
+        self.peeked.append((queue, limit))
+        if self.error is not None:
+            raise self.error
+        return self.bodies[:limit]
+
+    def depth(self, queue: str) -> int:
+        if self.error is not None:
+            raise self.error
+        return len(self.bodies)
+
+
+def state(
+    order_id: str,
+    process_state: ProcessState,
+    submitted: datetime,
+    finished: datetime | None = None,
+) -> OrderState:
+    return OrderState(
+        order_id=order_id,
+        workflow="order",
+        process_state=process_state,
+        submitted_at=submitted,
+        updated_at=finished or submitted,
+        finished_at=finished,
+    )
+
+
+def health(
+    store: InMemoryStore,
+    *,
+    breakers: Breakers | None = None,
+    loads: Loads | None = None,
+    queues: Queues | None = None,
+    endpoints: tuple[Endpoint, ...] = (),
+) -> Health:
+    peek = queues or Queues([])
+    return Health(
+        HealthSources(
+            store=store,
+            breakers=breakers or Breakers(),
+            loads=loads or Loads(),
+            queues=peek,
+            depth=peek,
+            clock=FakeClock(NOW),
+            alerts_queue="sas-alerts",
+            endpoints=lambda: endpoints,
+        )
+    )
+
+
+def put(store: InMemoryStore, *states: OrderState) -> None:
+    for one in states:
+        store.states[one.order_id] = (one, f"W/{one.order_id}")
+
+
+def minutes_ago(minutes: float) -> datetime:
+    return NOW - timedelta(minutes=minutes)
+
+
+def test_orders_are_counted_in_the_minute_they_were_submitted_and_finished():
+    store = InMemoryStore()
+    put(
+        store,
+        state("a", ProcessState.PROCESSED, minutes_ago(3), minutes_ago(2.9)),
+        state("b", ProcessState.ERROR, minutes_ago(3), minutes_ago(1)),
+        state("c", ProcessState.COMPENSATED, minutes_ago(2), minutes_ago(0.1)),
+        state("d", ProcessState.PROCESSING, minutes_ago(0.2)),
+        state("old", ProcessState.PROCESSED, minutes_ago(200), minutes_ago(90)),
+    )
+    report = health(store).report(timedelta(minutes=10))
+    assert report.bucket == timedelta(minutes=1)
+    assert len(report.buckets) == 10
+    assert report.buckets[0].start == datetime.fromisoformat("2026-11-26T12:21:00+00:00")
+    assert report.buckets[-1].start == datetime.fromisoformat("2026-11-26T12:30:00+00:00")
+    by_minute = {b.start.minute: b for b in report.buckets}
+    assert by_minute[27].submitted == 2 and by_minute[27].finished == {ProcessState.PROCESSED: 1}
+    assert by_minute[29].finished == {ProcessState.ERROR: 1}
+    assert by_minute[30].submitted == 1 and by_minute[30].failed == 1
+    assert sum(b.submitted for b in report.buckets) == 4  # "old" is outside the window
+    assert (report.finished, report.failed) == (3, 2)
+    assert report.failure_rate == pytest.approx(2 / 3)
+    assert report.problems == []
+
+
+def test_a_long_window_has_at_most_sixty_buckets_and_none_finished_has_no_rate():
+    report = health(InMemoryStore()).report(timedelta(hours=24))
+    assert report.bucket == timedelta(minutes=24)
+    assert len(report.buckets) == 60
+    assert report.failure_rate is None
+
+
+def test_a_time_ahead_of_the_operators_clock_counts_in_the_last_bucket():
+    store = InMemoryStore()
+    ahead = NOW + timedelta(minutes=2)  # another instance's clock
+    put(store, state("x", ProcessState.PROCESSED, ahead, ahead))
+    report = health(store).report(timedelta(minutes=5))
+    assert report.buckets[-1].submitted == 1
+    assert report.buckets[-1].finished == {ProcessState.PROCESSED: 1}
+
+
+@pytest.mark.parametrize("window", [timedelta(seconds=30), timedelta(days=8)])
+def test_a_window_out_of_range_is_refused(window):
+    with pytest.raises(InvalidMessage, match="window"):
+        health(InMemoryStore()).report(window)
+
+
+def test_each_endpoint_shows_its_breaker_and_its_fresh_load_against_capacity():
+    primary = Endpoint("payment", "primary", "http://p", capacity=4)
+    backup = Endpoint("payment", "backup", "http://b", capacity=2)
+    shipping = Endpoint("shipping", "default", "http://s")
+    opened = BreakerState(
+        name=primary.target,
+        updated_at=minutes_ago(0.1),
+        status=BreakerStatus.OPEN,
+        consecutive_failures=5,
+        opened_until=NOW + timedelta(seconds=8),
+    )
+    loads = Loads(
+        EndpointLoad(primary.target, "i1", 2, NOW - timedelta(seconds=1)),
+        EndpointLoad(primary.target, "i2", 1, NOW - timedelta(seconds=2)),
+        EndpointLoad(primary.target, "gone", 9, NOW - timedelta(seconds=30)),  # stale
+        EndpointLoad(backup.target, "i1", 0, NOW),
+    )
+    report = health(
+        InMemoryStore(),
+        breakers=Breakers(opened),
+        loads=loads,
+        endpoints=(primary, backup, shipping),
+    ).report(timedelta(minutes=5))
+    found = {e.target: e for e in report.endpoints}
+    assert found[primary.target].breaker is BreakerStatus.OPEN
+    assert found[primary.target].consecutive_failures == 5
+    assert found[primary.target].opened_until == opened.opened_until
+    assert (found[primary.target].in_flight, found[primary.target].processes) == (3, 2)
+    assert found[primary.target].capacity == 4
+    assert (found[backup.target].in_flight, found[backup.target].processes) == (0, 0)
+    never = found[shipping.target]
+    assert (never.breaker, never.changed_at, never.capacity) == (BreakerStatus.CLOSED, None, None)
+
+
+def test_waiting_alerts_are_listed_oldest_first_with_their_orders_state_now():
+    store = InMemoryStore()
+    put(store, state("o1", ProcessState.CLOSED, minutes_ago(9), minutes_ago(1)))
+    alerts = [
+        OperatorAlert(alert_id="a2", order_id="o2", reason="refund refused", at=minutes_ago(2)),
+        OperatorAlert(alert_id="a1", order_id="o1", reason="ship refused", at=minutes_ago(5)),
+    ]
+    queues = Queues([encode(alert) for alert in alerts] + [b"not an alert"])
+    report = health(store, queues=queues).report(timedelta(minutes=5), alerts=10)
+    assert [(a.alert_id, a.order_state) for a in report.alerts] == [
+        ("a1", ProcessState.CLOSED),
+        ("a2", None),  # purged, or never stored
+    ]
+    assert report.alerts_waiting == 3
+    assert queues.peeked == [("sas-alerts", 10)]
+
+
+def test_a_part_that_cannot_be_read_is_named_and_the_others_are_shown():
+    store = InMemoryStore()
+    put(store, state("a", ProcessState.PROCESSED, minutes_ago(1), minutes_ago(0.5)))
+    queues = Queues([], error=PermissionError("no Listen right\nsecond line"))
+    report = health(
+        store, queues=queues, endpoints=(Endpoint("shipping", "default", "http://s"),)
+    ).report(timedelta(minutes=5))
+    assert report.finished == 1
+    assert len(report.endpoints) == 1
+    assert (report.alerts, report.alerts_waiting) == ([], None)
+    assert report.problems == ["alerts: PermissionError: no Listen right"]
