@@ -7,7 +7,9 @@ app's own services, with the app's settings (see sas_cli/appsettings.py).
   sas resubmit ORDER_ID [--actor NAME]
   sas resubmit --all [--priority P] [--step S] [--error TEXT] [--older-than 2h] [--yes]
   sas close ORDER_ID --reason TEXT [--actor NAME]
-  sas parked list [--limit N] | replay ID | discard ID
+  sas parked list [--by app|host] [--queue Q] [--reason TEXT] [--older-than 1h] [--limit N]
+  sas parked replay ID | discard ID
+  sas parked replay|discard --all [the list's filters] [--yes]
   sas purge --older-than 30d [--yes]
   sas watch [--interval S] [--iterations N]
   sas health [--minutes N] [--alerts N]
@@ -46,8 +48,9 @@ from sas.domain.errors import (
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
+from sas.entrypoints.parked_api import bulk_parked_view
 from sas.services.health import MAX_WINDOW
-from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery
+from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery, ParkedQuery
 from sas_cli import appsettings, views
 from sas_cli.parsing import UsageError, duration, json_object
 from sas_cli.watch import watch
@@ -242,16 +245,32 @@ def _parked_commands(commands: Any, command: Command) -> None:
     verbs = commands.add_parser("parked", help=about, description=about).add_subparsers(
         dest="verb", required=True, metavar="VERB"
     )
-    command("list", _parked_list, f"{about}, oldest first", verbs).add_argument(
-        "--limit", type=_arg(_limit), default=100
-    )
+    listing = command("list", _parked_list, f"{about}, oldest first", verbs)
+    _parked_filters(listing)
+    listing.add_argument("--limit", type=_arg(_limit), default=100)
     for verb, handler, help in (
         ("replay", _parked_replay, "send one back to the queue it was meant for, as it was"),
         ("discard", _parked_discard, "delete one for good"),
     ):
-        one = command(verb, handler, help, verbs)
-        one.add_argument("message_id", metavar="ID", help="the id `sas parked list` shows, whole")
+        one = command(
+            verb, handler, f"{help}; with --all, every one the filters match (a dry run "
+            "unless --yes)", verbs,
+        )  # fmt: skip
+        one.add_argument(
+            "message_id", nargs="?", metavar="ID", help="the id `sas parked list` shows, whole"
+        )
         one.add_argument("--actor", default=_actor(), help="who, for the log")
+        one.add_argument("--all", action="store_true", help="every one the filters match")
+        _parked_filters(one)
+        one.add_argument("--limit", type=_arg(_limit), help="with --all: at most (default 100)")
+        one.add_argument("--yes", action="store_true", help="with --all: act (default: list)")
+
+
+def _parked_filters(command: Any) -> None:
+    command.add_argument("--by", choices=("app", "host"), help="who parked it")
+    command.add_argument("--queue", help="the queue it was meant for")
+    command.add_argument("--reason", metavar="TEXT", help="its reason contains TEXT, any case")
+    command.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="parked")
 
 
 def _alias_commands(commands: Any, command: Command) -> None:
@@ -456,10 +475,8 @@ def _resubmit_all(operator: Operator, args: argparse.Namespace) -> int:
 
 
 def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
-    documents = [
-        views.parked_document(message, operator.parked_age_seconds(message))
-        for message in operator.parked(args.limit)
-    ]
+    found, total = operator.find_parked(_parked_query(args, args.limit))
+    documents = [views.parked_document(m, operator.parked_age_seconds(m)) for m in found]
     if args.json:
         _print_json(documents)
         return 0
@@ -468,19 +485,69 @@ def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
     )
     for number, m in enumerate(documents, 1):  # ids in full, never wrapped: to copy into replay
         console.print(f"#{number} {m['id']}", soft_wrap=True, highlight=False, markup=False)
+    print(f"{len(found)} of {total} matching message(s)")
     return 0
 
 
+def _parked_query(args: argparse.Namespace, limit: int) -> ParkedQuery:
+    """The filters ``parked list`` and ``parked replay|discard --all`` share."""
+    return ParkedQuery(
+        parked_by=args.by,
+        queue=args.queue or None,
+        reason=args.reason or None,
+        older_than=args.older_than,
+        limit=limit,
+    )
+
+
 def _parked_replay(operator: Operator, args: argparse.Namespace) -> int:
+    if _parked_all(args):
+        return _parked_matching(operator, args, replay=True)
     with _row_number_hint(args.message_id):
         operator.replay_parked(args.message_id, actor=args.actor)
     return _done(args, "replayed")
 
 
 def _parked_discard(operator: Operator, args: argparse.Namespace) -> int:
+    if _parked_all(args):
+        return _parked_matching(operator, args, replay=False)
     with _row_number_hint(args.message_id):
         operator.discard_parked(args.message_id, actor=args.actor)
     return _done(args, "discarded")
+
+
+def _parked_all(args: argparse.Namespace) -> bool:
+    """Whether to act on every match (--all), after checking one id xor --all was given."""
+    if args.all == (args.message_id is not None):
+        raise UsageError("give a parked message's id, or --all with filters: one of the two")
+    filters = (args.by, args.queue, args.reason, args.older_than, args.limit)
+    if not args.all and (args.yes or any(value is not None for value in filters)):
+        raise UsageError("--yes and the filters go with --all")
+    return bool(args.all)
+
+
+def _parked_matching(operator: Operator, args: argparse.Namespace, *, replay: bool) -> int:
+    query = _parked_query(args, args.limit or 100)
+    report = operator.settle_parked_matching(
+        query, replay=replay, actor=args.actor, dry_run=not args.yes
+    )
+    verb = "replayed" if replay else "discarded"
+    view = bulk_parked_view(report, verb)
+    if args.json:
+        _print_json(view.model_dump(mode="json"))
+    else:
+        rows = [(m.id, m.queue, m.reason, m.outcome) for m in view.messages]
+        console.print(views.table("parked messages", ("id", "queue", "reason", "outcome"), rows))
+        if report.dry_run:
+            print(
+                f"dry run: {view.matched} of {view.total} matching message(s) would be {verb}, "
+                f"nothing was changed; run again with --yes to act on them"
+            )
+        else:
+            done = sum(1 for m in view.messages if m.outcome == "done")
+            print(f"{verb} {done} of {view.matched} message(s)")
+    failed = [m.id for m in view.messages if m.outcome.startswith("not ")]
+    return _fail(1, f"{len(failed)} message(s) not {verb}") if failed else 0
 
 
 @contextmanager

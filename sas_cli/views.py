@@ -16,13 +16,8 @@ from sas.domain.breaker import BreakerStatus
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.parked import ParkedMessage
 from sas.entrypoints.health_api import HealthView
-from sas.entrypoints.http_api import (
-    HistoryView,
-    OrderView,
-    ParkedView,
-    StateView,
-    StepView,
-)
+from sas.entrypoints.http_api import HistoryView, OrderView, StateView, StepView
+from sas.entrypoints.parked_api import ParkedView
 from sas.services.health import HealthReport
 from sas.services.operator import OrderDetail
 

@@ -7,11 +7,10 @@ the operators' dashboard (GET /api/dashboard) included.
 
 from __future__ import annotations
 
-import base64
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, HTTPException, Path, Query, Request, status
+from fastapi import FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
@@ -27,10 +26,10 @@ from sas.domain.errors import (
 )
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
-from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
 from sas.domain.wire import ORDER_ID, Priority
-from sas.entrypoints import api_docs, dashboard, health_api
+from sas.entrypoints import api_docs, dashboard, health_api, parked_api
 from sas.entrypoints.invocation import attributed
+from sas.entrypoints.params import MAX_AGE_SECONDS, Limit, SignedIn, actor_of, seconds
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
 
@@ -69,6 +68,7 @@ class _Attributed:
 
 api.add_middleware(_Attributed)
 api.include_router(health_api.router)
+api.include_router(parked_api.router)
 
 
 # Domain errors mean the same on every route: no such thing (404), or not now / not in this
@@ -109,22 +109,6 @@ def _printable(text: str) -> str:
 
 
 OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
-# Who is signed in, where App Service authentication is on: it sets this header (and strips one
-# a caller sends). Without it the header is as trustworthy as the body's ``actor``, no more.
-SignedIn = Annotated[
-    str | None, Header(alias="x-ms-client-principal-name", include_in_schema=False)
-]
-
-
-def _actor(signed_in: str | None, claimed: str) -> str:
-    """The audit trail's actor: the signed-in user, else what the caller says."""
-    name = (signed_in or "").strip()
-    return name[:100] if name else claimed
-
-
-Limit = Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT, description="at most this many")]
-MAX_AGE_SECONDS = 10 * 366 * 86400
-"""Ten years: older or newer than that filters nothing more, and keeps datetimes in range."""
 
 
 class StateView(BaseModel):
@@ -248,8 +232,8 @@ def list_orders(
     query = OrderQuery(
         state=state,
         priority=priority,
-        older_than=_seconds(older_than_seconds),
-        newer_than=_seconds(newer_than_seconds),
+        older_than=seconds(older_than_seconds),
+        newer_than=seconds(newer_than_seconds),
         step=step or None,
         error=error or None,
         limit=limit,
@@ -364,15 +348,15 @@ def resubmit_orders(request: BulkResubmitRequest, signed_in: SignedIn = None) ->
     query = OrderQuery(
         state=ProcessState.ERROR,
         priority=request.priority,
-        older_than=_seconds(request.older_than_seconds),
-        newer_than=_seconds(request.newer_than_seconds),
+        older_than=seconds(request.older_than_seconds),
+        newer_than=seconds(request.newer_than_seconds),
         step=request.step or None,
         error=request.error or None,
         limit=request.limit,
     )
     report = bootstrap.operator().resubmit_matching(
         query,
-        actor=_actor(signed_in, request.actor),
+        actor=actor_of(signed_in, request.actor),
         dry_run=request.dry_run,
         only=request.order_ids,
     )
@@ -390,16 +374,12 @@ def resubmit_orders(request: BulkResubmitRequest, signed_in: SignedIn = None) ->
     )
 
 
-def _seconds(value: float | None) -> timedelta | None:
-    return None if value is None else timedelta(seconds=value)
-
-
 @api.post("/api/orders/{order_id}/resubmit", response_model=StateView)
 def resubmit_order(
     order_id: OrderIdPath, request: ResubmitRequest | None = None, signed_in: SignedIn = None
 ) -> StateView:
     """Run a failed (Error) order's failed step again, from a clean failure count."""
-    actor = _actor(signed_in, (request or ResubmitRequest()).actor)
+    actor = actor_of(signed_in, (request or ResubmitRequest()).actor)
     return StateView.of(bootstrap.operator().resubmit(order_id, actor=actor))
 
 
@@ -416,7 +396,7 @@ def close_order(
     """Close an Error order an operator settled by hand (no more work; purge may remove it).
     409 unless the order is in Error."""
     closed = bootstrap.operator().close(
-        order_id, actor=_actor(signed_in, request.actor), reason=request.reason
+        order_id, actor=actor_of(signed_in, request.actor), reason=request.reason
     )
     return StateView.of(closed)
 
@@ -436,85 +416,3 @@ def submit_order(order: OrderSubmitted) -> dict[str, str]:
         "message_id": message_id,
         "status": f"/api/orders/{order.order_id}",
     }
-
-
-# --- parked messages: refused by the app, given up on by the host ------------------------
-
-ParkedIdPath = Annotated[
-    str,
-    Path(min_length=1, max_length=300, description="a parked message's id, as listed: whole"),
-]
-
-
-class ParkedView(BaseModel):
-    id: str = Field(description="opaque; quote it whole in a URL path")
-    parked_by: ParkedBy = Field(
-        description="app: the app refused it as bad input (kept in its table); host: the "
-        "Functions host gave up on it (a poison queue or a Service Bus dead-letter queue)"
-    )
-    queue: str = Field(description="the queue it was meant for")
-    function: str | None = Field(description="the function that queue triggers")
-    transport: PoisonTransport | None = Field(
-        description="parked by the host: the transport whose poison / dead-letter queue holds it"
-    )
-    reason: str
-    parked_at: datetime | None = Field(
-        description="when it was parked (the host on Service Bus: when it was first enqueued)"
-    )
-    age_seconds: float | None = Field(description="how long it has been parked")
-    delivery_count: int | None = Field(description="delivery attempts, when the transport says")
-    body_base64: str
-    body_text: str | None = Field(description="the body as UTF-8, when it is valid UTF-8")
-    body_truncated: bool = Field(description="only the start of the body is kept")
-
-    @classmethod
-    def of(cls, message: ParkedMessage, age_seconds: float | None) -> ParkedView:
-        try:
-            text: str | None = message.body.decode("utf-8")
-        except UnicodeDecodeError:
-            text = None
-        return cls(
-            id=message.id,
-            parked_by=message.parked_by,
-            queue=message.queue,
-            function=message.function,
-            transport=message.transport,
-            reason=message.reason,
-            parked_at=message.parked_at,
-            age_seconds=None if age_seconds is None else round(age_seconds, 3),
-            delivery_count=message.delivery_count,
-            body_base64=base64.b64encode(message.body).decode(),
-            body_text=text,
-            body_truncated=message.body_truncated,
-        )
-
-
-@api.get("/api/parked", response_model=list[ParkedView])
-def list_parked(limit: Limit = 100) -> list[ParkedView]:
-    """Messages that were never processed, oldest first, with the reason and the original body:
-    bad input the app refused (`parked_by` app) and messages the Functions host gave up on, in
-    poison or dead-letter queues (`parked_by` host)."""
-    operator = bootstrap.operator()
-    return [
-        ParkedView.of(message, operator.parked_age_seconds(message))
-        for message in operator.parked(limit)
-    ]
-
-
-@api.post("/api/parked/{parked_id}/replay")
-def replay_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[str, str]:
-    """Send it back to the queue it was meant for, and remove it from parked: the original body
-    as an application would send it (parked by the app), or the very message, unchanged
-    (parked by the host).
-
-    409 if the app kept the body only in part, the queue is not one the app consumes, or
-    (Service Bus) duplicate detection would still drop the copy."""
-    bootstrap.operator().replay_parked(parked_id, actor=_actor(signed_in, "operator"))
-    return {"id": parked_id, "status": "replayed"}
-
-
-@api.delete("/api/parked/{parked_id}")
-def discard_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[str, str]:
-    """Remove a parked message for good."""
-    bootstrap.operator().discard_parked(parked_id, actor=_actor(signed_in, "operator"))
-    return {"id": parked_id, "status": "discarded"}

@@ -6,9 +6,10 @@ API, the dashboard and the `sas` CLI all go through here."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import partial
 
 from sas.domain.errors import (
     AlreadyExists,
@@ -21,6 +22,7 @@ from sas.domain.errors import (
 from sas.domain.messages import MAX_MESSAGE_BYTES, OrderSubmitted
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
 from sas.domain.parked import (
+    ParkedBy,
     ParkedMessage,
     consumed_queues,
     oldest_first,
@@ -80,6 +82,47 @@ class BulkReport:
     """How many Error orders match in all."""
     outcomes: dict[str, str]
     """Per order id: ``done``, or why not (someone moved it meanwhile, ...)."""
+
+
+@dataclass(frozen=True)
+class ParkedQuery:
+    """Which parked messages to act on; None means any."""
+
+    parked_by: ParkedBy | None = None
+    queue: str | None = None
+    """The queue it was meant for, exactly."""
+    reason: str | None = None
+    """Text its reason contains, in any case."""
+    older_than: timedelta | None = None
+    """Parked more than this long ago (one whose time is unknown never matches)."""
+    limit: int = 100
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.limit <= MAX_QUERY_LIMIT:
+            raise ValueError(f"limit must be 1..{MAX_QUERY_LIMIT}")
+        if self.older_than is not None and self.older_than < timedelta(0):
+            raise ValueError("older_than must not be negative")
+
+    def matches(self, message: ParkedMessage, now: datetime) -> bool:
+        age = message.age(now)
+        return (
+            (self.parked_by is None or message.parked_by == self.parked_by)
+            and (self.queue is None or message.queue == self.queue)
+            and (self.reason is None or self.reason.casefold() in message.reason.casefold())
+            and (self.older_than is None or (age is not None and age > self.older_than))
+        )
+
+
+@dataclass(frozen=True)
+class ParkedReport:
+    """What a bulk replay or discard matched and, unless a dry run, what became of each."""
+
+    dry_run: bool
+    matched: list[ParkedMessage]
+    total: int
+    """How many parked messages match in all (of the first MAX_QUERY_LIMIT listed)."""
+    outcomes: dict[str, str]
+    """Per parked id: ``done``, or why not."""
 
 
 @dataclass(frozen=True)
@@ -250,14 +293,7 @@ class Operator:
         return BulkReport(dry_run, matched, total, outcomes)
 
     def _resubmit_one(self, order_id: str, actor: str) -> str:
-        try:
-            self.resubmit(order_id, actor=actor)
-        except (NotFound, IllegalTransition, ConcurrencyConflict) as exc:
-            return f"not resubmitted: {exc}"
-        except Exception as exc:  # one order's failure must not hide what became of the rest
-            log.warning("sas.bulk_resubmit_failed", extra={"order_id": order_id}, exc_info=True)
-            return f"not resubmitted: {type(exc).__name__}"
-        return "done"
+        return _outcome(lambda: self.resubmit(order_id, actor=actor), "resubmitted")
 
     def close(self, order_id: str, *, actor: str, reason: str) -> OrderState:
         """Error -> Closed: the operator settled it by hand. Audited with the reason; the write
@@ -328,6 +364,38 @@ class Operator:
         ]
         host = self._poison_store().list(limit)
         return oldest_first([*app, *host])[:limit]
+
+    def find_parked(self, query: ParkedQuery) -> tuple[list[ParkedMessage], int]:
+        """The first ``query.limit`` matching parked messages, oldest first, and how many match
+        in all (among the first MAX_QUERY_LIMIT listed)."""
+        now = self._clock.now()
+        found = [m for m in self.parked(MAX_QUERY_LIMIT) if query.matches(m, now)]
+        return found[: query.limit], len(found)
+
+    def settle_parked_matching(
+        self,
+        query: ParkedQuery,
+        *,
+        replay: bool,
+        actor: str,
+        dry_run: bool = True,
+        only: Collection[str] | None = None,
+    ) -> ParkedReport:
+        """Replay (``replay``) or discard every parked message the query matches (at most
+        ``query.limit``, oldest first) and, given ``only`` (the ids a dry run showed), among
+        those only these; a dry run only lists them. One that fails is reported and the
+        others go on."""
+        matched, total = self.find_parked(query)
+        if only is not None:
+            chosen = set(only)
+            matched = [message for message in matched if message.id in chosen]
+        outcomes: dict[str, str] = {}
+        if not dry_run:
+            act = self.replay_parked if replay else self.discard_parked
+            verb = "replayed" if replay else "discarded"
+            for message in matched:
+                outcomes[message.id] = _outcome(partial(act, message.id, actor=actor), verb)
+        return ParkedReport(dry_run, matched, total, outcomes)
 
     def parked_age_seconds(self, message: ParkedMessage) -> float | None:
         """How long it has been parked, by the injected clock, never negative; None if unknown."""
@@ -411,3 +479,15 @@ class Operator:
         if self._poison is None:
             raise ConfigurationError("no poison store is wired to the operator")
         return self._poison
+
+
+def _outcome(act: Callable[[], object], verb: str) -> str:
+    """One item of a bulk action: ``done``, or why not."""
+    try:
+        act()
+    except (NotFound, IllegalTransition, ConcurrencyConflict) as exc:
+        return f"not {verb}: {exc}"
+    except Exception as exc:  # one item's failure must not hide what became of the rest
+        log.warning("sas.bulk_item_failed", extra={"verb": verb}, exc_info=True)
+        return f"not {verb}: {type(exc).__name__}"
+    return "done"

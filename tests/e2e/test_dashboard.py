@@ -333,6 +333,51 @@ def test_a_parked_message_is_replayed_then_discarded_from_the_page(page, store):
     assert store.list_parked(10) == []
 
 
+def test_parked_messages_matching_a_filter_are_replayed_then_discarded_in_bulk(page, stack, store):
+    orders_queue = queue_service_client(stack.settings.storage).get_queue_client(
+        stack.settings.lane(QUEUE_ORDERS, "normal"),
+        message_encode_policy=TextBase64EncodePolicy(),
+    )
+    for text in ("bulk one", "bulk two"):
+        orders_queue.send_message(text)
+    wait_until(lambda: len(store.list_parked(10)) == 2, timeout=30, interval=0.3, what="parked")
+    first = {m.id for m in store.list_parked(10)}
+    page.select_option("#parked-by", "app")
+    page.fill("#parked-queue", stack.settings.lane(QUEUE_ORDERS, "normal"))
+    page.press("#parked-queue", "Enter")
+    expect(page.locator("#parked-shown")).to_have_text("showing 2 of 2")
+
+    outcome = page.locator("#parked-bulk-outcome")
+    page.click("#parked-bulk-replay")
+    expect(outcome).to_contain_text("2 message(s) would be replayed")
+    assert {m.id for m in store.list_parked(10)} == first  # a dry run changes nothing
+    page.click("#parked-bulk-confirm")
+    expect(outcome).to_have_text("replayed 2 of 2")
+    # Still not orders: parked again, under new ids.
+    wait_until(
+        lambda: (
+            len(store.list_parked(10)) == 2 and not first & {m.id for m in store.list_parked(10)}
+        ),
+        timeout=30,
+        interval=0.3,
+        what="parked again",
+    )
+    page.fill("#parked-older", "60")  # none is an hour old: nothing matches
+    page.press("#parked-older", "Enter")
+    page.click("#parked-bulk-discard")
+    expect(outcome).to_have_text("no parked message matches")
+    expect(page.locator("#parked-bulk-confirm")).to_be_hidden()
+    page.fill("#parked-older", "")
+    page.press("#parked-older", "Enter")
+    page.click("#parked-bulk-discard")
+    expect(outcome).to_contain_text("2 message(s) would be discarded")
+    expect(page.locator("#parked-bulk-confirm")).to_have_text("Discard them for good")
+    page.click("#parked-bulk-confirm")
+    expect(outcome).to_have_text("discarded 2 of 2")
+    expect(page.locator("#parked-empty")).to_be_visible()
+    assert store.list_parked(10) == []
+
+
 def test_the_health_view_shows_an_open_breaker_and_the_unread_alert(
     page, stack, store, failed_order
 ):

@@ -448,6 +448,78 @@ def test_parked_lists_both_kinds_oldest_first_up_to_the_limit(world, poison, cap
     assert [m["id"] for m in sas_json(capsys, "parked", "list", "--limit", "2")] == [older, newer]
 
 
+def test_parked_replay_all_lists_the_matches_then_replays_each(world, poison, capsys):
+    old_a = park(world, body(order_id="cli-3"), ago=7200, reason="unknown workflow 'x'")
+    old_b = park(world, body(order_id="cli-4"), ago=3700, reason="Unknown Workflow 'y'")
+    recent = park(world, body(order_id="cli-5"), ago=60, reason="unknown workflow 'z'")
+    other = park(world, b"{}", ago=7200, reason="not an order")
+    hosts = poison.put("sas-agent-shipping", RAW)
+
+    code, out, _ = sas(
+        capsys, "parked", "replay", "--all", "--by", "app", "--reason", "UNKNOWN workflow",
+        "--older-than", "1h",
+    )  # fmt: skip
+    assert code == 0
+    assert "dry run: 2 of 2 matching message(s) would be replayed, nothing was changed" in out
+    assert old_a in out and old_b in out and recent not in out and other not in out
+    assert queue_bodies("sas-orders") == []
+
+    report = sas_json(
+        capsys, "parked", "replay", "--all", "--reason", "unknown workflow", "--older-than",
+        "1h", "--yes", "--limit", "1",
+    )  # fmt: skip
+    assert (report["dry_run"], report["matched"], report["total"]) == (False, 1, 2)
+    assert report["messages"] == [
+        {"id": old_a, "queue": "sas-orders", "reason": "unknown workflow 'x'", "outcome": "done"}
+    ]
+    assert queue_bodies("sas-orders") == [body(order_id="cli-3")]
+    left = {m["id"] for m in sas_json(capsys, "parked", "list")}
+    assert left == {old_b, recent, other, hosts}
+
+
+def test_parked_list_filters_by_who_queue_reason_and_age(world, poison, capsys):
+    old = park(world, body(order_id="cli-6"), ago=7200, reason="unknown workflow 'x'")
+    park(world, b"{}", ago=60, reason="unknown workflow 'y'")
+    poison.put("sas-agent-shipping", RAW)
+    shown = sas_json(capsys, "parked", "list", "--reason", "WORKFLOW", "--older-than", "1h")
+    assert [m["id"] for m in shown] == [old]
+    assert len(sas_json(capsys, "parked", "list", "--by", "app")) == 2
+    listed = sas_json(capsys, "parked", "list", "--queue", "sas-agent-shipping")
+    assert [m["parked_by"] for m in listed] == ["host"]
+    code, out, _ = sas(capsys, "parked", "list", "--by", "app", "--limit", "1")
+    assert code == 0 and "1 of 2 matching message(s)" in out
+
+
+def test_parked_discard_all_by_queue_and_who_parked_it(world, poison, capsys):
+    kept = park(world, b"{}", reason="not an order")
+    gone = [poison.put("sas-agent-shipping", RAW), poison.put("sas-agent-shipping", RAW)]
+    other_queue = poison.put("sas-agent-inventory", RAW)
+
+    code, out, _ = sas(
+        capsys, "parked", "discard", "--all", "--by", "host", "--queue", "sas-agent-shipping",
+        "--yes",
+    )  # fmt: skip
+    assert code == 0 and "discarded 2 of 2 message(s)" in out
+    left = {m["id"] for m in sas_json(capsys, "parked", "list")}
+    assert left == {kept, other_queue} and not left & set(gone)
+    assert poison.peek("sas-agent-shipping") == []
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("replay",),
+        ("replay", "some-id", "--all"),
+        ("discard", "some-id", "--yes"),
+        ("discard", "some-id", "--queue", "sas-orders"),
+        ("replay", "--all", "--by", "nobody"),
+    ],
+)
+def test_parked_takes_an_id_or_all_never_both(world, poison, capsys, argv):
+    code, out, err = sas(capsys, "parked", *argv)
+    assert (code, out) == (2, "") and err.startswith("sas: error:")
+
+
 @pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#", "x", ""])
 def test_an_id_that_is_not_exactly_a_messages_id_touches_nothing(world, poison, capsys, hostile):
     parked = park(world, body())

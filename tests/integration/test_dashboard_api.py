@@ -16,7 +16,7 @@ from sas.domain.model import ProcessState
 from sas.entrypoints import http_api
 from sas.entrypoints.http_api import api
 from tests.harness import World, permanent
-from tests.integration.test_poison import Poison, empty_poison_queues
+from tests.integration.test_poison import RAW, Poison, empty_poison_queues
 from tests.unit.test_services import submitted
 
 pytestmark = pytest.mark.integration
@@ -154,3 +154,48 @@ def test_the_dashboard_is_one_page_whose_inline_code_its_policy_allows(client, a
     assert "innerHTML" not in page
     # One view of parked messages, on the one route for them.
     assert "/api/parked" in page and "/api/rejected" not in page and "/api/poison" not in page
+
+
+def test_parked_messages_matching_are_listed_then_replayed_only_as_the_dry_run_showed(
+    client, poisoned
+):
+    """A message parked between the dry run and the run is not acted on."""
+    seen = poisoned.put("sas-agent-shipping", RAW)
+    shown = client.post(
+        "/api/parked/replay", json={"queue": "sas-agent-shipping", "parked_by": "host"}
+    )
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["dry_run"] is True
+    assert [(m["id"], m["outcome"]) for m in shown.json()["messages"]] == [
+        (seen, "would be replayed")
+    ]
+    came_since = poisoned.put("sas-agent-shipping", RAW)
+    listed = client.get("/api/parked", params={"queue": "sas-agent-shipping", "limit": 1})
+    assert listed.headers["x-total-count"] == "2" and len(listed.json()) == 1
+    assert client.get("/api/parked", params={"parked_by": "app"}).json() == []
+    done = client.post(
+        "/api/parked/replay",
+        json={"queue": "sas-agent-shipping", "dry_run": False, "ids": [seen], "actor": "ann"},
+        headers={"x-ms-client-principal-name": "ann@example.com"},
+    )
+    assert done.status_code == 200, done.text
+    assert (done.json()["matched"], done.json()["total"]) == (1, 2)
+    assert done.json()["messages"][0]["outcome"] == "done"
+    assert poisoned.peek("sas-agent-shipping") == [RAW]
+    left = client.get("/api/parked").json()
+    assert [m["id"] for m in left] == [came_since]
+    gone = client.post("/api/parked/discard", json={"dry_run": False, "reason": "functions HOST"})
+    assert gone.status_code == 200, gone.text
+    assert [m["outcome"] for m in gone.json()["messages"]] == ["done"]
+    assert client.get("/api/parked").json() == []
+
+
+@pytest.mark.parametrize(
+    "body",
+    [{"parked_by": "nobody"}, {"limit": 0}, {"older_than_seconds": -1}, {"ids": "x"}],
+)
+def test_a_bad_bulk_parked_request_is_refused_and_touches_nothing(client, poisoned, body):
+    kept = poisoned.put("sas-orders", RAW)
+    answer = client.post("/api/parked/discard", json={"dry_run": False, **body})
+    assert answer.status_code == 422
+    assert [m["id"] for m in client.get("/api/parked").json()] == [kept]

@@ -133,8 +133,8 @@ def test_parked_messages_are_one_noun_list_replay_and_discard():
         ["rejected", "list"],  # the two nouns it replaced
         ["poison", "list"],
         ["parked"],
-        ["parked", "replay"],
         ["parked", "list", "--limit", "0"],
+        ["parked", "discard", "--all", "--by", "someone"],
     ):
         with pytest.raises(UsageError):
             commands.parser().parse_args(wrong)

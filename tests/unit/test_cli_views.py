@@ -12,7 +12,7 @@ from rich.console import Console
 
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.parked import ParkedMessage, poison_id, rejected_row_key
-from sas.entrypoints.http_api import ParkedView
+from sas.entrypoints.parked_api import ParkedView
 from sas_cli import views
 
 pytestmark = pytest.mark.unit

@@ -329,8 +329,73 @@
         parkedActions(message.id)],
       { "data-parked-id": message.id, "data-by": message.parked_by },
     )));
-    $("parked-count").textContent = `(${parked.length})`;
+    const total = parked.total ?? parked.length;
+    $("parked-count").textContent = `(${total})`;
+    $("parked-shown").textContent = `showing ${parked.length} of ${total}`;
     $("parked-empty").hidden = parked.length > 0;
+  }
+
+  function parkedFilters() {
+    const filters = {};
+    if ($("parked-by").value) filters.parked_by = $("parked-by").value;
+    for (const name of ["queue", "reason"]) {
+      const value = $(`parked-${name}`).value.trim();
+      if (value) filters[name] = value;
+    }
+    const older = $("parked-older").value;
+    if (older !== "") filters.older_than_seconds = Number(older) * 60;
+    return filters;
+  }
+
+  function parkedQuery() {
+    const query = new URLSearchParams({ limit: "20" });
+    for (const [name, value] of Object.entries(parkedFilters())) query.set(name, String(value));
+    return query.toString();
+  }
+
+  // Replay or discard every parked message the filters match: a dry run first, then the run
+  // on the ids it showed, reporting each.
+  let parkedBulk = null;  // { verb, ids } of the last dry run
+
+  async function parkedBulkCheck(verb) {
+    const confirm = $("parked-bulk-confirm");
+    const outcome = $("parked-bulk-outcome");
+    confirm.hidden = true;
+    try {
+      const report = await call("POST", `/api/parked/${verb}`,
+        { ...parkedFilters(), actor: "dashboard", dry_run: true, limit: 100 });
+      const ids = report.messages.map((m) => m.id);
+      parkedBulk = { verb, ids };
+      const done = verb === "replay" ? "replayed" : "discarded";
+      const more = report.total > report.matched ? ` (of ${report.total} matching)` : "";
+      outcome.textContent = report.matched === 0 ? "no parked message matches"
+        : `${report.matched} message(s) would be ${done}${more}: ${ids.join(", ")}`;
+      outcome.dataset.matched = String(report.matched);
+      confirm.textContent = verb === "replay" ? "Replay them" : "Discard them for good";
+      confirm.hidden = report.matched === 0;
+    } catch (error) {
+      outcome.textContent = `not checked: ${error.message}`;
+    }
+  }
+
+  async function parkedBulkRun() {
+    const { verb, ids } = parkedBulk;
+    const outcome = $("parked-bulk-outcome");
+    $("parked-bulk-confirm").hidden = true;
+    const done = verb === "replay" ? "replayed" : "discarded";
+    try {
+      const report = await call("POST", `/api/parked/${verb}`,
+        { ...parkedFilters(), actor: "dashboard", dry_run: false, limit: 100, ids });
+      const ok = report.messages.filter((m) => m.outcome === "done").length;
+      const refused = report.messages.filter((m) => m.outcome !== "done")
+        .map((m) => `${m.id} (${m.outcome})`);
+      outcome.textContent = `${done} ${ok} of ${report.matched}`
+        + (refused.length ? `; ${refused.join("; ")}` : "");
+      outcome.dataset.done = String(ok);
+    } catch (error) {
+      outcome.textContent = `not ${done}: ${error.message}`;
+    }
+    await refresh();
   }
 
   // Replay, or discard (a second click within ARM_MS confirms): the same routes as `sas
@@ -394,7 +459,7 @@
     await Promise.all([
       attempt("counts", () => call("GET", "/api/stats"), renderCounts),
       attempt("orders", () => call("GET", `/api/orders?${ordersQuery()}`), renderOrders),
-      attempt("parked", () => call("GET", "/api/parked?limit=20"), renderParked),
+      attempt("parked", () => call("GET", `/api/parked?${parkedQuery()}`), renderParked),
       !health ? null : attempt(
         "health", () => call("GET", `/api/health/report?minutes=${$("health-minutes").value}`),
         renderHealth,
@@ -534,6 +599,14 @@
     $("close-order").addEventListener("click", closeOrder);
     $("bulk-check").addEventListener("click", bulkCheck);
     $("bulk-confirm").addEventListener("click", bulkRun);
+    $("parked-bulk-replay").addEventListener("click", () => parkedBulkCheck("replay"));
+    $("parked-bulk-discard").addEventListener("click", () => parkedBulkCheck("discard"));
+    $("parked-bulk-confirm").addEventListener("click", parkedBulkRun);
+    $("parked-filters").addEventListener("change", () => {
+      $("parked-bulk-confirm").hidden = true;
+      refresh();
+    });
+    $("parked-filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
     $("filters").addEventListener("change", () => { $("bulk-confirm").hidden = true; });
     const linked = linkedOrder();
     if (linked !== null) openTimeline(linked);

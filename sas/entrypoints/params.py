@@ -1,0 +1,30 @@
+"""What several routes of the HTTP API take alike: who acts, how many, how old."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import Header, Query
+
+from sas.services.operator import MAX_QUERY_LIMIT
+
+# Who is signed in, where App Service authentication is on: it sets this header (and strips one
+# a caller sends). Without it the header is as trustworthy as the body's ``actor``, no more.
+SignedIn = Annotated[
+    str | None, Header(alias="x-ms-client-principal-name", include_in_schema=False)
+]
+
+Limit = Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT, description="at most this many")]
+MAX_AGE_SECONDS = 10 * 366 * 86400
+"""Ten years: older or newer than that filters nothing more, and keeps datetimes in range."""
+
+
+def actor_of(signed_in: str | None, claimed: str) -> str:
+    """The audit trail's actor: the signed-in user, else what the caller says."""
+    name = (signed_in or "").strip()
+    return name[:100] if name else claimed
+
+
+def seconds(value: float | None) -> timedelta | None:
+    return None if value is None else timedelta(seconds=value)
