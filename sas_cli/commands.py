@@ -48,11 +48,12 @@ from sas.domain.errors import (
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
+from sas.entrypoints.params import MAX_OFFSET
 from sas.entrypoints.parked_api import bulk_parked_view
 from sas.services.health import MAX_WINDOW
 from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery, ParkedQuery
 from sas_cli import appsettings, views
-from sas_cli.parsing import UsageError, duration, json_object
+from sas_cli.parsing import UsageError, duration, instant, json_object
 from sas_cli.watch import watch
 
 # Piped output (a file, grep, less) has no width: wide enough that tables are not folded to 80.
@@ -101,6 +102,12 @@ def _seconds(text: str) -> float:
     if not 0.1 <= value <= 3600:
         raise UsageError(f"{text!r} is not an interval: seconds from 0.1 to 3600")
     return value
+
+
+def _offset(text: str) -> int:
+    if not text.isdigit() or int(text) > MAX_OFFSET:
+        raise UsageError(f"{text!r} is not an offset: a whole number from 0 to {MAX_OFFSET}")
+    return int(text)
 
 
 def _count(text: str) -> int:
@@ -167,12 +174,9 @@ def parser() -> argparse.ArgumentParser:
 
     listing = command("list", _list, "orders, most recently updated first")
     listing.add_argument("--state", type=_arg(_state))
-    listing.add_argument("--priority", choices=PRIORITIES)
-    listing.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="submitted")
-    listing.add_argument("--newer-than", type=_arg(duration), metavar="AGE", help="submitted")
-    listing.add_argument("--step", help="at this step (its undo included)")
-    listing.add_argument("--error", metavar="TEXT", help="the last error contains TEXT, any case")
+    _order_filters(listing)
     listing.add_argument("--limit", type=_arg(_limit), default=100)
+    listing.add_argument("--offset", type=_arg(_offset), default=0, help="skip N (next page)")
 
     _resubmit_command(command)
 
@@ -224,11 +228,7 @@ def _resubmit_command(command: Any) -> None:
     again.add_argument("order_id", nargs="?", type=_arg(_order_id))
     again.add_argument("--actor", default=_actor(), help="who, for the audit trail")
     again.add_argument("--all", action="store_true", help="every Error order the filters match")
-    again.add_argument("--priority", choices=PRIORITIES)
-    again.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="submitted")
-    again.add_argument("--newer-than", type=_arg(duration), metavar="AGE", help="submitted")
-    again.add_argument("--step", help="at this step (its undo included)")
-    again.add_argument("--error", metavar="TEXT", help="the last error contains TEXT, any case")
+    _order_filters(again)
     again.add_argument("--limit", type=_arg(_limit), help="with --all: at most (default 100)")
     again.add_argument("--yes", action="store_true", help="with --all: resubmit (default: list)")
     closing = command("close", _close, "close an Error order settled by hand, with the reason")
@@ -266,6 +266,22 @@ def _parked_commands(commands: Any, command: Command) -> None:
         one.add_argument("--yes", action="store_true", help="with --all: act (default: list)")
 
 
+def _order_filters(command: Any) -> None:
+    """What ``list`` and ``resubmit --all`` filter on alike (``_query`` reads them)."""
+    command.add_argument("--priority", choices=PRIORITIES)
+    command.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="submitted")
+    command.add_argument("--newer-than", type=_arg(duration), metavar="AGE", help="submitted")
+    command.add_argument(
+        "--from", dest="since", type=_arg(instant), metavar="TIME",
+        help="submitted at or after TIME (ISO 8601; UTC unless it says)",
+    )  # fmt: skip
+    command.add_argument(
+        "--until", type=_arg(instant), metavar="TIME", help="submitted before TIME"
+    )
+    command.add_argument("--step", help="at this step (its undo included)")
+    command.add_argument("--error", metavar="TEXT", help="the last error contains TEXT, any case")
+
+
 def _parked_filters(command: Any) -> None:
     command.add_argument("--by", choices=("app", "host"), help="who parked it")
     command.add_argument("--queue", help="the queue it was meant for")
@@ -280,7 +296,10 @@ def _alias_commands(commands: Any, command: Command) -> None:
     by_state = command("list", _list, "= sas list --state", old)
     by_state.add_argument("--state", type=_arg(_state), required=True)
     by_state.add_argument("--limit", type=_arg(_limit), default=100)
-    by_state.set_defaults(priority=None, older_than=None, newer_than=None, step=None, error=None)
+    by_state.set_defaults(
+        priority=None, older_than=None, newer_than=None, since=None, until=None, step=None,
+        error=None, offset=0,
+    )  # fmt: skip
     command("show", _history, "= sas history", old).add_argument("order_id", type=_arg(_order_id))
     old_resubmit = command("resubmit", _resubmit, "= sas resubmit", old)
     old_resubmit.add_argument("order_id", type=_arg(_order_id))
@@ -291,6 +310,8 @@ def _alias_commands(commands: Any, command: Command) -> None:
         priority=None,
         older_than=None,
         newer_than=None,
+        since=None,
+        until=None,
         step=None,
         error=None,
         limit=None,
@@ -377,6 +398,8 @@ def _history(operator: Operator, args: argparse.Namespace) -> int:
 
 def _query(args: argparse.Namespace, state: ProcessState | None, limit: int) -> OrderQuery:
     """The filters ``list`` and ``resubmit --all`` share."""
+    if args.since and args.until and args.until <= args.since:
+        raise UsageError("--until must be after --from: no order could match")
     return OrderQuery(
         state=state,
         priority=args.priority,
@@ -384,7 +407,10 @@ def _query(args: argparse.Namespace, state: ProcessState | None, limit: int) -> 
         newer_than=args.newer_than,
         step=args.step or None,
         error=args.error or None,
+        submitted_from=args.since,
+        submitted_until=args.until,
         limit=limit,
+        offset=getattr(args, "offset", 0),
     )
 
 
@@ -395,7 +421,15 @@ def _list(operator: Operator, args: argparse.Namespace) -> int:
         _print_json([views.state_document(state) for state in found])
     else:
         console.print(views.states_table(_described(query), found))
-        print(f"{len(found)} of {total} matching order(s)")
+        if query.offset == 0:
+            print(f"{len(found)} of {total} matching order(s)")
+        elif not found:
+            print(f"none past the first {query.offset} of {total} matching order(s)")
+        else:
+            first = query.offset + 1
+            print(f"{first}-{query.offset + len(found)} of {total} matching order(s)")
+        if query.offset + len(found) < total:
+            print(f"next page: --offset {query.offset + len(found)}")
     return 0
 
 
@@ -407,6 +441,10 @@ def _described(query: OrderQuery) -> str:
         said.append(f"submitted over {query.older_than} ago")
     if query.newer_than is not None:
         said.append(f"submitted within {query.newer_than}")
+    if query.submitted_from is not None:
+        said.append(f"submitted from {views.at(query.submitted_from)}")
+    if query.submitted_until is not None:
+        said.append(f"submitted before {views.at(query.submitted_until)}")
     if query.step is not None:
         said.append(f"at {query.step}")
     if query.error is not None:

@@ -1,10 +1,11 @@
-"""Command-line values: durations (90s, 15m, 2h, 7d) and JSON given inline or as @file."""
+"""Command-line values: durations (90s, 15m, 2h, 7d), instants (ISO 8601, UTC unless said)
+and JSON given inline or as @file."""
 
 from __future__ import annotations
 
 import json
 import re
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,16 @@ def duration(text: str) -> timedelta:
     if value > LONGEST:
         raise UsageError(f"{text!r} is too long a duration: at most {LONGEST.days}d")
     return value
+
+
+def instant(text: str) -> datetime:
+    """An ISO 8601 date or time: ``2026-11-26``, ``2026-11-26T10:00``, ``...Z``, ``...+01:00``;
+    without a zone it is UTC, as every time the CLI prints is."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise UsageError(f"{text!r} is not a time: ISO 8601, like 2026-11-26T10:00Z") from None
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 def json_object(text: str, what: str) -> dict[str, Any]:

@@ -88,10 +88,25 @@ def step_name(state: OrderState) -> str:
     return f"{name} (undo)" if state.mode == "undo" else name
 
 
+def state_name(state: OrderState) -> str:
+    """A state as the dashboard names it too: ``Pending (undo)`` for an undo step waiting."""
+    name = state.process_state.value
+    undoing = state.process_state is ProcessState.PENDING and state.mode == "undo"
+    return f"{name} (undo)" if undoing else name
+
+
+def _state_at_step(state: OrderState) -> str:
+    """``Processing at charge``, ``Compensating at charge (undo)``, ``Pending (undo) at charge``:
+    the undo said once."""
+    name = state_name(state)
+    step = str(StateView.of(state).step) if name.endswith("(undo)") else step_name(state)
+    return f"{name} at {step}"
+
+
 def states_table(title: str, states: Sequence[OrderState]) -> Table:
     columns = ("order", "state", "priority", "step", "attempt", "failures", "updated", "last error")
     rows = [
-        (s.order_id, s.process_state.value, s.priority, step_name(s), s.attempt, s.failure_count,
+        (s.order_id, state_name(s), s.priority, step_name(s), s.attempt, s.failure_count,
          s.updated_at, s.last_error)
         for s in states
     ]  # fmt: skip
@@ -101,7 +116,7 @@ def states_table(title: str, states: Sequence[OrderState]) -> Table:
 def status(state: OrderState) -> RenderableType:
     view = StateView.of(state).model_dump()
     lines = [
-        f"[bold]{state.order_id}[/] {state.process_state.value} at {step_name(state)}, "
+        f"[bold]{state.order_id}[/] {_state_at_step(state)}, "
         f"attempt {state.attempt}, failures {state.failure_count}, "
         f"priority {state.priority}",
         f"workflow {state.workflow}; submitted {at(state.submitted_at)}, "
@@ -148,10 +163,7 @@ def counts_table(counts: Mapping[ProcessState, int]) -> Table:
 
 
 def failures_table(failures: Sequence[OrderState]) -> Table:
-    rows = [
-        (s.updated_at, s.order_id, s.process_state.value, step_name(s), s.last_error)
-        for s in failures
-    ]
+    rows = [(s.updated_at, s.order_id, state_name(s), step_name(s), s.last_error) for s in failures]
     return table("recent failures", ("at", "order", "state", "step", "last error"), rows)
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import AwareDatetime, BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sas import bootstrap
@@ -29,7 +29,7 @@ from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import ORDER_ID, Priority
 from sas.entrypoints import api_docs, dashboard, health_api, parked_api
 from sas.entrypoints.invocation import attributed
-from sas.entrypoints.params import MAX_AGE_SECONDS, Limit, SignedIn, actor_of, seconds
+from sas.entrypoints.params import MAX_AGE_SECONDS, MAX_OFFSET, Limit, SignedIn, actor_of, seconds
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
 
@@ -214,21 +214,22 @@ def list_orders(
     error: Annotated[
         str | None, Query(max_length=200, description="the last error contains this, any case")
     ] = None,
+    submitted_from: Annotated[
+        AwareDatetime | None, Query(description="submitted at or after this instant")
+    ] = None,
+    submitted_until: Annotated[
+        AwareDatetime | None, Query(description="submitted before this instant")
+    ] = None,
     limit: Limit = 100,
+    offset: Annotated[
+        int, Query(ge=0, le=MAX_OFFSET, description="skip this many matches (the next page)")
+    ] = 0,
 ) -> list[StateView]:
-    """Orders matching every filter given, most recently updated first; the header
-    ``x-total-count`` says how many match in all.
+    """Orders matching every filter given, most recently updated first, a page of ``limit``
+    from ``offset`` on; the header ``x-total-count`` says how many match in all.
 
     Filters on anything but the order id scan the table: an operator's look, not a hot path."""
-    if (
-        older_than_seconds is not None
-        and newer_than_seconds is not None
-        and newer_than_seconds < older_than_seconds
-    ):
-        raise HTTPException(
-            status.HTTP_422_UNPROCESSABLE_CONTENT,
-            "newer_than_seconds must not be less than older_than_seconds: no order could match",
-        )
+    _check_range(older_than_seconds, newer_than_seconds, submitted_from, submitted_until)
     query = OrderQuery(
         state=state,
         priority=priority,
@@ -236,11 +237,33 @@ def list_orders(
         newer_than=seconds(newer_than_seconds),
         step=step or None,
         error=error or None,
+        submitted_from=submitted_from,
+        submitted_until=submitted_until,
         limit=limit,
+        offset=offset,
     )
     found, total = bootstrap.operator().find_page(query)
     response.headers["x-total-count"] = str(total)
     return [StateView.of(order) for order in found]
+
+
+def _check_range(
+    older_than: float | None,
+    newer_than: float | None,
+    submitted_from: datetime | None,
+    submitted_until: datetime | None,
+) -> None:
+    """422 for a range no order could match (the filters are checked one by one elsewhere)."""
+    if older_than is not None and newer_than is not None and newer_than < older_than:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            "newer_than_seconds must not be less than older_than_seconds: no order could match",
+        )
+    if submitted_from and submitted_until and submitted_until <= submitted_from:
+        raise HTTPException(
+            status.HTTP_422_UNPROCESSABLE_CONTENT,
+            "submitted_until must be after submitted_from: no order could match",
+        )
 
 
 STATS_LIST_CAP = 100
@@ -319,6 +342,8 @@ class BulkResubmitRequest(BaseModel):
     newer_than_seconds: Annotated[float | None, Field(ge=0, le=MAX_AGE_SECONDS)] = None
     step: Annotated[str | None, Field(max_length=100)] = None
     error: Annotated[str | None, Field(max_length=200)] = None
+    submitted_from: AwareDatetime | None = None
+    submitted_until: AwareDatetime | None = None
     limit: Annotated[int, Field(ge=1, le=MAX_QUERY_LIMIT)] = 100
     order_ids: Annotated[list[str] | None, Field(max_length=MAX_QUERY_LIMIT)] = None
     """Only these, of what the filters match: the ids a dry run showed, so that the run acts
@@ -345,6 +370,12 @@ def resubmit_orders(request: BulkResubmitRequest, signed_in: SignedIn = None) ->
     """Resubmit every Error order matching the filters (at most ``limit``, most recently
     updated first). A dry run unless ``dry_run`` is false: it lists what would be resubmitted.
     Each order's write is conditional; the report says per order what happened."""
+    _check_range(
+        request.older_than_seconds,
+        request.newer_than_seconds,
+        request.submitted_from,
+        request.submitted_until,
+    )
     query = OrderQuery(
         state=ProcessState.ERROR,
         priority=request.priority,
@@ -352,6 +383,8 @@ def resubmit_orders(request: BulkResubmitRequest, signed_in: SignedIn = None) ->
         newer_than=seconds(request.newer_than_seconds),
         step=request.step or None,
         error=request.error or None,
+        submitted_from=request.submitted_from,
+        submitted_until=request.submitted_until,
         limit=request.limit,
     )
     report = bootstrap.operator().resubmit_matching(

@@ -16,6 +16,8 @@ SignedIn = Annotated[
 ]
 
 Limit = Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT, description="at most this many")]
+MAX_OFFSET = 1_000_000
+"""How far a page may start: every match is read to sort them anyway."""
 MAX_AGE_SECONDS = 10 * 366 * 86400
 """Ten years: older or newer than that filters nothing more, and keeps datetimes in range."""
 

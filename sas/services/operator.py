@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import partial
 
+from sas.domain.clock import require_utc
 from sas.domain.errors import (
     AlreadyExists,
     ConcurrencyConflict,
@@ -61,14 +62,31 @@ class OrderQuery:
     """The step the order is at (by name; its undo included)."""
     error: str | None = None
     """Text its last error contains, in any case."""
+    submitted_from: datetime | None = None
+    """Submitted at or after this instant."""
+    submitted_until: datetime | None = None
+    """Submitted before this instant."""
     limit: int = 100
+    offset: int = 0
+    """Skip this many matches first (the next page: offset + limit)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.limit <= MAX_QUERY_LIMIT:
             raise ValueError(f"limit must be 1..{MAX_QUERY_LIMIT}")
+        if self.offset < 0:
+            raise ValueError("offset must not be negative")
         for name, age in (("older_than", self.older_than), ("newer_than", self.newer_than)):
             if age is not None and age < timedelta(0):
                 raise ValueError(f"{name} must not be negative")
+        for name, at in (("from", self.submitted_from), ("until", self.submitted_until)):
+            if at is not None:
+                require_utc(at, f"submitted_{name}")
+
+    def submitted_between(self, now: datetime) -> tuple[datetime | None, datetime | None]:
+        """The submission times it keeps, ``[after, before)``, the ages and instants together."""
+        after = [t for t in (self.submitted_from, self.newer_than and now - self.newer_than) if t]
+        before = [t for t in (self.submitted_until, self.older_than and now - self.older_than) if t]
+        return max(after, default=None), min(before, default=None)
 
 
 @dataclass(frozen=True)
@@ -176,20 +194,20 @@ class Operator:
         return self.find_page(query)[0]
 
     def find_page(self, query: OrderQuery) -> tuple[list[OrderState], int]:
-        """The first ``query.limit`` matching orders, and how many match in all."""
-        now = self._clock.now()
+        """``query.limit`` matching orders from ``query.offset`` on, and how many match in all."""
+        after, before = query.submitted_between(self._clock.now())
         found = [
             versioned.value
             for versioned in self._store.query_states(
                 process_state=query.state,
                 priority=query.priority,
-                submitted_before=None if query.older_than is None else now - query.older_than,
-                submitted_after=None if query.newer_than is None else now - query.newer_than,
+                submitted_before=before,
+                submitted_after=after,
             )
             if self._matches(versioned.value, query)
         ]
         found.sort(key=lambda state: (state.updated_at, state.order_id), reverse=True)
-        return found[: query.limit], len(found)
+        return found[query.offset : query.offset + query.limit], len(found)
 
     def _step_name(self, state: OrderState) -> str | None:
         """The step's name; None for a workflow (or step) this app no longer declares."""

@@ -169,6 +169,33 @@ def test_the_filters_narrow_the_orders_table(page, failed_order):
     expect(page.locator("#orders-empty")).to_be_visible()
 
 
+def test_orders_page_through_and_narrow_to_absolute_times(page, store):
+    rows = page.locator("#orders tbody tr")
+    shown = page.locator("#orders-shown")
+    page.fill("#filter-limit", "2")
+    page.dispatch_event("#filter-limit", "change")
+    expect(shown).to_have_text(re.compile(r"^showing 2 of \d+$"))
+    total = int(shown.get_attribute("data-total") or 0)
+    first_page = [rows.nth(i).get_attribute("data-order-id") for i in range(2)]
+    expect(page.locator("#page-previous")).to_be_disabled()
+    page.click("#page-next")
+    expect(shown).to_have_text(f"showing 3-4 of {total}")
+    expect(rows).to_have_count(2)
+    second_page = [rows.nth(i).get_attribute("data-order-id") for i in range(2)]
+    assert not set(first_page) & set(second_page)
+    page.click("#page-previous")
+    expect(shown).to_have_text(f"showing 2 of {total}")
+    # Absolute times, in UTC: every order was submitted before now, none before 2000.
+    page.fill("#filter-limit", "50")
+    page.fill("#filter-until", "2000-01-01T00:00")
+    page.dispatch_event("#filter-until", "change")
+    expect(shown).to_have_text("showing 0 of 0")
+    page.fill("#filter-until", "")
+    page.fill("#filter-from", "2000-01-01T00:00")
+    page.dispatch_event("#filter-from", "change")
+    expect(shown).to_have_text(f"showing {total} of {total}")
+
+
 def test_orders_filter_on_error_text_and_say_how_many_match(page, failed_order):
     rows = page.locator("#orders tbody tr")
     page.fill("#filter-limit", "1")

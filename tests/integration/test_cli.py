@@ -9,7 +9,7 @@ import json
 import os
 import re
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -252,7 +252,27 @@ def test_list_filters_by_state_priority_age_and_limit(mixed, capsys):
     code, out, _ = sas(capsys, "list", "--error", "[/v1/refund] [red]x")  # text, never markup
     assert code == 0 and "[/v1/refund] [red]x" in out and "0 of 0 matching" in out
     code, out, _ = sas(capsys, "list", "--limit", "2")
-    assert code == 0 and out.rstrip().endswith("2 of 5 matching order(s)")
+    assert code == 0 and out.rstrip().endswith("2 of 5 matching order(s)\nnext page: --offset 2")
+
+
+def test_list_pages_and_takes_absolute_times(mixed, capsys):
+    start = mixed.clock.now() - timedelta(minutes=40)  # when done-a was submitted
+    assert listed(capsys, "--limit", "2", "--offset", "2") == ["broken", "done-b"]
+    code, out, _ = sas(capsys, "list", "--limit", "2", "--offset", "4")
+    assert code == 0 and out.rstrip().endswith("5-5 of 5 matching order(s)")
+    code, out, _ = sas(capsys, "list", "--offset", "9")
+    assert code == 0 and "none past the first 9 of 5" in out
+    # Absolute instants: from is inclusive, until exclusive; no zone means UTC.
+    naive = (start + timedelta(minutes=5)).replace(tzinfo=None).isoformat()
+    assert listed(capsys, "--from", naive) == ["running", "undone", "broken", "done-b"]
+    paris = (start + timedelta(minutes=15)).astimezone(timezone(timedelta(hours=1)))
+    assert listed(capsys, "--from", naive, "--until", paris.isoformat()) == ["done-b"]
+    # With an age too: both hold.
+    assert listed(capsys, "--from", naive, "--older-than", "15m") == ["broken", "done-b"]
+    code, _, err = sas(capsys, "list", "--from", paris.isoformat(), "--until", naive)
+    assert code == 2 and "--until must be after --from" in err
+    code, _, err = sas(capsys, "list", "--from", "yesterday")
+    assert code == 2 and "is not a time" in err
 
 
 @pytest.mark.parametrize(

@@ -111,6 +111,25 @@ def test_orders_come_most_recently_updated_first_up_to_the_limit(client, orders)
     assert only_error.headers["x-total-count"] == "1"
 
 
+def test_orders_page_by_offset_and_are_found_between_two_instants(client, orders):
+    second = client.get("/api/orders", params={"limit": 2, "offset": 2})
+    assert [found["order_id"] for found in second.json()] == ["failed", "old-high"]
+    assert second.headers["x-total-count"] == "4"
+    assert client.get("/api/orders", params={"offset": 4}).json() == []
+    now = datetime.now(UTC)
+    window = {
+        "submitted_from": (now - timedelta(minutes=15)).isoformat(),
+        "submitted_until": (now - timedelta(minutes=5)).isoformat(),
+    }
+    assert ids(client.get("/api/orders", params=window)) == {"old-high", "failed"}
+    recent = {"submitted_from": (now - timedelta(minutes=5)).isoformat(), "priority": "low"}
+    assert ids(client.get("/api/orders", params=recent)) == {"new-low"}
+    shown = client.post(
+        "/api/orders/resubmit", json={**window, "dry_run": True, "actor": "ann"}
+    ).json()
+    assert [entry["order_id"] for entry in shown["orders"]] == ["failed"]
+
+
 def test_orders_are_filtered_by_their_step_and_their_error_s_text(client, orders):
     assert ids(client.get("/api/orders", params={"step": "charge"})) == {"failed"}
     assert ids(client.get("/api/orders", params={"error": "Card Declined"})) == {"failed"}
@@ -129,6 +148,12 @@ def test_orders_are_filtered_by_their_step_and_their_error_s_text(client, orders
         ({"limit": 1001}, "limit"),
         ({"error": "x" * 201}, "error"),
         ({"older_than_seconds": 60, "newer_than_seconds": 30}, "no order could match"),
+        ({"offset": -1}, "offset"),
+        ({"submitted_from": "2026-11-26T10:00:00"}, "timezone"),
+        (
+            {"submitted_from": "2026-11-26T10:00:00Z", "submitted_until": "2026-11-26T09:00Z"},
+            "submitted_until must be after submitted_from",
+        ),
     ],
 )
 def test_a_bad_filter_is_refused_with_what_is_wrong(client, app_env, params, complaint):

@@ -34,7 +34,7 @@ def test_the_trace_id_is_shown_when_the_order_has_one():
     assert "o1 Error at reserve, attempt" in untraced and "last error: HTTP 402" in untraced
     assert "submitted 2026-11-22 12:00:00 UTC" in untraced  # one time format, zone said
     undoing = shown(replace(state, process_state=ProcessState.PENDING, mode="undo"))
-    assert "o1 Pending at reserve (undo), attempt" in undoing  # as the dashboard names it
+    assert "o1 Pending (undo) at reserve, attempt" in undoing  # as the dashboard says
     assert "trace id" not in untraced
     traced = OrderState(
         "o1", "order", ProcessState.ERROR, at, at, traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-01"

@@ -27,13 +27,19 @@ def test_every_route_the_dashboard_calls_is_documented_with_a_description() -> N
         ("/api/parked", "get"),
         ("/api/parked/{parked_id}/replay", "post"),
         ("/api/parked/{parked_id}", "delete"),
+        ("/api/parked/replay", "post"),
+        ("/api/parked/discard", "post"),
+        ("/api/health/report", "get"),
         ("/api/dashboard", "get"),
     ]:
         assert paths[path][method]["description"], f"{method.upper()} {path}"
     filters = {p["name"] for p in paths["/api/orders"]["get"]["parameters"]}
     assert filters == {
-        "state", "priority", "older_than_seconds", "newer_than_seconds", "step", "error", "limit"
+        "state", "priority", "older_than_seconds", "newer_than_seconds", "submitted_from",
+        "submitted_until", "step", "error", "limit", "offset",
     }  # fmt: skip
+    parked = {p["name"] for p in paths["/api/parked"]["get"]["parameters"]}
+    assert parked == {"parked_by", "queue", "reason", "older_than_seconds", "limit"}
 
 
 def test_parked_messages_have_one_api_and_one_view() -> None:

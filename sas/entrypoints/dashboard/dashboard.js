@@ -83,8 +83,11 @@
     return order.mode === "undo" ? `${order.step} (undo)` : order.step;
   }
 
-  function stateBadge(state) {
-    return el("span", state, { class: "state", "data-state": state });
+  function stateBadge(state, mode) {
+    // Pending while undoing (an undo step waiting for its retry): said, and coloured as undo.
+    const undoing = state === "Pending" && mode === "undo";
+    return el("span", undoing ? "Pending (undo)" : state,
+      { class: "state", "data-state": state, "data-mode": undoing ? "undo" : null });
   }
 
   function fill(tbody, rows) {
@@ -100,6 +103,7 @@
       card.addEventListener("click", () => {
         const select = $("filter-state");
         select.value = select.value === state ? "" : state;
+        offset = 0;
         refresh();
       });
       return card;
@@ -131,8 +135,27 @@
       const value = $(`filter-${name}`).value.trim();
       if (value) query.set(name, value);
     }
+    // The inputs hold UTC wall time, as the page shows every time.
+    for (const [name, id] of [["submitted_from", "filter-from"], ["submitted_until", "filter-until"]]) {
+      const value = $(id).value;
+      if (value) query.set(name, `${value.length === 16 ? `${value}:00` : value}Z`);
+    }
     query.set("limit", $("filter-limit").value || "50");
     return query.toString();
+  }
+
+  let offset = 0;  // the first order shown: paging through what the filters match
+
+  function pageQuery() {
+    const query = new URLSearchParams(ordersQuery());
+    if (offset > 0) query.set("offset", String(offset));
+    return query.toString();
+  }
+
+  function turnPage(step) {
+    const size = Number($("filter-limit").value || "50");
+    offset = Math.max(0, offset + step * size);
+    refresh();
   }
 
   // Bulk resubmit: a dry run first (what the filters match among Error orders, whatever the
@@ -148,6 +171,9 @@
     }
     for (const name of ["older_than_seconds", "newer_than_seconds"]) {
       if (query.get(name)) request[name] = Number(query.get(name));
+    }
+    for (const name of ["submitted_from", "submitted_until"]) {
+      if (query.get(name)) request[name] = query.get(name);
     }
     return call("POST", "/api/orders/resubmit", request);
   }
@@ -188,7 +214,7 @@
     const rows = orders.map((order) => {
       const tr = row(
         [
-          el("code", order.order_id), stateBadge(order.process_state), order.priority,
+          el("code", order.order_id), stateBadge(order.process_state, order.mode), order.priority,
           stepLabel(order), order.attempt, order.failure_count,
           when(order.submitted_at), when(order.updated_at),
           el("span", order.last_error ?? "", { class: "error" }),
@@ -202,8 +228,17 @@
     fill($("orders").tBodies[0], rows);
     $("orders-empty").hidden = orders.length > 0;
     const total = orders.total ?? orders.length;
-    $("orders-shown").textContent = `showing ${orders.length} of ${total}`;
+    if (orders.length === 0 && offset > 0 && total > 0) {  // the matches shrank below the page
+      offset = 0;
+      refresh();
+      return;
+    }
+    $("orders-shown").textContent = offset === 0
+      ? `showing ${orders.length} of ${total}`
+      : `showing ${offset + 1}-${offset + orders.length} of ${total}`;
     $("orders-shown").dataset.total = String(total);
+    $("page-previous").disabled = offset === 0;
+    $("page-next").disabled = offset + orders.length >= total;
   }
 
   function renderTimeline(order) {
@@ -212,8 +247,11 @@
     $("timeline").dataset.orderId = order.order_id;
     $("timeline").dataset.state = order.process_state;
     $("timeline-order").textContent = order.order_id;
-    $("timeline-state").textContent = order.process_state;
+    const badge = stateBadge(order.process_state, order.mode);
+    $("timeline-state").textContent = badge.textContent;
     $("timeline-state").dataset.state = order.process_state;
+    if (badge.dataset.mode) $("timeline-state").dataset.mode = badge.dataset.mode;
+    else delete $("timeline-state").dataset.mode;
     $("timeline-trace").textContent = order.trace_id || "—";
     $("timeline-workflow").textContent = `${order.workflow}, ${order.priority} priority`;
     $("timeline-input").textContent = JSON.stringify(order.details);
@@ -455,11 +493,18 @@
       }
     };
     const health = healthDue || refreshes % HEALTH_EVERY === 0;
+    const orders = pageQuery();
+    const parked = parkedQuery();
     healthDue = false;
     await Promise.all([
       attempt("counts", () => call("GET", "/api/stats"), renderCounts),
-      attempt("orders", () => call("GET", `/api/orders?${ordersQuery()}`), renderOrders),
-      attempt("parked", () => call("GET", `/api/parked?${parkedQuery()}`), renderParked),
+      // A page asked for before the filters or the page changed is not shown.
+      attempt("orders", () => call("GET", `/api/orders?${orders}`), (found) => {
+        if (pageQuery() === orders) renderOrders(found);
+      }),
+      attempt("parked", () => call("GET", `/api/parked?${parked}`), (found) => {
+        if (parkedQuery() === parked) renderParked(found);
+      }),
       !health ? null : attempt(
         "health", () => call("GET", `/api/health/report?minutes=${$("health-minutes").value}`),
         renderHealth,
@@ -574,7 +619,9 @@
         link.href = `${link.getAttribute("href")}?code=${encodeURIComponent(key)}`;
       }
     }
-    $("filters").addEventListener("change", () => refresh());
+    $("filters").addEventListener("change", () => { offset = 0; refresh(); });
+    $("page-previous").addEventListener("click", () => turnPage(-1));
+    $("page-next").addEventListener("click", () => turnPage(1));
     $("health-minutes").addEventListener("change", () => { healthDue = true; refresh(); });
     $("filters").addEventListener("submit", (event) => { event.preventDefault(); refresh(); });
     $("pause").addEventListener("click", () => {
