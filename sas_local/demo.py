@@ -26,20 +26,17 @@ import json
 import logging
 import os
 import signal
-import statistics
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 import httpx
 from azure.storage.queue import QueueClient, TextBase64DecodePolicy
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
@@ -50,9 +47,9 @@ from sas.domain.model import TERMINAL_STATES, ProcessState
 from sas.domain.wire import Priority, submission_message_id
 from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
 from sas_local.chaos.inject import count_events
+from sas_local.demo_report import DemoRun, describe_faults, render
 from sas_local.devhost.worker import PRELOAD_ENV
 from sas_local.ledger import (
-    LedgerReport,
     app_effects,
     check_effects,
     configure_faults,
@@ -208,7 +205,8 @@ def run(
             f"[bold]dashboard[/]: {dashboard} (live; API docs at {stack.api_url}/api/docs)"
         )
         if faults:
-            console.print(f"faults: {FAULTS}; Python actions: {PYTHON_FAULTS}")
+            for line in describe_faults(FAULTS, PYTHON_FAULTS if "workspace" in workflows else {}):
+                console.print(line, highlight=False)
             console.print("one agent worker will be killed mid-run")
         batch = demo_batch(orders, run_id, workflows, faults)
         outcome = _drive(stack, batch, timeout, faults)
@@ -339,11 +337,27 @@ def _drive(stack: LocalStack, batch: list[OrderSubmitted], timeout: float, fault
     ]
     flows = {order.order_id: REGISTRY.named(order.workflow) for order in batch}
     report = check_effects(ledger, outcomes, flows)
-    _summary(orders, outcomes, tracker, report, elapsed, history, alerts, crash)
-    _by_workflow(batch, outcomes, stack.env)
-    _priorities_and_endpoints(batch, tracker, stack.simulator_url)
+    config = json.loads(stack.env.get(CONFIG_ENV) or "{}")
+    try:
+        endpoints = httpx.get(f"{stack.simulator_url}/endpoints", timeout=10).json()
+    except httpx.HTTPError:
+        endpoints = {}
+    finished_run = DemoRun(
+        batch=batch,
+        outcomes=outcomes,
+        latency=tracker.latency,
+        elapsed=elapsed,
+        history=history,
+        ledger=report,
+        alerts=alerts,
+        crash=crash,
+        status_events=sum(tracker.events.values()),
+        python_injected=count_events(Path(config["events"])) if config.get("events") else {},
+        endpoints=endpoints,
+    )
+    console.print(render(finished_run))
 
-    unfinished = [oid for oid, state in outcomes.items() if state not in _TERMINAL]
+    unfinished = [oid for oid, state in outcomes.items() if state not in TERMINAL_STATES]
     not_processed = sum(state is not ProcessState.PROCESSED for state in outcomes.values())
     errors = sum(state is ProcessState.ERROR for state in outcomes.values())
     problems = list(report.problems)
@@ -365,26 +379,6 @@ def _drive(stack: LocalStack, batch: list[OrderSubmitted], timeout: float, fault
     return 0
 
 
-def _by_workflow(
-    batch: list[OrderSubmitted], outcomes: dict[str, ProcessState], env: dict[str, str]
-) -> None:
-    table = Table(title="by workflow", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for name in dict.fromkeys(order.workflow for order in batch):
-        counts = Counter(outcomes[o.order_id].value for o in batch if o.workflow == name)
-        table.add_row(name, ", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
-    config = json.loads(env.get(CONFIG_ENV) or "{}")
-    if config.get("events"):
-        injected = count_events(Path(config["events"]))
-        table.add_row(
-            "injected in Python actions",
-            ", ".join(f"{n} {kind.removeprefix('python_')}" for kind, n in sorted(injected.items()))
-            or "none",
-        )
-    console.print(table)
-
-
 def prioritised(orders: Iterable[OrderSubmitted]) -> list[OrderSubmitted]:
     """A twentieth low and a tenth high priority (at least one each), in sending order: the
     normal ones first, then the low, then the high ones, into the backlog the others make."""
@@ -396,96 +390,6 @@ def prioritised(orders: Iterable[OrderSubmitted]) -> list[OrderSubmitted]:
     return [
         order.model_copy(update={"priority": p}) for order, p in zip(batch, levels, strict=True)
     ]
-
-
-def _priorities_and_endpoints(
-    batch: list[OrderSubmitted], tracker: Tracker, simulator_url: str
-) -> None:
-    table = Table(title="priorities and endpoints", show_header=False)
-    table.add_column(style="bold")
-    table.add_column()
-    for priority in ("high", "normal", "low"):
-        latencies = [
-            tracker.latency[o.order_id]
-            for o in batch
-            if o.priority == priority and o.order_id in tracker.latency
-        ]
-        if latencies:
-            table.add_row(
-                f"{priority} priority: latency p50 / p95",
-                f"{_percentile(latencies, 50):.2f} s / {_percentile(latencies, 95):.2f} s"
-                f" ({len(latencies)} orders)",
-            )
-    try:
-        endpoints = httpx.get(f"{simulator_url}/endpoints", timeout=10).json()
-    except httpx.HTTPError:
-        endpoints = {}
-    for name, stats in sorted(endpoints.items()):
-        table.add_row(
-            f"payment endpoint {name}",
-            f"{stats['calls']} calls, at most {stats['max_in_flight']} at once, "
-            f"{stats['saturated']} refused full, {stats['down_rejections']} refused down",
-        )
-    console.print(table)
-
-
-_TERMINAL = TERMINAL_STATES
-
-
-def _percentile(values: list[float], q: int) -> float:
-    if len(values) < 2:
-        return values[0] if values else float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
-def _summary(
-    orders: int,
-    outcomes: dict[str, ProcessState],
-    tracker: Tracker,
-    report: LedgerReport,
-    elapsed: float,
-    history: Counter[str],
-    alerts: int,
-    crash: str,
-) -> None:
-    table = Table(
-        title=f"sas demo: {orders} orders in {timedelta(seconds=round(elapsed))}", show_header=False
-    )
-    table.add_column(style="bold")
-    table.add_column()
-    counts = Counter(state.value for state in outcomes.values())
-    for state in ProcessState:
-        table.add_row(f"ProcessState {state.value}", str(counts.get(state.value, 0)))
-    latencies = list(tracker.latency.values())
-    table.add_row(
-        "end-to-end latency p50 / p95",
-        f"{_percentile(latencies, 50):.2f} s / {_percentile(latencies, 95):.2f} s",
-    )
-    table.add_row("throughput", f"{orders / elapsed:.1f} orders/s" if elapsed else "-")
-    recoveries = sum(n for kind, n in history.items() if kind.startswith("expired_"))
-    table.add_row(
-        "supervisor recoveries",
-        f"{recoveries} ({history['expired_retry']} retries, "
-        f"{history['expired_compensate']} compensations, {history['expired_error']} errors)",
-    )
-    table.add_row("steps refused by a remote", str(history["refused"]))
-    table.add_row("late or duplicate replies dropped", str(history["reply_dropped"]))
-    table.add_row("operator alerts", str(alerts))
-    table.add_row("agent worker crash", crash)
-    table.add_row(
-        "effects applied / undone",
-        f"{report.effects} / {report.undone} {dict(sorted(report.by_service.items()))}",
-    )
-    table.add_row("idempotent replays at the remote", str(report.replays))
-    table.add_row(
-        "injected: transient / refusals / slow / outage",
-        f"{report.transient_failures + report.throttled} / "
-        f"{report.permanent_failures} / {report.slow_responses} / {report.outage_rejections}",
-    )
-    table.add_row("status events received", str(sum(tracker.events.values())))
-    table.add_row("effects left applied in Error orders", str(report.outstanding_in_error))
-    table.add_row("ledger check", "ok" if report.ok else f"{len(report.problems)} problem(s)")
-    console.print(table)
 
 
 def main(argv: list[str] | None = None) -> None:
