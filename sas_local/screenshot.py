@@ -2,7 +2,8 @@
 
 `make run DEMO_ARGS="--screenshot docs/dashboard.png"` takes it once the demo's orders have
 finished, before the stack stops; `python -m sas_local.screenshot URL` takes one of a running
-app. The first order in Error (if any) is opened, so its timeline and Resubmit button show.
+app. The orders in Error are shown and the first (if any) opened, so its timeline and the
+Resubmit button show.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def capture(dashboard_url: str, out: Path, *, open_state: str | None = "Error") 
             page.goto(dashboard_url)
             page.wait_for_selector("#updated-at:not([data-refreshes='0'])")
             if open_state is not None:
+                page.click(f"#counts .card[data-state='{open_state}']")  # those orders only
+                page.wait_for_timeout(2000)  # the refresh the click started lists them
                 rows = page.locator(f"#orders tbody tr[data-state='{open_state}']")
                 if rows.count():
                     rows.first.click()

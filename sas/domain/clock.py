@@ -17,3 +17,9 @@ def require_utc(value: datetime, name: str) -> datetime:
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"{name} must be timezone-aware")
     return value.astimezone(UTC)
+
+
+def readable(at: datetime) -> str:
+    """An instant in text a person reads (history details, errors): UTC to the millisecond,
+    saying so, as the dashboard and the CLI show times (to the second)."""
+    return require_utc(at, "at").strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"

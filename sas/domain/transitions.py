@@ -12,6 +12,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
+from sas.domain.clock import readable
 from sas.domain.endpoints import DeferralPolicy
 from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.messages import ReplyKind, StepReply
@@ -76,7 +77,7 @@ def claim(state: OrderState, *, instance_id: str, now: datetime, workflow: Workf
             f"order {state.order_id} is {state.process_state} locked by {state.locked_by!r}"
         )
     if state.not_before is not None and now < state.not_before:
-        raise NotYet(f"order {state.order_id} backs off until {state.not_before.isoformat()}")
+        raise NotYet(f"order {state.order_id} backs off until {readable(state.not_before)}")
     return _start(
         state, state.step_index, state.mode, instance_id=instance_id, now=now, workflow=workflow
     )

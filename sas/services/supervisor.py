@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import datetime, timedelta
 
+from sas.domain.clock import readable
 from sas.domain.errors import ConcurrencyConflict, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
 from sas.domain.recovery import Expiry, ExpiryAction, expire
@@ -171,7 +172,7 @@ def _expiry_history(
     detail = None
     if state.complete_by is not None:
         detail = (
-            f"{state.process_state} past {state.complete_by.isoformat()}, "
+            f"{state.process_state} past {readable(state.complete_by)}, "
             f"failure {state.failure_count + 1} of {ctx.policy.threshold(step.max_failures)}"
         )
     return HistoryEntry(
