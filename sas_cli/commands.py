@@ -513,7 +513,8 @@ def _resubmit_all(operator: Operator, args: argparse.Namespace) -> int:
 
 
 def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
-    found, total = operator.find_parked(_parked_query(args, args.limit))
+    page = operator.find_parked(_parked_query(args, args.limit))
+    found, total = page.messages, page.total
     documents = [views.parked_document(m, operator.parked_age_seconds(m)) for m in found]
     if args.json:
         _print_json(documents)
@@ -524,7 +525,15 @@ def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
     for number, m in enumerate(documents, 1):  # ids in full, never wrapped: to copy into replay
         console.print(f"#{number} {m['id']}", soft_wrap=True, highlight=False, markup=False)
     print(f"{len(found)} of {total} matching message(s)")
+    if page.more_unlisted:
+        print(_MORE_UNLISTED)
     return 0
+
+
+_MORE_UNLISTED = (
+    "more may be parked than were listed (a Storage poison queue shows its first 32): "
+    "settle these, then list again"
+)
 
 
 def _parked_query(args: argparse.Namespace, limit: int) -> ParkedQuery:
@@ -584,6 +593,8 @@ def _parked_matching(operator: Operator, args: argparse.Namespace, *, replay: bo
         else:
             done = sum(1 for m in view.messages if m.outcome == "done")
             print(f"{verb} {done} of {view.matched} message(s)")
+        if view.more_unlisted:
+            print(_MORE_UNLISTED)
     failed = [m.id for m in view.messages if m.outcome.startswith("not ")]
     return _fail(1, f"{len(failed)} message(s) not {verb}") if failed else 0
 

@@ -9,6 +9,8 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from sas.services.operator import EARLIEST, LATEST
+
 
 class UsageError(Exception):
     """Bad input on the command line: exit code 2, nothing changed."""
@@ -38,9 +40,14 @@ def instant(text: str) -> datetime:
     without a zone it is UTC, as every time the CLI prints is."""
     try:
         value = datetime.fromisoformat(text.strip())
+        found = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     except ValueError:
         raise UsageError(f"{text!r} is not a time: ISO 8601, like 2026-11-26T10:00Z") from None
-    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    except OverflowError:
+        found = None
+    if found is None or not EARLIEST <= found <= LATEST:
+        raise UsageError(f"{text!r} is out of range: from {EARLIEST.year} to {LATEST.year}")
+    return found
 
 
 def json_object(text: str, what: str) -> dict[str, Any]:

@@ -78,7 +78,10 @@ def at(moment: datetime | None) -> str:
     """Every time the CLI shows, as the dashboard shows it: to the second, in UTC, saying so."""
     if moment is None:
         return ""
-    utc = moment.astimezone(UTC) if moment.tzinfo is not None else moment
+    try:
+        utc = moment.astimezone(UTC) if moment.tzinfo is not None else moment
+    except OverflowError:  # no UTC time exists for it (year 1 with an offset): as it came
+        return moment.isoformat()
     return utc.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 

@@ -20,14 +20,14 @@ from azure.storage.queue import QueueClient, QueueServiceClient, TextBase64Encod
 
 from sas.domain.errors import NotFound
 from sas.domain.messages import Message, encode
-from sas.domain.parked import storage_body
+from sas.domain.parked import STORAGE_PEEK_MAX, storage_body
 from sas.domain.priority import Waiting
 from sas.services.telemetry import stamped
 
 log = logging.getLogger(__name__)
 
 MAX_DELAY_SECONDS = 7 * 24 * 3600
-PEEK_MAX = 32
+PEEK_MAX = STORAGE_PEEK_MAX
 """Storage returns at most 32 messages per peek or receive."""
 
 

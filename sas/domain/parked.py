@@ -32,6 +32,9 @@ from sas.domain.wire import parse_poison_id as parse_poison_id
 from sas.domain.wire import poison_id as poison_id
 from sas.domain.wire import rejected_row_key as rejected_row_key
 
+STORAGE_PEEK_MAX = 32
+"""A Storage queue shows at most its first 32 messages to a peek: a poison queue that lists
+that many may hold more, unseen until some are replayed or discarded."""
 ParkedBy = Literal["app", "host"]
 """``app``: the app refused it as bad input; ``host``: the Functions host gave up on it."""
 PoisonTransport = Literal["storage", "servicebus"]
@@ -150,3 +153,12 @@ def servicebus_reason(reason: str | None, description: str | None) -> str:
     if description:
         text = f"{text}: {description}"
     return text[:1000]
+
+
+def more_unlisted(listed: Iterable[ParkedMessage]) -> bool:
+    """Whether a Storage poison queue listed as many as a peek shows: it may hold more."""
+    counts: dict[str, int] = {}
+    for message in listed:
+        if message.parked_by == "host" and message.transport == "storage":
+            counts[message.queue] = counts.get(message.queue, 0) + 1
+    return any(count >= STORAGE_PEEK_MAX for count in counts.values())

@@ -22,8 +22,8 @@ class BucketView(BaseModel):
     processed: int = Field(description="orders that finished in it and are Processed")
     compensated: int
     error: int
-    closed: int
-    failed: int = Field(description="compensated + error + closed")
+    closed: int = Field(description="Error orders an operator closed in this bucket: apart")
+    failed: int = Field(description="compensated + error")
 
     @classmethod
     def of(cls, bucket: Bucket) -> BucketView:
@@ -64,6 +64,7 @@ class AlertView(BaseModel):
     reason: str
     at: datetime
     order_state: ProcessState | None = Field(description="the order's state now (None: purged)")
+    order_mode: str | None = Field(default=None, description="undo while it is being undone")
 
     @classmethod
     def of(cls, alert: WaitingAlert) -> AlertView:
@@ -75,7 +76,7 @@ class HealthView(BaseModel):
     since: datetime = Field(description="the first bucket's start")
     bucket_seconds: int
     buckets: list[BucketView]
-    finished: int = Field(description="orders that finished in the window")
+    finished: int = Field(description="orders the app finished in the window (not Closed)")
     failed: int
     failure_rate: float | None = Field(description="failed / finished (None: none finished)")
     endpoints: list[EndpointView]
@@ -113,8 +114,10 @@ def health_report(
     ] = 60,
     alerts: Annotated[int, Query(ge=1, le=100, description="list at most this many")] = 20,
 ) -> HealthView:
-    """Orders submitted and finished per bucket over the last ``minutes`` (at most 60
-    buckets) with the failure rate, every remote endpoint's breaker and load against its
-    capacity, and the alerts waiting in the alerts queue. Reads every order updated in the
+    """Orders submitted and finished per bucket of whole minutes on a fixed grid, from the
+    bucket holding the window's start to the one under way (at most 61: one-minute buckets up
+    to an hour), with the failure rate (Error and Compensated among Processed, Error and
+    Compensated; Closed counted apart); every remote endpoint's breaker and load against its
+    capacity; and the alerts waiting in the alerts queue. Reads every order updated in the
     window: an operator's look, not a hot path."""
     return HealthView.of(bootstrap.health().report(timedelta(minutes=minutes), alerts=alerts))

@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import AwareDatetime, BaseModel, Field
+from pydantic import BaseModel, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sas import bootstrap
@@ -29,7 +29,15 @@ from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import ORDER_ID, Priority
 from sas.entrypoints import api_docs, dashboard, health_api, parked_api
 from sas.entrypoints.invocation import attributed
-from sas.entrypoints.params import MAX_AGE_SECONDS, MAX_OFFSET, Limit, SignedIn, actor_of, seconds
+from sas.entrypoints.params import (
+    MAX_AGE_SECONDS,
+    MAX_OFFSET,
+    Instant,
+    Limit,
+    SignedIn,
+    actor_of,
+    seconds,
+)
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
 
@@ -215,11 +223,11 @@ def list_orders(
         str | None, Query(max_length=200, description="the last error contains this, any case")
     ] = None,
     submitted_from: Annotated[
-        AwareDatetime | None, Query(description="submitted at or after this instant")
+        Instant | None, Query(description="submitted at or after this instant")
     ] = None,
     submitted_until: Annotated[
-        AwareDatetime | None, Query(description="submitted before this instant")
-    ] = None,
+        Instant | None, Query(description="submitted before this instant")
+    ] = (None),
     limit: Limit = 100,
     offset: Annotated[
         int, Query(ge=0, le=MAX_OFFSET, description="skip this many matches (the next page)")
@@ -342,8 +350,8 @@ class BulkResubmitRequest(BaseModel):
     newer_than_seconds: Annotated[float | None, Field(ge=0, le=MAX_AGE_SECONDS)] = None
     step: Annotated[str | None, Field(max_length=100)] = None
     error: Annotated[str | None, Field(max_length=200)] = None
-    submitted_from: AwareDatetime | None = None
-    submitted_until: AwareDatetime | None = None
+    submitted_from: Instant | None = None
+    submitted_until: Instant | None = None
     limit: Annotated[int, Field(ge=1, le=MAX_QUERY_LIMIT)] = 100
     order_ids: Annotated[list[str] | None, Field(max_length=MAX_QUERY_LIMIT)] = None
     """Only these, of what the filters match: the ids a dry run showed, so that the run acts

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import Header, Query
+from pydantic import AfterValidator, AwareDatetime
 
-from sas.services.operator import MAX_QUERY_LIMIT
+from sas.services.operator import EARLIEST, LATEST, MAX_QUERY_LIMIT
 
 # Who is signed in, where App Service authentication is on: it sets this header (and strips one
 # a caller sends). Without it the header is as trustworthy as the body's ``actor``, no more.
@@ -30,3 +31,16 @@ def actor_of(signed_in: str | None, claimed: str) -> str:
 
 def seconds(value: float | None) -> timedelta | None:
     return None if value is None else timedelta(seconds=value)
+
+
+def _in_range(at: datetime) -> datetime:
+    try:
+        if EARLIEST <= at <= LATEST:
+            return at
+    except OverflowError:  # an offset that takes it past what a datetime holds
+        pass
+    raise ValueError(f"must be from {EARLIEST.year} to {LATEST.year}")
+
+
+Instant = Annotated[AwareDatetime, AfterValidator(_in_range)]
+"""An instant with its zone, in the years a query takes."""

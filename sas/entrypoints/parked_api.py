@@ -84,7 +84,9 @@ def list_parked(
     """Messages that were never processed, oldest first, with the reason and the original body:
     bad input the app refused (`parked_by` app) and messages the Functions host gave up on, in
     poison or dead-letter queues (`parked_by` host). Only those matching every filter given;
-    the header ``x-total-count`` says how many match in all."""
+    the header ``x-total-count`` says how many match among those listed, and
+    ``x-more-unlisted: true`` that more may be parked than were listed (a Storage poison queue
+    shows its first 32): act on these, then list again."""
     operator = bootstrap.operator()
     query = ParkedQuery(
         parked_by=parked_by,
@@ -93,9 +95,11 @@ def list_parked(
         older_than=seconds(older_than_seconds),
         limit=limit,
     )
-    found, total = operator.find_parked(query)
-    response.headers["x-total-count"] = str(total)
-    return [ParkedView.of(message, operator.parked_age_seconds(message)) for message in found]
+    page = operator.find_parked(query)
+    response.headers["x-total-count"] = str(page.total)
+    if page.more_unlisted:
+        response.headers["x-more-unlisted"] = "true"
+    return [ParkedView.of(m, operator.parked_age_seconds(m)) for m in page.messages]
 
 
 @router.post("/api/parked/{parked_id}/replay")
@@ -145,7 +149,11 @@ class BulkParkedOutcome(BaseModel):
 class BulkParkedReport(BaseModel):
     dry_run: bool
     matched: int = Field(description="the messages listed (at most ``limit``)")
-    total: int = Field(description="how many match in all")
+    total: int = Field(description="how many match among those listed")
+    more_unlisted: bool = Field(
+        description="more may be parked than were listed (a Storage poison queue shows its "
+        "first 32): run again once these are settled"
+    )
     messages: list[BulkParkedOutcome]
 
 
@@ -190,6 +198,7 @@ def bulk_parked_view(report: ParkedReport, verb: str) -> BulkParkedReport:
         dry_run=report.dry_run,
         matched=len(report.matched),
         total=report.total,
+        more_unlisted=report.more_unlisted,
         messages=[
             BulkParkedOutcome(
                 id=message.id,

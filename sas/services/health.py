@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
 from sas.domain.breaker import BreakerStatus
@@ -29,13 +29,16 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-MAX_BUCKETS = 60
+MAX_BUCKETS = 61
+"""An hour in minutes, and the minute under way."""
 MAX_WINDOW = timedelta(days=7)
 LOAD_STALE_AFTER = timedelta(seconds=5)
 """A process's load row older than this is not counted (it stopped, or stopped calling)."""
-FAILED = frozenset({ProcessState.ERROR, ProcessState.COMPENSATED, ProcessState.CLOSED})
-"""Finished without doing the work (Closed: settled by hand after an Error): the failure
-rate's numerator."""
+FAILED = frozenset({ProcessState.ERROR, ProcessState.COMPENSATED})
+"""Finished without doing the work: the failure rate's numerator."""
+OUTCOMES = frozenset({ProcessState.PROCESSED, *FAILED})
+"""What the app finished with. Closed is an operator's act on an Error order, at the time of
+closing (its failure was counted when it failed): counted apart, never as finished."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,8 @@ class WaitingAlert:
     at: datetime
     order_state: ProcessState | None
     """The order's state now: None if it is gone (purged)."""
+    order_mode: str | None = None
+    """``undo`` while it is being undone."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,7 @@ class HealthReport:
 
     @property
     def finished(self) -> int:
-        return sum(sum(b.finished.values()) for b in self.buckets)
+        return sum(n for b in self.buckets for state, n in b.finished.items() if state in OUTCOMES)
 
     @property
     def failed(self) -> int:
@@ -102,7 +107,7 @@ class HealthReport:
 
     @property
     def failure_rate(self) -> float | None:
-        """Errors and compensations among the orders that finished in the window."""
+        """Errors and compensations among the orders the app finished in the window."""
         return None if self.finished == 0 else self.failed / self.finished
 
 
@@ -131,9 +136,11 @@ class Health:
         if not 1 <= alerts <= 100:
             raise InvalidMessage("alerts must be 1..100")
         now = self._s.clock.now()
-        minutes = -(-int(window.total_seconds() // 60) // MAX_BUCKETS)
+        # Buckets of whole minutes on a fixed grid, enough of them to cover the whole window
+        # (the first one may start before it) and the bucket now under way: MAX_BUCKETS at most.
+        minutes = -(-int(window.total_seconds() // 60) // (MAX_BUCKETS - 1))
         bucket = timedelta(minutes=max(minutes, 1))
-        since = _floor(now, bucket) - bucket * (window // bucket - 1)
+        since = _floor(now - window, bucket)
         problems: list[str] = []
         buckets = _guarded("throughput", problems, lambda: self._buckets(since, bucket, now))
         endpoints = _guarded("endpoints", problems, self._endpoints)
@@ -197,26 +204,31 @@ class Health:
         for body in self._s.queues.peek(self._s.alerts_queue, limit):
             try:
                 alert = decode(OperatorAlert, body)
-            except InvalidMessage as exc:  # not the app's: shown nowhere, said once here
-                log.warning("sas.alert_unreadable reason=%s", exc.reason)
+                at = alert.at.astimezone(UTC)
+            except (InvalidMessage, OverflowError) as exc:  # not the app's: said once here
+                log.warning("sas.alert_unreadable error=%s", type(exc).__name__)
                 continue
-            current = self._s.store.get_state(alert.order_id)
+            versioned = self._s.store.get_state(alert.order_id)
+            current = None if versioned is None else versioned.value
             found.append(
                 WaitingAlert(
                     alert_id=alert.alert_id,
                     order_id=alert.order_id,
                     reason=alert.reason,
-                    at=alert.at,
-                    order_state=None if current is None else current.value.process_state,
+                    at=at,
+                    order_state=None if current is None else current.process_state,
+                    order_mode=None if current is None else current.mode,
                 )
             )
         return sorted(found, key=lambda alert: (alert.at, alert.alert_id))[:limit], waiting
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def _floor(at: datetime, size: timedelta) -> datetime:
-    """``at`` down to a whole ``size`` since midnight, so that buckets stay put as time goes."""
-    midnight = at.replace(hour=0, minute=0, second=0, microsecond=0)
-    return midnight + ((at - midnight) // size) * size
+    """``at`` down to a whole ``size`` since the epoch, so that buckets stay put as time goes."""
+    return _EPOCH + ((at - _EPOCH) // size) * size
 
 
 def _guarded(what: str, problems: list[str], read: Callable[[], T]) -> T | None:

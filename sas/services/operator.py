@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 from sas.domain.clock import require_utc
@@ -26,6 +26,7 @@ from sas.domain.parked import (
     ParkedBy,
     ParkedMessage,
     consumed_queues,
+    more_unlisted,
     oldest_first,
     parked_by,
     poison_queue,
@@ -45,6 +46,9 @@ PURGEABLE_STATES = frozenset(
 )
 """Finished for good. Error orders wait for an operator and are never purged."""
 MAX_QUERY_LIMIT = 1000
+EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+LATEST = datetime(9000, 1, 1, tzinfo=UTC)
+"""Instants a query takes: far enough either way, and with room left for arithmetic."""
 NO_SUCH_PARKED = "no such parked message"
 
 
@@ -79,8 +83,8 @@ class OrderQuery:
             if age is not None and age < timedelta(0):
                 raise ValueError(f"{name} must not be negative")
         for name, at in (("from", self.submitted_from), ("until", self.submitted_until)):
-            if at is not None:
-                require_utc(at, f"submitted_{name}")
+            if at is not None and not EARLIEST <= require_utc(at, f"submitted_{name}") <= LATEST:
+                raise ValueError(f"submitted_{name} must be from {EARLIEST.year} to {LATEST.year}")
 
     def submitted_between(self, now: datetime) -> tuple[datetime | None, datetime | None]:
         """The submission times it keeps, ``[after, before)``, the ages and instants together."""
@@ -141,6 +145,18 @@ class ParkedReport:
     """How many parked messages match in all (of the first MAX_QUERY_LIMIT listed)."""
     outcomes: dict[str, str]
     """Per parked id: ``done``, or why not."""
+    more_unlisted: bool = False
+    """More may be parked than were listed (ParkedPage.more_unlisted): act again after."""
+
+
+@dataclass(frozen=True)
+class ParkedPage:
+    messages: list[ParkedMessage]
+    total: int
+    """How many of those listed match."""
+    more_unlisted: bool
+    """More may be parked than were listed: a Storage poison queue shows its first 32
+    (sas.domain.parked.STORAGE_PEEK_MAX), the listing its first MAX_QUERY_LIMIT."""
 
 
 @dataclass(frozen=True)
@@ -383,12 +399,14 @@ class Operator:
         host = self._poison_store().list(limit)
         return oldest_first([*app, *host])[:limit]
 
-    def find_parked(self, query: ParkedQuery) -> tuple[list[ParkedMessage], int]:
-        """The first ``query.limit`` matching parked messages, oldest first, and how many match
-        in all (among the first MAX_QUERY_LIMIT listed)."""
+    def find_parked(self, query: ParkedQuery) -> ParkedPage:
+        """The first ``query.limit`` matching parked messages, oldest first, how many match
+        among those listed (the first MAX_QUERY_LIMIT), and whether more may be unlisted."""
         now = self._clock.now()
-        found = [m for m in self.parked(MAX_QUERY_LIMIT) if query.matches(m, now)]
-        return found[: query.limit], len(found)
+        listed = self.parked(MAX_QUERY_LIMIT)
+        found = [m for m in listed if query.matches(m, now)]
+        unlisted = len(listed) >= MAX_QUERY_LIMIT or more_unlisted(listed)
+        return ParkedPage(found[: query.limit], len(found), unlisted)
 
     def settle_parked_matching(
         self,
@@ -403,7 +421,8 @@ class Operator:
         ``query.limit``, oldest first) and, given ``only`` (the ids a dry run showed), among
         those only these; a dry run only lists them. One that fails is reported and the
         others go on."""
-        matched, total = self.find_parked(query)
+        page = self.find_parked(query)
+        matched = page.messages
         if only is not None:
             chosen = set(only)
             matched = [message for message in matched if message.id in chosen]
@@ -413,7 +432,7 @@ class Operator:
             verb = "replayed" if replay else "discarded"
             for message in matched:
                 outcomes[message.id] = _outcome(partial(act, message.id, actor=actor), verb)
-        return ParkedReport(dry_run, matched, total, outcomes)
+        return ParkedReport(dry_run, matched, page.total, outcomes, page.more_unlisted)
 
     def parked_age_seconds(self, message: ParkedMessage) -> float | None:
         """How long it has been parked, by the injected clock, never negative; None if unknown."""

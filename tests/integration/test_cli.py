@@ -273,6 +273,11 @@ def test_list_pages_and_takes_absolute_times(mixed, capsys):
     assert code == 2 and "--until must be after --from" in err
     code, _, err = sas(capsys, "list", "--from", "yesterday")
     assert code == 2 and "is not a time" in err
+    for edge in ("0001-01-01", "9999-12-31T23:59:59", "0001-01-01T00:30+01:00"):
+        code, out, err = sas(capsys, "list", "--from", edge)
+        assert (code, out) == (2, "") and "is out of range: from 1900 to 9000" in err
+    code, _, err = sas(capsys, "resubmit", "--all", "--until", "9999-12-31")
+    assert code == 2 and "out of range" in err
 
 
 @pytest.mark.parametrize(
@@ -510,6 +515,21 @@ def test_parked_list_filters_by_who_queue_reason_and_age(world, poison, capsys):
     assert code == 0 and "1 of 2 matching message(s)" in out
 
 
+def test_a_storage_poison_queue_past_what_a_peek_shows_is_said_and_settled_in_rounds(
+    poison, capsys
+):
+    for _ in range(40):
+        poison.put("sas-agent-payment", RAW)
+    code, out, _ = sas(capsys, "parked", "list", "--by", "host")
+    assert code == 0 and "32 of 32 matching message(s)" in out
+    assert "more may be parked than were listed" in out
+    code, out, _ = sas(capsys, "parked", "discard", "--all", "--by", "host", "--yes")
+    assert code == 0 and "discarded 32 of 32" in out and "more may be parked" in out
+    report = sas_json(capsys, "parked", "discard", "--all", "--by", "host", "--yes")
+    assert (report["matched"], report["more_unlisted"]) == (8, False)
+    assert poison.peek("sas-agent-payment-poison") == []
+
+
 def test_parked_discard_all_by_queue_and_who_parked_it(world, poison, capsys):
     kept = park(world, b"{}", reason="not an order")
     gone = [poison.put("sas-agent-shipping", RAW), poison.put("sas-agent-shipping", RAW)]
@@ -705,7 +725,7 @@ def test_health_shows_throughput_an_open_breaker_the_load_and_a_waiting_alert(mi
     shown = sas_json(capsys, "health", "--minutes", "60")
     assert (shown["finished"], shown["failed"], shown["failure_rate"]) == (4, 2, 0.5)
     assert sum(bucket["submitted"] for bucket in shown["buckets"]) == 5
-    assert len(shown["buckets"]) == 60 and shown["bucket_seconds"] == 60
+    assert len(shown["buckets"]) == 61 and shown["bucket_seconds"] == 60
     breakers = {e["target"]: (e["breaker"], e["in_flight"]) for e in shown["endpoints"]}
     assert breakers == {
         "inventory": ("closed", 0),

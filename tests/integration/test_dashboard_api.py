@@ -154,6 +154,10 @@ def test_orders_are_filtered_by_their_step_and_their_error_s_text(client, orders
             {"submitted_from": "2026-11-26T10:00:00Z", "submitted_until": "2026-11-26T09:00Z"},
             "submitted_until must be after submitted_from",
         ),
+        ({"submitted_from": "0001-01-01T00:00:00Z"}, "must be from 1900 to 9000"),
+        ({"submitted_until": "9999-12-31T23:59:59Z"}, "must be from 1900 to 9000"),
+        ({"submitted_from": "0001-01-01T00:30:00+01:00"}, "must be from 1900 to 9000"),
+        ({"submitted_until": "9999-12-31T23:00:00-05:00"}, "must be from 1900 to 9000"),
     ],
 )
 def test_a_bad_filter_is_refused_with_what_is_wrong(client, app_env, params, complaint):
@@ -224,3 +228,10 @@ def test_a_bad_bulk_parked_request_is_refused_and_touches_nothing(client, poison
     answer = client.post("/api/parked/discard", json={"dry_run": False, **body})
     assert answer.status_code == 422
     assert [m["id"] for m in client.get("/api/parked").json()] == [kept]
+
+
+@pytest.mark.parametrize("edge", ["0001-01-01T00:00:00Z", "9999-12-31T23:00:00-05:00"])
+def test_a_bulk_resubmit_with_an_instant_out_of_range_is_refused(client, orders, edge):
+    answer = client.post("/api/orders/resubmit", json={"submitted_from": edge, "dry_run": False})
+    assert answer.status_code == 422 and "must be from 1900 to 9000" in answer.text
+    assert orders.state("failed").process_state is ProcessState.ERROR

@@ -103,3 +103,11 @@ def test_stored_text_is_shown_as_it_is_never_as_markup():
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(views.failures_table([state]))
     assert "[bold red]card [/] declined" in console.export_text()
+
+
+def test_a_time_with_no_utc_equivalent_is_shown_as_it_came():
+    from datetime import timedelta, timezone
+
+    odd = datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))
+    assert views.at(odd) == "0001-01-01T00:30:00+01:00"
+    assert views.at(datetime(2026, 11, 26, 9, 0, tzinfo=UTC)) == "2026-11-26 09:00:00 UTC"

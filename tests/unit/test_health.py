@@ -4,7 +4,8 @@ part that cannot be read leaving the others shown."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -120,8 +121,8 @@ def test_orders_are_counted_in_the_minute_they_were_submitted_and_finished():
     )
     report = health(store).report(timedelta(minutes=10))
     assert report.bucket == timedelta(minutes=1)
-    assert len(report.buckets) == 10
-    assert report.buckets[0].start == datetime.fromisoformat("2026-11-26T12:21:00+00:00")
+    assert len(report.buckets) == 11  # ten whole minutes back, and the one under way
+    assert report.buckets[0].start == datetime.fromisoformat("2026-11-26T12:20:00+00:00")
     assert report.buckets[-1].start == datetime.fromisoformat("2026-11-26T12:30:00+00:00")
     by_minute = {b.start.minute: b for b in report.buckets}
     assert by_minute[27].submitted == 2 and by_minute[27].finished == {ProcessState.PROCESSED: 1}
@@ -133,11 +134,33 @@ def test_orders_are_counted_in_the_minute_they_were_submitted_and_finished():
     assert report.problems == []
 
 
-def test_a_long_window_has_at_most_sixty_buckets_and_none_finished_has_no_rate():
+def test_a_day_has_sixty_one_buckets_and_none_finished_has_no_rate():
     report = health(InMemoryStore()).report(timedelta(hours=24))
     assert report.bucket == timedelta(minutes=24)
-    assert len(report.buckets) == 60
+    assert len(report.buckets) == 61
     assert report.failure_rate is None
+
+
+@pytest.mark.parametrize("minutes", [1, 7, 59, 60, 61, 90, 1439, 1440, 1441, 10079, 10080])
+def test_the_buckets_cover_the_whole_window_and_stay_on_one_grid(minutes):
+    window = timedelta(minutes=minutes)
+    report = health(InMemoryStore()).report(window)
+    assert len(report.buckets) <= 61
+    assert NOW - window - report.bucket < report.since <= NOW - window
+    assert report.buckets[0].start == report.since
+    assert report.buckets[-1].start <= NOW < report.buckets[-1].start + report.bucket
+    later = Health(replace(health(InMemoryStore())._s, clock=FakeClock(NOW + timedelta(days=1))))
+    # A day on, the grid has not moved (whole buckets since the epoch, not since midnight).
+    assert (later.report(window).since - report.since) % report.bucket == timedelta(0)
+
+
+def test_an_error_order_closed_now_is_not_a_failure_now():
+    store = InMemoryStore()
+    failed_long_ago = state("old", ProcessState.CLOSED, minutes_ago(5000), minutes_ago(2))
+    put(store, failed_long_ago, state("new", ProcessState.PROCESSED, minutes_ago(3), NOW))
+    report = health(store).report(timedelta(minutes=10))
+    assert (report.finished, report.failed, report.failure_rate) == (1, 0, 0.0)
+    assert sum(b.finished.get(ProcessState.CLOSED, 0) for b in report.buckets) == 1
 
 
 def test_a_time_ahead_of_the_operators_clock_counts_in_the_last_bucket():
@@ -196,13 +219,18 @@ def test_waiting_alerts_are_listed_oldest_first_with_their_orders_state_now():
         OperatorAlert(alert_id="a2", order_id="o2", reason="refund refused", at=minutes_ago(2)),
         OperatorAlert(alert_id="a1", order_id="o1", reason="ship refused", at=minutes_ago(5)),
     ]
-    queues = Queues([encode(alert) for alert in alerts] + [b"not an alert"])
+    odd = b'{"type":"OperatorAlert","alert_id":"a0","order_id":"o0","reason":"x",'
+    odd += b'"at":"0001-01-01T00:30:00+01:00"}'  # well formed, but no UTC time exists for it
+    paris = timezone(timedelta(hours=1))
+    alerts[0] = alerts[0].model_copy(update={"at": alerts[0].at.astimezone(paris)})
+    queues = Queues([encode(alert) for alert in alerts] + [b"not an alert", odd])
     report = health(store, queues=queues).report(timedelta(minutes=5), alerts=10)
     assert [(a.alert_id, a.order_state) for a in report.alerts] == [
         ("a1", ProcessState.CLOSED),
         ("a2", None),  # purged, or never stored
     ]
-    assert report.alerts_waiting == 3
+    assert all(a.at.utcoffset() == timedelta(0) for a in report.alerts)
+    assert report.alerts_waiting == 4
     assert queues.peeked == [("sas-alerts", 10)]
 
 

@@ -30,6 +30,7 @@
       ? await response.json() : await response.text();
     const total = response.headers.get("x-total-count");
     if (Array.isArray(payload) && total !== null) payload.total = Number(total);
+    if (Array.isArray(payload)) payload.more = response.headers.get("x-more-unlisted") === "true";
     if (!response.ok) {
       const detail = typeof payload === "object" && payload !== null ? payload.detail : payload;
       const reason = typeof detail === "string" ? detail : JSON.stringify(detail);
@@ -228,7 +229,7 @@
     fill($("orders").tBodies[0], rows);
     $("orders-empty").hidden = orders.length > 0;
     const total = orders.total ?? orders.length;
-    if (orders.length === 0 && offset > 0 && total > 0) {  // the matches shrank below the page
+    if (orders.length === 0 && offset > 0) {  // the matches shrank below the page
       offset = 0;
       refresh();
       return;
@@ -345,7 +346,7 @@
     fill($("alerts").tBodies[0], report.alerts.map((alert) => {
       const link = el("a", alert.order_id, { href: `#order=${encodeURIComponent(alert.order_id)}` });
       return row(
-        [when(alert.at), link, alert.order_state ? stateBadge(alert.order_state) : "gone",
+        [when(alert.at), link, alert.order_state ? stateBadge(alert.order_state, alert.order_mode) : "gone",
           el("span", alert.reason, { class: "error" })],
         { "data-alert-id": alert.alert_id },
       );
@@ -367,9 +368,11 @@
         parkedActions(message.id)],
       { "data-parked-id": message.id, "data-by": message.parked_by },
     )));
-    const total = parked.total ?? parked.length;
+    const total = `${parked.total ?? parked.length}${parked.more ? "+" : ""}`;
     $("parked-count").textContent = `(${total})`;
     $("parked-shown").textContent = `showing ${parked.length} of ${total}`;
+    $("parked-shown").title = parked.more
+      ? "a Storage poison queue shows its first 32: settle these, then more appear" : "";
     $("parked-empty").hidden = parked.length > 0;
   }
 
@@ -428,7 +431,8 @@
       const refused = report.messages.filter((m) => m.outcome !== "done")
         .map((m) => `${m.id} (${m.outcome})`);
       outcome.textContent = `${done} ${ok} of ${report.matched}`
-        + (refused.length ? `; ${refused.join("; ")}` : "");
+        + (refused.length ? `; ${refused.join("; ")}` : "")
+        + (report.more_unlisted ? "; more may be parked than were listed: check again" : "");
       outcome.dataset.done = String(ok);
     } catch (error) {
       outcome.textContent = `not ${done}: ${error.message}`;
@@ -494,6 +498,7 @@
     };
     const health = healthDue || refreshes % HEALTH_EVERY === 0;
     const orders = pageQuery();
+    const minutes = $("health-minutes").value;
     const parked = parkedQuery();
     healthDue = false;
     await Promise.all([
@@ -505,10 +510,8 @@
       attempt("parked", () => call("GET", `/api/parked?${parked}`), (found) => {
         if (parkedQuery() === parked) renderParked(found);
       }),
-      !health ? null : attempt(
-        "health", () => call("GET", `/api/health/report?minutes=${$("health-minutes").value}`),
-        renderHealth,
-      ),
+      !health ? null : attempt("health", () => call("GET", `/api/health/report?minutes=${minutes}`),
+        (report) => { if ($("health-minutes").value === minutes) renderHealth(report); }),
       openOrder === null ? null : attempt(
         "order", () => call("GET", `/api/orders/${encodeURIComponent(openOrder)}`), renderTimeline,
       ),
