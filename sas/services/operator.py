@@ -88,8 +88,12 @@ class OrderQuery:
 
     def submitted_between(self, now: datetime) -> tuple[datetime | None, datetime | None]:
         """The submission times it keeps, ``[after, before)``, the ages and instants together."""
-        after = [t for t in (self.submitted_from, self.newer_than and now - self.newer_than) if t]
-        before = [t for t in (self.submitted_until, self.older_than and now - self.older_than) if t]
+        after = [self.submitted_from] if self.submitted_from is not None else []
+        if self.newer_than is not None:
+            after.append(now - self.newer_than)
+        before = [self.submitted_until] if self.submitted_until is not None else []
+        if self.older_than is not None:
+            before.append(now - self.older_than)
         return max(after, default=None), min(before, default=None)
 
 
