@@ -27,6 +27,7 @@ from sas.services.context import Agents, Context, Routes
 from sas.services.gauges import QueueGauges
 from sas.services.health import Health, HealthSources
 from sas.services.operator import Operator
+from sas.services.parked_messages import ParkedMessages
 from sas.services.ports import (
     LoadStore,
     PoisonStore,
@@ -247,7 +248,12 @@ def gauges() -> QueueGauges:
 
 @_once
 def operator() -> Operator:
-    return Operator(context(), poison=poison())
+    return Operator(context())
+
+
+@_once
+def parked_messages() -> ParkedMessages:
+    return ParkedMessages(context(), poison=poison())
 
 
 @_once

@@ -51,7 +51,8 @@ from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
 from sas.entrypoints.params import MAX_OFFSET
 from sas.entrypoints.parked_api import bulk_parked_view
 from sas.services.health import MAX_WINDOW
-from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery, ParkedQuery
+from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery
+from sas.services.parked_messages import ParkedQuery
 from sas_cli import appsettings, views
 from sas_cli.parsing import UsageError, duration, instant, json_object
 from sas_cli.watch import watch
@@ -513,9 +514,11 @@ def _resubmit_all(operator: Operator, args: argparse.Namespace) -> int:
 
 
 def _parked_list(operator: Operator, args: argparse.Namespace) -> int:
-    page = operator.find_parked(_parked_query(args, args.limit))
+    page = bootstrap.parked_messages().find(_parked_query(args, args.limit))
     found, total = page.messages, page.total
-    documents = [views.parked_document(m, operator.parked_age_seconds(m)) for m in found]
+    documents = [
+        views.parked_document(m, bootstrap.parked_messages().age_seconds(m)) for m in found
+    ]
     if args.json:
         _print_json(documents)
         return 0
@@ -551,7 +554,7 @@ def _parked_replay(operator: Operator, args: argparse.Namespace) -> int:
     if _parked_all(args):
         return _parked_matching(operator, args, replay=True)
     with _row_number_hint(args.message_id):
-        operator.replay_parked(args.message_id, actor=args.actor)
+        bootstrap.parked_messages().replay(args.message_id, actor=args.actor)
     return _done(args, "replayed")
 
 
@@ -559,7 +562,7 @@ def _parked_discard(operator: Operator, args: argparse.Namespace) -> int:
     if _parked_all(args):
         return _parked_matching(operator, args, replay=False)
     with _row_number_hint(args.message_id):
-        operator.discard_parked(args.message_id, actor=args.actor)
+        bootstrap.parked_messages().discard(args.message_id, actor=args.actor)
     return _done(args, "discarded")
 
 
@@ -575,7 +578,7 @@ def _parked_all(args: argparse.Namespace) -> bool:
 
 def _parked_matching(operator: Operator, args: argparse.Namespace, *, replay: bool) -> int:
     query = _parked_query(args, args.limit or 100)
-    report = operator.settle_parked_matching(
+    report = bootstrap.parked_messages().settle_matching(
         query, replay=replay, actor=args.actor, dry_run=not args.yes
     )
     verb = "replayed" if replay else "discarded"

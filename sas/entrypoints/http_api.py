@@ -292,7 +292,7 @@ def stats() -> StatsView:
     """Counts for the dashboard: orders by state, and parked messages."""
     operator = bootstrap.operator()
     counts = operator.counts()
-    parked = len(operator.parked(STATS_LIST_CAP + 1))
+    parked = len(bootstrap.parked_messages().list(STATS_LIST_CAP + 1))
     return StatsView(
         at=bootstrap.clock().now(),
         states={state: counts.get(state, 0) for state in ProcessState},

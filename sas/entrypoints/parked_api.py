@@ -13,7 +13,8 @@ from pydantic import BaseModel, Field
 from sas import bootstrap
 from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
 from sas.entrypoints.params import MAX_AGE_SECONDS, Limit, SignedIn, actor_of, seconds
-from sas.services.operator import MAX_QUERY_LIMIT, ParkedQuery, ParkedReport
+from sas.services.operator import MAX_QUERY_LIMIT
+from sas.services.parked_messages import ParkedQuery, ParkedReport
 
 router = APIRouter()
 
@@ -87,7 +88,7 @@ def list_parked(
     the header ``x-total-count`` says how many match among those listed, and
     ``x-more-unlisted: true`` that more may be parked than were listed (a Storage poison queue
     shows its first 32): act on these, then list again."""
-    operator = bootstrap.operator()
+    parked = bootstrap.parked_messages()
     query = ParkedQuery(
         parked_by=parked_by,
         queue=queue or None,
@@ -95,11 +96,11 @@ def list_parked(
         older_than=seconds(older_than_seconds),
         limit=limit,
     )
-    page = operator.find_parked(query)
+    page = parked.find(query)
     response.headers["x-total-count"] = str(page.total)
     if page.more_unlisted:
         response.headers["x-more-unlisted"] = "true"
-    return [ParkedView.of(m, operator.parked_age_seconds(m)) for m in page.messages]
+    return [ParkedView.of(m, parked.age_seconds(m)) for m in page.messages]
 
 
 @router.post("/api/parked/{parked_id}/replay")
@@ -110,14 +111,14 @@ def replay_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[s
 
     409 if the app kept the body only in part, the queue is not one the app consumes, or
     (Service Bus) duplicate detection would still drop the copy."""
-    bootstrap.operator().replay_parked(parked_id, actor=actor_of(signed_in, "operator"))
+    bootstrap.parked_messages().replay(parked_id, actor=actor_of(signed_in, "operator"))
     return {"id": parked_id, "status": "replayed"}
 
 
 @router.delete("/api/parked/{parked_id}")
 def discard_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[str, str]:
     """Remove a parked message for good."""
-    bootstrap.operator().discard_parked(parked_id, actor=actor_of(signed_in, "operator"))
+    bootstrap.parked_messages().discard(parked_id, actor=actor_of(signed_in, "operator"))
     return {"id": parked_id, "status": "discarded"}
 
 
@@ -183,7 +184,7 @@ def _settle(request: BulkParkedRequest, signed_in: str | None, *, replay: bool) 
         older_than=seconds(request.older_than_seconds),
         limit=request.limit,
     )
-    report = bootstrap.operator().settle_parked_matching(
+    report = bootstrap.parked_messages().settle_matching(
         query,
         replay=replay,
         actor=actor_of(signed_in, request.actor),

@@ -1,6 +1,6 @@
 """Parked messages, one concept: the app's (a table row) and the host's (a poison or dead-letter
 queue) are one value, listed together oldest first, and replayed or discarded by an id that
-names the store holding them. The Operator against recording fakes; the same against Azurite:
+names the store holding them. ParkedMessages against recording fakes; the same against Azurite:
 tests/integration/test_operator.py, tests/integration/test_poison.py."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from sas.domain.parked import (
     poison_queue,
     rejected_row_key,
 )
-from sas.services.operator import Operator
+from sas.services.parked_messages import ParkedMessages
 from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
 from tests.instances import instance
 from tests.unit.test_services import ROUTES
@@ -82,7 +82,7 @@ class Parts:
     store: InMemoryStore
     poison: FakePoison
     clock: FakeClock
-    operator: Operator
+    parked: ParkedMessages
 
     def park(self, queue: str = "orders", body: bytes = b"{}", ago: float = 0) -> str:
         at = self.clock.now() - timedelta(seconds=ago)
@@ -93,7 +93,7 @@ class Parts:
 def parts() -> Parts:
     store, clock, poison = InMemoryStore(), FakeClock(NOW), FakePoison()
     ctx = instance(store, RecordingTransport(), ROUTES, clock).ctx
-    return Parts(store, poison, clock, Operator(ctx, poison=poison))
+    return Parts(store, poison, clock, ParkedMessages(ctx, poison=poison))
 
 
 def test_both_kinds_are_one_list_oldest_first_at_most_limit_in_all(parts: Parts) -> None:
@@ -104,7 +104,7 @@ def test_both_kinds_are_one_list_oldest_first_at_most_limit_in_all(parts: Parts)
     first_host = host("replies", "k1", NOW - timedelta(seconds=200))
     parts.poison.messages = [first_host, unknown_time]
 
-    listed = parts.operator.parked(100)
+    listed = parts.parked.list(100)
 
     assert [(m.id, m.parked_by) for m in listed] == [
         (unknown_time.id, "host"),  # since when, nobody knows: shown as the oldest
@@ -113,8 +113,8 @@ def test_both_kinds_are_one_list_oldest_first_at_most_limit_in_all(parts: Parts)
         (second_app, "app"),
         (third_app, "app"),
     ]
-    assert [m.id for m in parts.operator.parked(3)] == [unknown_time.id, first_app, first_host.id]
-    assert [m.id for m in parts.operator.parked(1)] == [unknown_time.id]
+    assert [m.id for m in parts.parked.list(3)] == [unknown_time.id, first_app, first_host.id]
+    assert [m.id for m in parts.parked.list(1)] == [unknown_time.id]
     # The app's get the function their queue triggers, when it is one the app consumes.
     consumed = consumed_queues(
         orders=ROUTES.orders,
@@ -134,10 +134,10 @@ def test_both_kinds_are_one_list_oldest_first_at_most_limit_in_all(parts: Parts)
 def test_the_age_is_by_the_operators_clock_never_negative_or_unknown(parts: Parts) -> None:
     parts.park(ago=3600)
     (old,) = parts.store.list_parked()
-    assert parts.operator.parked_age_seconds(old) == 3600
+    assert parts.parked.age_seconds(old) == 3600
     ahead = replace(old, parked_at=NOW + timedelta(minutes=5))
-    assert parts.operator.parked_age_seconds(ahead) == 0
-    assert parts.operator.parked_age_seconds(host("orders", "k", None)) is None
+    assert parts.parked.age_seconds(ahead) == 0
+    assert parts.parked.age_seconds(host("orders", "k", None)) is None
     assert ahead.age(NOW) == timedelta(0) and old.age(NOW) == timedelta(hours=1)
 
 
@@ -146,10 +146,10 @@ def test_the_id_names_the_store_and_only_that_store_is_asked(parts: Parts) -> No
     replayed_host, discarded_host = host("orders", "k1", NOW), host("replies", "k2", NOW)
     parts.poison.messages = [replayed_host, discarded_host]
 
-    parts.operator.replay_parked(replayed_app, actor="alice")
-    parts.operator.discard_parked(discarded_app, actor="alice")
-    parts.operator.replay_parked(replayed_host.id, actor="alice")
-    parts.operator.discard_parked(discarded_host.id, actor="alice")
+    parts.parked.replay(replayed_app, actor="alice")
+    parts.parked.discard(discarded_app, actor="alice")
+    parts.parked.replay(replayed_host.id, actor="alice")
+    parts.parked.discard(discarded_host.id, actor="alice")
 
     # Parked by the app: its body sent to its queue under its id, then the row dropped.
     assert parts.poison.requeued == [("orders", b'{"a": 1}', replayed_app)]
@@ -160,7 +160,7 @@ def test_the_id_names_the_store_and_only_that_store_is_asked(parts: Parts) -> No
         [discarded_host.id],
     )
     for gone in (replayed_app, discarded_app, replayed_host.id, discarded_host.id):
-        for act in (parts.operator.replay_parked, parts.operator.discard_parked):
+        for act in (parts.parked.replay, parts.parked.discard):
             with pytest.raises(NotFound, match="no such parked message"):
                 act(gone, actor="alice")
 
@@ -194,7 +194,7 @@ def test_an_id_of_neither_kind_is_not_found_and_reaches_no_store(
     parts.store.get_parked = get_parked  # type: ignore[method-assign]
     parts.store.drop_parked = drop_parked  # type: ignore[method-assign]
     assert parked_by(unknown) is None
-    for act in (parts.operator.replay_parked, parts.operator.discard_parked):
+    for act in (parts.parked.replay, parts.parked.discard):
         with pytest.raises(NotFound, match="no such parked message"):
             act(unknown, actor="alice")
     assert asked == [] and parts.poison.replayed == [] and parts.poison.discarded == []
@@ -219,7 +219,7 @@ def test_the_apps_rules_for_a_replay_hold_and_nothing_is_sent(parts: Parts) -> N
         (not_consumed, "not a queue the app consumes"),
     ):
         with pytest.raises(IllegalTransition, match=said):
-            parts.operator.replay_parked(parked_id, actor="alice")
+            parts.parked.replay(parked_id, actor="alice")
     assert parts.poison.requeued == []
     assert {m.id for m in parts.store.list_parked()} == {truncated, oversize, not_consumed}
 
@@ -228,12 +228,12 @@ def test_a_failed_send_leaves_the_apps_message_parked(parts: Parts) -> None:
     parked_id = parts.park()
     parts.poison.requeue_fails = True
     with pytest.raises(NotFound, match="does not exist"):
-        parts.operator.replay_parked(parked_id, actor="alice")
+        parts.parked.replay(parked_id, actor="alice")
     assert [m.id for m in parts.store.list_parked()] == [parked_id]  # sent first, dropped after
 
 
-def test_without_a_poison_store_the_operator_says_so(parts: Parts) -> None:
+def test_without_a_poison_store_it_says_so(parts: Parts) -> None:
     parts.park()
-    bare = Operator(instance(parts.store, RecordingTransport(), ROUTES, parts.clock).ctx)
+    bare = ParkedMessages(instance(parts.store, RecordingTransport(), ROUTES, parts.clock).ctx)
     with pytest.raises(ConfigurationError, match="no poison store"):
-        bare.parked()
+        bare.list()
