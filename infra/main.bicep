@@ -58,9 +58,8 @@ param tableName string = 'sasorders'
 // regions marked "generated" are written by `make infra` (sas_local/infra.py), and
 // tests/unit/test_infra_consistency.py fails when they are stale.
 // generated: agent parameters (make infra)
-@description('Base URL of the remote inventory service (SAS_REMOTE_INVENTORY_URL).')
-@minLength(8)
-param remoteInventoryUrl string
+@description('Base URL of the remote inventory service (SAS_REMOTE_INVENTORY_URL); empty: the simulator\'s, with deploySimulator.')
+param remoteInventoryUrl string = ''
 
 @description('Endpoints of the inventory service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_INVENTORY_ENDPOINTS).')
 param remoteInventoryEndpoints string = ''
@@ -68,9 +67,8 @@ param remoteInventoryEndpoints string = ''
 @description('Calls the inventory service\'s one URL takes at once; empty: no limit (SAS_REMOTE_INVENTORY_CAPACITY).')
 param remoteInventoryCapacity string = ''
 
-@description('Base URL of the remote payment service (SAS_REMOTE_PAYMENT_URL).')
-@minLength(8)
-param remotePaymentUrl string
+@description('Base URL of the remote payment service (SAS_REMOTE_PAYMENT_URL); empty: the simulator\'s, with deploySimulator.')
+param remotePaymentUrl string = ''
 
 @description('Endpoints of the payment service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_PAYMENT_ENDPOINTS).')
 param remotePaymentEndpoints string = ''
@@ -78,9 +76,8 @@ param remotePaymentEndpoints string = ''
 @description('Calls the payment service\'s one URL takes at once; empty: no limit (SAS_REMOTE_PAYMENT_CAPACITY).')
 param remotePaymentCapacity string = ''
 
-@description('Base URL of the remote shipping service (SAS_REMOTE_SHIPPING_URL).')
-@minLength(8)
-param remoteShippingUrl string
+@description('Base URL of the remote shipping service (SAS_REMOTE_SHIPPING_URL); empty: the simulator\'s, with deploySimulator.')
+param remoteShippingUrl string = ''
 
 @description('Endpoints of the shipping service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_SHIPPING_ENDPOINTS).')
 param remoteShippingEndpoints string = ''
@@ -145,8 +142,8 @@ param serviceBusMaxDeliveryCount int = 5
 @description('Time to live of a Service Bus message; expired messages are dead-lettered.')
 param serviceBusMessageTimeToLive string = 'P14D'
 
-@description('Flex Consumption: maximum instances of the app.')
-@minValue(40)
+@description('Flex Consumption: maximum instances of each scaling group of the app (each queue function; the HTTP functions together).')
+@minValue(1)
 @maxValue(1000)
 param maximumInstanceCount int = 100
 
@@ -166,6 +163,12 @@ param alertEmail string = ''
   'all'
 ])
 param storageLogs string = 'essential'
+
+@description('Deploy the remote-service simulator as a second function app (SAS_DEPLOY_SIMULATOR), for a demo: the order workflow\'s services whose URL is left empty call it. Public and anonymous, one instance, its ledger in memory.')
+param deploySimulator bool = false
+
+@description('With deploySimulator: its faults as JSON (SAS_SIMULATOR_FAULTS), e.g. {"transient_rate": 0.1}; empty: none.')
+param simulatorFaults string = ''
 
 // Network isolation: see infra/README.md (Network isolation) for what it costs and what it cuts off.
 @description('Network isolation (SAS_NETWORK_ISOLATION): public network access off on the storage account and the Service Bus namespace, which the app reaches through private endpoints in a virtual network it is integrated with; Service Bus becomes Premium (Standard has no private endpoints). Off by default: it costs more, and the operator CLI then needs allowedIpAddresses. The app\'s HTTP endpoint stays public.')
@@ -327,6 +330,47 @@ module network 'modules/network.bicep' = if (networkIsolation) {
   }
 }
 
+// The simulator (deploySimulator): a function app of its own, with no right on sas's resources.
+module simulator 'modules/simulator.bicep' = if (deploySimulator) {
+  name: 'simulator'
+  scope: rg
+  params: {
+    location: location
+    tags: tags
+    resourceToken: resourceToken
+    applicationInsightsName: monitoring.outputs.applicationInsightsName
+    faults: simulatorFaults
+  }
+}
+var simulatorUrl = deploySimulator ? simulator.outputs.uri : ''
+
+// Each HTTP agent's URL: the parameter, or the simulator's when that is empty and deployed.
+// generated: agent urls (make infra)
+module remoteInventory 'modules/remote-url.bicep' = {
+  name: 'remote-url-inventory'
+  scope: rg
+  params: {
+    url: (empty(remoteInventoryUrl) && deploySimulator) ? '${simulatorUrl}/inventory' : remoteInventoryUrl
+  }
+}
+
+module remotePayment 'modules/remote-url.bicep' = {
+  name: 'remote-url-payment'
+  scope: rg
+  params: {
+    url: (empty(remotePaymentUrl) && deploySimulator) ? '${simulatorUrl}/payment' : remotePaymentUrl
+  }
+}
+
+module remoteShipping 'modules/remote-url.bicep' = {
+  name: 'remote-url-shipping'
+  scope: rg
+  params: {
+    url: (empty(remoteShippingUrl) && deploySimulator) ? '${simulatorUrl}/shipping' : remoteShippingUrl
+  }
+}
+// end generated: agent urls
+
 // The app's identity: every data role it needs, nothing else (see modules/roles.bicep).
 // hostRoles: also Data Owner on each trigger queue, which target-based scaling needs to read
 // queue length (never on the namespace). Receiver on the alerts queue: its depth gauge peeks it.
@@ -374,9 +418,9 @@ var sasSettings = {
   SAS_TABLE_NAME: tableName
   SAS_SUPERVISOR_SCHEDULE: supervisorSchedule
   // generated: agent settings (make infra)
-  SAS_REMOTE_INVENTORY_URL: remoteInventoryUrl
-  SAS_REMOTE_PAYMENT_URL: remotePaymentUrl
-  SAS_REMOTE_SHIPPING_URL: remoteShippingUrl
+  SAS_REMOTE_INVENTORY_URL: remoteInventory.outputs.url
+  SAS_REMOTE_PAYMENT_URL: remotePayment.outputs.url
+  SAS_REMOTE_SHIPPING_URL: remoteShipping.outputs.url
   WORKSPACE_DOMAIN: settingWorkspaceDomain
   MAIL_FROM: settingMailFrom
   // end generated: agent settings
@@ -486,6 +530,7 @@ output SERVICE_API_ENDPOINTS array = [
   functionApp.outputs.uri
 ]
 output SAS_API_URL string = functionApp.outputs.uri
+output SAS_SIMULATOR_URL string = simulatorUrl
 output SAS_TRANSPORT string = transport
 output SAS_TABLE_NAME string = tableName
 output AZURE_STORAGE_ACCOUNT_NAME string = storage.outputs.name

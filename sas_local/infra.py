@@ -56,9 +56,9 @@ def _setting_params(key: str, agents: str) -> str:
 def _params(agent: str) -> str:
     upper = agent.upper()
     return (
-        f"@description('Base URL of the remote {agent} service (SAS_REMOTE_{upper}_URL).')\n"
-        f"@minLength(8)\n"
-        f"param {param_name(agent, 'Url')} string\n\n"
+        f"@description('Base URL of the remote {agent} service (SAS_REMOTE_{upper}_URL); empty: "
+        f"the simulator\\'s, with deploySimulator.')\n"
+        f"param {param_name(agent, 'Url')} string = ''\n\n"
         f'@description(\'Endpoints of the {agent} service as JSON, [{{"name": "west", "url": '
         f'"https://...", "capacity": 8}}, ...] (capacity optional); empty: the one URL above '
         f"(SAS_REMOTE_{upper}_ENDPOINTS).')\n"
@@ -66,6 +66,24 @@ def _params(agent: str) -> str:
         f"@description('Calls the {agent} service\\'s one URL takes at once; empty: no limit "
         f"(SAS_REMOTE_{upper}_CAPACITY).')\n"
         f"param {param_name(agent, 'Capacity')} string = ''\n"
+    )
+
+
+def url_module(agent: str) -> str:
+    """The module (modules/remote-url.bicep) that gives an HTTP agent's URL, checked."""
+    return f"remote{agent.capitalize()}"
+
+
+def _url_module(agent: str) -> str:
+    url = param_name(agent, "Url")
+    return (
+        f"module {url_module(agent)} 'modules/remote-url.bicep' = {{\n"
+        f"  name: 'remote-url-{agent}'\n"
+        f"  scope: rg\n"
+        f"  params: {{\n"
+        f"    url: (empty({url}) && deploySimulator) ? '${{simulatorUrl}}/{agent}' : {url}\n"
+        f"  }}\n"
+        f"}}\n"
     )
 
 
@@ -83,8 +101,9 @@ def regions() -> dict[str, str]:
         ),
         "agent queues": "".join(f"  'agent-{agent}'\n" for agent in declared.agents),
         "app tables": "".join(f"  '{table}'\n" for table in declared.tables),
+        "agent urls": "\n".join(_url_module(agent) for agent in http),
         "agent settings": "".join(
-            f"  {settings.remote_url_setting(a)}: {param_name(a, 'Url')}\n" for a in http
+            f"  {settings.remote_url_setting(a)}: {url_module(a)}.outputs.url\n" for a in http
         )
         + "".join(f"  {key}: {setting_param(key)}\n" for key in keys),
         "agent options": "".join(
@@ -136,7 +155,7 @@ def parameters_text(current: str, owned: set[str]) -> str:
     generated: dict[str, Any] = {}
     for agent in registry().http_agents:
         upper = agent.upper()
-        generated[param_name(agent, "Url")] = {"value": f"${{SAS_REMOTE_{upper}_URL}}"}
+        generated[param_name(agent, "Url")] = {"value": f"${{SAS_REMOTE_{upper}_URL=}}"}
         for what in ("Endpoints", "Capacity"):
             env = f"SAS_REMOTE_{upper}_{what.upper()}"
             generated[param_name(agent, what)] = {"value": f"${{{env}=}}"}

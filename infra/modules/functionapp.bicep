@@ -16,7 +16,8 @@ param deploymentContainerName string
 param applicationInsightsName string
 @description('App settings of sas (SAS_* and the SasStorage / SasServiceBus connections).')
 param appSettings object
-@minValue(40)
+@description('Maximum instances of each of its scaling groups (each queue function; the HTTP functions together). The platform takes 1 to 1000.')
+@minValue(1)
 @maxValue(1000)
 param maximumInstanceCount int = 100
 @allowed([
@@ -24,6 +25,10 @@ param maximumInstanceCount int = 100
   4096
 ])
 param instanceMemoryMB int = 2048
+@description('Requests one instance serves at once (its HTTP functions); 0: the platform\'s default.')
+@minValue(0)
+@maxValue(1000)
+param httpPerInstanceConcurrency int = 0
 @description('Network isolation: the subnet (delegated to Microsoft.App/environments) the app\'s outbound traffic goes through, to the private endpoints of its storage and Service Bus; empty: no VNet integration.')
 param virtualNetworkSubnetId string = ''
 
@@ -97,6 +102,11 @@ resource functionApp 'Microsoft.Web/sites@2024-04-01' = {
       scaleAndConcurrency: {
         maximumInstanceCount: maximumInstanceCount
         instanceMemoryMB: instanceMemoryMB
+        triggers: httpPerInstanceConcurrency == 0 ? null : {
+          http: {
+            perInstanceConcurrency: httpPerInstanceConcurrency
+          }
+        }
       }
       runtime: {
         name: 'python'

@@ -1,4 +1,5 @@
-// The app's single user-assigned managed identity. Its roles are granted in roles.bicep.
+// A user-assigned managed identity: the app's, and apart the simulator's (simulator.bicep).
+// Their roles are granted in roles.bicep.
 
 param name string
 param location string

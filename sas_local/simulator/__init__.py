@@ -7,7 +7,8 @@ response, marked `Idempotent-Replayed: true`, and applies nothing. A payload car
 transient, permanent, slow, an outage window — are injected per `faults.FaultConfig`, set by
 CLI flags or at runtime with `PUT /faults`.
 
-Run: `python -m sas_local.simulator --port 7081 [--transient-rate 0.1 ...]` (see `--help`).
+Run: `python -m sas_local.simulator --port 7081 [--transient-rate 0.1 ...]` (see `--help`); in
+Azure, a function app of its own (`azure_app.py`, packaged by `bundle.py`).
 """
 
 from sas_local.simulator.__main__ import main

@@ -164,7 +164,10 @@ def create_app(
     *,
     clock: Clock | None = None,
     sleep: Sleep = asyncio.sleep,
+    faults_fixed: str | None = None,
 ) -> FastAPI:
+    """The simulator's app. ``faults_fixed``: ``PUT /faults`` is refused (403) with this reason,
+    where the faults are set only at start (the simulator deployed to Azure, open to anyone)."""
     app = FastAPI(title="sas remote service simulator")
     real_clock = clock or SystemClock()
     sim = _Simulator(Books(), real_clock, faults or FaultConfig(), real_clock.now())
@@ -179,6 +182,8 @@ def create_app(
 
     @app.put("/faults", response_model=FaultConfig)
     async def put_faults(config: FaultConfig) -> JSONResponse:
+        if faults_fixed is not None:
+            return JSONResponse({"detail": faults_fixed}, status_code=403)
         sim.set_faults(config)
         return _faults_reply(sim)
 

@@ -29,6 +29,8 @@ pytestmark = pytest.mark.deploy
 JUNK = (
     ".venv/lib/x.py",
     "venv/bin/python",
+    "main_env/bin/python",  # `azd restore`'s venv: <directory>_env
+    "sas_local/simulator/build/function_app.py",  # the simulator's package (bundle.py)
     "node_modules/azurite/x.js",
     "sas/__pycache__/bootstrap.cpython-311.pyc",
     "sas/domain/__pycache__/x.pyc",

@@ -41,7 +41,8 @@ def test_infra_has_bicep_files() -> None:
 def test_bicep_file_parses(parser: BicepParser, path: Path) -> None:
     parsed = parse(parser, path)
 
-    assert parsed.get("resources") or parsed.get("modules"), f"{path.name} declares nothing"
+    declared = parsed.get("resources") or parsed.get("modules") or parsed.get("outputs")
+    assert declared, f"{path.name} declares nothing"
 
 
 def test_main_targets_the_subscription(parser: BicepParser) -> None:
@@ -57,6 +58,9 @@ def test_every_module_main_uses_exists(parser: BicepParser) -> None:
     assert paths
     for relative in paths:
         assert (INFRA / relative).is_file(), f"main.bicep uses missing module {relative}"
+    nested = parse(parser, INFRA / "modules" / "simulator.bicep")["modules"].values()
+    for relative in (module["detail"]["path"] for module in nested):
+        assert (INFRA / "modules" / relative).is_file(), f"simulator.bicep uses {relative}"
 
 
 def without_last_closing_brace(text: str) -> str:

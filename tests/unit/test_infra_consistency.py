@@ -318,16 +318,23 @@ def iso_duration(value: str) -> timedelta:
 
 
 def main_scope(transport: str, **overrides: Any) -> Scope:
-    return file_scope(
+    """main.bicep's scope, with each HTTP agent's URL module's output (remote-url.bicep)."""
+    scope = file_scope(
         bicep("main.bicep"),
         environmentName="test",
         location="swedencentral",
         transport=transport,
-        remoteInventoryUrl="https://remote/inventory",
-        remotePaymentUrl="https://remote/payment",
-        remoteShippingUrl="https://remote/shipping",
-        **overrides,
+        **{
+            "remoteInventoryUrl": "https://remote/inventory",
+            "remotePaymentUrl": "https://remote/payment",
+            "remoteShippingUrl": "https://remote/shipping",
+            **overrides,
+        },
     )
+    for agent in HTTP_AGENTS:
+        url = evaluate(module_params(infra.url_module(agent))["url"], scope)
+        scope[infra.url_module(agent)] = {"outputs": {"url": url}}
+    return scope
 
 
 def module_enabled(module: str, scope: Scope) -> bool:
@@ -797,13 +804,20 @@ def test_role_assignments_are_deterministic_and_data_roles_only() -> None:
 
 
 def test_no_shared_key_or_local_auth_path() -> None:
-    storage = bicep("modules/storage.bicep")
-    [account] = resources_of_type(storage, "Microsoft.Storage/storageAccounts").values()
-    account_properties = body(account)["properties"]
-    assert account_properties["allowSharedKeyAccess"] is False
-    assert account_properties["allowBlobPublicAccess"] is False
-    assert account_properties["minimumTlsVersion"] == "TLS1_2"
-    assert account_properties["supportsHttpsTrafficOnly"] is True
+    accounts = {
+        path.name: body(account)["properties"]
+        for path in sorted(INFRA.rglob("*.bicep"))
+        for account in resources_of_type(
+            bicep(path.relative_to(INFRA).as_posix()), STORAGE_ACCOUNT
+        ).values()
+        if not account["existing"]
+    }
+    assert set(accounts) == {"storage.bicep", "simulator.bicep"}
+    for account_properties in accounts.values():
+        assert account_properties["allowSharedKeyAccess"] is False
+        assert account_properties["allowBlobPublicAccess"] is False
+        assert account_properties["minimumTlsVersion"] == "TLS1_2"
+        assert account_properties["supportsHttpsTrafficOnly"] is True
 
     servicebus = bicep("modules/servicebus.bicep")
     [namespace] = resources_of_type(servicebus, "Microsoft.ServiceBus/namespaces").values()
@@ -1501,14 +1515,14 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
     assert "'agent-vm'" in bicep_text and "'agent-mail'" in bicep_text
     assert "'agent-cloud'" not in bicep_text  # the workspace's agents, not declared here
     assert "  'machines'\n" in bicep_text and "'workspaces'" not in bicep_text
-    assert (
-        "param remoteMailUrl string" in bicep_text
-        and "SAS_REMOTE_MAIL_URL: remoteMailUrl" in bicep_text
-    )
+    assert "param remoteMailUrl string = ''" in bicep_text
+    assert "module remoteMail 'modules/remote-url.bicep'" in bicep_text
+    assert "url: (empty(remoteMailUrl) && deploySimulator) ? '${simulatorUrl}/mail'" in bicep_text
+    assert "SAS_REMOTE_MAIL_URL: remoteMail.outputs.url" in bicep_text
     assert "remoteVm" not in bicep_text  # a Python agent calls no remote service
     owned = infra.generated_parameters(text("main.bicep"))
     parameters = json.loads(infra.parameters_text(text("main.parameters.json"), owned))
-    assert parameters["parameters"]["remoteMailUrl"] == {"value": "${SAS_REMOTE_MAIL_URL}"}
+    assert parameters["parameters"]["remoteMailUrl"] == {"value": "${SAS_REMOTE_MAIL_URL=}"}
     assert "remoteVmUrl" not in parameters["parameters"]
     local_text = infra.local_settings_text(
         LOCAL_SETTINGS_EXAMPLE.read_text(), infra.generated_settings(text("main.bicep"))
@@ -1557,12 +1571,116 @@ def test_azure_yaml_deploys_the_python_function_app() -> None:
     azure_yaml = (ROOT / "azure.yaml").read_text()
 
     assert re.search(r"^services:\n  api:\n", azure_yaml, re.MULTILINE)
-    assert re.search(r'^requiredVersions:\n  azd: ">= 1\.18\.0"$', azure_yaml, re.MULTILINE)
+    assert re.search(r'^requiredVersions:\n  azd: ">= 1\.23\.4"$', azure_yaml, re.MULTILINE)
     for line in ("project: .", "language: python", "host: function"):
         assert re.search(rf"^    {re.escape(line)}$", azure_yaml, re.MULTILINE), line
     tags = text("modules/functionapp.bicep")
     assert "'azd-service-name': serviceName" in tags
     assert module_params("functionApp")["serviceName"] == "api"
+
+
+# --- the simulator as a second app (deploySimulator) -----------------------------------------
+
+
+def simulator_module(name: str) -> dict[str, Any]:
+    return dict(bicep("modules/simulator.bicep")["modules"][name]["config"]["params"])
+
+
+def test_azure_yaml_deploys_the_simulator_only_when_asked() -> None:
+    azure_yaml = (ROOT / "azure.yaml").read_text()
+    service = azure_yaml.split("\n  simulator:\n", 1)[1]
+
+    for line in (
+        "project: ./sas_local/simulator",
+        "language: python",
+        "host: function",
+        "condition: ${SAS_DEPLOY_SIMULATOR}",  # azd >= 1.23.4: unset or false, not deployed
+        "dist: build",
+    ):
+        assert re.search(rf"^    {re.escape(line)}$", service, re.MULTILINE), line
+    assert re.search(r"^          run: python3 bundle\.py build$", service, re.MULTILINE)
+    assert (ROOT / "sas_local" / "simulator" / "bundle.py").is_file()
+    assert "'azd-service-name': serviceName" in text("modules/functionapp.bicep")
+    assert simulator_module("functionApp")["serviceName"] == "simulator"
+
+
+def test_the_simulator_is_off_by_default_and_the_urls_are_the_parameters() -> None:
+    parameters = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+    assert parameters["deploySimulator"] == {"value": "${SAS_DEPLOY_SIMULATOR=false}"}
+    assert parameters["simulatorFaults"] == {"value": "${SAS_SIMULATOR_FAULTS=}"}
+    assert param_default(bicep("main.bicep"), "deploySimulator") is False
+    scope = main_scope("servicebus")
+
+    assert not module_enabled("simulator", scope)
+    for agent in HTTP_AGENTS:
+        assert scope[infra.url_module(agent)]["outputs"]["url"] == f"https://remote/{agent}"
+        url = bicep("main.bicep")["variables"]["sasSettings"]["value"][
+            settings.remote_url_setting(agent)
+        ]
+        assert dotted(url) == f"{infra.url_module(agent)}.outputs.url"
+
+
+def test_an_empty_url_calls_the_deployed_simulator_and_a_given_one_wins() -> None:
+    scope = main_scope(
+        "servicebus",
+        deploySimulator=True,
+        simulatorUrl="https://func-sim.example",  # the simulator module's output
+        remoteInventoryUrl="",
+        remoteShippingUrl="",
+    )
+
+    assert module_enabled("simulator", scope)
+    urls = {agent: scope[infra.url_module(agent)]["outputs"]["url"] for agent in HTTP_AGENTS}
+    assert urls == {
+        "inventory": "https://func-sim.example/inventory",  # the simulator's routes
+        "payment": "https://remote/payment",
+        "shipping": "https://func-sim.example/shipping",
+    }
+    assert dotted(module_params("simulator")["faults"]) == "simulatorFaults"
+
+
+def test_an_empty_url_without_the_simulator_stops_the_deployment() -> None:
+    scope = main_scope("servicebus", remotePaymentUrl="")
+
+    assert scope[infra.url_module("payment")]["outputs"]["url"] == ""
+    checked = bicep("modules/remote-url.bicep")
+    assert decorator(checked, "url", "min_length") == 8  # ARM refuses "" there
+    assert checked["outputs"]["url"]["value"] == "url"
+
+
+def test_the_simulator_is_a_stranger_to_sas_with_one_instance() -> None:
+    # It gets nothing of sas's but the telemetry resource's name: no table, queue or identity.
+    assert set(module_params("simulator")) == {
+        "location",
+        "tags",
+        "resourceToken",
+        "applicationInsightsName",
+        "faults",
+    }
+    parsed = bicep("modules/simulator.bicep")
+    scope = file_scope(parsed, resourceToken="tok", location="x", applicationInsightsName="ai")
+    assert evaluate(simulator_module("identity")["name"], scope) == "id-sim-tok"
+    roles = simulator_module("roles")
+    assert dotted(roles["storageAccountName"]) == "storage.name"  # its own account
+    assert not {"serviceBusNamespaceName", "triggerQueueNames", "readQueueNames"} & set(roles)
+    assert "storageQueues" not in roles
+    app = simulator_module("functionApp")
+    assert app["maximumInstanceCount"] == 1  # its ledger is in memory
+    assert app["httpPerInstanceConcurrency"] > 1
+    assert set(app["appSettings"]) == {simulator_faults_setting()}
+    assert app["appSettings"][simulator_faults_setting()] == "faults"
+    [account] = resources_of_type(parsed, STORAGE_ACCOUNT).values()
+    assert evaluate(body(account)["name"], scope) == "stsimtok"
+    properties = body(account)["properties"]
+    assert properties["allowSharedKeyAccess"] is False
+    assert properties["allowBlobPublicAccess"] is False
+    assert properties["minimumTlsVersion"] == "TLS1_2"
+
+
+def simulator_faults_setting() -> str:
+    from sas_local.simulator.azure_app import FAULTS_SETTING
+
+    return FAULTS_SETTING
 
 
 # --- (e) local.settings.example.json has every setting too ------------------------------------

@@ -321,6 +321,14 @@ def test_get_faults_returns_what_put_set_and_put_replaces_the_whole_config():
     assert sim.client.put("/faults", json=got.json()).status_code == 200  # round-trips
 
 
+def test_faults_fixed_at_start_refuse_a_put_and_stay_as_they_were():
+    app = create_app(FaultConfig(transient_rate=0.5), faults_fixed="set by the app setting")
+    client = Client(app)
+    put = client.put("/faults", json={"transient_rate": 0.0})
+    assert (put.status_code, put.json()) == (403, {"detail": "set by the app setting"})
+    assert client.get("/faults").json()["transient_rate"] == 0.5
+
+
 @pytest.mark.parametrize(
     "body",
     [{"transient_rate": 1.5}, {"permanent_rate": -0.1}, {"typo_rate": 0.1}, {"slow_seconds": -1}],
