@@ -1,7 +1,8 @@
 // sas: Scheduler Agent Supervisor on Azure Functions (Flex Consumption, Python 3.11).
 // Deployed by `azd up` (azure.yaml at the repo root). See infra/README.md.
 //
-// Security posture: one user-assigned identity holding data-plane roles only; no shared keys
+// Security posture: one user-assigned identity for the app, holding data-plane roles only (the
+// optional simulator has one of its own, with rights on its own storage and telemetry only); no shared keys
 // (storage allowSharedKeyAccess: false), no SAS/local auth (Service Bus, Application Insights
 // and Log Analytics disableLocalAuth: true), no basic-auth publishing (FTP/SCM off); every app
 // connection is identity-based. Diagnostic settings and alert rules report to the workspace.
@@ -61,8 +62,8 @@ param tableName string = 'sasorders'
 @description('Base URL of the remote inventory service (SAS_REMOTE_INVENTORY_URL); empty: the simulator\'s, with deploySimulator.')
 param remoteInventoryUrl string = ''
 
-@description('Endpoints of the inventory service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_INVENTORY_ENDPOINTS).')
-param remoteInventoryEndpoints string = ''
+@description('Endpoints of the inventory service, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_INVENTORY_ENDPOINTS, as JSON).')
+param remoteInventoryEndpoints array = []
 
 @description('Calls the inventory service\'s one URL takes at once; empty: no limit (SAS_REMOTE_INVENTORY_CAPACITY).')
 param remoteInventoryCapacity string = ''
@@ -70,8 +71,8 @@ param remoteInventoryCapacity string = ''
 @description('Base URL of the remote payment service (SAS_REMOTE_PAYMENT_URL); empty: the simulator\'s, with deploySimulator.')
 param remotePaymentUrl string = ''
 
-@description('Endpoints of the payment service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_PAYMENT_ENDPOINTS).')
-param remotePaymentEndpoints string = ''
+@description('Endpoints of the payment service, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_PAYMENT_ENDPOINTS, as JSON).')
+param remotePaymentEndpoints array = []
 
 @description('Calls the payment service\'s one URL takes at once; empty: no limit (SAS_REMOTE_PAYMENT_CAPACITY).')
 param remotePaymentCapacity string = ''
@@ -79,8 +80,8 @@ param remotePaymentCapacity string = ''
 @description('Base URL of the remote shipping service (SAS_REMOTE_SHIPPING_URL); empty: the simulator\'s, with deploySimulator.')
 param remoteShippingUrl string = ''
 
-@description('Endpoints of the shipping service as JSON, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_SHIPPING_ENDPOINTS).')
-param remoteShippingEndpoints string = ''
+@description('Endpoints of the shipping service, [{"name": "west", "url": "https://...", "capacity": 8}, ...] (capacity optional); empty: the one URL above (SAS_REMOTE_SHIPPING_ENDPOINTS, as JSON).')
+param remoteShippingEndpoints array = []
 
 @description('Calls the shipping service\'s one URL takes at once; empty: no limit (SAS_REMOTE_SHIPPING_CAPACITY).')
 param remoteShippingCapacity string = ''
@@ -164,11 +165,11 @@ param alertEmail string = ''
 ])
 param storageLogs string = 'essential'
 
-@description('Deploy the remote-service simulator as a second function app (SAS_DEPLOY_SIMULATOR), for a demo: the order workflow\'s services whose URL is left empty call it. Public and anonymous, one instance, its ledger in memory.')
+@description('Deploy the remote-service simulator as a second function app (SAS_DEPLOY_SIMULATOR: true or false), for a demo: the order workflow\'s services whose URL is left empty call it. Public and anonymous, one instance, its ledger in memory.')
 param deploySimulator bool = false
 
-@description('With deploySimulator: its faults as JSON (SAS_SIMULATOR_FAULTS), e.g. {"transient_rate": 0.1}; empty: none.')
-param simulatorFaults string = ''
+@description('With deploySimulator: its faults (SAS_SIMULATOR_FAULTS, as JSON), e.g. {"transient_rate": 0.1}; empty: none.')
+param simulatorFaults object = {}
 
 // Network isolation: see infra/README.md (Network isolation) for what it costs and what it cuts off.
 @description('Network isolation (SAS_NETWORK_ISOLATION): public network access off on the storage account and the Service Bus namespace, which the app reaches through private endpoints in a virtual network it is integrated with; Service Bus becomes Premium (Standard has no private endpoints). Off by default: it costs more, and the operator CLI then needs allowedIpAddresses. The app\'s HTTP endpoint stays public.')
@@ -330,7 +331,8 @@ module network 'modules/network.bicep' = if (networkIsolation) {
   }
 }
 
-// The simulator (deploySimulator): a function app of its own, with no right on sas's resources.
+// The simulator (deploySimulator): a function app of its own, with no right on sas's data; its
+// telemetry goes to the same Application Insights.
 module simulator 'modules/simulator.bicep' = if (deploySimulator) {
   name: 'simulator'
   scope: rg
@@ -350,7 +352,7 @@ module remoteInventory 'modules/remote-url.bicep' = {
   name: 'remote-url-inventory'
   scope: rg
   params: {
-    url: (empty(remoteInventoryUrl) && deploySimulator) ? '${simulatorUrl}/inventory' : remoteInventoryUrl
+    source: empty(remoteInventoryUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter'
   }
 }
 
@@ -358,7 +360,7 @@ module remotePayment 'modules/remote-url.bicep' = {
   name: 'remote-url-payment'
   scope: rg
   params: {
-    url: (empty(remotePaymentUrl) && deploySimulator) ? '${simulatorUrl}/payment' : remotePaymentUrl
+    source: empty(remotePaymentUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter'
   }
 }
 
@@ -366,7 +368,7 @@ module remoteShipping 'modules/remote-url.bicep' = {
   name: 'remote-url-shipping'
   scope: rg
   params: {
-    url: (empty(remoteShippingUrl) && deploySimulator) ? '${simulatorUrl}/shipping' : remoteShippingUrl
+    source: empty(remoteShippingUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter'
   }
 }
 // end generated: agent urls
@@ -418,9 +420,9 @@ var sasSettings = {
   SAS_TABLE_NAME: tableName
   SAS_SUPERVISOR_SCHEDULE: supervisorSchedule
   // generated: agent settings (make infra)
-  SAS_REMOTE_INVENTORY_URL: remoteInventory.outputs.url
-  SAS_REMOTE_PAYMENT_URL: remotePayment.outputs.url
-  SAS_REMOTE_SHIPPING_URL: remoteShipping.outputs.url
+  SAS_REMOTE_INVENTORY_URL: ('parameter' == remoteInventory.outputs.source) ? remoteInventoryUrl : '${simulatorUrl}/inventory'
+  SAS_REMOTE_PAYMENT_URL: ('parameter' == remotePayment.outputs.source) ? remotePaymentUrl : '${simulatorUrl}/payment'
+  SAS_REMOTE_SHIPPING_URL: ('parameter' == remoteShipping.outputs.source) ? remoteShippingUrl : '${simulatorUrl}/shipping'
   WORKSPACE_DOMAIN: settingWorkspaceDomain
   MAIL_FROM: settingMailFrom
   // end generated: agent settings
@@ -435,11 +437,11 @@ var optionalSettings = {
   SAS_CLOCK_SKEW_SECONDS: (clockSkewSeconds == '2') ? '' : clockSkewSeconds
   SAS_REPLY_TO_PREFIXES: (replyToPrefixes == 'status-') ? '' : replyToPrefixes
   // generated: agent options (make infra)
-  SAS_REMOTE_INVENTORY_ENDPOINTS: remoteInventoryEndpoints
+  SAS_REMOTE_INVENTORY_ENDPOINTS: empty(remoteInventoryEndpoints) ? '' : string(remoteInventoryEndpoints)
   SAS_REMOTE_INVENTORY_CAPACITY: remoteInventoryCapacity
-  SAS_REMOTE_PAYMENT_ENDPOINTS: remotePaymentEndpoints
+  SAS_REMOTE_PAYMENT_ENDPOINTS: empty(remotePaymentEndpoints) ? '' : string(remotePaymentEndpoints)
   SAS_REMOTE_PAYMENT_CAPACITY: remotePaymentCapacity
-  SAS_REMOTE_SHIPPING_ENDPOINTS: remoteShippingEndpoints
+  SAS_REMOTE_SHIPPING_ENDPOINTS: empty(remoteShippingEndpoints) ? '' : string(remoteShippingEndpoints)
   SAS_REMOTE_SHIPPING_CAPACITY: remoteShippingCapacity
   // end generated: agent options
   SAS_LOW_PRIORITY_BACKLOG_SECONDS: (lowPriorityBacklogSeconds == '5') ? '' : lowPriorityBacklogSeconds

@@ -59,10 +59,10 @@ def _params(agent: str) -> str:
         f"@description('Base URL of the remote {agent} service (SAS_REMOTE_{upper}_URL); empty: "
         f"the simulator\\'s, with deploySimulator.')\n"
         f"param {param_name(agent, 'Url')} string = ''\n\n"
-        f'@description(\'Endpoints of the {agent} service as JSON, [{{"name": "west", "url": '
+        f'@description(\'Endpoints of the {agent} service, [{{"name": "west", "url": '
         f'"https://...", "capacity": 8}}, ...] (capacity optional); empty: the one URL above '
-        f"(SAS_REMOTE_{upper}_ENDPOINTS).')\n"
-        f"param {param_name(agent, 'Endpoints')} string = ''\n\n"
+        f"(SAS_REMOTE_{upper}_ENDPOINTS, as JSON).')\n"
+        f"param {param_name(agent, 'Endpoints')} array = []\n\n"
         f"@description('Calls the {agent} service\\'s one URL takes at once; empty: no limit "
         f"(SAS_REMOTE_{upper}_CAPACITY).')\n"
         f"param {param_name(agent, 'Capacity')} string = ''\n"
@@ -70,7 +70,7 @@ def _params(agent: str) -> str:
 
 
 def url_module(agent: str) -> str:
-    """The module (modules/remote-url.bicep) that gives an HTTP agent's URL, checked."""
+    """The module (modules/remote-url.bicep) that says where an HTTP agent's URL comes from."""
     return f"remote{agent.capitalize()}"
 
 
@@ -81,9 +81,17 @@ def _url_module(agent: str) -> str:
         f"  name: 'remote-url-{agent}'\n"
         f"  scope: rg\n"
         f"  params: {{\n"
-        f"    url: (empty({url}) && deploySimulator) ? '${{simulatorUrl}}/{agent}' : {url}\n"
+        f"    source: empty({url}) ? (deploySimulator ? 'simulator' : '') : 'parameter'\n"
         f"  }}\n"
         f"}}\n"
+    )
+
+
+def _url_setting(agent: str) -> str:
+    url = param_name(agent, "Url")
+    return (
+        f"  {settings.remote_url_setting(agent)}: ('parameter' == "
+        f"{url_module(agent)}.outputs.source) ? {url} : '${{simulatorUrl}}/{agent}'\n"
     )
 
 
@@ -102,17 +110,14 @@ def regions() -> dict[str, str]:
         "agent queues": "".join(f"  'agent-{agent}'\n" for agent in declared.agents),
         "app tables": "".join(f"  '{table}'\n" for table in declared.tables),
         "agent urls": "\n".join(_url_module(agent) for agent in http),
-        "agent settings": "".join(
-            f"  {settings.remote_url_setting(a)}: {url_module(a)}.outputs.url\n" for a in http
-        )
+        "agent settings": "".join(_url_setting(a) for a in http)
         + "".join(f"  {key}: {setting_param(key)}\n" for key in keys),
         "agent options": "".join(
-            f"  {setting(a)}: {param_name(a, what)}\n"
+            f"  {settings.remote_endpoints_setting(a)}: empty({endpoints}) ? '' : "
+            f"string({endpoints})\n"
+            f"  {settings.remote_capacity_setting(a)}: {param_name(a, 'Capacity')}\n"
             for a in http
-            for setting, what in (
-                (settings.remote_endpoints_setting, "Endpoints"),
-                (settings.remote_capacity_setting, "Capacity"),
-            )
+            for endpoints in (param_name(a, "Endpoints"),)
         ),
     }
 
@@ -156,9 +161,12 @@ def parameters_text(current: str, owned: set[str]) -> str:
     for agent in registry().http_agents:
         upper = agent.upper()
         generated[param_name(agent, "Url")] = {"value": f"${{SAS_REMOTE_{upper}_URL=}}"}
-        for what in ("Endpoints", "Capacity"):
-            env = f"SAS_REMOTE_{upper}_{what.upper()}"
-            generated[param_name(agent, what)] = {"value": f"${{{env}=}}"}
+        # An array: azd parses the variable as JSON (a string parameter would take it raw
+        # into its parameters file, where the JSON's quotes break it).
+        endpoints = f"SAS_REMOTE_{upper}_ENDPOINTS"
+        generated[param_name(agent, "Endpoints")] = {"value": f"${{{endpoints}}}"}
+        capacity = f"SAS_REMOTE_{upper}_CAPACITY"
+        generated[param_name(agent, "Capacity")] = {"value": f"${{{capacity}=}}"}
     for key in registry().settings:
         generated[setting_param(key)] = {"value": f"${{{key}}}"}
     parameters: dict[str, Any] = {}

@@ -1,8 +1,13 @@
-// One HTTP agent's remote-service URL as the app gets it (SAS_REMOTE_<AGENT>_URL): given, or
-// the simulator's when it is deployed. A deployment with neither stops here, naming the agent.
+// Where one HTTP agent's remote-service URL (SAS_REMOTE_<AGENT>_URL) comes from: the parameter,
+// or the simulator when that is empty and the simulator is deployed. Computed from parameters
+// alone, so ARM can refuse a deployment with neither when it validates, before it creates
+// anything; the app's settings read the output, so the app waits for the check.
 
-@description('The remote service\'s base URL: SAS_REMOTE_<AGENT>_URL, or the simulator\'s (SAS_DEPLOY_SIMULATOR=true).')
-@minLength(8)
-param url string
+@description('parameter: SAS_REMOTE_<AGENT>_URL; simulator: SAS_DEPLOY_SIMULATOR=true with the URL left empty. Neither: set one of them.')
+@allowed([
+  'parameter'
+  'simulator'
+])
+param source string
 
-output url string = url
+output source string = source

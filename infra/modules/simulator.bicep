@@ -1,15 +1,16 @@
 // The remote-service simulator as a function app of its own (deploySimulator), for a demo:
 // a stranger to sas, as a real provider is. It has its own identity and storage account (its
-// Functions host's storage and deployment package) and no right on anything of sas's. One
-// instance: its ledger is in memory. Anonymous HTTP: anyone who knows the URL can call it.
+// Functions host's storage and deployment package) and no right on sas's data; it writes its
+// telemetry to sas's Application Insights. One instance: its ledger is in memory. Anonymous
+// HTTP: anyone who knows the URL can call it.
 
 param location string
 param tags object = {}
 @description('The suffix of its resources\' names (main.bicep\'s resourceToken).')
 param resourceToken string
 param applicationInsightsName string
-@description('Its faults, fixed at start: a FaultConfig as JSON (sas_local/simulator/faults.py); empty: none.')
-param faults string = ''
+@description('Its faults, fixed at start: a FaultConfig (sas_local/simulator/faults.py); empty: none.')
+param faults object = {}
 
 var appName = 'func-sim-${resourceToken}'
 
@@ -80,7 +81,7 @@ module functionApp 'functionapp.bicep' = {
     deploymentContainerName: deploymentContainer.name
     applicationInsightsName: applicationInsightsName
     appSettings: {
-      SAS_SIMULATOR_FAULTS: faults
+      SAS_SIMULATOR_FAULTS: empty(faults) ? '' : string(faults)
     }
     maximumInstanceCount: 1
     instanceMemoryMB: 2048

@@ -165,10 +165,17 @@ def create_app(
     clock: Clock | None = None,
     sleep: Sleep = asyncio.sleep,
     faults_fixed: str | None = None,
+    docs: bool = True,
 ) -> FastAPI:
     """The simulator's app. ``faults_fixed``: ``PUT /faults`` is refused (403) with this reason,
-    where the faults are set only at start (the simulator deployed to Azure, open to anyone)."""
-    app = FastAPI(title="sas remote service simulator")
+    where the faults are set only at start (the simulator deployed to Azure, open to anyone);
+    ``docs``: serve its OpenAPI schema and reference pages."""
+    app = FastAPI(
+        title="sas remote service simulator",
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
     real_clock = clock or SystemClock()
     sim = _Simulator(Books(), real_clock, faults or FaultConfig(), real_clock.now())
 

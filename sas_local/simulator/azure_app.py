@@ -4,7 +4,8 @@ Deployed only with `SAS_DEPLOY_SIMULATOR=true` (azure.yaml's `simulator` service
 `bundle.py`). It stands in for a third party's services, so it is open like one: anonymous
 HTTP, with the routes the local simulator has. Its faults are fixed at start by the
 SAS_SIMULATOR_FAULTS app setting (a `FaultConfig` as JSON; empty: none), never by a request.
-Its ledger lives in memory: one instance (the infra caps it at one), empty after a restart.
+Its ledger lives in memory: one instance (the infra caps it at one), empty again after the app
+was idle (Flex Consumption scales it to zero) or restarted, with its outage window restarted.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ app = func.AsgiFunctionApp(
     app=create_app(
         faults_from_settings(),
         faults_fixed=f"faults are set by the {FAULTS_SETTING} app setting here",
+        docs=False,
     ),
     http_auth_level=func.AuthLevel.ANONYMOUS,
 )

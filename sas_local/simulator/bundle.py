@@ -23,16 +23,21 @@ FUNCTION_APP += 'from sas_local.simulator.azure_app import app\n\n__all__ = ["ap
 HOST = {
     "version": "2.0",
     "extensions": {"http": {"routePrefix": ""}},  # the local simulator's URLs: /inventory/...
-    "functionTimeout": "00:02:00",
+    # Beyond the slowest answer its faults allow (slow_seconds 600 s + an endpoint's 60 s).
+    "functionTimeout": "00:12:00",
 }
 
 
 def bundle(out: Path) -> list[str]:
-    """Write the package to ``out`` (emptied first); the files written, relative to it."""
-    if out.resolve() in (ROOT, HERE, ROOT / "sas", ROOT / "sas_local"):
-        raise ValueError(f"{out}: not a build directory")
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
+    """Write the package to ``out`` (emptied first); the files written, relative to it.
+
+    ValueError if ``out`` holds anything but an earlier package: nothing else is deleted."""
+    if out.exists() and any(out.iterdir()):
+        earlier = out / "function_app.py"
+        if not (earlier.is_file() and earlier.read_text() == FUNCTION_APP):
+            raise ValueError(f"{out}: not empty and not a simulator package; nothing written")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "function_app.py").write_text(FUNCTION_APP)
     (out / "host.json").write_text(json.dumps(HOST, indent=2) + "\n")
     shutil.copy2(ROOT / "requirements.txt", out / "requirements.txt")
@@ -51,7 +56,11 @@ def bundle(out: Path) -> list[str]:
 
 def main(argv: list[str]) -> int:
     out = Path(argv[0]) if argv else HERE / "build"
-    files = bundle(out if out.is_absolute() else Path.cwd() / out)
+    try:
+        files = bundle(out if out.is_absolute() else Path.cwd() / out)
+    except ValueError as exc:
+        print(f"bundle.py: {exc}", file=sys.stderr)
+        return 2
     print(f"simulator package: {len(files)} files in {out}")
     return 0
 

@@ -78,6 +78,7 @@ CALLS = [
     ["PUT", "/faults", {"transient_rate": 1.0}, JSON],
     ["GET", "/faults", None, {}],
     ["GET", "/ledger", None, {}],
+    ["GET", "/openapi.json", None, {}],  # no schema or reference pages in Azure
 ]
 
 
@@ -85,25 +86,31 @@ CALLS = [
 def simulator_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The package as `azd deploy` uploads it: the hook's output, zipped and unzipped."""
     bundled = tmp_path_factory.mktemp("simulator") / "build"
-    python3 = shutil.which("python3")
-    assert python3 is not None
-    # As azd runs the hook: from the service's directory, with the deployer's python3; -I -S:
-    # nothing but the standard library is importable.
-    done = subprocess.run(
-        [python3, "-I", "-S", "bundle.py", str(bundled)],
-        cwd=SIMULATOR,
-        env={"PATH": os.environ["PATH"]},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = bundle(bundled)
     assert done.returncode == 0, done.stderr
+    again = bundle(bundled)  # azd deploy again: the earlier package is replaced
+    assert again.returncode == 0, again.stderr
     zip_path = bundled.parent / "simulator.zip"
     build_package(bundled, zip_path, funcignore="")
     target = bundled.parent / "wwwroot"
     with zipfile.ZipFile(zip_path) as package:
         package.extractall(target)
     return target
+
+
+def bundle(out: Path) -> subprocess.CompletedProcess[str]:
+    """bundle.py as azd's hook runs it: from the service's directory, with the deployer's
+    python3; -I -S: nothing but the standard library is importable."""
+    python3 = shutil.which("python3")
+    assert python3 is not None
+    return subprocess.run(
+        [python3, "-I", "-S", "bundle.py", str(out)],
+        cwd=SIMULATOR,
+        env={"PATH": os.environ["PATH"]},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def serve(python: Path, app_dir: Path, runtime: Path, settings: dict[str, str]) -> dict[str, Any]:
@@ -147,12 +154,13 @@ def test_the_deployed_simulator_serves_idempotently_and_refuses_fault_changes(
     assert result["registered"] == {
         "http_app_func": {"http": True, "route": "/{*route}", "auth": "ANONYMOUS"}
     }
-    health, first, again, put, faults, ledger = result["answers"]
+    health, first, again, put, faults, ledger, schema = result["answers"]
     assert health == [200, {"status": "ok"}]
     assert first[0] == again[0] == 200 and first[1] == again[1]
     assert put[0] == 403 and "SAS_SIMULATOR_FAULTS" in put[1]["detail"]
     assert faults[1]["transient_rate"] == 0.0
     assert [e["idempotency_key"] for e in ledger[1]["effects"]] == ["k-1"]
+    assert schema[0] == 404
 
 
 def test_the_deployed_simulator_takes_its_faults_from_the_app_setting(
@@ -160,7 +168,7 @@ def test_the_deployed_simulator_takes_its_faults_from_the_app_setting(
 ) -> None:
     setting = {"SAS_SIMULATOR_FAULTS": json.dumps({"transient_rate": 1.0, "throttle_share": 0})}
     result = serve(app_python, simulator_dir, runtime_dir, setting)
-    _, first, _, _, faults, ledger = result["answers"]
+    _, first, _, _, faults, ledger, _ = result["answers"]
     assert first[0] == 503
     assert faults[1]["transient_rate"] == 1.0
     assert ledger[1]["effects"] == []
@@ -180,3 +188,13 @@ def test_invalid_faults_in_the_app_setting_stop_the_app_with_the_reason(
     )
     assert done.returncode != 0
     assert re.search(r"transient_rate\s+Input should be less than or equal to 1", done.stderr)
+
+
+def test_bundling_into_a_directory_holding_anything_else_deletes_nothing(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+
+    done = bundle(tmp_path)
+
+    assert done.returncode == 2
+    assert "not a simulator package; nothing written" in done.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

@@ -234,7 +234,7 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
         "toObject": lambda items, key, value: {key(i): value(i) for i in items},
         "union": lambda *objs: {k: v for obj in objs for k, v in obj.items()},
         "empty": lambda value: not value,
-        "string": str,
+        "string": _arm_string,
         "filter": lambda items, fn: [item for item in items if fn(item)],
         "split": lambda text, separator: text.split(separator),
         "trim": lambda text: text.strip(),
@@ -249,6 +249,13 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
     if name not in functions:
         raise Unevaluable(name)
     return functions[name](*args)
+
+
+def _arm_string(value: Any) -> str:
+    """ARM's string(): an array or object as compact JSON."""
+    if isinstance(value, list | dict):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
 
 
 def _operate(name: str, operands: Mapping[str, Any], scope: Scope) -> Any:
@@ -331,10 +338,16 @@ def main_scope(transport: str, **overrides: Any) -> Scope:
             **overrides,
         },
     )
-    for agent in HTTP_AGENTS:
-        url = evaluate(module_params(infra.url_module(agent))["url"], scope)
-        scope[infra.url_module(agent)] = {"outputs": {"url": url}}
+    for agent in HTTP_AGENTS:  # remote-url.bicep outputs its parameter as it is
+        source = evaluate(module_params(infra.url_module(agent))["source"], scope)
+        scope[infra.url_module(agent)] = {"outputs": {"source": source}}
     return scope
+
+
+def remote_urls(scope: Scope) -> dict[str, str]:
+    """Each HTTP agent's SAS_REMOTE_<AGENT>_URL app setting as main.bicep writes it."""
+    values = bicep("main.bicep")["variables"]["sasSettings"]["value"]
+    return {a: evaluate(values[settings.remote_url_setting(a)], scope) for a in HTTP_AGENTS}
 
 
 def module_enabled(module: str, scope: Scope) -> bool:
@@ -1517,8 +1530,10 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
     assert "  'machines'\n" in bicep_text and "'workspaces'" not in bicep_text
     assert "param remoteMailUrl string = ''" in bicep_text
     assert "module remoteMail 'modules/remote-url.bicep'" in bicep_text
-    assert "url: (empty(remoteMailUrl) && deploySimulator) ? '${simulatorUrl}/mail'" in bicep_text
-    assert "SAS_REMOTE_MAIL_URL: remoteMail.outputs.url" in bicep_text
+    assert (
+        "SAS_REMOTE_MAIL_URL: ('parameter' == remoteMail.outputs.source) ? remoteMailUrl : "
+        "'${simulatorUrl}/mail'" in bicep_text
+    )
     assert "remoteVm" not in bicep_text  # a Python agent calls no remote service
     owned = infra.generated_parameters(text("main.bicep"))
     parameters = json.loads(infra.parameters_text(text("main.parameters.json"), owned))
@@ -1607,31 +1622,35 @@ def test_azure_yaml_deploys_the_simulator_only_when_asked() -> None:
 def test_the_simulator_is_off_by_default_and_the_urls_are_the_parameters() -> None:
     parameters = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
     assert parameters["deploySimulator"] == {"value": "${SAS_DEPLOY_SIMULATOR=false}"}
-    assert parameters["simulatorFaults"] == {"value": "${SAS_SIMULATOR_FAULTS=}"}
-    assert param_default(bicep("main.bicep"), "deploySimulator") is False
+    # An object: azd parses the variable as JSON (a string would break its parameters file).
+    assert parameters["simulatorFaults"] == {"value": "${SAS_SIMULATOR_FAULTS}"}
+    main = bicep("main.bicep")
+    assert main["parameters"]["simulatorFaults"]["type"] == "object"
+    assert param_default(main, "deploySimulator") is False
     scope = main_scope("servicebus")
 
     assert not module_enabled("simulator", scope)
+    assert scope["simulatorUrl"] == ""
     for agent in HTTP_AGENTS:
-        assert scope[infra.url_module(agent)]["outputs"]["url"] == f"https://remote/{agent}"
-        url = bicep("main.bicep")["variables"]["sasSettings"]["value"][
-            settings.remote_url_setting(agent)
-        ]
-        assert dotted(url) == f"{infra.url_module(agent)}.outputs.url"
+        assert scope[infra.url_module(agent)]["outputs"] == {"source": "parameter"}
+    assert remote_urls(scope) == {a: f"https://remote/{a}" for a in HTTP_AGENTS}
 
 
 def test_an_empty_url_calls_the_deployed_simulator_and_a_given_one_wins() -> None:
     scope = main_scope(
         "servicebus",
         deploySimulator=True,
-        simulatorUrl="https://func-sim.example",  # the simulator module's output
+        simulator={"outputs": {"uri": "https://func-sim.example"}},  # the module's output
         remoteInventoryUrl="",
         remoteShippingUrl="",
     )
 
     assert module_enabled("simulator", scope)
-    urls = {agent: scope[infra.url_module(agent)]["outputs"]["url"] for agent in HTTP_AGENTS}
-    assert urls == {
+    assert scope["simulatorUrl"] == "https://func-sim.example"
+    assert bicep("main.bicep")["outputs"]["SAS_SIMULATOR_URL"]["value"] == "simulatorUrl"
+    sources = {agent: scope[infra.url_module(agent)]["outputs"]["source"] for agent in HTTP_AGENTS}
+    assert sources == {"inventory": "simulator", "payment": "parameter", "shipping": "simulator"}
+    assert remote_urls(scope) == {
         "inventory": "https://func-sim.example/inventory",  # the simulator's routes
         "payment": "https://remote/payment",
         "shipping": "https://func-sim.example/shipping",
@@ -1639,13 +1658,52 @@ def test_an_empty_url_calls_the_deployed_simulator_and_a_given_one_wins() -> Non
     assert dotted(module_params("simulator")["faults"]) == "simulatorFaults"
 
 
-def test_an_empty_url_without_the_simulator_stops_the_deployment() -> None:
+def test_an_empty_url_without_the_simulator_is_refused_from_parameters_alone() -> None:
     scope = main_scope("servicebus", remotePaymentUrl="")
 
-    assert scope[infra.url_module("payment")]["outputs"]["url"] == ""
+    assert scope[infra.url_module("payment")]["outputs"]["source"] == ""
     checked = bicep("modules/remote-url.bicep")
-    assert decorator(checked, "url", "min_length") == 8  # ARM refuses "" there
-    assert checked["outputs"]["url"]["value"] == "url"
+    assert decorator(checked, "source", "allowed") == ["parameter", "simulator"]  # "" refused
+    assert checked["outputs"]["source"]["value"] == "source"
+    # The check reads parameters only (ARM can refuse it when it validates, before anything
+    # is created) and the app's setting reads its output (the app waits for it).
+    for agent in HTTP_AGENTS:
+        params = module_params(infra.url_module(agent))
+        assert set(params) == {"source"}
+        text_of = json.dumps(params["source"], default=str)
+        assert "outputs" not in text_of and "simulatorUrl" not in text_of
+        setting = bicep("main.bicep")["variables"]["sasSettings"]["value"][
+            settings.remote_url_setting(agent)
+        ]
+        without = {k: v for k, v in scope.items() if k != infra.url_module(agent)}
+        with pytest.raises(Unevaluable, match=infra.url_module(agent)):
+            evaluate(setting, without)
+
+
+def test_endpoints_are_arrays_that_reach_the_app_as_json() -> None:
+    parameters = json.loads((INFRA / "main.parameters.json").read_text())["parameters"]
+    main = bicep("main.bicep")
+    endpoints = [{"name": "west", "url": "https://west.example/inventory", "capacity": 8}]
+    scope = main_scope("servicebus", remoteInventoryEndpoints=endpoints)
+
+    for agent in HTTP_AGENTS:
+        name = infra.param_name(agent, "Endpoints")
+        assert main["parameters"][name]["type"] == "array"
+        assert param_default(main, name) == []
+        assert parameters[name] == {"value": f"${{SAS_REMOTE_{agent.upper()}_ENDPOINTS}}"}
+    changed = scope["changedSettings"]
+    assert json.loads(changed["SAS_REMOTE_INVENTORY_ENDPOINTS"]) == endpoints
+    assert "SAS_REMOTE_PAYMENT_ENDPOINTS" not in changed  # empty: the one URL
+    loaded = settings.load(
+        {
+            **dict.fromkeys(map(settings.remote_url_setting, HTTP_AGENTS), "https://remote/x"),
+            "SasStorage": "UseDevelopmentStorage=true",
+            "SAS_TRANSPORT": "storage",
+            "SAS_REMOTE_INVENTORY_ENDPOINTS": changed["SAS_REMOTE_INVENTORY_ENDPOINTS"],
+        }
+    )
+    [west] = loaded.endpoints_of("inventory")
+    assert (west.url, west.capacity) == ("https://west.example/inventory", 8)
 
 
 def test_the_simulator_is_a_stranger_to_sas_with_one_instance() -> None:
@@ -1668,7 +1726,13 @@ def test_the_simulator_is_a_stranger_to_sas_with_one_instance() -> None:
     assert app["maximumInstanceCount"] == 1  # its ledger is in memory
     assert app["httpPerInstanceConcurrency"] > 1
     assert set(app["appSettings"]) == {simulator_faults_setting()}
-    assert app["appSettings"][simulator_faults_setting()] == "faults"
+    faults = app["appSettings"][simulator_faults_setting()]
+    assert evaluate(faults, {**scope, "faults": {}}) == ""
+    assert json.loads(evaluate(faults, {**scope, "faults": {"transient_rate": 0.1}})) == {
+        "transient_rate": 0.1
+    }
+    # Its telemetry goes to sas's Application Insights: the one thing of sas's it touches.
+    assert dotted(roles["applicationInsightsName"]) == "applicationInsightsName"
     [account] = resources_of_type(parsed, STORAGE_ACCOUNT).values()
     assert evaluate(body(account)["name"], scope) == "stsimtok"
     properties = body(account)["properties"]
