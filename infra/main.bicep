@@ -347,12 +347,14 @@ module simulator 'modules/simulator.bicep' = if (deploySimulator) {
 var simulatorUrl = deploySimulator ? simulator.outputs.uri : ''
 
 // Each HTTP agent's URL: the parameter, or the simulator's when that is empty and deployed.
+// any(): Bicep would type each ternary as '' | 'simulator' | 'parameter' and refuse it against
+// the module's @allowed at compile time; ARM refuses '' when it deploys (modules/remote-url.bicep).
 // generated: agent urls (make infra)
 module remoteInventory 'modules/remote-url.bicep' = {
   name: 'remote-url-inventory'
   scope: rg
   params: {
-    source: empty(remoteInventoryUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter'
+    source: any(empty(remoteInventoryUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter')
   }
 }
 
@@ -360,7 +362,7 @@ module remotePayment 'modules/remote-url.bicep' = {
   name: 'remote-url-payment'
   scope: rg
   params: {
-    source: empty(remotePaymentUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter'
+    source: any(empty(remotePaymentUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter')
   }
 }
 
@@ -368,7 +370,7 @@ module remoteShipping 'modules/remote-url.bicep' = {
   name: 'remote-url-shipping'
   scope: rg
   params: {
-    source: empty(remoteShippingUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter'
+    source: any(empty(remoteShippingUrl) ? (deploySimulator ? 'simulator' : '') : 'parameter')
   }
 }
 // end generated: agent urls

@@ -81,7 +81,9 @@ def _url_module(agent: str) -> str:
         f"  name: 'remote-url-{agent}'\n"
         f"  scope: rg\n"
         f"  params: {{\n"
-        f"    source: empty({url}) ? (deploySimulator ? 'simulator' : '') : 'parameter'\n"
+        # any(): Bicep types the ternary as '' | 'simulator' | 'parameter' and would refuse it
+        # at compile time against @allowed; ARM checks the value when it deploys.
+        f"    source: any(empty({url}) ? (deploySimulator ? 'simulator' : '') : 'parameter')\n"
         f"  }}\n"
         f"}}\n"
     )
@@ -163,8 +165,9 @@ def parameters_text(current: str, owned: set[str]) -> str:
         generated[param_name(agent, "Url")] = {"value": f"${{SAS_REMOTE_{upper}_URL=}}"}
         # An array: azd parses the variable as JSON (a string parameter would take it raw
         # into its parameters file, where the JSON's quotes break it).
+        # `=[]`: unset or empty, an empty array (azd cannot parse "" as JSON).
         endpoints = f"SAS_REMOTE_{upper}_ENDPOINTS"
-        generated[param_name(agent, "Endpoints")] = {"value": f"${{{endpoints}}}"}
+        generated[param_name(agent, "Endpoints")] = {"value": f"${{{endpoints}=[]}}"}
         capacity = f"SAS_REMOTE_{upper}_CAPACITY"
         generated[param_name(agent, "Capacity")] = {"value": f"${{{capacity}=}}"}
     for key in registry().settings:

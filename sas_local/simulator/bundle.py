@@ -18,8 +18,10 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 MODULES = ("__init__.py", "__main__.py", "app.py", "azure_app.py", "books.py", "faults.py")
 """This directory's modules the deployed simulator imports (not this script)."""
+ENTRY = "from sas_local.simulator.azure_app import app\n"
+"""The line that makes a directory an earlier package, which bundling again may replace."""
 FUNCTION_APP = '"""sas\'s remote-service simulator (sas_local/simulator/azure_app.py)."""\n\n'
-FUNCTION_APP += 'from sas_local.simulator.azure_app import app\n\n__all__ = ["app"]\n'
+FUNCTION_APP += ENTRY + '\n__all__ = ["app"]\n'
 HOST = {
     "version": "2.0",
     "extensions": {"http": {"routePrefix": ""}},  # the local simulator's URLs: /inventory/...
@@ -32,9 +34,11 @@ def bundle(out: Path) -> list[str]:
     """Write the package to ``out`` (emptied first); the files written, relative to it.
 
     ValueError if ``out`` holds anything but an earlier package: nothing else is deleted."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out}: a file, not a directory; nothing written")
     if out.exists() and any(out.iterdir()):
         earlier = out / "function_app.py"
-        if not (earlier.is_file() and earlier.read_text() == FUNCTION_APP):
+        if not (earlier.is_file() and ENTRY in earlier.read_text()):
             raise ValueError(f"{out}: not empty and not a simulator package; nothing written")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -198,3 +198,14 @@ def test_bundling_into_a_directory_holding_anything_else_deletes_nothing(tmp_pat
     assert done.returncode == 2
     assert "not a simulator package; nothing written" in done.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_bundling_onto_a_file_is_refused_and_the_file_kept(tmp_path: Path) -> None:
+    target = tmp_path / "build"
+    target.write_text("mine")
+
+    done = bundle(target)
+
+    assert done.returncode == 2
+    assert "a file, not a directory; nothing written" in done.stderr
+    assert target.read_text() == "mine"

@@ -234,6 +234,7 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
         "toObject": lambda items, key, value: {key(i): value(i) for i in items},
         "union": lambda *objs: {k: v for obj in objs for k, v in obj.items()},
         "empty": lambda value: not value,
+        "any": lambda value: value,  # Bicep's type-checking escape: the value as it is
         "string": _arm_string,
         "filter": lambda items, fn: [item for item in items if fn(item)],
         "split": lambda text, separator: text.split(separator),
@@ -1626,6 +1627,7 @@ def test_the_simulator_is_off_by_default_and_the_urls_are_the_parameters() -> No
     assert parameters["simulatorFaults"] == {"value": "${SAS_SIMULATOR_FAULTS}"}
     main = bicep("main.bicep")
     assert main["parameters"]["simulatorFaults"]["type"] == "object"
+    assert param_default(main, "simulatorFaults") == {}  # unset: azd leaves it out
     assert param_default(main, "deploySimulator") is False
     scope = main_scope("servicebus")
 
@@ -1690,7 +1692,8 @@ def test_endpoints_are_arrays_that_reach_the_app_as_json() -> None:
         name = infra.param_name(agent, "Endpoints")
         assert main["parameters"][name]["type"] == "array"
         assert param_default(main, name) == []
-        assert parameters[name] == {"value": f"${{SAS_REMOTE_{agent.upper()}_ENDPOINTS}}"}
+        # `=[]`: unset or set empty, azd passes [] (it cannot parse "" as JSON)
+        assert parameters[name] == {"value": f"${{SAS_REMOTE_{agent.upper()}_ENDPOINTS=[]}}"}
     changed = scope["changedSettings"]
     assert json.loads(changed["SAS_REMOTE_INVENTORY_ENDPOINTS"]) == endpoints
     assert "SAS_REMOTE_PAYMENT_ENDPOINTS" not in changed  # empty: the one URL
