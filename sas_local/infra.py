@@ -97,6 +97,16 @@ def _url_setting(agent: str) -> str:
     )
 
 
+def _options(agent: str) -> str:
+    """The optional settings of an HTTP agent; its endpoints, an array, as JSON."""
+    endpoints = param_name(agent, "Endpoints")
+    return (
+        f"  {settings.remote_endpoints_setting(agent)}: empty({endpoints}) ? '' : "
+        f"string({endpoints})\n"
+        f"  {settings.remote_capacity_setting(agent)}: {param_name(agent, 'Capacity')}\n"
+    )
+
+
 def regions() -> dict[str, str]:
     """The text of each generated region of main.bicep, from the declared workflows."""
     declared = registry()
@@ -114,13 +124,7 @@ def regions() -> dict[str, str]:
         "agent urls": "\n".join(_url_module(agent) for agent in http),
         "agent settings": "".join(_url_setting(a) for a in http)
         + "".join(f"  {key}: {setting_param(key)}\n" for key in keys),
-        "agent options": "".join(
-            f"  {settings.remote_endpoints_setting(a)}: empty({endpoints}) ? '' : "
-            f"string({endpoints})\n"
-            f"  {settings.remote_capacity_setting(a)}: {param_name(a, 'Capacity')}\n"
-            for a in http
-            for endpoints in (param_name(a, "Endpoints"),)
-        ),
+        "agent options": "".join(_options(agent) for agent in http),
     }
 
 
