@@ -17,11 +17,12 @@ from functools import partial
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceExistsError
+from azure.core.exceptions import ResourceExistsError, ServiceResponseError
 from azure.data.tables import TableClient, TableServiceClient, UpdateMode
 from azure.storage.queue import QueueClient, QueueServiceClient
 
 from sas.adapters.storage_queues import first_calls_alone, sent
+from sas_local.bench.resets import retried
 
 RATE_TABLE = "benchrates"
 RATE_QUEUE = "bench-rates"
@@ -48,6 +49,13 @@ def _entity(partition: str, row: str) -> dict[str, Any]:
     return entity
 
 
+def _etag(table: TableClient, entity: dict[str, Any]) -> str:
+    got = retried(partial(table.get_entity, entity["PartitionKey"], entity["RowKey"]))
+    if got is None:  # a read has no "landed" answer: retried returns it or raises
+        raise RuntimeError(f"no entity {entity['PartitionKey']}")
+    return str(got.metadata["etag"])
+
+
 def _phase(kind: str, connection_string: str, threads: int, seconds: float, tag: str) -> float:
     """One process: ``threads`` threads doing ``kind`` for ``seconds``; returns requests/s."""
     tables = [
@@ -62,22 +70,27 @@ def _phase(kind: str, connection_string: str, threads: int, seconds: float, tag:
     # Untimed preparation, so each timed request has what it needs.
     def prepare(thread: int) -> None:
         table, queue = tables[thread], queues[thread]
+        exists = (ResourceExistsError,)  # on a later try: the lost first one was applied
         for n in range(30):
             partition = f"{tag}-{thread}-{n}"
             if kind in ("table.point_read", "table.delete"):
-                table.create_entity(_entity(partition, "state"))
+                retried(partial(table.create_entity, _entity(partition, "state")), exists)
                 prepared[thread].append(partition)
             elif kind == "table.update":
-                prepared[thread] = [table.create_entity(_entity(f"{tag}-{thread}", "u"))["etag"]]
+                entity = _entity(f"{tag}-{thread}", "u")
+                retried(partial(table.create_entity, entity), exists)
+                prepared[thread] = [_etag(table, entity)]
                 break
             elif kind == "table.query":
-                table.upsert_entity(_entity(f"~{tag}", f"{thread}-{n}"))
+                retried(partial(table.upsert_entity, _entity(f"~{tag}", f"{thread}-{n}")))
             elif kind in ("queue.receive", "queue.delete"):
-                first_calls_alone("send_message", partial(queue.send_message, body), decoded=sent)
+                send = partial(queue.send_message, body)
+                retried(partial(first_calls_alone, "send_message", send, decoded=sent))
         if kind == "queue.delete":
             for _ in range(30):
                 received = partial(_received, queue, max_messages=1)
-                prepared[thread].extend(first_calls_alone("receive_messages", received))
+                got = retried(partial(first_calls_alone, "receive_messages", received))
+                prepared[thread].extend(got or [])
 
     def one(thread: int, n: int) -> bool:
         table, queue = tables[thread], queues[thread]
@@ -126,7 +139,14 @@ def _phase(kind: str, connection_string: str, threads: int, seconds: float, tag:
     def worker(thread: int) -> None:
         n = 0
         while time.monotonic() < stop:
-            if one(thread, n):
+            try:
+                done = one(thread, n)
+            except ServiceResponseError:  # its answer lost (resets.py): not counted
+                if kind == "table.update":  # the chain's ETag, if the update was applied
+                    prepared[thread][0] = _etag(tables[thread], _entity(f"{tag}-{thread}", "u"))
+                n += 1
+                continue
+            if done:
                 counts[thread] += 1
             elif kind in ("table.delete", "queue.delete", "queue.receive"):
                 break  # nothing left: stop timing this thread
@@ -142,9 +162,8 @@ def measure(
     connection_string: str, *, processes: int = 4, threads: int = 4, seconds: float = 5.0
 ) -> dict[str, float]:
     """Requests/s for each kind the request counter reports, on a queue kept short."""
-    TableServiceClient.from_connection_string(connection_string).create_table_if_not_exists(
-        RATE_TABLE
-    )
+    tables = TableServiceClient.from_connection_string(connection_string)
+    retried(partial(tables.create_table_if_not_exists, RATE_TABLE))
     service = QueueServiceClient.from_connection_string(connection_string)
     with contextlib.suppress(ResourceExistsError):
         service.create_queue(RATE_QUEUE)

@@ -18,13 +18,16 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sas import bootstrap
 from sas import settings as settings_module
+from sas.domain.errors import AlreadyExists
 from sas.domain.model import HistoryEntry, OrderRecord, ProcessState
 from sas.domain.transitions import initial_state
 from sas.services import supervisor as supervising
+from sas_local.bench.resets import retried
 from sas_local.stack import app_env
 from workflows.order import ORDER_WORKFLOW
 
@@ -79,7 +82,7 @@ _LIVE_IDS: list[str] = []
 def _all_due(threads: int = 16) -> None:
     store, now = bootstrap.store(), datetime.now(UTC)
     with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(lambda order_id: store.touch_live(order_id, now, now), _LIVE_IDS))
+        list(pool.map(lambda order: retried(partial(store.touch_live, order, now, now)), _LIVE_IDS))
 
 
 def _write(count: int, prefix: str, *, finished: bool, threads: int = 16) -> None:
@@ -102,13 +105,11 @@ def _write(count: int, prefix: str, *, finished: bool, threads: int = 16) -> Non
             # A pickup deadline far enough ahead that no sweep of the benchmark expires it;
             # its marker due as late (made due on purpose where a part says so).
             state = replace(state, complete_by=now + timedelta(hours=1))
-            store.touch_live(order_id, now, now + timedelta(hours=1))
+            retried(lambda: store.touch_live(order_id, now, now + timedelta(hours=1)))
             _LIVE_IDS.append(order_id)
-        store.create_order(
-            OrderRecord(order_id, ORDER_WORKFLOW.name, {"bench": True}, "bench", now),
-            state,
-            HistoryEntry(order_id, now, "submitted", attempt=0),
-        )
+        record = OrderRecord(order_id, ORDER_WORKFLOW.name, {"bench": True}, "bench", now)
+        history = HistoryEntry(order_id, now, "submitted", attempt=0)
+        retried(lambda: store.create_order(record, state, history), landed=(AlreadyExists,))
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(one, range(count)))
