@@ -9,6 +9,7 @@ into a subdirectory, ``[...]`` is literal and ``*`` needs at least one character
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -17,7 +18,7 @@ import sys
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pathspec
 import pytest
@@ -193,3 +194,22 @@ def pip_install(python: Path, *args: str, what: str) -> None:
     if any(marker in output for marker in NETWORK_ERRORS) and not os.environ.get("CI"):
         pytest.skip(f"PyPI unreachable while installing {what}: {output.strip()[-600:]}")
     pytest.fail(f"installing {what} failed (exit {done.returncode}):\n{output[-4000:]}")
+
+
+def run_in_package(
+    python: Path, app_dir: Path, script: str, args: list[str], env: dict[str, str], tag: str
+) -> dict[str, Any]:
+    """Run ``script`` with ``python`` in ``app_dir`` (its cwd, as the worker's) with only ``env``;
+    the JSON it prints after ``tag`` on one line of its output."""
+    done = subprocess.run(
+        [str(python), "-B", "-c", script, *args],
+        cwd=app_dir,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{tag} failed:\n{done.stderr[-4000:]}"
+    [line] = [x for x in done.stdout.splitlines() if x.startswith(f"{tag} ")]
+    result: dict[str, Any] = json.loads(line.removeprefix(f"{tag} "))
+    return result

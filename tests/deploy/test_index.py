@@ -8,9 +8,7 @@ interpreter in the unzipped package, with no settings in its environment and the
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ import pytest
 
 from sas import settings
 from sas.settings import AGENTS
+from tests.deploy.packaging import run_in_package
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 
@@ -109,18 +108,8 @@ def index(
     if transport:
         env["SAS_TRANSPORT"] = transport
     before = files_under(app_dir)
-    done = subprocess.run(
-        [str(python), "-B", "-c", INDEX, mode, str(runtime or "")],
-        cwd=app_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f"indexing failed:\n{done.stderr[-4000:]}"
+    result = run_in_package(python, app_dir, INDEX, [mode, str(runtime or "")], env, "SAS-INDEX")
     assert files_under(app_dir) == before, "indexing wrote files"
-    [line] = [x for x in done.stdout.splitlines() if x.startswith("SAS-INDEX ")]
-    result: dict[str, Any] = json.loads(line.removeprefix("SAS-INDEX "))
     assert result["importable"] == [], "the venv or the package holds more than the app"
     assert result["network"] == [], "importing the app touched the network"
     return result

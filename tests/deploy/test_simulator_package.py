@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.deploy.packaging import ROOT, build_package
+from tests.deploy.packaging import ROOT, build_package, run_in_package
 
 pytestmark = [pytest.mark.deploy, pytest.mark.timeout(900)]
 
@@ -116,18 +116,7 @@ def bundle(out: Path) -> subprocess.CompletedProcess[str]:
 def serve(python: Path, app_dir: Path, runtime: Path, settings: dict[str, str]) -> dict[str, Any]:
     env = {"PATH": os.environ["PATH"], "HOME": os.environ["HOME"], **settings}
     env["PYTHONPATH"] = str(runtime)
-    done = subprocess.run(
-        [str(python), "-B", "-c", SERVE, json.dumps(CALLS)],
-        cwd=app_dir,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f"serving failed:\n{done.stderr[-4000:]}"
-    [line] = [x for x in done.stdout.splitlines() if x.startswith("SAS-SIM ")]
-    result: dict[str, Any] = json.loads(line.removeprefix("SAS-SIM "))
-    return result
+    return run_in_package(python, app_dir, SERVE, [json.dumps(CALLS)], env, "SAS-SIM")
 
 
 def test_the_package_holds_the_simulator_and_sas_only(simulator_dir: Path) -> None:
