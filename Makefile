@@ -40,7 +40,7 @@ run: setup
 
 # The domain and the core services on in-memory fakes: seconds, no Azurite, no Node.
 fast: $(VENV)/.installed
-	$(PY) -m pytest -m fast tests/unit
+	$(PY) -m pytest -m fast --hypothesis-profile=fast tests/unit
 
 test: setup lint chromium
 	$(PY) -m pytest --cov --cov-report=term:skip-covered

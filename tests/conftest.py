@@ -1,4 +1,5 @@
-"""Shared fixtures. Azurite is started once per session, only if a test asks for it."""
+"""Shared fixtures. Azurite is started once per session (per xdist worker: each has its own),
+only if a test asks for it."""
 
 from __future__ import annotations
 
@@ -8,9 +9,24 @@ from collections.abc import Iterator
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
 from azure.storage.queue import QueueServiceClient
+from hypothesis import settings as hypothesis_settings
 
 from sas.domain.wire import live_table_name
 from sas_local.azurite import Azurite
+
+# `make fast` (--hypothesis-profile=fast): each property a quick look; the full run elsewhere.
+hypothesis_settings.register_profile("fast", max_examples=20)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``), tests that share an expensive fixture run on one
+    worker: an e2e module's stack, the deploy tests' package and venvs."""
+    for item in items:
+        folder, module = item.path.parent.name, item.path.stem
+        if folder == "e2e":
+            item.add_marker(pytest.mark.xdist_group(f"e2e-{module}"))
+        elif folder == "deploy":
+            item.add_marker(pytest.mark.xdist_group("deploy"))
 
 
 @pytest.fixture(scope="session")
@@ -46,15 +62,15 @@ def app_env(
     """Settings for the app's bootstrap: Storage Queues and this test's table on Azurite."""
     from sas import bootstrap, settings
     from sas_local.provision import provision
-    from tests.instances import TEST_WORKFLOWS
+    from tests.workflows import REGISTRY
 
     monkeypatch.setenv(settings.TRANSPORT, "storage")
     monkeypatch.setenv(settings.STORAGE_CONNECTION, azurite.connection_string)
     monkeypatch.setenv(settings.TABLE_NAME, table.table_name)
-    for agent in ("inventory", "payment", "shipping"):
+    for agent in settings.HTTP_AGENTS:  # the app's, whatever workflows it declares
         monkeypatch.setenv(settings.remote_url_setting(agent), "http://127.0.0.1:9")
-    # The workflows the tests' instances run, test-added ones included (tests/instances.py).
-    monkeypatch.setattr(bootstrap, "workflows", lambda: TEST_WORKFLOWS)
+    # The tests' own workflows (tests/workflows.py), whatever the app's examples declare.
+    monkeypatch.setattr(bootstrap, "workflows", lambda: REGISTRY)
     bootstrap.reset()
     provision(bootstrap.settings())
     # The queues are shared by every test of the session: start each test with them empty.

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -197,7 +198,7 @@ def schedule_wakeup_message_id(order_id: str, state_version: datetime, asked_at:
 
 
 def status_message_id(order_id: str, status: str, step: str | None, at: datetime) -> str:
-    return f"{order_id}:status:{status}:{step or '-'}:{_stamp(at)}"
+    return _bounded(f"{order_id}:status:{status}:{step or '-'}:{_stamp(at)}")
 
 
 def alert_message_id(order_id: str, attempt: int, error_at: datetime) -> str:
@@ -208,6 +209,19 @@ def alert_message_id(order_id: str, attempt: int, error_at: datetime) -> str:
 
 def _stamp(at: datetime) -> str:
     return f"{at.timestamp():.6f}"
+
+
+MAX_MESSAGE_ID = 128
+"""Service Bus refuses a longer message id."""
+
+
+def _bounded(message_id: str) -> str:
+    """``message_id``, or for one too long its start and a digest of the whole: as unique, and
+    the same for every sender (duplicate detection)."""
+    if len(message_id) <= MAX_MESSAGE_ID:
+        return message_id
+    digest = hashlib.sha256(message_id.encode()).hexdigest()[:32]
+    return f"{message_id[: MAX_MESSAGE_ID - len(digest) - 1]}~{digest}"
 
 
 # --- table keys ----------------------------------------------------------------------------

@@ -6,15 +6,19 @@
     harness.run()
     assert harness.state(order_id).process_state is ProcessState.COMPENSATED
 
-Not deployed with the app (``.funcignore``).
+Its parts are the doubles sas's own tests use too: ``InMemoryStore``, ``InMemoryQueues`` (the
+transport), ``InMemoryRemote`` (every remote service, scripted), ``FakeClock``, and ``instance``
+(the handlers on one context). Not deployed with the app (``.funcignore``).
 """
 
 from sas.domain.model import ProcessState
-from sas.testing.harness import (
+from sas.testing.harness import Harness, HarnessError
+from sas.testing.instance import Instance, instance
+from sas.testing.memory import FakeClock, InMemoryQueues, InMemoryStore, Sent
+from sas.testing.remote import (
     Call,
     Crash,
-    Harness,
-    HarnessError,
+    InMemoryRemote,
     Outcome,
     crash_before_reply,
     fault,
@@ -22,7 +26,6 @@ from sas.testing.harness import (
     refuse,
     too_slow,
 )
-from sas.testing.memory import FakeClock, InMemoryStore
 
 __all__ = [
     "Call",
@@ -30,11 +33,16 @@ __all__ = [
     "FakeClock",
     "Harness",
     "HarnessError",
+    "InMemoryQueues",
+    "InMemoryRemote",
     "InMemoryStore",
+    "Instance",
     "Outcome",
     "ProcessState",
+    "Sent",
     "crash_before_reply",
     "fault",
+    "instance",
     "ok",
     "refuse",
     "too_slow",

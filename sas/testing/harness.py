@@ -11,41 +11,25 @@ handler raises ends ``run()`` (it is a bug the test should see).
 
 from __future__ import annotations
 
-import heapq
 import itertools
-from collections import defaultdict
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from dataclasses import replace
+from datetime import timedelta
+from typing import Any
 
 from pydantic import BaseModel
 
-from sas.domain.errors import (
-    ConfigurationError,
-    InvalidMessage,
-    PermanentRemoteError,
-    TransientRemoteError,
-)
-from sas.domain.messages import (
-    Message,
-    OperatorAlert,
-    OrderSubmitted,
-    ScheduleRequest,
-    StatusEvent,
-    StepReply,
-    StepRequest,
-    decode,
-    encode,
-)
+from sas.domain.errors import ConfigurationError, InvalidMessage
+from sas.domain.messages import OperatorAlert, OrderSubmitted, StatusEvent, encode
 from sas.domain.model import HistoryEntry, OrderState
-from sas.domain.priority import Waiting
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import Priority
 from sas.domain.workflow import PythonAgent, Registry
-from sas.services import agent, scheduler, submission, supervisor
-from sas.services.context import Agents, Context, Routes
-from sas.testing.memory import FakeClock, InMemoryStore
+from sas.services import supervisor
+from sas.services.context import Agents, Routes
+from sas.testing.instance import Instance, instance
+from sas.testing.memory import FakeClock, InMemoryQueues, InMemoryStore, Sent
+from sas.testing.remote import Call, Crash, InMemoryRemote, Outcome
 
 STATUS_QUEUE = "status-harness"
 _order_ids = itertools.count(1)
@@ -53,109 +37,10 @@ _order_ids = itertools.count(1)
 from one harness into the next."""
 
 
-class Call(NamedTuple):
-    """One call of an action, as the agent made it."""
-
-    agent: str
-    action: str
-    key: str
-    """The idempotency key."""
-    data: Mapping[str, Any]
-
-
-class Crash(BaseException):
-    """The agent's process died mid-call: nothing after it runs, its message is not settled."""
-
-
 class HarnessError(BaseException):
     """An action needs what the harness does not give (a table through ``app_table``, a
     setting its agent does not declare): ``run()`` stops with it, rather than retrying it as
     a transient fault as a deployed agent would."""
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What one call of an action does (see the module's functions that make them)."""
-
-    result: Mapping[str, Any] | None = None
-    error: Exception | None = None
-    seconds: float = 0.0
-    """How long the call takes, in fake time."""
-    crash: bool = False
-
-
-def ok(result: Mapping[str, Any] | None = None) -> Outcome:
-    """The effect is applied; the call returns ``result``."""
-    return Outcome(result=result or {})
-
-
-def fault(reason: str = "unavailable", retry_after: float | None = None) -> Outcome:
-    """A transient fault: nothing applied; the agent retries while the deadline allows."""
-    return Outcome(error=TransientRemoteError(reason, retry_after))
-
-
-def refuse(reason: str = "refused") -> Outcome:
-    """A refusal for good: nothing applied; the workflow compensates (or stops in Error)."""
-    return Outcome(error=PermanentRemoteError(reason))
-
-
-def too_slow(seconds: float, result: Mapping[str, Any] | None = None) -> Outcome:
-    """The effect is applied, but the call returns after ``seconds``: past the deadline, its
-    reply is never sent and the Supervisor retries the step."""
-    return Outcome(result=result or {}, seconds=seconds)
-
-
-def crash_before_reply(result: Mapping[str, Any] | None = None) -> Outcome:
-    """The effect is applied, then the agent's process dies before replying: its message comes
-    back after the visibility timeout."""
-    return Outcome(result=result or {}, crash=True)
-
-
-@dataclass(order=True)
-class _Delivery:
-    due: datetime
-    seq: int
-    queue: str = field(compare=False)
-    message: Message = field(compare=False)
-
-
-class _Queues:
-    """The transport: messages kept in their wire form, delivered in order of due time."""
-
-    def __init__(self, clock: FakeClock) -> None:
-        self._clock = clock
-        self._pending: list[_Delivery] = []
-        self._seq = itertools.count()
-        self.kept: dict[str, list[Message]] = defaultdict(list)
-        """Messages to queues the app does not consume (status, alerts), by queue."""
-
-    def send(
-        self,
-        queue: str,
-        message: Message,
-        *,
-        message_id: str,
-        correlation_id: str,
-        delay_seconds: float = 0,
-    ) -> None:
-        wire = decode(type(message), encode(message))  # what a consumer would read
-        due = self._clock.now() + timedelta(seconds=delay_seconds)
-        heapq.heappush(self._pending, _Delivery(due, next(self._seq), queue, wire))
-
-    def waiting(self, queue: str) -> Waiting:
-        return Waiting()  # no backlog: deadlines get no queue allowance
-
-    def next_due(self) -> datetime | None:
-        return self._pending[0].due if self._pending else None
-
-    def take(self) -> _Delivery:
-        return heapq.heappop(self._pending)
-
-    def put_back(self, delivery: _Delivery, after: timedelta) -> None:
-        again = _Delivery(
-            self._clock.now() + after, next(self._seq), delivery.queue, delivery.message
-        )
-        heapq.heappush(self._pending, again)
 
 
 class Harness:
@@ -175,33 +60,31 @@ class Harness:
         self.registry = registry
         self.clock = FakeClock()
         self.store = InMemoryStore()
-        self.queues = _Queues(self.clock)
-        self.calls: list[Call] = []
-        """Every call of an action, in order: count them to see how often an action ran."""
-        self.effects: set[str] = set()
-        """The idempotency keys whose effect a scripted or default call applied (a provider
-        applies one per key); a Python agent's own effects are its business."""
-        self._script: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
+        self.queues = InMemoryQueues(self.clock)
+        self.remote = InMemoryRemote(self.clock)
+        """Every HTTP agent's service, and the script of every action."""
         self._every = timedelta(seconds=supervisor_every)
         self._redelivery = timedelta(seconds=redelivery_after)
         self._duplicates = duplicate_deliveries
         agents = {name: f"agent-{name}" for name in registry.agents}
         self.routes = Routes("orders", "scheduler", "replies", "alerts", agents)
-        self.ctx = Context(
+        self.app: Instance = instance(
             self.store,
             self.queues,
-            self.clock,
             self.routes,
+            self.clock,
+            registry,
             "harness",
-            workflows=registry,
             policy=RetryPolicy(max_failures=max_failures),
             agents=Agents(
-                remote=self,
+                remote=self.remote,
                 sleep=self.clock.sleep,
                 python={a.name: self._scripted(a) for a in registry.python_agents},
                 settings=registry.settings,  # each at its local value, as in a local run
             ),
         )
+        """The handlers, as the app's functions call them, on the harness's store and queues."""
+        self.ctx = self.app.ctx
 
     # --- what a test says ----------------------------------------------------------------
 
@@ -217,11 +100,11 @@ class Harness:
         }
         if (agent, action) not in known:
             raise ValueError(f"no step calls {agent!r} action {action!r}")
-        self._script[(agent, action)].extend(outcomes)
+        self.remote.script(agent, action, *outcomes)
 
     def unused(self) -> dict[tuple[str, str], list[Outcome]]:
         """Scripted outcomes no call took (a test may want none)."""
-        return {key: list(left) for key, left in self._script.items() if left}
+        return self.remote.unused()
 
     def submit(
         self,
@@ -253,7 +136,7 @@ class Harness:
         while self.clock.now() < end:
             due = self.queues.next_due()
             if due is not None and due <= self.clock.now():
-                self._deliver(self.queues.take())
+                self._deliver(self.queues.take_next())
                 continue
             if due is None and self._settled():
                 return
@@ -265,6 +148,17 @@ class Harness:
             self.clock.advance((wake - self.clock.now()).total_seconds())
 
     # --- what a test reads ---------------------------------------------------------------
+
+    @property
+    def calls(self) -> list[Call]:
+        """Every call of an action, in order: count them to see how often an action ran."""
+        return self.remote.calls
+
+    @property
+    def effects(self) -> set[str]:
+        """The idempotency keys whose effect a scripted or HTTP call applied (a provider
+        applies one per key); a Python agent's own effects are its business."""
+        return set(self.remote.effects)
 
     def state(self, order_id: str) -> OrderState:
         found = self.store.get_state(order_id)
@@ -278,12 +172,12 @@ class Harness:
 
     def statuses(self, order_id: str) -> list[str]:
         """The status events its submitter received."""
-        events = self.queues.kept[STATUS_QUEUE]
+        events = self.queues.to(STATUS_QUEUE)
         return [e.status for e in events if isinstance(e, StatusEvent) and e.order_id == order_id]
 
     @property
     def alerts(self) -> list[OperatorAlert]:
-        return [m for m in self.queues.kept["alerts"] if isinstance(m, OperatorAlert)]
+        return [m for m in self.queues.to("alerts") if isinstance(m, OperatorAlert)]
 
     # --- how it runs ---------------------------------------------------------------------
 
@@ -292,44 +186,18 @@ class Harness:
         states = [self.state(order_id) for order_id in self.store.states]
         return all(s.is_terminal and not s.alert_pending for s in states)
 
-    def _deliver(self, delivery: _Delivery) -> None:
-        consumed = delivery.queue in self.routes.consumed
-        times = 2 if self._duplicates and consumed else 1
-        for _ in range(times):
+    def _deliver(self, delivery: Sent) -> None:
+        if delivery.queue not in self.routes.consumed:
+            return  # status events and alerts: kept in ``queues.sent`` for the test
+        for _ in range(2 if self._duplicates else 1):
             try:
-                self._handle(delivery.queue, delivery.message)
+                self.app.consume(delivery.queue, delivery.message)
             except Crash:
                 self.queues.put_back(delivery, self._redelivery)
                 return
             except InvalidMessage as refused:  # as the queue functions do: kept, settled
                 body = encode(delivery.message)
                 self.store.park_message(delivery.queue, refused.reason, body, self.clock.now())
-
-    def _handle(self, queue: str, message: Message) -> None:
-        if isinstance(message, OrderSubmitted):
-            submission.submit(self.ctx, message)
-        elif isinstance(message, ScheduleRequest):
-            scheduler.schedule(self.ctx, message)
-        elif isinstance(message, StepReply):
-            scheduler.on_reply(self.ctx, message)
-        elif isinstance(message, StepRequest):
-            name = next(a for a, q in self.routes.agents.items() if q == queue)
-            agent.run_step(self.ctx, name, message)
-        else:
-            self.queues.kept[queue].append(message)
-
-    def perform(
-        self,
-        agent: str,
-        action: str,
-        *,
-        idempotency_key: str,
-        payload: dict[str, Any],
-        timeout: float,
-    ) -> dict[str, Any]:
-        """An HTTP agent's call: scripted, or a success with an empty result."""
-        result: dict[str, Any] = self._call(agent, action, idempotency_key, payload, dict)
-        return result
 
     def _scripted(self, python: PythonAgent) -> PythonAgent:
         """``python`` with each action answering from the script first."""
@@ -338,7 +206,7 @@ class Harness:
             def run(context: Any, data: dict[str, Any]) -> Any:
                 key = context.idempotency_key
                 try:
-                    return self._call(
+                    return self.remote.call(
                         python.name, action, key, data, lambda: function(context, data)
                     )
                 except ConfigurationError as exc:
@@ -351,29 +219,6 @@ class Harness:
 
         actions = {name: wrap(name, function) for name, function in python.actions.items()}
         return replace(python, actions=actions)
-
-    def _call(
-        self,
-        agent: str,
-        action: str,
-        key: str,
-        data: Mapping[str, Any],
-        otherwise: Callable[[], Any],
-    ) -> Any:
-        self.calls.append(Call(agent, action, key, dict(data)))
-        script = self._script.get((agent, action))
-        if not script:
-            result = otherwise()
-            self.effects.add(key)
-            return result
-        outcome = script.pop(0)
-        if outcome.error is not None:
-            raise outcome.error
-        self.effects.add(key)
-        self.clock.advance(outcome.seconds)
-        if outcome.crash:
-            raise Crash
-        return dict(outcome.result or {})
 
 
 def _line(entry: HistoryEntry) -> str:

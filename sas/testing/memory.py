@@ -1,15 +1,17 @@
-"""An in-memory state store and a clock that moves only when told: what ``Harness`` runs on,
-and what unit tests of the services use. Never a stand-in for Azure Storage in integration
-tests (Azurite serves those)."""
+"""An in-memory state store, queues and a clock that moves only when told: what ``Harness``
+runs on, and what sas's own tests of the services use. Never a stand-in for Azure Storage where
+the store's own behaviour is under test (Azurite serves those tests)."""
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
+from sas.domain.messages import Message, decode, encode
 from sas.domain.model import (
     HistoryEntry,
     LiveMarker,
@@ -20,6 +22,7 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.parked import ParkedMessage
+from sas.domain.priority import Waiting
 from sas.domain.wire import Priority, rejected_row_key
 
 
@@ -44,6 +47,93 @@ class FakeClock:
     def sleep(self, seconds: float) -> None:
         """Use as the agent's sleep: time passes only when asked to."""
         self.advance(seconds)
+
+
+@dataclass(frozen=True, order=True)
+class Sent:
+    """One message as the app sent it: the message is what a consumer would decode."""
+
+    due: datetime
+    """When it becomes visible: the send's time plus its delay."""
+    seq: int
+    queue: str = field(compare=False)
+    message: Message = field(compare=False)
+    message_id: str = field(compare=False)
+    correlation_id: str = field(compare=False)
+    delay_seconds: float = field(compare=False)
+
+
+class InMemoryQueues:
+    """The Transport port in memory: each message kept in its wire form, visible from its due
+    time, delivered only when a test (or ``Harness``) takes it. ``sent`` keeps every send."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+        self.sent: list[Sent] = []
+        self._pending: list[Sent] = []  # a heap: the next due first
+        self._seq = itertools.count()
+        self.missing_queues: set[str] = set()
+        """Queues that do not exist: a send to one raises ``NotFound``."""
+        self.fail_next_send_to: set[str] = set()
+        """Queues whose next send fails as a crash before sending would (once each)."""
+        self.waiting_since: dict[str, datetime] = {}
+        """A backlog a test declares: a peek at the queue sees a message enqueued then."""
+        self.peeks: list[str] = []
+
+    def send(
+        self,
+        queue: str,
+        message: Message,
+        *,
+        message_id: str,
+        correlation_id: str,
+        delay_seconds: float = 0,
+    ) -> None:
+        if queue in self.fail_next_send_to:
+            self.fail_next_send_to.discard(queue)
+            raise ConnectionError(f"crash before sending to {queue}")
+        if queue in self.missing_queues:
+            raise NotFound(queue)
+        wire = decode(type(message), encode(message))  # what a consumer would read
+        due = self.clock.now() + timedelta(seconds=delay_seconds)
+        sent = Sent(due, next(self._seq), queue, wire, message_id, correlation_id, delay_seconds)
+        self.sent.append(sent)
+        heapq.heappush(self._pending, sent)
+
+    def waiting(self, queue: str) -> Waiting:
+        """As a peek sees the queue: its visible messages, and any backlog a test declared."""
+        self.peeks.append(queue)
+        visible = [s.due for s in self.pending(queue) if s.due <= self.clock.now()]
+        if queue in self.waiting_since:
+            visible.append(self.waiting_since[queue])
+        return Waiting(min(visible, default=None), min(len(visible), Waiting.PEEK))
+
+    def to(self, queue: str) -> list[Message]:
+        """Every message ever sent to ``queue``, in order."""
+        return [s.message for s in self.sent if s.queue == queue]
+
+    def pending(self, queue: str) -> list[Sent]:
+        """The messages of ``queue`` not yet taken, due or not, in due order."""
+        return sorted(s for s in self._pending if s.queue == queue)
+
+    def take(self, queue: str) -> list[Message]:
+        """Remove and return the messages of ``queue`` that are due, in due order."""
+        due = [s for s in self.pending(queue) if s.due <= self.clock.now()]
+        self._pending = [s for s in self._pending if s not in due]
+        heapq.heapify(self._pending)
+        return [s.message for s in due]
+
+    def next_due(self) -> datetime | None:
+        return self._pending[0].due if self._pending else None
+
+    def take_next(self) -> Sent:
+        """Remove and return the message due first, whatever its queue."""
+        return heapq.heappop(self._pending)
+
+    def put_back(self, sent: Sent, after: timedelta) -> None:
+        """``sent`` visible again ``after`` from now, as an unsettled message's lease expires."""
+        again = replace(sent, due=self.clock.now() + after, seq=next(self._seq))
+        heapq.heappush(self._pending, again)
 
 
 class InMemoryStore:

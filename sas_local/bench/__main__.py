@@ -9,7 +9,8 @@ in-flight orders, alone and beside finished history; the recovery latency after 
 (from a git worktree), side by side: each end-to-end configuration runs for both commits back to
 back, so a drift of the shared machine's speed during the run falls on both alike.
 ``--repeat N`` runs each end-to-end configuration N times (the report shows the median run and
-every run's orders/s). ``--quick`` (CI) keeps it short. Figures are reported, never asserted.
+every run's orders/s). ``--quick`` keeps it short; ``--smoke`` runs every part at the smallest
+size that still exercises it (what the test suite runs). Figures are reported, never asserted.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,37 @@ COUNT_SCRIPT = Path(__file__).with_name("count.py")
 STATUS_QUEUE = "status-bench"
 
 
+@dataclass(frozen=True)
+class Size:
+    """How big each part of a run is."""
+
+    workers: str
+    batches: str
+    finished: int
+    """Finished orders beside the sweep's live ones."""
+    rate_seconds: float
+    counted_orders: int
+    recovered_orders: int
+    backlog: int
+    urgent: int
+    endpoint_orders: int
+    timeout: float
+    full: bool
+    """Also the slow parts: 1,000 more live orders, a settled sweep, the Supervisor's reads."""
+
+
+SIZES = {
+    "full": Size("1,2,4", "100,1000", 100_000, 5.0, 3, 5, 1_000, 20, 300, 600, full=True),
+    "quick": Size("1,2", "40", 2_000, 1.5, 2, 2, 60, 5, 30, 120, full=False),
+    "smoke": Size("1,2", "8", 200, 0.5, 1, 1, 12, 2, 8, 120, full=False),
+}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sas_local.bench", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="the CI run: small and under 2 minutes")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true", help="a short run: about 4 minutes")
+    size.add_argument("--smoke", action="store_true", help="every part at its smallest (tests)")
     p.add_argument("--compare", metavar="REV", help="also measure this commit, side by side")
     p.add_argument("--workers", default=None, help="comma-separated worker counts")
     p.add_argument("--orders", default=None, help="comma-separated batch sizes")
@@ -187,16 +217,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report_only:
         write(json.loads((args.out / f"{args.name}.json").read_text()), args.out, args.name)
         return 0
-    quick = args.quick
-    workers = [int(w) for w in (args.workers or ("1,2" if quick else "1,2,4")).split(",")]
-    batches = [int(n) for n in (args.orders or ("40" if quick else "100,1000")).split(",")]
-    finished = args.finished if args.finished is not None else (2_000 if quick else 100_000)
+    kind = "smoke" if args.smoke else "quick" if args.quick else "full"
+    size = SIZES[kind]
+    workers = [int(w) for w in (args.workers or size.workers).split(",")]
+    batches = [int(n) for n in (args.orders or size.batches).split(",")]
+    finished = args.finished if args.finished is not None else size.finished
     started = time.monotonic()
     logs = Path(tempfile.mkdtemp(prefix="sas-bench-logs-"))
     results: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {platform.python_version()}, {_cpus()} cores (shared)",
-        "quick": quick,
+        "quick": kind != "full",
+        "size": kind,
         "interleaved": True,  # each end-to-end configuration runs for every commit back to back
         "commits": {},
     }
@@ -206,14 +238,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with store_and_remote(logs / "rates") as (azurite, _):
         progress("raw rates", started)
-        rate_runs = [rates.measure(azurite.connection_string, seconds=1.5 if quick else 5.0)]
+        rate_runs = [rates.measure(azurite.connection_string, seconds=size.rate_seconds)]
         progress("sweep", started)
         results["sweep"] = sweep.measure(
             azurite.connection_string,
             live=100,
             finished=finished,
-            more_live=None if quick else 1_000,
-            settle=not quick,
+            more_live=1_000 if size.full else None,
+            settle=size.full,
             log=progress,
             started=started,
         )
@@ -237,7 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             orders=batch,
             timeout=60 + batch * 1.0,
             log_dir=logs / f"e2e-{name}-{layout}-{batch}-{count_of_workers}-{repetition + 1}",
-            count_supervision=not quick,  # it waits out the last markers
+            count_supervision=size.full,  # it waits out the last markers
             layout=layout,
         ).as_dict()
         runs = "e2e" if layout == "shared" else "e2e_flex"
@@ -252,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             roots[commit_of(other)] = other
         for name, root in roots.items():
             progress(f"{name}: requests per order", started)
-            counted = count(root, logs / f"count-{name}", orders=2 if quick else 3)
+            counted = count(root, logs / f"count-{name}", orders=size.counted_orders)
             results["commits"][name] = {"counts": counted, "e2e": []}
         for repetition, batch, count_of_workers, name in schedule(
             list(roots), args.repeat, batches, workers
@@ -263,19 +295,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name, root in roots.items():
             progress(f"{name}: recovery latency", started)
             results["commits"][name]["recovery"] = recovery.measure(
-                orders=2 if quick else 5, log_dir=logs / f"recovery-{name}", app_root=root
+                orders=size.recovered_orders, log_dir=logs / f"recovery-{name}", app_root=root
             )
 
     progress(f"{head}: priorities under a backlog", started)
     results["priorities"] = scenarios.priorities(
-        backlog=60 if quick else 1_000,
-        urgent=5 if quick else 20,
+        backlog=size.backlog,
+        urgent=size.urgent,
         log_dir=logs / "priorities",
-        timeout=120 if quick else 600,
+        timeout=size.timeout,
     )
     progress(f"{head}: one of two endpoints down", started)
     results["endpoints"] = scenarios.endpoints(
-        orders=30 if quick else 300, log_dir=logs / "endpoints", timeout=120 if quick else 600
+        orders=size.endpoint_orders, log_dir=logs / "endpoints", timeout=size.timeout
     )
 
     # The store's speed on this shared machine drifts within a run (one run's raw rates came
@@ -284,7 +316,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # limit is about.
     with Azurite.start() as azurite:
         progress("raw rates again", started)
-        rate_runs.append(rates.measure(azurite.connection_string, seconds=1.5 if quick else 5.0))
+        rate_runs.append(rates.measure(azurite.connection_string, seconds=size.rate_seconds))
     results["rate_runs"] = rate_runs
     results["rates"] = rates.best(rate_runs)
     for measured in results["commits"].values():

@@ -32,7 +32,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
     measured_kinds = [k for k in KINDS if k in results["rates"]]
     lines = [
         f"Measured {results['when']} on {results['machine']}"
-        + (" — `--quick` run" if results["quick"] else "")
+        + (f" — `--{results.get('size', 'quick')}` run" if results["quick"] else "")
         + ".",
         "",
         "**Raw rates** (requests/s from 4 processes of 4 threads, this run's Azurite, measured "

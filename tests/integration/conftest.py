@@ -1,14 +1,11 @@
-"""Fixtures for integration tests: a World on this test's Azurite table, a strict workflow."""
+"""Fixtures for integration tests: a World on this test's Azurite table."""
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pytest
 
-from sas.domain.workflow import StepDefinition, Workflow
-from tests.harness import BUDGET, World
-from tests.instances import WORKFLOWS
+from tests.harness import World
+from tests.workflows import STRICT
 
 
 @pytest.fixture
@@ -17,16 +14,6 @@ def world(table) -> World:
 
 
 @pytest.fixture
-def strict(monkeypatch) -> str:
+def strict() -> str:
     """A workflow that stops in Error for an operator instead of compensating."""
-    workflow = Workflow(
-        "strict",
-        (
-            StepDefinition("reserve", "inventory", "reserve", timedelta(seconds=BUDGET), "release"),
-            StepDefinition("charge", "payment", "charge", timedelta(seconds=BUDGET), "refund"),
-        ),
-        pickup_budget=timedelta(seconds=60),
-        on_failure="error",
-    )
-    monkeypatch.setitem(WORKFLOWS, workflow.name, workflow)
-    return workflow.name
+    return STRICT.name

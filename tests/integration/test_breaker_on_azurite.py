@@ -15,7 +15,7 @@ from sas.domain.breaker import BreakerPolicy, BreakerState, BreakerStatus, close
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound, TransientRemoteError
 from sas.domain.wire import BREAKER_PARTITION
 from sas.services.breaker import CircuitBreaker
-from tests.fakes import FakeClock
+from sas.testing import FakeClock
 
 pytestmark = pytest.mark.integration
 

@@ -1,6 +1,8 @@
 """The `sas` CLI against Azurite, every command: it reads and changes the app's own table and
 queues through the app's services, with the app's settings (the environment, a settings file,
-or the local run's), on the operator's clock (injected here)."""
+or the local run's), on the operator's clock (injected here). What it refuses before it reaches
+the app (bad arguments, ids, filters, settings files; an unknown order), and its help, are
+proved in memory: tests/unit/test_cli_refusals.py and tests/unit/test_cli_settings_source.py."""
 
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ from sas.domain.breaker import BreakerState, BreakerStatus
 from sas.domain.messages import OperatorAlert
 from sas.domain.model import ProcessState
 from sas.domain.wire import LIVE_PARTITION, POISON_SUFFIX
+from sas.testing import refuse
 from sas_cli import commands
 from sas_cli.commands import run
 from sas_local.devhost.queues import decode_body
-from tests.harness import World, live_table_of, permanent
+from tests.harness import World, live_table_of
 from tests.integration.test_bad_input import VALID_ORDER, body
 from tests.integration.test_poison import NOT_BASE64, RAW, Poison
 from tests.unit.test_services import submitted
@@ -142,27 +145,6 @@ def test_submit_takes_details_from_a_file_and_an_order_id(world, capsys, tmp_pat
     )
 
 
-@pytest.mark.parametrize(
-    ("argv", "said"),
-    [
-        (["submit", "order", "{not json"], "not valid JSON"),
-        (["submit", "order", "[1, 2]"], "must be a JSON object"),
-        (["submit", "order", "@/nonexistent/details.json"], "cannot read"),
-        (["submit", "order", '{"customer_id": "c1"}'], "invalid details: currency"),
-        (["submit", "nosuchflow", DETAILS], "unknown workflow 'nosuchflow'"),
-        (["submit", "order", DETAILS, "--reply-to", "sas-orders"], "reply_to"),
-        (["submit", "order", DETAILS, "--priority", "urgent"], "invalid choice: 'urgent'"),
-        (["submit", "order", DETAILS, "--order-id", "a/b"], "not an order id"),
-    ],
-)
-def test_a_bad_submission_is_refused_and_sends_nothing(world, capsys, argv, said):
-    code, out, err = sas(capsys, *argv)
-    assert code == 2 and out == ""
-    assert said in err and len(err.strip().splitlines()) == 1, err
-    for queue in bootstrap.settings().lanes(app_settings.QUEUE_ORDERS).values():
-        assert queue_bodies(queue) == []
-
-
 # --- status, history, list ----------------------------------------------------------------
 
 
@@ -174,10 +156,10 @@ def mixed(world: World, strict: str) -> World:
     world.clock.advance(600)
     finish(world, "done-b", priority="high")
     world.clock.advance(600)
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
+    world.remote.script("payment", "charge", refuse("HTTP 402 card declined"))
     finish(world, "broken", workflow=strict)
     world.clock.advance(600)
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 422 refused")]
+    world.remote.script("payment", "charge", refuse("HTTP 422 refused"))
     finish(world, "undone")
     world.clock.advance(600)
     order(world, "running", priority="low")  # claimed at submission, never delivered
@@ -280,32 +262,6 @@ def test_list_pages_and_takes_absolute_times(mixed, capsys):
     assert code == 2 and "out of range" in err
 
 
-@pytest.mark.parametrize(
-    ("argv", "said"),
-    [
-        (["list", "--state", "Finished"], "unknown state 'Finished'"),
-        (["list", "--older-than", "7x"], "'7x' is not a duration"),
-        (["list", "--newer-than=-5m"], "not a duration"),
-        (["list", "--limit", "0"], "not a limit"),
-        (["list", "--limit", "1001"], "not a limit"),
-        (["status"], "required: order_id"),
-        (["status", "no#such"], "not an order id"),
-        (["frobnicate"], "invalid choice"),
-    ],
-)
-def test_bad_input_is_one_line_and_exit_code_2(mixed, capsys, argv, said):
-    code, out, err = sas(capsys, *argv)
-    assert code == 2 and out == ""
-    assert said in err and len(err.strip().splitlines()) == 1, err
-
-
-@pytest.mark.parametrize("command", ["status", "history", "resubmit"])
-def test_an_unknown_order_is_not_found_exit_code_1(mixed, capsys, command):
-    code, out, err = sas(capsys, command, "nosuchorder")
-    assert code == 1 and out == ""
-    assert err.strip() == "sas: error: order nosuchorder not found"
-
-
 # --- resubmit -----------------------------------------------------------------------------
 
 
@@ -345,22 +301,6 @@ def test_resubmit_all_lists_first_then_resubmits_each_error_order(mixed, capsys)
     assert shown["process_state"] == "Pending"
     assert [e["actor"] for e in shown["history"] if e["kind"] == "resubmitted"] == ["ops"]
     assert sas_json(capsys, "resubmit", "--all", "--yes")["matched"] == 0
-
-
-@pytest.mark.parametrize(
-    "argv",
-    [
-        (),
-        ("broken", "--all"),
-        ("broken", "--yes"),
-        ("broken", "--priority", "high"),
-        ("broken", "--limit", "5"),
-    ],
-)
-def test_resubmit_takes_an_id_or_all_never_both(mixed, capsys, argv):
-    code, out, err = sas(capsys, "resubmit", *argv)
-    assert code == 2 and out == "" and err.startswith("sas: error: ")
-    assert sas_json(capsys, "status", "broken")["process_state"] == "Error"
 
 
 def test_resubmit_runs_an_error_order_again_and_refuses_a_processed_one(mixed, capsys):
@@ -545,21 +485,6 @@ def test_parked_discard_all_by_queue_and_who_parked_it(world, poison, capsys):
     assert poison.peek("sas-agent-shipping") == []
 
 
-@pytest.mark.parametrize(
-    "argv",
-    [
-        ("replay",),
-        ("replay", "some-id", "--all"),
-        ("discard", "some-id", "--yes"),
-        ("discard", "some-id", "--queue", "sas-orders"),
-        ("replay", "--all", "--by", "nobody"),
-    ],
-)
-def test_parked_takes_an_id_or_all_never_both(world, poison, capsys, argv):
-    code, out, err = sas(capsys, "parked", *argv)
-    assert (code, out) == (2, "") and err.startswith("sas: error:")
-
-
 @pytest.mark.parametrize("hostile", ["/replay", "/../", "?limit=1", "#", "x", ""])
 def test_an_id_that_is_not_exactly_a_messages_id_touches_nothing(world, poison, capsys, hostile):
     parked = park(world, body())
@@ -574,14 +499,6 @@ def test_an_id_that_is_not_exactly_a_messages_id_touches_nothing(world, poison, 
     assert queue_bodies("sas-orders") == []
 
 
-@pytest.mark.parametrize("hostile", ["#x", "/resubmit", "?state=Error", "%23", "/../x"])
-def test_an_order_id_with_more_after_it_never_reaches_that_order(mixed, capsys, hostile):
-    for command in ("status", "history", "resubmit"):
-        code, out, err = sas(capsys, command, "broken" + hostile)
-        assert code == 2 and out == "" and "not an order id" in err
-    assert mixed.state("broken").process_state is ProcessState.ERROR
-
-
 # --- purge --------------------------------------------------------------------------------
 
 
@@ -593,9 +510,9 @@ def finished(world, strict) -> dict[str, str]:
     for queue in world.routes.all_lanes(world.routes.agents["inventory"]):
         world.bus.take(queue)  # their agents never answer
     old = finish(world, "old-done")
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 422 refused")]
+    world.remote.script("payment", "charge", refuse("HTTP 422 refused"))
     undone = finish(world, "old-undone")
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
+    world.remote.script("payment", "charge", refuse("HTTP 402 card declined"))
     broken = finish(world, "old-broken", workflow=strict)
     world.clock.advance(3600)
     outside = finish(world, "edge-out")
@@ -650,21 +567,6 @@ def test_purge_past_the_boundary_takes_the_edge_order_and_never_an_error_one(
     assert [c["order_id"] for c in report["candidates"]][-1] == "edge-in"
     assert report["purged"] == 4
     assert sorted(listed(capsys)) == ["old-broken", "run-1", "run-2"]
-
-
-@pytest.mark.parametrize(
-    ("argv", "said"),
-    [
-        (["purge"], "required: --older-than"),
-        (["purge", "--older-than", "thirty days"], "not a duration"),
-        (["purge", "--older-than", "30d", "--limit", "x"], "not a limit"),
-    ],
-)
-def test_purge_refuses_bad_input_and_deletes_nothing(world, finished, capsys, argv, said):
-    before = listed(capsys)
-    code, out, err = sas(capsys, *argv, "--yes")
-    assert code == 2 and out == "" and said in err
-    assert listed(capsys) == before
 
 
 # --- watch --------------------------------------------------------------------------------
@@ -743,13 +645,6 @@ def test_health_shows_throughput_an_open_breaker_the_load_and_a_waiting_alert(mi
     assert "orders per 2 min" in out
 
 
-@pytest.mark.parametrize("argv", [("--minutes", "0"), ("--minutes", "10081"), ("--alerts", "x")])
-def test_health_refuses_a_window_or_count_out_of_range(app_env, capsys, argv):
-    code, out, err = sas(capsys, "health", *argv)
-    assert (code, out) == (2, "")
-    assert "is not a" in err
-
-
 # --- where the settings come from ---------------------------------------------------------
 
 
@@ -802,24 +697,6 @@ def test_without_settings_the_local_runs_file_is_read(world, bare_environment, c
     assert json.loads(out)["process_state"] == "Processed"
 
 
-@pytest.mark.parametrize(
-    ("content", "said"),
-    [
-        ("{not json", "is not JSON"),
-        ('{"Settings": {}}', 'expected {"Values"'),
-        ('[{"name": "SasStorage"}]', 'expected {"Values"'),
-        ('{"Values": {"SasStorage": {"nested": 1}}}', "not a name with a plain value"),
-    ],
-)
-def test_a_bad_settings_file_is_exit_code_2(bare_environment, capsys, tmp_path, content, said):
-    path = tmp_path / "settings.json"
-    path.write_text(content)
-    code, out, err = sas(capsys, "--settings", str(path), "list")
-    assert code == 2 and out == "" and said in err
-    code, _, err = sas(capsys, "--settings", str(tmp_path / "missing.json"), "list")
-    assert code == 2 and "cannot read" in err
-
-
 def test_unreachable_storage_is_one_line_and_exit_code_1(bare_environment, capsys, tmp_path):
     path = tmp_path / "settings.json"
     dead = re.sub(
@@ -832,24 +709,3 @@ def test_unreachable_storage_is_one_line_and_exit_code_1(bare_environment, capsy
     assert code == 1 and out == ""
     assert err.startswith("sas: error: ServiceRequestError from settings file")
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
-
-
-def test_help_lists_every_command(capsys):
-    assert run(["--help"]) == 0
-    out = capsys.readouterr().out
-    # The description whole, not cut at the docstring's first line break.
-    assert "through the app's own services, with the app's settings" in " ".join(out.split())
-    for command in (
-        "submit",
-        "status",
-        "history",
-        "list",
-        "resubmit",
-        "parked",
-        "purge",
-        "watch",
-    ):
-        assert command in out
-    for gone in ("rejected", "poison"):  # one noun for parked messages now
-        code, out, err = sas(capsys, gone, "list")
-        assert code == 2 and out == "" and "invalid choice" in err

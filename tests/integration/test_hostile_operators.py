@@ -1,29 +1,26 @@
-"""Hostile review of the operator features (issue 11) on Azurite: metrics counted once per real
-event under duplicate deliveries and lost races, purge races, concurrent resubmits."""
+"""Hostile review of the operator features (issue 11) on Azurite: what the real store decides
+(purge races on long orders, its transactions interrupted; find's boundaries to the microsecond
+in its query) and hostile trace fields through the real function bodies. Metrics counted once
+per real event, concurrent resubmits and the CLI's settings precedence, which the app decides
+alone, are proved in memory: tests/unit/test_metrics_once_per_event.py,
+tests/unit/test_operator_decisions.py and tests/unit/test_cli_settings_source.py."""
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from azure.data.tables import TableClient
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from sas import bootstrap
-from sas import settings as app_settings
-from sas.domain.errors import ConcurrencyConflict
+from sas.adapters.table_store import TableStateStore
 from sas.domain.model import HistoryEntry, ProcessState
-from sas.services import metrics
 from sas.services.operator import OrderQuery
-from sas_cli import appsettings
-from tests.harness import World, permanent, store_on
+from tests.harness import World, store_on
 from tests.integration.test_bad_input import body, deliver
 from tests.integration.test_trace_propagation import agent_requests
 from tests.unit.test_services import submitted
@@ -31,26 +28,9 @@ from tests.unit.test_services import submitted
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def reader(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemoryMetricReader]:
-    found = InMemoryMetricReader()
-    provider = MeterProvider(metric_readers=[found])
-    monkeypatch.setattr(metrics, "instruments", metrics.instruments_on(provider.get_meter("t")))
-    yield found
-    provider.shutdown()
-
-
-def counted(reader: InMemoryMetricReader, name: str) -> dict[tuple[tuple[str, Any], ...], Any]:
-    data = reader.get_metrics_data()
-    found: dict[tuple[tuple[str, Any], ...], Any] = {}
-    for resource in data.resource_metrics if data else ():
-        for scope in resource.scope_metrics:
-            for metric in scope.metrics:
-                if metric.name == name:
-                    for point in metric.data.data_points:
-                        key = tuple(sorted((point.attributes or {}).items()))
-                        found[key] = getattr(point, "value", None)
-    return found
+def _table(world: World) -> TableClient:
+    assert isinstance(world.store, TableStateStore)
+    return world.store._table
 
 
 def _long_history(world: World, order_id: str, rows: int) -> None:
@@ -71,50 +51,10 @@ def _long_history(world: World, order_id: str, rows: int) -> None:
 
 
 def _rows(world: World, order_id: str) -> list[str]:
-    table = world.store._table
     return [
         e["RowKey"]
-        for e in table.query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
+        for e in _table(world).query_entities("PartitionKey eq @pk", parameters={"pk": order_id})
     ]
-
-
-# --- metrics: once per real event -------------------------------------------------------
-
-
-def test_every_message_delivered_twice_counts_each_outcome_once(
-    world: World, reader: InMemoryMetricReader
-) -> None:
-    world.submit(submitted("fine"))
-    world.run(twice=True)
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
-    world.submit(submitted("declined"))
-    world.run(twice=True)
-    assert world.state("fine").process_state is ProcessState.PROCESSED
-    assert world.state("declined").process_state is ProcessState.COMPENSATED
-    assert counted(reader, "sas.orders.finished") == {
-        (("sas.outcome", "Processed"),): 1,
-        (("sas.outcome", "Compensated"),): 1,
-    }
-    assert counted(reader, "sas.compensations") == {(("sas.reason", "refused"),): 1}
-
-
-def test_two_supervisors_racing_on_one_expiry_count_one_recovery(
-    world: World, reader: InMemoryMetricReader
-) -> None:
-    world.submit(submitted("slow"))
-    for lane in world.routes.all_lanes(world.routes.scheduler):
-        world.deliver(lane)
-    for lane in world.routes.all_lanes(world.routes.agents["inventory"]):
-        assert world.drop(lane) or True  # the agent crashed: no reply will come
-    assert world.state("slow").process_state is ProcessState.PROCESSING
-    other = world.new_supervisor("supervisor-2", store=store_on(world.store._table))
-    world.clock.advance(120)
-    world.make_due("slow")
-    world.supervisor.sweep()
-    other.sweep()
-    assert "expired_retry" in world.history("slow")
-    assert sum(counted(reader, "sas.supervisor.recoveries").values()) == 1
-    assert sum(counted(reader, "sas.retries").values()) == 1
 
 
 # --- purge races ------------------------------------------------------------------------
@@ -142,7 +82,7 @@ def test_two_operators_purging_the_same_long_order_at_once_both_finish(world: Wo
     _long_history(world, "long", 150)
     world.clock.advance(1)
     (listed,) = list(world.store.query_states(process_state=ProcessState.PROCESSED))
-    table = world.store._table
+    table = _table(world)
     other = store_on(
         TableClient(endpoint=table.url, table_name=table.table_name, credential=table.credential)
     )
@@ -169,7 +109,7 @@ def test_a_stale_reply_landing_during_a_purge_leaves_no_orphan_rows(world: World
     world.run()
     world.clock.advance(1)
     (listed,) = list(world.store.query_states(process_state=ProcessState.PROCESSED))
-    table = world.store._table
+    table = _table(world)
     real_submit = table.submit_transaction
     late: list[bool] = []
 
@@ -207,7 +147,7 @@ def test_an_interrupted_long_purge_is_finished_by_the_next_one(world: World) -> 
     world.run()
     _long_history(world, "long", 250)
     world.clock.advance(1)
-    table = world.store._table
+    table = _table(world)
     real_submit = table.submit_transaction
     calls: list[int] = []
 
@@ -226,46 +166,6 @@ def test_an_interrupted_long_purge_is_finished_by_the_next_one(world: World) -> 
     assert world.store.get_state("long") is not None
     report = world.operator.purge(timedelta(0), dry_run=False)
     assert report.purged == 1 and _rows(world, "long") == []
-
-
-# --- resubmit -----------------------------------------------------------------------------
-
-
-def test_two_operators_resubmitting_at_once_resubmit_once(world: World, strict: str) -> None:
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
-    world.submit(submitted("err").model_copy(update={"workflow": strict}))
-    world.run()
-    assert world.state("err").process_state is ProcessState.ERROR
-    both_read = threading.Barrier(2)
-    real_get_state = world.store.get_state
-
-    def read_then_wait(order_id: str) -> Any:
-        found = real_get_state(order_id)
-        both_read.wait(timeout=30)
-        return found
-
-    world.store.get_state = read_then_wait  # type: ignore[method-assign]
-    outcomes: list[str] = []
-
-    def press(actor: str) -> None:
-        try:
-            world.operator.resubmit("err", actor=actor)
-            outcomes.append("resubmitted")
-        except ConcurrencyConflict:
-            outcomes.append("conflict")
-
-    threads = [threading.Thread(target=press, args=(name,)) for name in ("ann", "bob")]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=60)
-    world.store.get_state = real_get_state  # type: ignore[method-assign]
-    assert sorted(outcomes) == ["conflict", "resubmitted"]
-    assert world.history("err").count("resubmitted") == 1
-    requests = [
-        m for lane in world.routes.all_lanes(world.routes.scheduler) for m in world.bus.take(lane)
-    ]
-    assert len(requests) == 1
 
 
 # --- find: the boundaries the API documents ---------------------------------------------
@@ -298,43 +198,6 @@ def test_an_order_exactly_that_old_is_newer_not_older(world: World) -> None:
     }
     assert "more than" in parameters["older_than_seconds"]
     assert "at most" in parameters["newer_than_seconds"]
-
-
-# --- CLI settings precedence --------------------------------------------------------------
-
-
-def test_a_settings_file_wins_over_a_storage_connection_left_in_the_environment(
-    tmp_path: Path,
-) -> None:
-    """README: "In order: --settings FILE ... else the environment". A deployed app's settings
-    (az functionapp config appsettings list) name its storage by endpoint and identity; an
-    operator whose shell still holds a SasStorage connection string (a local run's) must reach
-    the app of the file, not the one of the environment."""
-    from_azure = tmp_path / "appsettings.json"
-    from_azure.write_text(
-        json.dumps(
-            [
-                {"name": "SAS_TRANSPORT", "value": "storage"},
-                {
-                    "name": "SasStorage__tableServiceUri",
-                    "value": "https://prodapp.table.core.windows.net",
-                },
-                {
-                    "name": "SasStorage__queueServiceUri",
-                    "value": "https://prodapp.queue.core.windows.net",
-                },
-                {"name": "SasStorage__credential", "value": "managedidentity"},
-            ]
-        )
-    )
-    env = {app_settings.STORAGE_CONNECTION: appsettings.AZURITE_DEVELOPMENT}
-    source = appsettings.choose(from_azure, env, tmp_path)
-    appsettings.apply(source, env)
-    storage = app_settings.load(env).storage
-    assert (storage.connection_string, storage.table_uri) == (
-        None,
-        "https://prodapp.table.core.windows.net",
-    )
 
 
 # --- hostile trace fields through the real function bodies ------------------------------
@@ -376,46 +239,3 @@ def test_a_submitters_tracestate_cannot_raise_an_operator_alert(
         deliver("submit", body(trace={"traceparent": VALID_TRACEPARENT, "tracestate": tracestate}))
     forged = [r for r in caplog.records if "sas.operator_alert" in r.getMessage()]
     assert [(r.name, r.getMessage()) for r in forged] == []
-
-
-def test_an_error_order_delivered_twice_and_swept_counts_one_alert(
-    world: World, reader: InMemoryMetricReader, strict: str
-) -> None:
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
-    world.submit(submitted("err").model_copy(update={"workflow": strict}))
-    world.run(twice=True)
-    for _ in range(3):
-        world.make_due("err")
-        world.tick(600)
-    assert world.state("err").process_state is ProcessState.ERROR
-    assert len(world.alerts()) == 1
-    assert sum(counted(reader, "sas.alerts").values()) == 1
-    assert counted(reader, "sas.orders.finished") == {(("sas.outcome", "Error"),): 1}
-
-
-def test_a_late_reply_after_a_recovery_and_the_finish_counts_nothing(
-    world: World, reader: InMemoryMetricReader
-) -> None:
-    world.submit(submitted("late"))
-    for lane in world.routes.all_lanes(world.routes.scheduler):
-        world.deliver(lane)
-    for lane in world.routes.all_lanes(world.routes.agents["inventory"]):
-        world.deliver(lane)
-    held = [
-        m for lane in world.routes.all_lanes(world.routes.replies) for m in world.bus.take(lane)
-    ]
-    assert len(held) == 1
-    world.clock.advance(120)
-    world.make_due("late")
-    world.supervisor.sweep()
-    world.settle_with_supervision()
-    assert world.state("late").process_state is ProcessState.PROCESSED
-    before = {
-        name: counted(reader, name)
-        for name in ("sas.orders.finished", "sas.retries", "sas.supervisor.recoveries")
-    }
-    for _ in range(2):
-        world.scheduler.on_reply(held[0])  # type: ignore[arg-type]
-    after = {name: counted(reader, name) for name in before}
-    assert after == before
-    assert before["sas.orders.finished"] == {(("sas.outcome", "Processed"),): 1}

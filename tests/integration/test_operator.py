@@ -1,5 +1,7 @@
-"""The operator's HTTP API against Azurite: list by state, history, resubmit, and the messages
-the app parked (list with age, replay, discard); the host's: tests/integration/test_poison.py."""
+"""The operator's HTTP API against Azurite: list by state, history, resubmit, close, submit, and
+the messages the app parked (list with age, replay, discard); the host's:
+tests/integration/test_poison.py. What the API refuses before the app acts, and a bulk
+resubmit's report of an order someone else moved: tests/unit/test_api_requests.py."""
 
 from __future__ import annotations
 
@@ -15,18 +17,18 @@ from fastapi.testclient import TestClient
 
 from sas import bootstrap
 from sas.adapters.clients import queue_service_client
-from sas.domain.errors import ConcurrencyConflict, NotFound
+from sas.domain.errors import NotFound
 from sas.domain.messages import MAX_MESSAGE_BYTES
-from sas.domain.model import OrderState, ProcessState
+from sas.domain.model import ProcessState
 from sas.domain.wire import REJECTED_PARTITION, rejected_row_key
 from sas.entrypoints.http_api import api
-from sas.services.operator import Operator
+from sas.testing import refuse
 from sas_cli.commands import run
 from sas_local.devhost.queues import decode_body
-from tests.harness import World, permanent
+from tests.harness import World
 from tests.integration.test_bad_input import VALID_ORDER, body, deliver
-from tests.integration.test_failure_modes import order
 from tests.integration.test_poison import empty_poison_queues
+from tests.unit.test_services import submitted
 
 pytestmark = pytest.mark.integration
 
@@ -35,8 +37,9 @@ pytestmark = pytest.mark.integration
 def failed_order(app_env, table, strict) -> str:
     world = World(table)
     world.clock.current = datetime.now(UTC) - timedelta(minutes=5)  # before the API's real clock
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
-    oid = order(world, "err1", workflow=strict)
+    world.remote.script("payment", "charge", refuse("HTTP 402 card declined"))
+    oid = "err1"
+    world.submit(submitted(oid).model_copy(update={"workflow": strict}))
     world.run()
     assert world.state(oid).process_state is ProcessState.ERROR
     return oid
@@ -395,16 +398,6 @@ def test_an_error_order_is_closed_with_a_reason_once(client, failed_order):
     assert client.get("/api/stats").json()["states"]["Closed"] >= 1
 
 
-def test_bulk_resubmit_reports_an_order_someone_else_moved(client, failed_order, monkeypatch):
-    def moved(self: Operator, order_id: str, *, actor: str) -> OrderState:
-        raise ConcurrencyConflict(f"order {order_id} changed meanwhile")
-
-    monkeypatch.setattr(Operator, "resubmit", moved)
-    report = client.post("/api/orders/resubmit", json={"dry_run": False}).json()
-    outcome = {e["order_id"]: e["outcome"] for e in report["orders"]}[failed_order]
-    assert outcome == f"not resubmitted: order {failed_order} changed meanwhile"
-
-
 def test_text_that_cannot_be_written_as_utf8_is_refused_with_422_not_500(
     client, app_env, failed_order
 ):
@@ -423,36 +416,3 @@ def test_text_that_cannot_be_written_as_utf8_is_refused_with_422_not_500(
     response = post(f"/api/orders/{failed_order}/resubmit", {"actor": "\ud800"})
     assert response.status_code == 422 and "actor" in response.text
     assert client.get(f"/api/orders/{failed_order}").json() == before
-
-
-@pytest.mark.parametrize(
-    ("change", "reason"),
-    [
-        ({"priority": "urgent"}, "priority"),
-        ({"deferred_since": "2026-01-01T00:00:00Z"}, "deferred_since"),
-    ],
-)
-def test_the_api_refuses_a_bad_priority_or_an_app_only_field(client, app_env, change, reason):
-    response = client.post("/api/orders", json={**VALID_ORDER, "order_id": "bad-1", **change})
-    assert response.status_code == 422
-    assert reason in response.text
-
-
-@pytest.mark.parametrize(
-    ("details", "reason"),
-    [
-        ({"customer_id": "c1"}, "invalid details"),
-        ({**VALID_ORDER["details"], "address": "ж" * 40_000}, "invalid details"),
-        ({**VALID_ORDER["details"], "SECRET": {"a": {"b": 1}}}, "<unexpected field>"),
-    ],
-)
-def test_the_api_refuses_details_its_workflow_refuses_and_sends_nothing(
-    client, app_env, details, reason
-):
-    response = client.post(
-        "/api/orders", json={**VALID_ORDER, "order_id": "bad-2", "details": details}
-    )
-    assert response.status_code == 422, response.text
-    assert reason in response.text and "SECRET" not in response.text
-    queue = queue_service_client(bootstrap.settings().storage).get_queue_client("sas-orders")
-    assert queue.peek_messages() == []

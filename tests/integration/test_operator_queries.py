@@ -1,6 +1,7 @@
-"""The operator's queries and purge against Azurite: counts by state, orders found by state,
-priority and age, purge of finished orders past their retention (dry run, boundary, every row
-gone, never an Error or running order), and submission the way an application would."""
+"""The operator's queries and purge against Azurite: what the real store's queries find (counts
+by state; orders by state, priority, age and last update) and what its purge deletes (dry run,
+boundary, every row gone, never an Error or running order, a race lost). What the operator
+decides alone (a bad query refused, a submission's lane): tests/unit/test_operator_decisions.py."""
 
 from __future__ import annotations
 
@@ -8,11 +9,11 @@ from datetime import timedelta
 
 import pytest
 
-from sas.domain.errors import InvalidMessage
+from sas.adapters.table_store import TableStateStore
 from sas.domain.model import HistoryEntry, ProcessState
-from sas.domain.wire import submission_message_id
-from sas.services.operator import Operator, OrderQuery
-from tests.harness import World, permanent
+from sas.services.operator import OrderQuery
+from sas.testing import refuse
+from tests.harness import World
 from tests.unit.test_services import submitted
 
 pytestmark = pytest.mark.integration
@@ -26,6 +27,7 @@ def _order(world: World, order_id: str, *, workflow: str = "order", priority: st
 
 
 def _rows(world: World, order_id: str) -> list[str]:
+    assert isinstance(world.store, TableStateStore)
     table = world.store._table
     return [
         e["RowKey"]
@@ -43,7 +45,7 @@ def mixed(world: World, strict: str) -> World:
     _order(world, "done-b", priority="high")
     world.run()
     world.clock.advance(600)
-    world.remote.script[("payment", "charge")] = [permanent("HTTP 402 card declined")]
+    world.remote.script("payment", "charge", refuse("HTTP 402 card declined"))
     _order(world, "broken", workflow=strict)
     world.run()
     world.clock.advance(600)
@@ -79,13 +81,6 @@ def test_find_filters_by_state_priority_and_age(mixed: World) -> None:
     assert ids(find(both)) == ["broken", "done-b"]
     assert ids(find(OrderQuery(limit=1))) == ["waiting"]
     assert find(OrderQuery(state=ProcessState.COMPENSATED)) == []
-
-
-def test_a_bad_query_is_refused_before_anything_is_read() -> None:
-    with pytest.raises(ValueError, match="limit"):
-        OrderQuery(limit=0)
-    with pytest.raises(ValueError, match="older_than"):
-        OrderQuery(older_than=timedelta(seconds=-1))
 
 
 def test_purge_dry_run_lists_and_deletes_nothing(mixed: World) -> None:
@@ -154,21 +149,6 @@ def test_purge_skips_an_order_whose_state_changed_since_it_was_read(world: World
     world.store.update_state(fresh.value, fresh.etag)  # someone wrote in between
     assert world.store.purge_order(stale) is False
     assert world.store.get_state("raced") is not None
-
-
-def test_submit_sends_to_the_orders_lane_and_refuses_bad_orders(world: World) -> None:
-    operator = Operator(world.app.ctx)
-    high = submitted("sub-1").model_copy(update={"priority": "high"})
-    assert operator.submit(high) == submission_message_id("sub-1")
-    (sent,) = world.bus.take(world.routes.lane(world.routes.orders, "high"))
-    assert sent == high
-    with pytest.raises(InvalidMessage, match="unknown workflow"):
-        operator.submit(submitted("sub-2").model_copy(update={"workflow": "nope"}))
-    with pytest.raises(InvalidMessage, match="deferred_since"):
-        operator.submit(submitted("sub-3").model_copy(update={"deferred_since": world.clock.now()}))
-    for lane in world.routes.all_lanes(world.routes.orders):
-        assert world.bus.take(lane) == []
-    assert world.store.get_state("sub-2") is None
 
 
 def test_orders_updated_since_a_time_are_found_and_older_ones_not(mixed: World) -> None:

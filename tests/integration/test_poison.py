@@ -27,11 +27,11 @@ from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.parked import poison_id
 from sas.domain.wire import POISON_SUFFIX
 from sas.entrypoints.http_api import api
+from sas.testing import FakeClock
 from sas_local.devhost.config import QueueOptions
 from sas_local.devhost.loader import QueueFunction
 from sas_local.devhost.queues import QueuePoller, decode_body
 from tests.conftest import unique_queue
-from tests.fakes import FakeClock
 from tests.unit.test_services import submitted
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,6 @@
-"""Scheduler and submission services on the real Table store (Azurite)."""
+"""Scheduler and submission services on the real Table store (Azurite): what its ETags and
+transactions decide (I2, I3, I5). How a redelivered submission resumes, which the domain
+decides, is proved in memory: tests/unit/test_submission_redelivery.py."""
 
 from __future__ import annotations
 
@@ -11,12 +13,13 @@ import pytest
 from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest
 from sas.domain.model import ProcessState
+from sas.services.ports import StateStore
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.services.submission import SubmissionOutcome
-from tests.fakes import FakeClock, RecordingTransport
+from sas.testing import FakeClock, InMemoryQueues, Instance, instance
 from tests.harness import live_table_of, store_on
-from tests.instances import instance
 from tests.unit.test_services import ROUTES, submitted
+from tests.workflows import REGISTRY
 
 pytestmark = pytest.mark.integration
 
@@ -37,6 +40,18 @@ class BarrierStore(TableStateStore):
         return found
 
 
+def parts() -> tuple[FakeClock, InMemoryQueues]:
+    clock = FakeClock()
+    return clock, InMemoryQueues(clock)
+
+
+def on(
+    store: StateStore, transport: InMemoryQueues, clock: FakeClock, name: str = "instance-1"
+) -> Instance:
+    """An instance of the app named ``name`` running the tests' workflows."""
+    return instance(store, transport, ROUTES, clock, REGISTRY, name)
+
+
 def expired_back_to_pending(store: TableStateStore) -> None:
     """What the Supervisor does to an expired attempt: back to Pending, unlocked."""
     current = store.get_state("o1")
@@ -47,11 +62,11 @@ def expired_back_to_pending(store: TableStateStore) -> None:
 
 
 def test_two_schedulers_racing_for_one_order_exactly_one_wins(table):
-    clock, transport = FakeClock(), RecordingTransport()
-    instance(store_on(table), transport, ROUTES, clock).submit(submitted())
+    clock, transport = parts()
+    on(store_on(table), transport, clock).submit(submitted())
     expired_back_to_pending(store_on(table))
     store = BarrierStore(table, racers=2)
-    schedulers = [instance(store, transport, ROUTES, clock, f"s{n}") for n in (1, 2)]
+    schedulers = [on(store, transport, clock, f"s{n}") for n in (1, 2)]
     with ThreadPoolExecutor(2) as pool:
         outcomes = list(pool.map(lambda s: s.schedule(ScheduleRequest(order_id="o1")), schedulers))
     assert sorted(outcomes) == sorted([ScheduleOutcome.CLAIMED, ScheduleOutcome.LOST_RACE])
@@ -69,11 +84,9 @@ def test_two_schedulers_racing_for_one_order_exactly_one_wins(table):
 
 
 def test_the_submission_claims_the_first_step_in_its_insert(table):
-    clock, transport = FakeClock(), RecordingTransport()
+    clock, transport = parts()
     store = store_on(table)
-    assert instance(store, transport, ROUTES, clock, "h1").submit(submitted()) is (
-        SubmissionOutcome.ACCEPTED
-    )
+    assert on(store, transport, clock, "h1").submit(submitted()) is (SubmissionOutcome.ACCEPTED)
     found = store.get_state("o1")
     assert found is not None
     state = found.value
@@ -95,9 +108,9 @@ def test_the_submission_claims_the_first_step_in_its_insert(table):
 
 
 def test_a_redelivered_submission_changes_nothing(table):
-    clock, transport = FakeClock(), RecordingTransport()
+    clock, transport = parts()
     store = store_on(table)
-    submission = instance(store, transport, ROUTES, clock)
+    submission = on(store, transport, clock)
     assert submission.submit(submitted()) is SubmissionOutcome.ACCEPTED
     before = store.get_state("o1")
     clock.advance(5)
@@ -106,37 +119,10 @@ def test_a_redelivered_submission_changes_nothing(table):
     assert transport.to("scheduler") == []
 
 
-def test_a_redelivery_after_a_crash_before_the_send_sends_the_same_request(table):
-    clock, transport = FakeClock(), RecordingTransport()
-    store = store_on(table)
-    instance(store, RecordingTransport(), ROUTES, clock).submit(submitted())  # its sends "lost"
-    before = store.get_state("o1")
-    assert (
-        instance(store, transport, ROUTES, clock).submit(submitted()) is SubmissionOutcome.DUPLICATE
-    )
-    assert store.get_state("o1") == before
-    [sent] = transport.sent
-    assert (sent.queue, sent.message_id) == ("agent-inventory", "o1:reserve:1")
-
-
-def test_a_redelivery_once_the_first_step_moved_on_sends_nothing(table):
-    clock, transport = FakeClock(), RecordingTransport()
-    store = store_on(table)
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    instance(store, transport, ROUTES, clock, "s1").on_reply(
-        StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
-    )
-    sent = len(transport.sent)
-    assert instance(store, transport, ROUTES, clock).submit(submitted()) is (
-        SubmissionOutcome.DUPLICATE
-    )
-    assert len(transport.sent) == sent
-
-
 def test_a_conflicting_duplicate_is_rejected_and_the_original_kept(table):
-    clock, transport = FakeClock(), RecordingTransport()
+    clock, transport = parts()
     store = store_on(table)
-    submission = instance(store, transport, ROUTES, clock)
+    submission = on(store, transport, clock)
     submission.submit(submitted())
     before_state, before_order = store.get_state("o1"), store.get_order("o1")
     assert submission.submit(submitted(address="2 Other Rd")) is SubmissionOutcome.CONFLICT
@@ -146,10 +132,10 @@ def test_a_conflicting_duplicate_is_rejected_and_the_original_kept(table):
 
 
 def test_an_old_attempts_ok_applies_after_a_newer_claim_and_its_refusal_does_not(table):
-    clock, transport = FakeClock(), RecordingTransport()
+    clock, transport = parts()
     store = store_on(table)
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    on(store, transport, clock).submit(submitted())
+    scheduler = on(store, transport, clock, "s1")
     expired_back_to_pending(store)
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     newer = store.get_state("o1")
@@ -169,10 +155,10 @@ def test_an_old_attempts_ok_applies_after_a_newer_claim_and_its_refusal_does_not
 
 
 def test_duplicate_replies_racing_apply_once(table):
-    clock, transport = FakeClock(), RecordingTransport()
-    instance(store_on(table), transport, ROUTES, clock).submit(submitted())
+    clock, transport = parts()
+    on(store_on(table), transport, clock).submit(submitted())
     store = BarrierStore(table, racers=2)
-    schedulers = [instance(store, transport, ROUTES, clock, f"s{n}") for n in (1, 2)]
+    schedulers = [on(store, transport, clock, f"s{n}") for n in (1, 2)]
     reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
     with ThreadPoolExecutor(2) as pool:
         outcomes = list(pool.map(lambda s: s.on_reply(reply), schedulers))
@@ -180,19 +166,3 @@ def test_duplicate_replies_racing_apply_once(table):
     assert len(transport.to("agent-payment")) == 1
     after = store_on(table).get_state("o1")
     assert after is not None and after.value.attempt == 2
-
-
-def test_a_late_duplicate_leaves_the_marker_due_by_the_existing_deadline(table):
-    """The duplicate's index touch (made before it knows it is one) would move the marker's
-    due time past the order's deadline, hiding the order from the Supervisor's query."""
-    clock, transport = FakeClock(), RecordingTransport()
-    store = store_on(table)
-    submission = instance(store, transport, ROUTES, clock)
-    submission.submit(submitted())
-    clock.advance(10)
-    assert submission.submit(submitted()) is SubmissionOutcome.DUPLICATE
-    assert submission.submit(submitted(address="elsewhere")) is SubmissionOutcome.CONFLICT
-    found = store.get_state("o1")
-    assert found is not None and found.value.complete_by is not None
-    (marker,) = store.list_live()
-    assert marker.due_at <= found.value.complete_by

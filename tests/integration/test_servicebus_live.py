@@ -189,9 +189,8 @@ def test_a_high_priority_step_request_travels_on_the_high_lane(
     from sas.domain.wire import PRIORITIES, lane_queue_name
     from sas.services.consequences import dispatch
     from sas.services.context import Routes
-    from tests.fakes import InMemoryStore
-    from tests.instances import instance
-    from workflows.order import ORDER_WORKFLOW
+    from sas.testing import InMemoryStore, instance
+    from tests.workflows import REGISTRY, SHOP
 
     order_id = new_order_id()
     lanes = {p: lane_queue_name(queue, p) for p in PRIORITIES}
@@ -200,7 +199,7 @@ def test_a_high_priority_step_request_travels_on_the_high_lane(
     now = datetime.now(UTC)
     state = OrderState(
         order_id=order_id,
-        workflow=ORDER_WORKFLOW.name,
+        workflow=SHOP.name,
         process_state=ProcessState.PROCESSING,
         submitted_at=now,
         updated_at=now,
@@ -210,8 +209,8 @@ def test_a_high_priority_step_request_travels_on_the_high_lane(
         details={"customer_id": "c1", "currency": "EUR", "lines": [], "address": "x"},
         priority="high",
     )
-    app = instance(InMemoryStore(), transport, routes, SystemClock())
-    dispatch(app.ctx, state, ORDER_WORKFLOW)
+    app = instance(InMemoryStore(), transport, routes, SystemClock(), REGISTRY)
+    dispatch(app.ctx, state, SHOP)
     received = receive(receiving_client, lanes["high"], f"{order_id}:reserve:1")
     request = decode(StepRequest, b"".join(received.body))
     assert (request.order_id, request.priority) == (order_id, "high")

@@ -20,7 +20,7 @@ from sas.domain.model import (
 )
 from sas.domain.transitions import claim, initial_state
 from tests.harness import store_on
-from workflows.order import ORDER_WORKFLOW
+from tests.workflows import SHOP
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def order(order_id: str = "o1", fingerprint: str = "f1") -> OrderRecord:
 
 
 def new_state(order_id: str = "o1"):
-    return initial_state(order_id, ORDER_WORKFLOW, reply_to="status-q", now=NOW)
+    return initial_state(order_id, SHOP, reply_to="status-q", now=NOW)
 
 
 def stored_state(store: TableStateStore, order_id: str = "o1") -> Versioned[OrderState]:
@@ -76,7 +76,7 @@ def test_a_stale_etag_is_rejected(table):
     store = store_on(table)
     store.create_order(order(), new_state())
     first = stored_state(store)
-    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=SHOP)
     new_etag = store.update_state(claimed, first.etag)
     assert new_etag != first.etag
     with pytest.raises(ConcurrencyConflict):
@@ -94,7 +94,7 @@ def test_cleared_fields_are_removed_not_left_behind(table):
     store = store_on(table)
     store.create_order(order(), new_state())
     first = stored_state(store)
-    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=SHOP)
     etag = store.update_state(claimed, first.etag)
     released = replace(
         claimed, locked_by=None, complete_by=None, process_state=ProcessState.PROCESSED
@@ -164,7 +164,7 @@ def test_a_transition_and_its_history_commit_together(table):
     store = store_on(table)
     store.create_order(order(), new_state(), entry("submitted", 0))
     first = stored_state(store)
-    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=SHOP)
     etag = store.update_state(claimed, first.etag, entry("claimed", 1, NOW + timedelta(seconds=1)))
     assert stored_state(store).etag == etag
     assert [h.kind for h in store.get_history("o1")] == ["submitted", "claimed"]
@@ -175,7 +175,7 @@ def test_a_stale_etag_inside_a_transaction_writes_neither_state_nor_history(tabl
     store = store_on(table)
     store.create_order(order(), new_state())
     first = stored_state(store)
-    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=ORDER_WORKFLOW)
+    claimed = claim(first.value, instance_id="s1", now=NOW, workflow=SHOP)
     store.update_state(claimed, first.etag, entry("claimed"))
     with pytest.raises(ConcurrencyConflict):
         store.update_state(replace(claimed, locked_by="s2"), first.etag, entry("claimed", 2))

@@ -6,8 +6,9 @@ from __future__ import annotations
 import itertools
 import logging
 import threading
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -21,19 +22,24 @@ from sas.domain.breaker import (
     on_failure,
     on_success,
 )
-from sas.domain.errors import (
-    AlreadyExists,
-    ConcurrencyConflict,
-    PermanentRemoteError,
-    TransientRemoteError,
-)
+from sas.domain.errors import AlreadyExists, ConcurrencyConflict, TransientRemoteError
 from sas.domain.messages import StepRequest
 from sas.domain.model import Versioned
 from sas.services.agent import AgentOutcome
 from sas.services.breaker import CircuitBreaker
 from sas.services.context import Routes
-from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
-from tests.instances import AgentOf, agent_runner
+from sas.testing import (
+    FakeClock,
+    InMemoryQueues,
+    InMemoryRemote,
+    InMemoryStore,
+    Outcome,
+    fault,
+    instance,
+    ok,
+    refuse,
+)
+from tests.workflows import REGISTRY
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -495,43 +501,42 @@ def request(clock: FakeClock, budget_seconds: float) -> StepRequest:
     )
 
 
-@dataclass
-class TimedRemote:
-    """A ScriptedRemote that also notes when each call was made."""
+def scripted(clock: FakeClock, *outcomes: Outcome) -> InMemoryRemote:
+    """The remote, its payment service's charge answering ``outcomes`` in order."""
+    remote = InMemoryRemote(clock)
+    remote.script("payment", "charge", *outcomes)
+    return remote
 
-    clock: FakeClock
-    script: list[Any] = field(default_factory=list)
-    at: list[datetime] = field(default_factory=list)
 
-    def perform(
-        self,
-        agent: str,
-        action: str,
-        *,
-        idempotency_key: str,
-        payload: dict[str, Any],
-        timeout: float,
-    ) -> dict[str, Any]:
-        self.at.append(self.clock.now())
-        outcome = self.script.pop(0) if self.script else {"ok": True}
-        if isinstance(outcome, BaseException):
-            raise outcome
-        result: dict[str, Any] = outcome
-        return result
+def times_of_calls(remote: InMemoryRemote, clock: FakeClock) -> list[datetime]:
+    """When each call of ``remote`` is made from now on (a spy wrapped around its calls)."""
+    at: list[datetime] = []
+    perform = remote.perform
+
+    def timed(agent: str, action: str, **call: Any) -> dict[str, Any]:
+        at.append(clock.now())
+        return perform(agent, action, **call)
+
+    remote.perform = timed  # type: ignore[method-assign]
+    return at
 
 
 def agent(
-    remote: Any, transport: RecordingTransport, clock: FakeClock, b: CircuitBreaker
-) -> AgentOf:
-    return agent_runner("payment", remote, transport, ROUTES, clock, sleep=clock.sleep, breaker=b)
+    remote: InMemoryRemote, transport: InMemoryQueues, clock: FakeClock, b: CircuitBreaker
+) -> Callable[[StepRequest], AgentOutcome]:
+    """The payment agent, as its queue function calls it, of an instance that runs nothing else
+    (agents keep no state in the store): ``b`` is the breaker of every target."""
+    app = instance(InMemoryStore(), transport, ROUTES, clock, REGISTRY, "agent-payment")
+    with_remote = app.with_remote(remote, breaker=lambda target: b, sleep=clock.sleep)
+    return partial(with_remote.run_step, "payment")
 
 
 def test_an_open_breaker_outlasting_the_deadline_means_no_call_and_nothing_sent():
     store, clock = FakeBreakerStore(), FakeClock(T0)
     b = open_breaker(store, clock)  # open for 10 s
-    remote, transport = ScriptedRemote(), RecordingTransport()
+    remote, transport = InMemoryRemote(clock), InMemoryQueues(clock)
     req = request(clock, budget_seconds=5)
-    assert agent(remote, transport, clock, b).handle(req) is AgentOutcome.GAVE_UP
+    assert agent(remote, transport, clock, b)(req) is AgentOutcome.GAVE_UP
     assert remote.calls == []
     assert transport.sent == []
     assert clock.now() < req.complete_by
@@ -542,9 +547,10 @@ def test_an_open_breaker_within_the_deadline_is_waited_for_then_probed():
     b = open_breaker(store, clock)
     reopens = store.state().opened_until
     assert reopens is not None
-    remote, transport = TimedRemote(clock, [{"effect_id": "e"}]), RecordingTransport()
-    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
-    assert len(remote.at) == 1 and remote.at[0] >= reopens
+    remote, transport = scripted(clock, ok({"effect_id": "e"})), InMemoryQueues(clock)
+    at = times_of_calls(remote, clock)
+    assert agent(remote, transport, clock, b)(request(clock, 30)) is AgentOutcome.REPLIED
+    assert len(at) == 1 and at[0] >= reopens
     assert len(transport.sent) == 1
     assert store.state().status is BreakerStatus.CLOSED
 
@@ -552,14 +558,15 @@ def test_an_open_breaker_within_the_deadline_is_waited_for_then_probed():
 def test_remote_outage_opens_the_breaker_and_calls_then_only_probe_once_per_window():
     store, clock = FakeBreakerStore(), FakeClock(T0)
     b = breaker(store, clock)
-    remote = TimedRemote(clock, [TransientRemoteError("503")] * 1000)
-    transport = RecordingTransport()
-    assert agent(remote, transport, clock, b).handle(request(clock, 45)) is AgentOutcome.GAVE_UP
+    remote = scripted(clock, *[fault("503")] * 1000)
+    at = times_of_calls(remote, clock)
+    transport = InMemoryQueues(clock)
+    assert agent(remote, transport, clock, b)(request(clock, 45)) is AgentOutcome.GAVE_UP
     assert transport.sent == []
     # three failures open it; after that one probe per 10 s window, each failing again
-    probes = remote.at[POLICY.failure_threshold :]
+    probes = at[POLICY.failure_threshold :]
     assert 1 <= len(probes) <= 4
-    gaps = [later - earlier for earlier, later in itertools.pairwise(remote.at[2:])]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(at[2:])]
     assert all(gap >= seconds(10) for gap in gaps)
     assert store.state().status is BreakerStatus.OPEN
 
@@ -569,17 +576,17 @@ def test_a_permanent_refusal_counts_as_the_service_answering():
     b = breaker(store, clock)
     b.record_failure()
     b.record_failure()
-    remote = ScriptedRemote([PermanentRemoteError("HTTP 402 card declined")])
-    transport = RecordingTransport()
-    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REFUSED
+    remote = scripted(clock, refuse("HTTP 402 card declined"))
+    transport = InMemoryQueues(clock)
+    assert agent(remote, transport, clock, b)(request(clock, 30)) is AgentOutcome.REFUSED
     assert store.state().consecutive_failures == 0
 
 
 def test_the_agent_records_transient_failures_and_a_success_resets_them():
     store, clock = FakeBreakerStore(), FakeClock(T0)
     b = breaker(store, clock, policy=BreakerPolicy(failure_threshold=10))
-    remote = ScriptedRemote([TransientRemoteError("503")] * 2 + [{"effect_id": "e"}])
-    transport = RecordingTransport()
+    remote = scripted(clock, fault("503"), fault("503"), ok({"effect_id": "e"}))
+    transport = InMemoryQueues(clock)
     seen: list[int] = []
     original = store.put
 
@@ -588,7 +595,7 @@ def test_the_agent_records_transient_failures_and_a_success_resets_them():
         return original(state, etag)
 
     store.put = spy  # type: ignore[method-assign]  # a spy wrapped around the fake's writes
-    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
+    assert agent(remote, transport, clock, b)(request(clock, 30)) is AgentOutcome.REPLIED
     assert seen == [1, 2, 0]
 
 
@@ -596,8 +603,8 @@ def test_a_broken_breaker_store_never_fails_the_step():
     store, clock = FakeBreakerStore(), FakeClock(T0)
     b = breaker(store, clock)
     store.fail = OSError("table unreachable")
-    remote, transport = ScriptedRemote([{"effect_id": "e"}]), RecordingTransport()
-    assert agent(remote, transport, clock, b).handle(request(clock, 30)) is AgentOutcome.REPLIED
+    remote, transport = scripted(clock, ok({"effect_id": "e"})), InMemoryQueues(clock)
+    assert agent(remote, transport, clock, b)(request(clock, 30)) is AgentOutcome.REPLIED
     assert len(remote.calls) == 1 and len(transport.sent) == 1
 
 

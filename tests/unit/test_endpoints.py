@@ -17,7 +17,7 @@ from sas.domain.endpoints import (
 )
 from sas.domain.errors import ConfigurationError
 from sas.services.routing import Router
-from tests.fakes import FakeClock
+from sas.testing import FakeClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -137,7 +137,7 @@ def base_env(**extra: str) -> dict[str, str]:
         "SasStorage": "UseDevelopmentStorage=true",
         **{
             settings.remote_url_setting(a): f"https://{a}.example.com"
-            for a in ("inventory", "payment", "shipping")
+            for a in settings.HTTP_AGENTS  # the app's: another workflow may add one
         },
     }
     env.update(extra)

@@ -333,9 +333,7 @@ def main_scope(transport: str, **overrides: Any) -> Scope:
         location="swedencentral",
         transport=transport,
         **{
-            "remoteInventoryUrl": "https://remote/inventory",
-            "remotePaymentUrl": "https://remote/payment",
-            "remoteShippingUrl": "https://remote/shipping",
+            **{infra.param_name(a, "Url"): f"https://remote/{a}" for a in HTTP_AGENTS},
             **overrides,
         },
     )
@@ -473,7 +471,8 @@ def test_resolved_app_settings_load() -> None:
     loaded = settings.load(env)
 
     own = sorted(key for key in env if key not in registry().settings)
-    assert len(own) <= 15, own  # sas's own; the Python agents' settings are the app's
+    # sas's own and a URL per HTTP agent; the Python agents' settings are the app's
+    assert len(own) <= 12 + len(HTTP_AGENTS), own
     assert set(registry().settings) <= set(env)
     assert (loaded.queue(settings.QUEUE_ORDERS), loaded.max_failures) == ("shop-orders", 5)
     assert loaded.transport == "servicebus"
@@ -1651,8 +1650,13 @@ def test_an_empty_url_calls_the_deployed_simulator_and_a_given_one_wins() -> Non
     assert scope["simulatorUrl"] == "https://func-sim.example"
     assert bicep("main.bicep")["outputs"]["SAS_SIMULATOR_URL"]["value"] == "simulatorUrl"
     sources = {agent: scope[infra.url_module(agent)]["outputs"]["source"] for agent in HTTP_AGENTS}
-    assert sources == {"inventory": "simulator", "payment": "parameter", "shipping": "simulator"}
-    assert remote_urls(scope) == {
+    urls = remote_urls(scope)  # any other agent's URL is given, as payment's is
+    assert {a: sources[a] for a in ("inventory", "payment", "shipping")} == {
+        "inventory": "simulator",
+        "payment": "parameter",
+        "shipping": "simulator",
+    }
+    assert {a: urls[a] for a in ("inventory", "payment", "shipping")} == {
         "inventory": "https://func-sim.example/inventory",  # the simulator's routes
         "payment": "https://remote/payment",
         "shipping": "https://func-sim.example/shipping",

@@ -18,9 +18,9 @@ from sas.domain.messages import OrderSubmitted
 from sas.domain.workflow import StepDefinition, Workflow
 from sas.entrypoints.http_api import _Attributed
 from sas.entrypoints.invocation import attributed
-from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
-from tests.instances import WORKFLOWS, instance
+from sas.testing import FakeClock, InMemoryQueues, InMemoryStore, instance
 from tests.unit.test_services import ROUTES
+from tests.workflows import registry
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -56,12 +56,9 @@ def seen() -> Iterator[Seen]:
         logger.removeHandler(handler)
 
 
-def test_alerts_raised_on_the_supervisor_s_pool_carry_the_invocation(
-    seen: Seen, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setitem(WORKFLOWS, ERRORING.name, ERRORING)
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    app = instance(store, transport, ROUTES, clock)
+def test_alerts_raised_on_the_supervisor_s_pool_carry_the_invocation(seen: Seen) -> None:
+    store, clock = InMemoryStore(), FakeClock()
+    app = instance(store, InMemoryQueues(clock), ROUTES, clock, registry(ERRORING))
     for n in range(6):
         order = OrderSubmitted(order_id=f"o{n}", workflow="erroring", details={}, reply_to=None)
         app.submit(order)

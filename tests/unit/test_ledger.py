@@ -15,11 +15,11 @@ import pytest
 from sas.domain.model import ProcessState
 from sas_local.ledger import check_effects, configure_faults, fetch_ledger
 from tests.unit.test_simulator import Sim, make_sim
-from workflows.order import ORDER_WORKFLOW
+from tests.workflows import SHOP
 
 pytestmark = pytest.mark.unit
 
-STEPS = [(s.agent, s.action) for s in ORDER_WORKFLOW.steps]
+STEPS = [(s.agent, s.action) for s in SHOP.steps]
 UNDO = {"inventory": "release", "payment": "refund", "shipping": "cancel"}
 
 
@@ -92,7 +92,7 @@ def test_a_clean_run_with_every_outcome_reports_no_problem_and_counts_everything
         "err": ERROR,
         "busy": COMPENSATING,
     }
-    report = check_effects(sim.ledger(), outcomes, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), outcomes, SHOP)
     assert report.problems == [] and report.ok
     assert report.effects == 3 + 3 + 2 + 1 + 1
     assert report.by_service == {"inventory": 5, "payment": 3, "shipping": 2}
@@ -104,7 +104,7 @@ def test_an_error_order_whose_effects_were_undone_has_nothing_outstanding():
     sim = make_sim()
     run_steps(sim, "err", STEPS[:2])
     undo_steps(sim, "err", STEPS[:1])
-    report = check_effects(sim.ledger(), {"err": ERROR}, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), {"err": ERROR}, SHOP)
     assert report.ok and report.error_orders == {"err": 1}
 
 
@@ -124,7 +124,7 @@ def test_injected_faults_are_counted_in_the_report():
     sim.clock.advance(10)  # the outage is over
     assert sim.undo("shipping", "cancel", "ship").json()["outcome"] == "noop"
     assert sim.do("shipping", "ship").status_code == 409  # its key was undone before it ran
-    report = check_effects(sim.ledger(), {"o1": ERROR, "o2": ERROR, "o3": ERROR}, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), {"o1": ERROR, "o2": ERROR, "o3": ERROR}, SHOP)
     assert (report.transient_failures, report.throttled) == (2, 1)
     assert report.permanent_failures == 1
     assert report.slow_responses == 1
@@ -135,7 +135,7 @@ def test_injected_faults_are_counted_in_the_report():
 
 def test_an_effect_applied_twice_is_a_problem():
     ledger = {"effects": [*full_order("o1"), do_entry("o1", "payment", "charge")], "replays": 0}
-    report = check_effects(ledger, {"o1": PROCESSED}, ORDER_WORKFLOW)
+    report = check_effects(ledger, {"o1": PROCESSED}, SHOP)
     assert "o1: payment.charge applied 2 times" in report.problems
     assert not report.ok
 
@@ -146,14 +146,14 @@ def test_an_effect_undone_twice_is_a_problem():
         undo_entry("o1", "payment", "charge", "o1:charge:undo"),
         undo_entry("o1", "payment", "charge", "another"),
     ]
-    report = check_effects({"effects": effects}, {"o1": COMPENSATED}, ORDER_WORKFLOW)
+    report = check_effects({"effects": effects}, {"o1": COMPENSATED}, SHOP)
     assert report.problems == ["o1: payment effect o1:charge undone 2 times"]
 
 
 def test_a_processed_order_missing_a_step_is_a_problem():
     sim = make_sim()
     run_steps(sim, "o1", STEPS[:2])
-    report = check_effects(sim.ledger(), {"o1": PROCESSED}, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), {"o1": PROCESSED}, SHOP)
     assert report.problems == ["o1: shipping.ship not applied exactly once"]
 
 
@@ -161,7 +161,7 @@ def test_a_processed_order_with_an_undone_effect_is_a_problem():
     sim = make_sim()
     run_steps(sim, "o1")
     undo_steps(sim, "o1", STEPS[1:2])
-    report = check_effects(sim.ledger(), {"o1": PROCESSED}, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), {"o1": PROCESSED}, SHOP)
     assert report.problems == ["o1: payment.charge undone but order Processed"]
 
 
@@ -169,21 +169,21 @@ def test_a_compensated_order_with_an_effect_left_applied_is_a_problem():
     sim = make_sim()
     run_steps(sim, "o1", STEPS[:2])
     undo_steps(sim, "o1", STEPS[1:2])  # the reserve was never released
-    report = check_effects(sim.ledger(), {"o1": COMPENSATED}, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), {"o1": COMPENSATED}, SHOP)
     assert report.problems == ["o1: inventory.reserve applied but not undone (order Compensated)"]
 
 
 def test_a_compensated_order_is_recognised_by_value():
     ledger = {"effects": [do_entry("o1", "payment", "charge")]}
     for state in (Later.COMPENSATED, "Compensated"):
-        report = check_effects(ledger, {"o1": state}, ORDER_WORKFLOW)  # type: ignore[dict-item]
+        report = check_effects(ledger, {"o1": state}, SHOP)  # type: ignore[dict-item]
         assert len(report.problems) == 1
 
 
 def test_an_error_order_is_reported_but_not_a_problem():
     sim = make_sim()
     run_steps(sim, "o1", STEPS[:2])
-    report = check_effects(sim.ledger(), {"o1": ERROR}, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), {"o1": ERROR}, SHOP)
     assert report.ok and report.error_orders == {"o1": 2}
 
 
@@ -192,7 +192,7 @@ def test_effects_and_undos_for_unknown_orders_are_problems():
     run_steps(sim, "known")
     sim.do("payment", "charge", order="stranger")
     sim.undo("shipping", "cancel", "ship", order="ghost")
-    report = check_effects(sim.ledger(), {"known": PROCESSED}, ORDER_WORKFLOW)
+    report = check_effects(sim.ledger(), {"known": PROCESSED}, SHOP)
     assert report.problems == [
         "effect for unknown order ghost",
         "effect for unknown order stranger",
@@ -204,7 +204,7 @@ def test_a_ledger_from_before_undo_support_still_checks():
         {k: v for k, v in e.items() if k not in ("kind", "undone_at", "undone_by")}
         for e in full_order("o1")
     ]
-    report = check_effects({"effects": old, "replays": 4}, {"o1": PROCESSED}, ORDER_WORKFLOW)
+    report = check_effects({"effects": old, "replays": 4}, {"o1": PROCESSED}, SHOP)
     assert report.ok and report.effects == 3 and report.replays == 4
     assert report.transient_failures == 0
 

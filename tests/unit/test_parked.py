@@ -23,9 +23,9 @@ from sas.domain.parked import (
     rejected_row_key,
 )
 from sas.services.parked_messages import ParkedMessages
-from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
-from tests.instances import instance
+from sas.testing import FakeClock, InMemoryQueues, InMemoryStore, instance
 from tests.unit.test_services import ROUTES
+from tests.workflows import REGISTRY
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -92,7 +92,7 @@ class Parts:
 @pytest.fixture
 def parts() -> Parts:
     store, clock, poison = InMemoryStore(), FakeClock(NOW), FakePoison()
-    ctx = instance(store, RecordingTransport(), ROUTES, clock).ctx
+    ctx = instance(store, InMemoryQueues(clock), ROUTES, clock, REGISTRY).ctx
     return Parts(store, poison, clock, ParkedMessages(ctx, poison=poison))
 
 
@@ -234,6 +234,7 @@ def test_a_failed_send_leaves_the_apps_message_parked(parts: Parts) -> None:
 
 def test_without_a_poison_store_it_says_so(parts: Parts) -> None:
     parts.park()
-    bare = ParkedMessages(instance(parts.store, RecordingTransport(), ROUTES, parts.clock).ctx)
+    transport = InMemoryQueues(parts.clock)
+    bare = ParkedMessages(instance(parts.store, transport, ROUTES, parts.clock, REGISTRY).ctx)
     with pytest.raises(ConfigurationError, match="no poison store"):
         bare.list()

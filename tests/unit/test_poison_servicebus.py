@@ -23,7 +23,7 @@ from sas.adapters.servicebus import DEFAULT_SEND_TIMEOUT
 from sas.domain.errors import IllegalTransition, NotFound
 from sas.domain.parked import parse_poison_id, poison_id
 from sas.settings import Connection
-from tests.fakes import FakeClock
+from sas.testing import FakeClock
 
 pytestmark = pytest.mark.unit
 

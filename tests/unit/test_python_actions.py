@@ -4,6 +4,7 @@ shared breaker, refusals, late results dropped (sas/services/actions.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -17,9 +18,9 @@ from sas.domain.workflow import Registry, StepDefinition, Workflow
 from sas.services.agent import AgentOutcome
 from sas.services.breaker import CircuitBreaker
 from sas.services.routing import Router
-from tests.fakes import FakeClock, RecordingTransport, ScriptedRemote
-from tests.instances import AgentOf, agent_runner
-from tests.unit.test_agent_runner import ROUTES, request
+from sas.testing import FakeClock, InMemoryQueues, InMemoryRemote
+from tests.unit.test_agent_runner import request
+from tests.unit.test_agent_runner import runner as payment_agent
 from tests.unit.test_breaker import FakeBreakerStore
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
@@ -50,36 +51,33 @@ class Payments:
         return PythonAgent("payment", {"charge": self.charge})
 
 
-def runner(payments: Payments, transport: RecordingTransport, **options: Any) -> AgentOf:
+Agent = Callable[[StepRequest], AgentOutcome]
+
+
+def runner(payments: Payments, transport: InMemoryQueues, **options: Any) -> Agent:
     return python_runner(payments.agent(), transport, payments.clock, **options)
 
 
 def python_runner(
-    agent: PythonAgent, transport: RecordingTransport, clock: FakeClock, **options: Any
-) -> AgentOf:
+    agent: PythonAgent, transport: InMemoryQueues, clock: FakeClock, **options: Any
+) -> Agent:
     """The payment agent as ``agent``'s functions; its remote is never called."""
-    return agent_runner(
-        "payment",
-        ScriptedRemote([]),
-        transport,
-        ROUTES,
-        clock,
-        sleep=clock.sleep,
-        python={agent.name: agent},
-        **options,
+    return payment_agent(
+        InMemoryRemote(clock), transport, clock, python={agent.name: agent}, **options
     )
 
 
-def reply_of(transport: RecordingTransport) -> StepReply:
+def reply_of(transport: InMemoryQueues) -> StepReply:
     (sent,) = transport.sent
     assert isinstance(sent.message, StepReply)
     return sent.message
 
 
 def test_the_action_is_told_the_step_and_its_result_is_the_reply():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     payments = Payments(clock)
-    outcome = runner(payments, transport).handle(request(clock, budget_seconds=10))
+    outcome = runner(payments, transport)(request(clock, budget_seconds=10))
     assert outcome is AgentOutcome.REPLIED
     assert reply_of(transport).result == {"effect_id": "e1"}
     (context,) = payments.seen
@@ -96,53 +94,59 @@ def test_the_action_is_told_the_step_and_its_result_is_the_reply():
 
 
 def test_transient_faults_and_unexpected_exceptions_are_retried_under_the_same_key():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     payments = Payments(clock, [Transient("busy", retry_after=3), KeyError("bug"), None])
     start = clock.now()
-    assert runner(payments, transport).handle(request(clock)) is AgentOutcome.REPLIED
+    assert runner(payments, transport)(request(clock)) is AgentOutcome.REPLIED
     assert [c.idempotency_key for c in payments.seen] == ["o1:charge"] * 3
     assert clock.now() - start >= timedelta(seconds=3)  # the action's hint was honoured
     assert payments.effects == {"o1:charge": "e1"}
 
 
 def test_a_refusal_is_an_error_reply_with_its_reason():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     payments = Payments(clock, [Refused("card declined")])
-    assert runner(payments, transport).handle(request(clock)) is AgentOutcome.REFUSED
+    assert runner(payments, transport)(request(clock)) is AgentOutcome.REFUSED
     reply = reply_of(transport)
     assert (reply.outcome, reply.error) == ("error", "card declined")
     assert len(payments.seen) == 1
 
 
 def test_faults_outlasting_the_deadline_send_nothing():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     payments = Payments(clock, [Transient("down")] * 1000)
-    assert runner(payments, transport).handle(request(clock, 5)) is AgentOutcome.GAVE_UP
+    assert runner(payments, transport)(request(clock, 5)) is AgentOutcome.GAVE_UP
     assert transport.sent == []
 
 
 def test_an_action_that_returns_after_the_deadline_sends_no_reply():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     payments = Payments(clock, [10])  # takes 10 s of a 5 s budget
-    assert runner(payments, transport).handle(request(clock, 5)) is AgentOutcome.LATE
+    assert runner(payments, transport)(request(clock, 5)) is AgentOutcome.LATE
     assert transport.sent == []
 
 
 def test_a_result_that_is_not_a_dict_is_retried_and_none_is_an_empty_result():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     answers = iter(["not a dict", None])
     agent = PythonAgent("payment", {"charge": lambda context, data: next(answers)})
     run = python_runner(agent, transport, clock)
-    assert run.handle(request(clock)) is AgentOutcome.REPLIED
+    assert run(request(clock)) is AgentOutcome.REPLIED
     assert reply_of(transport).result == {}
 
 
 def test_the_shared_breaker_guards_a_python_agent_too():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     policy = BreakerPolicy(failure_threshold=2, open_for=timedelta(seconds=60))
     breaker = CircuitBreaker(FakeBreakerStore(), clock, "payment", policy, cache_ttl=0)
     payments = Payments(clock, [Transient("down")] * 1000)
-    outcome = runner(payments, transport, breaker=breaker).handle(request(clock, 20))
+    outcome = runner(payments, transport, breaker=lambda target: breaker)(request(clock, 20))
     assert outcome is AgentOutcome.GAVE_UP
     assert len(payments.seen) == 2  # then the open breaker refused every try, not the action
     assert breaker.last_status() == "open"
@@ -151,18 +155,20 @@ def test_the_shared_breaker_guards_a_python_agent_too():
 def test_a_python_agent_runs_beside_the_router_of_the_http_agents():
     """Capacity-aware routing is for HTTP agents' endpoints: a Python agent has none, and its
     steps run while a router (some HTTP agent declares endpoints) is in place."""
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     west = Endpoint("inventory", "west", "http://west", capacity=2)
     north = Endpoint("inventory", "north", "http://north", capacity=2)
     router = Router({"inventory": (west, north)}, clock, "me", healthy=lambda e: True)
     payments = Payments(clock)
-    outcome = runner(payments, transport, router=router).handle(request(clock))
+    outcome = runner(payments, transport, router=router)(request(clock))
     assert outcome is AgentOutcome.REPLIED
     assert reply_of(transport).result == {"effect_id": "e1"}
 
 
 def test_an_action_reads_its_own_settings_and_no_other():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     seen: list[str] = []
 
     def charge(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +178,7 @@ def test_an_action_reads_its_own_settings_and_no_other():
     agent = PythonAgent("payment", {"charge": charge}, settings={"PAY_URL": "local"})
     values = {"PAY_URL": "https://pay.example", "SHIP_URL": "https://ship.example"}
     run = python_runner(agent, transport, clock, settings=values)
-    assert run.handle(request(clock, 3)) is AgentOutcome.GAVE_UP
+    assert run(request(clock, 3)) is AgentOutcome.GAVE_UP
     assert seen and set(seen) == {"https://pay.example"}
     assert transport.sent == []
 
@@ -193,7 +199,8 @@ def test_a_registry_checks_its_python_agents_against_the_steps():
 
 
 def test_an_undo_is_told_its_mode_and_gets_the_original_result():
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     seen: list[tuple[ActionContext, dict[str, Any]]] = []
 
     def refund(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
@@ -211,7 +218,7 @@ def test_an_undo_is_told_its_mode_and_gets_the_original_result():
         }
     )
     run = python_runner(agent, transport, clock)
-    assert run.handle(undo) is AgentOutcome.REPLIED
+    assert run(undo) is AgentOutcome.REPLIED
     ((context, _),) = seen
     assert (context.mode, context.idempotency_key) == ("undo", "o1:charge:undo")
     assert reply_of(transport).result == {"refunded": "e1"}
@@ -225,10 +232,11 @@ def test_an_undo_is_told_its_mode_and_gets_the_original_result():
     ],
 )
 def test_a_result_is_the_json_a_reply_carries(answer, expected):
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     agent = PythonAgent("payment", {"charge": lambda context, data: answer})
     run = python_runner(agent, transport, clock)
-    assert run.handle(request(clock)) is AgentOutcome.REPLIED
+    assert run(request(clock)) is AgentOutcome.REPLIED
     assert reply_of(transport).result == expected
 
 
@@ -238,16 +246,18 @@ def test_a_result_is_the_json_a_reply_carries(answer, expected):
     ids=["not json", "nan", "over 8 KiB", "set"],
 )
 def test_a_result_no_reply_can_carry_fails_the_call_and_is_never_replaced(answer, caplog):
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
     agent = PythonAgent("payment", {"charge": lambda context, data: answer})
     run = python_runner(agent, transport, clock)
-    assert run.handle(request(clock, 5)) is AgentOutcome.GAVE_UP  # retried, never completed
+    assert run(request(clock, 5)) is AgentOutcome.GAVE_UP  # retried, never completed
     assert transport.sent == []
     assert "sas.action_failed" in caplog.text
 
 
 def test_an_action_failure_is_logged_with_where_never_with_the_data(caplog):
-    clock, transport = FakeClock(), RecordingTransport()
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
 
     def leaky(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"cannot use {data}")
@@ -255,7 +265,7 @@ def test_an_action_failure_is_logged_with_where_never_with_the_data(caplog):
     agent = PythonAgent("payment", {"charge": leaky})
     run = python_runner(agent, transport, clock)
     secret = request(clock, 5).model_copy(update={"payload": {"card": "4111-SECRET"}})
-    run.handle(secret)
+    run(secret)
     assert "sas.action_failed action=payment.charge error=ValueError at=" in caplog.text
     assert "test_python_actions.py" in caplog.text
     assert "SECRET" not in caplog.text

@@ -32,8 +32,8 @@ from sas.adapters.servicebus import ServiceBusTransport
 from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.messages import OperatorAlert, ScheduleRequest, StepRequest, encode
 from sas.settings import Connection
-from tests.fakes import FakeClock
-from tests.instances import instance
+from sas.testing import FakeClock, InMemoryStore, instance
+from tests.workflows import REGISTRY, Basket, Line
 
 pytestmark = pytest.mark.unit
 
@@ -771,8 +771,6 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
     from sas.domain.wire import PRIORITIES, lane_queue_name
     from sas.services.context import Routes
     from sas.services.submission import SubmissionOutcome
-    from tests.fakes import InMemoryStore
-    from workflows.order import OrderDetails, OrderLine
 
     bases = ("sas-orders", "sas-scheduler", "sas-replies", "sas-agent-inventory")
     routes = Routes(
@@ -785,15 +783,15 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
     )
     order = OrderSubmitted(
         order_id="urgent-1",
-        details=OrderDetails(
+        details=Basket(
             customer_id="c1",
             currency="EUR",
             address="1 Bus Street",
-            lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
+            lines=[Line(sku="s1", quantity=1, unit_price_cents=100)],
         ).model_dump(mode="json"),
         priority="high",
     )
-    outcome = instance(InMemoryStore(), transport, routes, clock).submit(order)
+    outcome = instance(InMemoryStore(), transport, routes, clock, REGISTRY).submit(order)
     assert outcome is SubmissionOutcome.ACCEPTED
     (sent,) = client.sent("sas-agent-inventory-high")
     assert client.sent("sas-agent-inventory") == []
@@ -899,7 +897,6 @@ def test_a_queue_the_identity_may_not_read_leaves_the_other_gauges_sampled(
     queue's gauge missing, not every gauge's."""
     from sas.services import metrics
     from sas.services.gauges import QueueGauges
-    from tests.fakes import InMemoryStore
 
     class Refusing(FakeReceiver):
         def peek_messages(self, max_message_count: int = 1) -> list[FakePeeked]:

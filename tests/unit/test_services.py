@@ -11,14 +11,12 @@ from sas.domain.messages import (
     StepRequest,
 )
 from sas.domain.model import ProcessState
-from sas.domain.workflow import StepDefinition, Workflow
 from sas.services.backlog import Backlog
 from sas.services.context import Routes
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.services.submission import SubmissionOutcome
-from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
-from tests.instances import WORKFLOWS, instance
-from workflows.order import ORDER_WORKFLOW, OrderDetails, OrderLine
+from sas.testing import FakeClock, InMemoryQueues, InMemoryStore, instance
+from tests.workflows import REGISTRY, SHOP, STRICT, Basket, Line
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -40,11 +38,11 @@ def submitted(
 ) -> OrderSubmitted:
     return OrderSubmitted(
         order_id=order_id,
-        details=OrderDetails(
+        details=Basket(
             customer_id="c1",
             currency="EUR",
             address=address,
-            lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
+            lines=[Line(sku="s1", quantity=1, unit_price_cents=100)],
         ).model_dump(mode="json"),
         reply_to=reply_to,
         status_events=status_events,
@@ -54,13 +52,14 @@ def submitted(
 
 @pytest.fixture
 def parts():
-    return InMemoryStore(), RecordingTransport(), FakeClock()
+    clock = FakeClock()
+    return InMemoryStore(), InMemoryQueues(clock), clock
 
 
 def test_submission_inserts_the_order_claims_its_first_step_and_dispatches_it(parts):
     store, transport, clock = parts
     assert (
-        instance(store, transport, ROUTES, clock, "h1").submit(submitted())
+        instance(store, transport, ROUTES, clock, REGISTRY, "h1").submit(submitted())
         is SubmissionOutcome.ACCEPTED
     )
     state = store.get_state("o1").value
@@ -79,7 +78,7 @@ def test_submission_inserts_the_order_claims_its_first_step_and_dispatches_it(pa
 
 def test_a_submitter_that_asks_for_steps_hears_of_each_step(parts):
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted(status_events="steps"))
     assert [m.status for m in transport.to("status-q")] == ["received", "step_started"]
     assert store.get_state("o1").value.status_events == "steps"
 
@@ -106,7 +105,7 @@ def test_a_missing_reply_to_queue_does_not_fail_the_order(parts):
     store, transport, clock = parts
     transport.missing_queues.add("status-q")
     assert (
-        instance(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
+        instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted(status_events="steps"))
         is SubmissionOutcome.ACCEPTED
     )
     assert transport.to("agent-inventory")
@@ -114,7 +113,7 @@ def test_a_missing_reply_to_queue_does_not_fail_the_order(parts):
 
 def test_conflicting_resubmission_is_refused_and_reported(parts):
     store, transport, clock = parts
-    submission = instance(store, transport, ROUTES, clock)
+    submission = instance(store, transport, ROUTES, clock, REGISTRY)
     submission.submit(submitted())
     assert submission.submit(submitted(address="elsewhere")) is SubmissionOutcome.CONFLICT
     assert store.get_order("o1").details["address"] == "1 Main St"
@@ -148,8 +147,8 @@ def run_to_completion(store, transport, clock, scheduler):
 
 def test_the_scheduler_drives_every_step_to_processed(parts):
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(submitted(status_events="steps"))
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted(status_events="steps"))
+    scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     run_to_completion(store, transport, clock, scheduler)
     state = store.get_state("o1").value
     assert state.process_state is ProcessState.PROCESSED
@@ -161,22 +160,24 @@ def test_the_scheduler_drives_every_step_to_processed(parts):
     ]
     assert [s.message_id for s in requests] == ["o1:reserve:1", "o1:charge:2", "o1:ship:3"]
     assert {s.message.idempotency_key for s in requests} == {"o1:reserve", "o1:charge", "o1:ship"}
-    assert [s.name for s in store.get_steps("o1")] == [s.name for s in ORDER_WORKFLOW.steps]
+    assert [s.name for s in store.get_steps("o1")] == [s.name for s in SHOP.steps]
     statuses = [m.status for m in transport.to("status-q")]
     assert statuses[0] == "received" and statuses[-1] == "completed"
 
 
 def test_by_default_a_submitter_hears_only_how_the_order_ends(parts):
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    run_to_completion(store, transport, clock, instance(store, transport, ROUTES, clock, "s1"))
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
+    run_to_completion(
+        store, transport, clock, instance(store, transport, ROUTES, clock, REGISTRY, "s1")
+    )
     assert [m.status for m in transport.to("status-q")] == ["completed"]
 
 
 def test_schedule_of_an_order_that_is_not_pending_does_nothing(parts):
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     before = len(transport.sent)
     assert scheduler.schedule(ScheduleRequest(order_id="o1")) is ScheduleOutcome.NOT_PENDING
@@ -186,8 +187,8 @@ def test_schedule_of_an_order_that_is_not_pending_does_nothing(parts):
 
 def test_a_reply_for_an_old_attempt_is_dropped(parts):
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     before = store.get_state("o1")
     late = StepReply(order_id="o1", step="reserve", step_index=0, attempt=7, outcome="ok")
@@ -198,8 +199,8 @@ def test_a_reply_for_an_old_attempt_is_dropped(parts):
 
 def test_a_reply_naming_the_wrong_step_is_dropped(parts):
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     wrong = StepReply(order_id="o1", step="charge", step_index=0, attempt=1, outcome="ok")
     assert scheduler.on_reply(wrong) is ReplyOutcome.STALE
@@ -207,8 +208,8 @@ def test_a_reply_naming_the_wrong_step_is_dropped(parts):
 
 def test_a_refusal_of_the_first_step_is_compensated_with_nothing_to_undo(parts):
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     refusal = StepReply(
         order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="no stock"
@@ -227,21 +228,16 @@ def test_a_refusal_of_the_first_step_is_compensated_with_nothing_to_undo(parts):
     ]
 
 
-def test_an_error_reply_in_a_workflow_without_compensation_alerts_exactly_once(parts, monkeypatch):
-    strict = Workflow(
-        "strict",
-        (StepDefinition("charge", "payment", "charge", timedelta(seconds=5), undo="refund"),),
-        on_failure="error",
-    )
-    monkeypatch.setitem(WORKFLOWS, "strict", strict)
+def test_an_error_reply_in_a_workflow_without_compensation_alerts_exactly_once(parts):
+    assert STRICT.on_failure == "error" and STRICT.steps[0].name == "reserve"
     store, transport, clock = parts
-    instance(store, transport, ROUTES, clock).submit(
-        submitted().model_copy(update={"workflow": "strict"})
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(
+        submitted().model_copy(update={"workflow": STRICT.name})
     )
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     refusal = StepReply(
-        order_id="o1", step="charge", step_index=0, attempt=1, outcome="error", error="declined"
+        order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="declined"
     )
     assert scheduler.on_reply(refusal) is ReplyOutcome.FINISHED
     assert scheduler.on_reply(refusal) is ReplyOutcome.STALE
@@ -260,16 +256,16 @@ def test_a_claimed_steps_deadline_covers_the_wait_in_its_agents_lane(parts):
     from sas.services.consequences import QUEUE_ALLOWANCE_BUDGETS
 
     store, transport, clock = parts
-    budget = ORDER_WORKFLOW.steps[0].budget
+    budget = SHOP.steps[0].budget
     transport.waiting_since["agent-inventory"] = clock.now() - timedelta(seconds=40)
-    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+    instance(store, transport, ROUTES, clock, REGISTRY, backlog=Backlog(transport, clock)).submit(
         submitted("q1")
     )
     state = store.get_state("q1")
     assert state is not None
     assert state.value.complete_by == clock.now() + budget + timedelta(seconds=40)
     transport.waiting_since["agent-inventory"] = clock.now() - timedelta(hours=1)
-    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+    instance(store, transport, ROUTES, clock, REGISTRY, backlog=Backlog(transport, clock)).submit(
         submitted("q2")
     )
     capped = store.get_state("q2")
@@ -277,7 +273,7 @@ def test_a_claimed_steps_deadline_covers_the_wait_in_its_agents_lane(parts):
     assert capped.value.complete_by == clock.now() + budget * (1 + QUEUE_ALLOWANCE_BUDGETS)
     # Without a backlog (or without the option) the deadline is the budget alone.
     transport.waiting_since.clear()
-    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+    instance(store, transport, ROUTES, clock, REGISTRY, backlog=Backlog(transport, clock)).submit(
         submitted("q3")
     )
     plain = store.get_state("q3")
@@ -288,10 +284,10 @@ def test_a_claimed_steps_deadline_also_covers_the_wait_its_reply_can_expect(part
     """A reply that waits in a backlogged replies lane past its step's deadline would have the
     step expired and run again: the deadline covers that lane's expected wait too."""
     store, transport, clock = parts
-    budget = ORDER_WORKFLOW.steps[0].budget
+    budget = SHOP.steps[0].budget
     transport.waiting_since["agent-inventory"] = clock.now() - timedelta(seconds=10)
     transport.waiting_since["replies"] = clock.now() - timedelta(seconds=25)
-    instance(store, transport, ROUTES, clock, backlog=Backlog(transport, clock)).submit(
+    instance(store, transport, ROUTES, clock, REGISTRY, backlog=Backlog(transport, clock)).submit(
         submitted("r1")
     )
     state = store.get_state("r1")

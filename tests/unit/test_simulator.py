@@ -15,9 +15,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from sas.testing import FakeClock
 from sas_local.simulator import FaultConfig, create_app
 from sas_local.simulator.__main__ import build_parser, faults_from_args
-from tests.fakes import FakeClock
 
 pytestmark = pytest.mark.unit
 

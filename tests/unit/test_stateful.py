@@ -56,27 +56,33 @@ from sas.domain.model import (
 from sas.domain.parked import ParkedMessage
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import alert_message_id
-from sas.domain.workflow import Workflow
-from sas.services.context import ALERT_LEASE, Agents
+from sas.services.context import ALERT_LEASE
 from sas.services.operator import Operator
 from sas.services.ports import StateStore
-from tests.fakes import FakeClock, InMemoryStore
-from tests.harness import BUDGET, ROUTES, Bus, Envelope, LedgerRemote
-from tests.instances import TEST_WORKFLOWS, WORKFLOWS, AgentOf, Instance, instance
-from workflows.order import ORDER_WORKFLOW, OrderDetails, OrderLine
+from sas.testing import (
+    Call,
+    FakeClock,
+    InMemoryQueues,
+    InMemoryRemote,
+    InMemoryStore,
+    Instance,
+    Outcome,
+    Sent,
+    fault,
+    instance,
+    ok,
+    refuse,
+    too_slow,
+)
+from tests.harness import BUDGET, ROUTES
+from tests.workflows import REGISTRY, SHOP, STRICT, Basket, Line
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 StoreFactory = Callable[[], tuple[StateStore, Callable[[], None]]]
 
-STRICT = Workflow(
-    "strict",
-    ORDER_WORKFLOW.steps[:2],
-    pickup_budget=ORDER_WORKFLOW.pickup_budget,
-    on_failure="error",
-)
-"""Stops in Error for an operator where the order workflow compensates."""
-WORKFLOW_OF = {"o1": ORDER_WORKFLOW, "o2": ORDER_WORKFLOW, "o3": STRICT}
+WORKFLOW_OF = {"o1": SHOP, "o2": SHOP, "o3": STRICT}
+"""STRICT stops in Error for an operator where SHOP compensates."""
 ORDER_IDS = tuple(WORKFLOW_OF)
 WORK_QUEUES = ("orders", "scheduler", *ROUTES.agents.values(), "replies")
 """Queues someone consumes, in pipeline order (alerts and status queues are only recorded)."""
@@ -88,10 +94,8 @@ MAX_FAILURES = 2
 """Low, so that runs reach the threshold (compensation, Error) often."""
 REPLY_KINDS = frozenset({"completed", "undone", "refused"})
 LIVE_STATES = frozenset({ProcessState.PENDING, ProcessState.PROCESSING, ProcessState.COMPENSATING})
-REMOTE_ACTIONS = sorted(
-    {(s.agent, s.action) for s in ORDER_WORKFLOW.steps}
-    | {(s.agent, s.undo) for s in ORDER_WORKFLOW.steps if s.undo is not None}
-)
+DO_ACTIONS = frozenset((s.agent, s.action) for s in SHOP.steps)
+REMOTE_ACTIONS = sorted(DO_ACTIONS | {(s.agent, s.undo) for s in SHOP.steps if s.undo is not None})
 TRANSIT_DELAYS = (timedelta(seconds=BUDGET + 5), timedelta(seconds=3 * BUDGET))
 """How long a message held up in transit takes: past the deadline it answers, or long enough
 for its step to be expired and claimed again meanwhile."""
@@ -139,11 +143,11 @@ def order_message(order_id: str, variant: str) -> OrderSubmitted:
     return OrderSubmitted(
         order_id=order_id,
         workflow=WORKFLOW_OF[order_id].name,
-        details=OrderDetails(
+        details=Basket(
             customer_id="c1",
             currency="EUR",
             address="1 Main St" if variant == "a" else "2 Other St",
-            lines=[OrderLine(sku="s1", quantity=1, unit_price_cents=100)],
+            lines=[Line(sku="s1", quantity=1, unit_price_cents=100)],
         ).model_dump(mode="json"),
         reply_to="status-a" if variant == "a" else None,
     )
@@ -220,7 +224,7 @@ class AuditingStore:
     def _refused_by_the_reply_rule(self, previous: OrderState, entry: HistoryEntry) -> str:
         """Why the reply rule refuses ``entry`` on ``previous`` ("" if it applies), restated
         here apart from the product's ``fence``."""
-        waiting_on = TEST_WORKFLOWS.named(previous.workflow).step(previous.step_index).name
+        waiting_on = REGISTRY.named(previous.workflow).step(previous.step_index).name
         if previous.is_terminal or (waiting_on, previous.mode) != (entry.step, entry.mode):
             return "the order does not wait on that step and direction"
         if (entry.order_id, entry.step, entry.mode, entry.attempt) not in self.claimed:
@@ -318,8 +322,8 @@ class InterleavingStore(AuditingStore):
 # --- the bus and the remote service ----------------------------------------------------------
 
 
-class CrashingBus(Bus):
-    """The harness bus, counting the sends that failed (``fail_next_send_to``)."""
+class CrashingBus(InMemoryQueues):
+    """sas.testing's queues, counting the sends that failed (``fail_next_send_to``)."""
 
     def __init__(self, clock: FakeClock) -> None:
         super().__init__(clock)
@@ -346,16 +350,30 @@ class CrashingBus(Bus):
             self.crashes += 1
             raise
 
+    def due(self, queue: str) -> list[Sent]:
+        """The messages of ``queue`` visible now, in due order."""
+        return [s for s in self.pending(queue) if s.due <= self.clock.now()]
+
+    def take_one(self, queue: str, sent: Sent) -> None:
+        """Take ``sent`` (due) off ``queue``, the queue's other due messages left in order."""
+        others = [s for s in self.due(queue) if s != sent]
+        self.take(queue)
+        for other in others:
+            self.put_back(other, timedelta(0))
+
 
 @dataclass
-class ConsistentRemote(LedgerRemote):
-    """The harness's ledger remote, made consistent per idempotency key as a real idempotent
-    API is: the first final answer for a key (its result, or a permanent refusal) is replayed
-    for every later call with that key. Also notes any do applied after its undo (I4)."""
+class ConsistentRemote(InMemoryRemote):
+    """sas.testing's remote, made consistent per idempotency key as a real idempotent API is:
+    the first final answer for a key (its result, or a permanent refusal) is replayed for
+    every later call with that key, whatever is planned for the call (a transient fault
+    still comes first). Also notes any do applied after its undo (I4).
 
-    answered: dict[tuple[str, str, str], dict[str, Any] | PermanentRemoteError] = field(
-        default_factory=dict
-    )
+    ``plan[(agent, action)]`` is consumed call by call (once empty: ok), each outcome scripted
+    on the remote for that one call only, after the rule above."""
+
+    plan: dict[tuple[str, str], list[Outcome]] = field(default_factory=dict)
+    refusals: dict[str, PermanentRemoteError] = field(default_factory=dict)
     undo_asked: set[tuple[str, str, str]] = field(default_factory=set)
     violations: list[str] = field(default_factory=list)
 
@@ -368,35 +386,41 @@ class ConsistentRemote(LedgerRemote):
         payload: dict[str, Any],
         timeout: float,
     ) -> dict[str, Any]:
-        self.calls.append((agent, action, idempotency_key))
-        behaviour = self.script.get((agent, action), [])
-        outcome = behaviour.pop(0) if behaviour else "ok"
-        if isinstance(outcome, TransientRemoteError):
-            raise outcome
-        key = (agent, action, idempotency_key)
-        first = self.answered.get(key)
-        if first is None:
-            if isinstance(outcome, PermanentRemoteError):
-                self.answered[key] = outcome
-                raise outcome
-            if "original_key" in payload:
-                self.undo_asked.add((agent, payload["original_action"], payload["original_key"]))
-            elif key in self.undo_asked:
-                self.violations.append(f"I4: {key} applied after its undo")
-            first = self.answered[key] = self._apply(agent, action, idempotency_key, payload)
-        if isinstance(first, PermanentRemoteError):
-            raise first
-        if outcome == "slow":
-            self.clock.advance(self.slow_seconds)
-        return first
+        key = idempotency_key
+        planned = self.plan.get((agent, action))
+        outcome = planned.pop(0) if planned else ok()
+        if not isinstance(outcome.error, TransientRemoteError):  # that comes before any answer
+            refused = self.refusals.get(key)
+            if refused is not None:
+                self.calls.append(Call(agent, action, key, dict(payload), timeout))
+                raise refused
+            if key in self.effects:  # applied before: the first result, whatever was planned
+                outcome = ok() if outcome.error is not None else outcome
+            elif outcome.error is None:  # applied now
+                if "original_key" in payload:
+                    self.undo_asked.add(
+                        (agent, payload["original_action"], payload["original_key"])
+                    )
+                elif (agent, action, key) in self.undo_asked:
+                    self.violations.append(f"I4: {(agent, action, key)} applied after its undo")
+        self.script(agent, action, outcome)
+        try:
+            return super().perform(
+                agent, action, idempotency_key=key, payload=payload, timeout=timeout
+            )
+        except PermanentRemoteError as refusal:  # the key's first final answer
+            self.refusals[key] = refusal
+            raise
 
 
-def scripted(outcome: str) -> Any:
+def scripted(outcome: str) -> Outcome:
     if outcome == "transient":
-        return TransientRemoteError("HTTP 503")
+        return fault("HTTP 503")
     if outcome == "permanent":
-        return PermanentRemoteError("HTTP 422 refused")
-    return outcome  # "ok" or "slow" (applied, answered past the deadline)
+        return refuse("HTTP 422 refused")
+    if outcome == "slow":  # applied, answered past the deadline
+        return too_slow(60)
+    return ok()
 
 
 @dataclass
@@ -419,7 +443,6 @@ class SasMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         base, self._close = type(self).store_factory()
-        WORKFLOWS[STRICT.name] = STRICT  # removed again at teardown
         self.clock = FakeClock()
         self.clocks = {role: RoleClock(self.clock) for role in ROLES}
         self.bus = CrashingBus(self.clock)
@@ -429,7 +452,7 @@ class SasMachine(RuleBasedStateMachine):
             max_failures=MAX_FAILURES, base_backoff=timedelta(seconds=2), clock_skew=ALLOWANCE
         )
         self.submission = instance(
-            self.store, self.bus, ROUTES, self.clocks["submission"], "submission",
+            self.store, self.bus, ROUTES, self.clocks["submission"], REGISTRY, "submission",
             policy=self.policy,
         )  # fmt: skip
         self.schedulers = [
@@ -444,13 +467,8 @@ class SasMachine(RuleBasedStateMachine):
             self.submission.named("operator", clock=self.clocks["operator"]).ctx
         )
         self.agents = {
-            name: AgentOf(
-                name,
-                self.submission.named(
-                    name,
-                    clock=self.clocks[name],
-                    agents=Agents(remote=self.remote, sleep=self.clock.sleep),
-                ),
+            name: self.submission.named(name, clock=self.clocks[name]).with_remote(
+                self.remote, sleep=self.clock.sleep
             )
             for name in ROUTES.agents
         }
@@ -462,7 +480,9 @@ class SasMachine(RuleBasedStateMachine):
         """The fingerprint of the submission that created each order."""
 
     def _supervisor(self, name: str, store: StateStore) -> Instance:
-        return instance(store, self.bus, ROUTES, self.clocks[name], name, policy=self.policy)
+        return instance(
+            store, self.bus, ROUTES, self.clocks[name], REGISTRY, name, policy=self.policy
+        )
 
     @property
     def clocks_within_the_allowance(self) -> bool:
@@ -472,16 +492,12 @@ class SasMachine(RuleBasedStateMachine):
 
     # --- messages ----------------------------------------------------------------------
 
-    def _due(self, queue: str) -> list[Envelope]:
-        now = self.clock.now()
-        return [e for e in self.bus.queues[queue] if e.due <= now]
-
     def _busy_queues(self) -> list[str]:
-        return [q for q in WORK_QUEUES if self._due(q)]
+        return [q for q in WORK_QUEUES if self.bus.due(q)]
 
-    def _consume(self, queue: str, envelope: Envelope, scheduler: int) -> None:
+    def _consume(self, queue: str, sent: Sent, scheduler: int) -> None:
         self.clock.advance(0.001)  # time passes between deliveries
-        message = envelope.message
+        message = sent.message
         try:
             if isinstance(message, OrderSubmitted):
                 self._submit(message)
@@ -490,13 +506,13 @@ class SasMachine(RuleBasedStateMachine):
             elif isinstance(message, StepReply):
                 self.schedulers[scheduler % len(SCHEDULERS)].on_reply(message)
             elif isinstance(message, StepRequest):
-                self.agents[AGENT_OF_QUEUE[queue]].handle(message)
+                agent = AGENT_OF_QUEUE[queue]
+                self.agents[agent].run_step(agent, message)
             else:
                 raise AssertionError(f"nobody consumes {type(message).__name__} on {queue}")
         except ConnectionError:
             # The consumer crashed on a send: the function failed, the host redelivers.
-            due = self.clock.now() + REDELIVERY_DELAY
-            self.bus.queues[queue].append(Envelope(message, envelope.message_id, due))
+            self.bus.put_back(sent, REDELIVERY_DELAY)
 
     def _submit(self, message: OrderSubmitted) -> None:
         order_id = message.order_id
@@ -543,28 +559,28 @@ class SasMachine(RuleBasedStateMachine):
         for kind, which, pick, scheduler in moves:
             if kind in ("replay", "late"):  # "late": a reply, after its step may have moved on
                 sent = [
-                    (q, e)
-                    for q, e in self.bus.sent
-                    if q in WORK_QUEUES and (kind == "replay" or isinstance(e.message, StepReply))
+                    s
+                    for s in self.bus.sent
+                    if s.queue in WORK_QUEUES
+                    and (kind == "replay" or isinstance(s.message, StepReply))
                 ]
                 if sent:
-                    queue, envelope = sent[-1 - (which * 8 + pick) % len(sent)]
-                    self._consume(queue, envelope, scheduler)
+                    again = sent[-1 - (which * 8 + pick) % len(sent)]
+                    self._consume(again.queue, again, scheduler)
                 continue
             busy = self._busy_queues()
             if not busy:
                 return
             queue = busy[which % len(busy)]
-            due = self._due(queue)
-            envelope = due[pick % len(due)]
-            if kind == "delay":  # slow in transit: due after the deadline it answers
-                envelope.due = self.clock.now() + TRANSIT_DELAYS[scheduler % 2]
-                continue
+            due = self.bus.due(queue)
+            chosen = due[pick % len(due)]
             if kind != "copy":
-                self.bus.queues[queue].remove(envelope)
-            if kind != "drop":
+                self.bus.take_one(queue, chosen)
+            if kind == "delay":  # slow in transit: due after the deadline it answers
+                self.bus.put_back(chosen, TRANSIT_DELAYS[scheduler % 2])
+            elif kind != "drop":
                 for n in range(2 if kind == "twice" else 1):
-                    self._consume(queue, envelope, scheduler + n)
+                    self._consume(queue, chosen, scheduler + n)
 
     @rule(fault=FAULTS)
     def trouble(self, fault: tuple[str, Any, str, int]) -> None:
@@ -578,9 +594,7 @@ class SasMachine(RuleBasedStateMachine):
         elif kind == "crash":
             self.bus.fail_next_send_to.add(target)
         else:
-            self.remote.script.setdefault(target, []).extend(
-                scripted(outcome) for _ in range(times)
-            )
+            self.remote.plan.setdefault(target, []).extend(scripted(outcome) for _ in range(times))
 
     @rule(
         seconds=st.one_of(
@@ -682,7 +696,11 @@ class SasMachine(RuleBasedStateMachine):
         if state.process_state is ProcessState.ERROR:
             assert state.finished_at is not None
             self.episodes.setdefault(order_id, set()).add((state.attempt, state.finished_at))
-        applied = self.remote.applied(order_id)
+        applied = {  # the order's effects (its undos are effects too: not counted here)
+            action: undone
+            for action, undone in self.remote.applied(order_id).items()
+            if action in DO_ACTIONS
+        }
         if state.process_state is ProcessState.PROCESSED:
             steps = WORKFLOW_OF[order_id].steps
             assert applied == {(s.agent, s.action): False for s in steps}, applied
@@ -698,16 +716,18 @@ class SasMachine(RuleBasedStateMachine):
 
     def _check_effects(self) -> None:
         """I4: one effect per (order, action), and idempotency keys never shared."""
-        keys = [key for (_, _, key) in self.remote.effects]
-        assert len(keys) == len(set(keys)), keys
+        actions_of_key: dict[str, set[tuple[str, str]]] = {}
+        for call in self.remote.calls:
+            actions_of_key.setdefault(call.key, set()).add((call.agent, call.action))
+        assert all(len(actions) == 1 for actions in actions_of_key.values()), actions_of_key
         per_step = Counter(
-            (effect["order_id"], agent, action)
-            for (agent, action, _), effect in self.remote.effects.items()
+            (effect.order_id, effect.agent, effect.action)
+            for effect in self.remote.effects.values()
         )
         assert all(n == 1 for n in per_step.values()), per_step
 
     def _check_alerts(self) -> None:
-        alerts = [m for m in self.bus.all_sent(ROUTES.alerts) if isinstance(m, OperatorAlert)]
+        alerts = [m for m in self.bus.to(ROUTES.alerts) if isinstance(m, OperatorAlert)]
         copies = Counter((alert.order_id, alert.alert_id) for alert in alerts)
         for (order_id, alert_id), count in copies.items():
             episodes = {
@@ -737,11 +757,10 @@ class SasMachine(RuleBasedStateMachine):
                 self._drain()
                 self._check_final()
         finally:
-            WORKFLOWS.pop(STRICT.name, None)
             self._close()
 
     def _drain(self, rounds: int = 120) -> None:
-        self.remote.script.clear()
+        self.remote.plan.clear()
         self.bus.fail_next_send_to.clear()
         for _ in range(rounds):
             self._deliver_everything_due()
@@ -757,13 +776,14 @@ class SasMachine(RuleBasedStateMachine):
             if not busy:
                 return
             for queue in busy:
-                for envelope in self._due(queue):
-                    self.bus.queues[queue].remove(envelope)
-                    self._consume(queue, envelope, 0)
+                due = self.bus.due(queue)
+                self.bus.take(queue)
+                for sent in due:
+                    self._consume(queue, sent, 0)
         raise AssertionError("the bus did not settle")
 
     def _settled(self) -> bool:
-        if any(self.bus.queues[q] for q in WORK_QUEUES):
+        if any(self.bus.pending(q) for q in WORK_QUEUES):
             return False
         states = [self.store.get_state(o) for o in ORDER_IDS]
         return all(s is None or (s.value.is_terminal and not s.value.alert_pending) for s in states)
@@ -773,9 +793,7 @@ class SasMachine(RuleBasedStateMachine):
         for kind in sorted({h.kind for h in self.store.history}):
             event(f"history {kind}")
         now = self.clock.now()
-        alert_ids = {
-            m.alert_id for m in self.bus.all_sent(ROUTES.alerts) if isinstance(m, OperatorAlert)
-        }
+        alert_ids = {m.alert_id for m in self.bus.to(ROUTES.alerts) if isinstance(m, OperatorAlert)}
         for order_id in ORDER_IDS:
             found = self.store.get_state(order_id)
             order = self.store.get_order(order_id)
@@ -796,8 +814,11 @@ class SasMachine(RuleBasedStateMachine):
 
 
 TestSasMachine = SasMachine.TestCase
+_profile = settings.default
+assert _profile is not None  # the profile loaded (tests/conftest.py registers `make fast`'s)
 TestSasMachine.settings = settings(
-    max_examples=200,
+    # 200 in a full run (Hypothesis' default profile: 100); fewer under `make fast`'s profile.
+    max_examples=2 * _profile.max_examples,
     stateful_step_count=40,
     deadline=None,
     database=None,

@@ -13,9 +13,9 @@ from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted, ScheduleRequest, StepRequest
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.workflow import StepDefinition, Workflow
-from tests.fakes import FakeClock, InMemoryStore, RecordingTransport
-from tests.instances import WORKFLOWS, instance
+from sas.testing import FakeClock, InMemoryQueues, InMemoryStore, instance
 from tests.unit.test_services import ROUTES, ok_reply, run_to_completion, submitted
+from tests.workflows import REGISTRY, registry
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -26,14 +26,17 @@ def state_of(store: InMemoryStore) -> OrderState:
     return found.value
 
 
-def requests(transport: RecordingTransport) -> dict[str, StepRequest]:
+def requests(transport: InMemoryQueues) -> dict[str, StepRequest]:
     return {s.message.step: s.message for s in transport.sent if isinstance(s.message, StepRequest)}
 
 
 def test_ship_is_sent_the_reservation_that_reserve_returned():
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    run_to_completion(store, transport, clock, instance(store, transport, ROUTES, clock, "s1"))
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
+    run_to_completion(
+        store, transport, clock, instance(store, transport, ROUTES, clock, REGISTRY, "s1")
+    )
     sent = requests(transport)
     assert sent["ship"].payload["reservation"] == {"ref": "reserve"}  # reserve's result
     assert "reservation" not in sent["charge"].payload
@@ -44,9 +47,7 @@ def test_ship_is_sent_the_reservation_that_reserve_returned():
                              "ship": {"ref": "ship"}}  # fmt: skip
 
 
-def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(
-    monkeypatch, caplog
-):
+def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(caplog):
     calls: list[int] = []
 
     def flaky(order: Any, results: Any) -> dict[str, Any]:
@@ -57,9 +58,10 @@ def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(
 
     first = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
     then = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=flaky)
-    monkeypatch.setitem(WORKFLOWS, "flaky", Workflow("flaky", (first, then)))
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    app = instance(store, transport, ROUTES, clock)
+    workflows = registry(Workflow("flaky", (first, then)))
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    app = instance(store, transport, ROUTES, clock, workflows)
     app.submit(submitted().model_copy(update={"workflow": "flaky"}))
     with caplog.at_level(logging.ERROR):
         app.on_reply(ok_reply(requests(transport)["go"]))
@@ -76,20 +78,21 @@ def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(
     assert state_of(store).process_state is ProcessState.PROCESSED
 
 
-def test_details_that_do_not_build_the_first_step_are_refused_before_any_write(monkeypatch):
+def test_details_that_do_not_build_the_first_step_are_refused_before_any_write():
     def needs_name(order: Any, results: Any) -> dict[str, Any]:
         return {"name": order["name"]}
 
     step = StepDefinition("go", "payment", "charge", timedelta(seconds=5), input=needs_name)
-    monkeypatch.setitem(WORKFLOWS, "named", Workflow("named", (step,)))
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    workflows = registry(Workflow("named", (step,)))
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
     order = OrderSubmitted(order_id="o1", workflow="named", details={"other": 1})
     with pytest.raises(InvalidMessage, match=r"do not build the first step's input \(KeyError\)"):
-        instance(store, transport, ROUTES, clock).submit(order)
+        instance(store, transport, ROUTES, clock, workflows).submit(order)
     assert store.states == {} and transport.sent == []
 
 
-def test_an_undo_gets_the_details_never_the_builders_data(monkeypatch):
+def test_an_undo_gets_the_details_never_the_builders_data():
     def broken_later(order: Any, results: Any) -> dict[str, Any]:
         return {"ref": results["go"]["missing"]}  # fails once go has run
 
@@ -112,20 +115,22 @@ def test_the_order_id_always_travels_and_cannot_be_overridden_by_the_data():
 
 
 def test_an_order_submitted_with_other_details_is_refused_by_the_workflows_input():
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
     order = OrderSubmitted(order_id="o1", details={"customer_id": "c1"})
     with pytest.raises(InvalidMessage, match="invalid details"):
-        instance(store, transport, ROUTES, clock).submit(order)
+        instance(store, transport, ROUTES, clock, REGISTRY).submit(order)
     assert store.get_state("o1") is None and transport.sent == []
 
 
-def test_details_too_large_to_keep_are_refused(monkeypatch):
+def test_details_too_large_to_keep_are_refused():
     step = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
-    monkeypatch.setitem(WORKFLOWS, "free", Workflow("free", (step,)))  # no input schema
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    workflows = registry(Workflow("free", (step,)))  # no input schema
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
     order = OrderSubmitted(order_id="o1", workflow="free", details={"text": "ж" * 8000})
     with pytest.raises(InvalidMessage, match="details too large to keep"):
-        instance(store, transport, ROUTES, clock).submit(order)
+        instance(store, transport, ROUTES, clock, workflows).submit(order)
     assert store.states == {}
 
 
@@ -147,7 +152,7 @@ def test_details_no_json_document_can_carry_are_refused(details):
         Workflow("free", (step,)).parse_input(details)
 
 
-def test_a_builder_that_always_fails_never_stops_the_compensation(monkeypatch):
+def test_a_builder_that_always_fails_never_stops_the_compensation():
     def broken(order: Any, results: Any) -> dict[str, Any]:
         raise KeyError("never builds")
 
@@ -156,9 +161,10 @@ def test_a_builder_that_always_fails_never_stops_the_compensation(monkeypatch):
         "then", "payment", "charge", timedelta(seconds=5), undo="refund", input=broken,
         max_failures=1,
     )  # fmt: skip
-    monkeypatch.setitem(WORKFLOWS, "broken", Workflow("broken", (first, then)))
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    app = instance(store, transport, ROUTES, clock)
+    workflows = registry(Workflow("broken", (first, then)))
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    app = instance(store, transport, ROUTES, clock, workflows)
     app.submit(submitted().model_copy(update={"workflow": "broken"}))
     app.on_reply(ok_reply(requests(transport)["go"]))
     clock.advance(6)

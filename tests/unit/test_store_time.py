@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from sas.services.store_time import ClockOffset, StoreClock
-from tests.fakes import FakeClock
+from sas.testing import FakeClock
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 

@@ -18,15 +18,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 
 from sas.adapters.telemetry_setup import aad_client_id
-from sas.domain.errors import PermanentRemoteError
 from sas.domain.messages import ScheduleRequest, StepReply, StepRequest, decode, encode
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.recovery import RetryPolicy
 from sas.services import alerts, metrics, telemetry
 from sas.services.gauges import QueueGauges
-from tests.fakes import FakeClock, InMemoryStore, RecordingTransport, ScriptedRemote
-from tests.instances import agent_runner, instance
+from sas.testing import FakeClock, InMemoryQueues, InMemoryRemote, InMemoryStore, instance, refuse
 from tests.unit.test_services import ROUTES, submitted
+from tests.workflows import REGISTRY
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -106,8 +105,9 @@ def test_service_bus_properties_are_read_when_the_envelope_has_none():
 
 
 def test_a_submission_starts_the_orders_trace_and_stores_it(spans):
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    instance(store, transport, ROUTES, clock).submit(submitted())
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
     [submit] = [s for s in spans.get_finished_spans() if s.name == telemetry.SUBMIT]
     assert submit.parent is None
     assert submit.attributes == {
@@ -120,19 +120,23 @@ def test_a_submission_starts_the_orders_trace_and_stores_it(spans):
 
 
 def test_a_submission_continues_the_submitters_trace(spans):
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
     with telemetry.continued({"traceparent": TRACEPARENT}):
-        instance(store, transport, ROUTES, clock).submit(submitted())
+        instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
     [submit] = [s for s in spans.get_finished_spans() if s.name == telemetry.SUBMIT]
     assert f"{submit.context.trace_id:032x}" == "4bf92f3577b34da6a3ce929d0e0e4736"
     assert submit.parent is not None and submit.parent.span_id == 0x00F067AA0BA902B7
 
 
 def test_a_schedule_request_without_context_joins_the_stored_trace(spans):
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    instance(store, transport, ROUTES, clock).submit(submitted())
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
     state = state_of(store)
-    instance(store, transport, ROUTES, clock, "s1").schedule(ScheduleRequest(order_id="o1"))
+    instance(store, transport, ROUTES, clock, REGISTRY, "s1").schedule(
+        ScheduleRequest(order_id="o1")
+    )
     [schedule] = [s for s in spans.get_finished_spans() if s.name == telemetry.SCHEDULE]
     assert f"{schedule.context.trace_id:032x}" == telemetry.trace_id_of(state.traceparent)
     assert schedule.attributes is not None
@@ -140,12 +144,13 @@ def test_a_schedule_request_without_context_joins_the_stored_trace(spans):
 
 
 def test_supervisor_recovery_joins_the_trace_and_counts(spans, reader):
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    instance(store, transport, ROUTES, clock).submit(submitted())
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
     trace_id = telemetry.trace_id_of(state_of(store).traceparent)
     clock.advance(120)  # the first step's deadline has passed
     policy = RetryPolicy(max_failures=3)
-    instance(store, transport, ROUTES, clock, "sup", policy=policy).sweep()
+    instance(store, transport, ROUTES, clock, REGISTRY, "sup", policy=policy).sweep()
     [recover] = [s for s in spans.get_finished_spans() if s.name == telemetry.RECOVER]
     assert f"{recover.context.trace_id:032x}" == trace_id
     assert recover.attributes is not None
@@ -161,19 +166,21 @@ def test_supervisor_recovery_joins_the_trace_and_counts(spans, reader):
 
 
 def test_a_refused_step_is_a_failed_agent_span_and_the_order_is_compensated(spans, reader):
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    instance(store, transport, ROUTES, clock).submit(submitted())
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
     [request] = [m for m in transport.to("agent-inventory") if isinstance(m, StepRequest)]
-    remote = ScriptedRemote([PermanentRemoteError("out of stock")])
-    agent = agent_runner("inventory", remote, transport, ROUTES, clock, sleep=clock.sleep)
-    agent.handle(request)
+    remote = InMemoryRemote(clock)
+    remote.script("inventory", "reserve", refuse("out of stock"))
+    agent = instance(InMemoryStore(), transport, ROUTES, clock, REGISTRY, "agent-inventory")
+    agent.with_remote(remote, sleep=clock.sleep).run_step("inventory", request)
     [agent_span] = [s for s in spans.get_finished_spans() if s.name == telemetry.AGENT]
     assert agent_span.status.status_code.name == "ERROR"
     [call] = [s for s in spans.get_finished_spans() if s.name == telemetry.REMOTE_CALL]
     assert call.parent is not None and call.parent.span_id == agent_span.context.span_id
     assert call.events and call.events[0].name == "exception"
     [reply] = [m for m in transport.to("replies") if isinstance(m, StepReply)]
-    instance(store, transport, ROUTES, clock, "s1").on_reply(reply)
+    instance(store, transport, ROUTES, clock, REGISTRY, "s1").on_reply(reply)
     assert state_of(store).process_state is ProcessState.COMPENSATED
     names = [s.name for s in spans.get_finished_spans()]
     assert names.count(telemetry.REPLY) == 1
@@ -185,9 +192,10 @@ def test_a_refused_step_is_a_failed_agent_span_and_the_order_is_compensated(span
 
 
 def test_compensation_and_alerts_are_counted(reader):
-    store, transport, clock = InMemoryStore(), RecordingTransport(), FakeClock()
-    instance(store, transport, ROUTES, clock).submit(submitted())
-    scheduler = instance(store, transport, ROUTES, clock, "s1")
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
+    scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     first = transport.to("agent-inventory")[0]
     assert isinstance(first, StepRequest)
     done = StepReply(

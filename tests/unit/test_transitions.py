@@ -22,12 +22,12 @@ from sas.domain.transitions import (
 )
 from sas.domain.wire import Mode
 from sas.domain.workflow import StepDefinition, Workflow
-from workflows.order import ORDER_WORKFLOW
+from tests.workflows import SHOP
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
-WF = ORDER_WORKFLOW
+WF = SHOP
 
 
 def test_initial_state_is_pending_unlocked_with_a_pickup_deadline():

@@ -159,3 +159,13 @@ def test_no_wire_rule_is_written_outside_its_home() -> None:
             if FORMATS_OUTSIDE_WIRE.search(line):
                 offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert offenders == []
+
+
+def test_a_status_id_too_long_for_service_bus_keeps_its_start_and_stays_unique():
+    at = datetime(2026, 11, 28, tzinfo=UTC)
+    one, other = ("A" * 64, "s" * 31), ("A" * 64, "s" * 30 + "t")
+    first = wire.status_message_id(one[0], "step_completed", one[1], at)
+    assert len(first) == wire.MAX_MESSAGE_ID and first.startswith(f"{'A' * 64}:status:")
+    assert first == wire.status_message_id(one[0], "step_completed", one[1], at)  # every sender
+    assert first != wire.status_message_id(other[0], "step_completed", other[1], at)
+    assert wire.status_message_id("o1", "completed", None, at).startswith("o1:status:completed:-:")

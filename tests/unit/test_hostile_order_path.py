@@ -1,5 +1,6 @@
-"""Hostile tests of the order path: the Submission's claim, the in-flight table with DueAt,
-and the Supervisor that lists only due markers.
+"""Hostile tests of the order path, in memory (the domain decides them; the store here has
+Table Storage's semantics): the Submission's claim, the in-flight index with its due times, and
+the Supervisor that lists only due markers.
 
 They pin ways an accepted order could leave the Supervisor's sight (I1: "visibly in flight:
 indexed in the in-flight table, due no later than its deadline"), a best-effort status send
@@ -10,20 +11,26 @@ from __future__ import annotations
 
 from collections import Counter
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
-from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.domain.recovery import RetryPolicy
 from sas.services.submission import SubmissionOutcome
-from tests.harness import BUDGET, ROUTES, World, live_table_of
-from tests.instances import Instance, instance
-from tests.integration.test_failure_modes import ALL_STEPS, assert_effects_once, order
+from sas.testing import Instance, instance
+from tests.harness import BUDGET, ROUTES, World
+from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once, order
 from tests.unit.test_services import submitted
+from tests.workflows import REGISTRY
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
 
 
 class AheadClock:
@@ -37,28 +44,30 @@ class AheadClock:
         return self._base.now() + self._offset
 
 
-class SweepBeforeTheInsertCommits(TableStateStore):
-    """The submission's insert is slow to commit (the SDK retrying a 503 ServerBusy on the
-    $batch POST, a paused worker): a Supervisor sweep runs between its index touch and the
-    moment its order + state rows exist."""
+class SweepBeforeTheInsertCommits:
+    """The world's store, whose submission insert is slow to commit (the SDK retrying a 503
+    ServerBusy on the $batch POST, a paused worker): a Supervisor sweep runs between its index
+    touch and the moment its order + state rows exist (everything else passes through)."""
 
-    def __init__(self, table, world: World, supervisor: Instance, stall: float) -> None:
-        super().__init__(table, live_table_of(table))
+    def __init__(self, inner: Any, world: World, supervisor: Instance, stall: float) -> None:
+        self.inner = inner
         self.world, self.supervisor, self.stall = world, supervisor, stall
         self.report: Counter[str] | None = None
 
     def create_order(self, order, state, history=None):
         self.world.clock.advance(self.stall)
         self.report = self.supervisor.sweep()
-        return super().create_order(order, state, history)
+        return self.inner.create_order(order, state, history)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def test_an_insert_committed_after_a_sweep_saw_no_order_is_still_supervised_by_its_deadline(
-    table,
+    world,
 ):
     """A sweep that finds a marker without an order (its insert not committed yet) must look
     again by the order's first deadline, not only after the orphan's 5-minute grace."""
-    world = World(table)
     skew = timedelta(seconds=10)  # SAS_CLOCK_SKEW_SECONDS at its maximum
     # A Supervisor whose clock is 8 s ahead (inside the allowance): an 8 s stall is enough.
     supervisor = instance(
@@ -66,11 +75,12 @@ def test_an_insert_committed_after_a_sweep_saw_no_order_is_still_supervised_by_i
         world.bus,
         ROUTES,
         AheadClock(world.clock, 8),
+        REGISTRY,
         "supervisor-ahead",
         policy=RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2), clock_skew=skew),
     )
-    slow = SweepBeforeTheInsertCommits(table, world, supervisor, stall=8)
-    outcome = instance(slow, world.bus, ROUTES, world.clock).submit(submitted("o1"))
+    slow = SweepBeforeTheInsertCommits(world.store, world, supervisor, stall=8)
+    outcome = instance(slow, world.bus, ROUTES, world.clock, REGISTRY).submit(submitted("o1"))
     assert outcome is SubmissionOutcome.ACCEPTED
     assert slow.report is not None and slow.report["orphan_waiting"] == 1
     state = world.state("o1")
@@ -92,7 +102,7 @@ def test_a_duplicate_during_a_retry_backoff_neither_claims_early_nor_counts_a_fa
     world.drop("agent-inventory")
     world.tick(BUDGET + 1)  # expired: Pending, backoff 2 s
     assert world.state(oid).process_state is ProcessState.PENDING
-    assert world.submission.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE
+    assert world.app.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE
     world.deliver("scheduler")  # the duplicate's request, early: NOT_YET, asks again later
     state = world.state(oid)
     assert (state.process_state, state.failure_count, state.attempt) == (
@@ -107,7 +117,7 @@ def test_a_duplicate_during_a_retry_backoff_neither_claims_early_nor_counts_a_fa
     final = world.state(oid)
     assert final.process_state is ProcessState.PROCESSED and final.failure_count == 0
     assert_effects_once(world, oid, *ALL_STEPS)
-    assert [e.message_id for q, e in world.bus.sent if q == "agent-inventory"] == [
+    assert [s.message_id for s in world.bus.sent if s.queue == "agent-inventory"] == [
         f"{oid}:reserve:1",
         f"{oid}:reserve:2",
     ]
@@ -121,7 +131,7 @@ def test_a_late_duplicate_of_a_finished_order_leaves_no_marker_after_one_sweep(w
     world.tick(BUDGET)
     assert world.store.list_live() == []
     sent = len(world.bus.sent)
-    assert world.submission.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE
+    assert world.app.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE
     assert [m.order_id for m in world.store.list_live()] == [oid]
     assert world.tick(0)["unindexed"] == 1
     assert world.store.list_live() == []
@@ -134,7 +144,7 @@ and 7 s read, backing off about 1 s and 3 s (``adapters.clients.bounded_queue_op
 "under about 36 s"), before Notifier logs it and gives up."""
 
 
-def test_a_slow_status_queue_never_spends_a_steps_budget(table):
+def test_a_slow_status_queue_never_spends_a_steps_budget(world):
     """A submitter that asked for every step's progress names a status queue that is slow
     (its partition moving, throttled). Best effort means it must not cost the order anything,
     but two status sends sit between a claim (which starts the step's deadline) and the
@@ -146,7 +156,6 @@ def test_a_slow_status_queue_never_spends_a_steps_budget(table):
 
     Only the time at which each request is *sent* is judged here: sends after the request
     (step_started) delay nobody, since the agent runs elsewhere."""
-    world = World(table)
     original = world.bus.send
 
     def send(queue, message, **kwargs):
@@ -155,15 +164,15 @@ def test_a_slow_status_queue_never_spends_a_steps_budget(table):
             raise TimeoutError("status queue did not answer")
         return original(queue, message, **kwargs)
 
-    world.bus.send = send  # type: ignore[method-assign]
+    world.bus.send = send
     world.submit(submitted("o1", status_events="steps"))
-    world.scheduler.on_reply(
+    world.app.on_reply(
         StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
     )
     left = {}
-    for queue, envelope in world.bus.sent:
-        if isinstance(envelope.message, StepRequest):
-            left[queue] = (envelope.message.complete_by - envelope.due).total_seconds()
+    for sent in world.bus.sent:
+        if isinstance(sent.message, StepRequest):
+            left[sent.queue] = (sent.message.complete_by - sent.due).total_seconds()
     assert set(left) == {"agent-inventory", "agent-payment"}
     assert all(seconds >= BUDGET - 1 for seconds in left.values()), (
         f"seconds of budget left when each request was sent: {left}"

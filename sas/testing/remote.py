@@ -1,0 +1,183 @@
+"""A remote service in memory that behaves as an idempotent provider does, and the outcomes a
+test scripts for its calls (``ok``, ``fault``, ``refuse``, ``too_slow``, ``crash_before_reply``).
+
+It plays every HTTP agent's service in ``Harness`` and in sas's own tests of the agents: an
+effect is applied once per idempotency key and a retry under the key gets the first result
+back; an undo (``original_key`` in its data) marks the effect it undoes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from sas.domain.errors import PermanentRemoteError, TransientRemoteError
+from sas.testing.memory import FakeClock
+
+
+class Call(NamedTuple):
+    """One call of an action, as the agent made it."""
+
+    agent: str
+    action: str
+    key: str
+    """The idempotency key."""
+    data: Mapping[str, Any]
+    timeout: float | None = None
+    """The HTTP call's timeout (None for a Python agent's action)."""
+
+
+class Crash(BaseException):
+    """The agent's process died mid-call: nothing after it runs, its message is not settled."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one call of an action does (see the module's functions that make them)."""
+
+    result: Mapping[str, Any] | None = None
+    error: Exception | None = None
+    seconds: float = 0.0
+    """How long the call takes, in fake time."""
+    crash: bool = False
+
+
+def ok(result: Mapping[str, Any] | None = None) -> Outcome:
+    """The effect is applied; the call returns ``result``."""
+    return Outcome(result=result or {})
+
+
+def fault(reason: str = "unavailable", retry_after: float | None = None) -> Outcome:
+    """A transient fault: nothing applied; the agent retries while the deadline allows."""
+    return Outcome(error=TransientRemoteError(reason, retry_after))
+
+
+def refuse(reason: str = "refused") -> Outcome:
+    """A refusal for good: nothing applied; the workflow compensates (or stops in Error)."""
+    return Outcome(error=PermanentRemoteError(reason))
+
+
+def too_slow(seconds: float, result: Mapping[str, Any] | None = None) -> Outcome:
+    """The effect is applied, but the call returns after ``seconds``: past the deadline, its
+    reply is never sent and the Supervisor retries the step."""
+    return Outcome(result=result or {}, seconds=seconds)
+
+
+def crash_before_reply(result: Mapping[str, Any] | None = None) -> Outcome:
+    """The effect is applied, then the agent's process dies before replying: its message comes
+    back after the visibility timeout."""
+    return Outcome(result=result or {}, crash=True)
+
+
+@dataclass
+class Effect:
+    """An effect the provider applied, under its idempotency key."""
+
+    agent: str
+    action: str
+    order_id: str | None
+    result: dict[str, Any]
+    undoes: str | None = None
+    """The idempotency key of the effect this one undid (None: not an undo)."""
+    undone_by: str | None = None
+
+
+@dataclass
+class InMemoryRemote:
+    """Every remote service: scripted outcomes first, else a success with an empty result."""
+
+    clock: FakeClock | None = None
+    """Advanced by a slow outcome's ``seconds`` (None: the outcome takes no time)."""
+    calls: list[Call] = field(default_factory=list)
+    effects: dict[str, Effect] = field(default_factory=dict)
+    """What was applied, by idempotency key."""
+    undo_order: list[tuple[str, str]] = field(default_factory=list)
+    """(agent, action) of each effect undone, in the order undone."""
+    _script: dict[tuple[str, str], list[Outcome]] = field(default_factory=lambda: defaultdict(list))
+
+    def script(self, agent: str, action: str, *outcomes: Outcome) -> None:
+        """The next calls of ``agent``'s ``action`` answer these, in order."""
+        self._script[(agent, action)].extend(outcomes)
+
+    def unused(self) -> dict[tuple[str, str], list[Outcome]]:
+        """Scripted outcomes no call took (a test may want none)."""
+        return {key: list(left) for key, left in self._script.items() if left}
+
+    def perform(
+        self,
+        agent: str,
+        action: str,
+        *,
+        idempotency_key: str,
+        payload: dict[str, Any],
+        timeout: float,
+    ) -> dict[str, Any]:
+        """An HTTP agent's call."""
+        self.calls.append(Call(agent, action, idempotency_key, dict(payload), timeout))
+        return self._answer(agent, action, idempotency_key, payload, dict)
+
+    def call(
+        self,
+        agent: str,
+        action: str,
+        key: str,
+        data: Mapping[str, Any],
+        action_itself: Callable[[], Any],
+    ) -> Any:
+        """A Python agent's call: a scripted outcome is applied as a provider would apply it;
+        else the action runs, and keeps (or not) its own record of what it did."""
+        self.calls.append(Call(agent, action, key, dict(data)))
+        script = self._script.get((agent, action))
+        if not script:
+            return action_itself()
+        return self._answer(agent, action, key, data, dict)
+
+    def applied(self, order_id: str) -> dict[tuple[str, str], bool]:
+        """(agent, action) -> undone?, for each effect (not an undo) applied for the order."""
+        return {
+            (e.agent, e.action): e.undone_by is not None
+            for e in self.effects.values()
+            if e.order_id == order_id and e.undoes is None
+        }
+
+    def _answer(
+        self,
+        agent: str,
+        action: str,
+        key: str,
+        data: Mapping[str, Any],
+        otherwise: Callable[[], dict[str, Any]],
+    ) -> dict[str, Any]:
+        script = self._script.get((agent, action))
+        outcome = script.pop(0) if script else None
+        if outcome is None:
+            return self._apply(agent, action, key, data, otherwise)
+        if outcome.error is not None:
+            raise outcome.error
+        result = self._apply(agent, action, key, data, lambda: dict(outcome.result or {}))
+        if self.clock is not None:
+            self.clock.advance(outcome.seconds)
+        if outcome.crash:
+            raise Crash
+        return result
+
+    def _apply(
+        self,
+        agent: str,
+        action: str,
+        key: str,
+        data: Mapping[str, Any],
+        result_of: Callable[[], dict[str, Any]],
+    ) -> dict[str, Any]:
+        if key in self.effects:  # applied before: the first result again, nothing new
+            return dict(self.effects[key].result)
+        result = dict(result_of())
+        undoes = data.get("original_key")
+        self.effects[key] = Effect(agent, action, data.get("order_id"), result, undoes)
+        original = self.effects.get(str(undoes))
+        if original is not None and original.undone_by is None:
+            original.undone_by = key
+            self.undo_order.append((original.agent, original.action))
+        return result
