@@ -7,14 +7,15 @@
     assert harness.state(order_id).process_state is ProcessState.COMPENSATED
 
 Its parts are the doubles sas's own tests use too: ``InMemoryStore``, ``InMemoryQueues`` (the
-transport), ``InMemoryRemote`` (every remote service, scripted), ``FakeClock``, and ``instance``
-(the handlers on one context). Not deployed with the app (``.funcignore``).
+transport), ``InMemoryRemote`` (every remote service, scripted), ``InMemoryLoads`` (endpoints'
+loads), ``FakeClock``, and ``instance`` (the handlers on one context). Not deployed with the app
+(``.funcignore``).
 """
 
 from sas.domain.model import ProcessState
 from sas.testing.harness import Harness, HarnessError
 from sas.testing.instance import Instance, instance
-from sas.testing.memory import FakeClock, InMemoryQueues, InMemoryStore, Sent
+from sas.testing.memory import FakeClock, InMemoryLoads, InMemoryQueues, InMemoryStore, Sent
 from sas.testing.remote import (
     Call,
     Crash,
@@ -33,6 +34,7 @@ __all__ = [
     "FakeClock",
     "Harness",
     "HarnessError",
+    "InMemoryLoads",
     "InMemoryQueues",
     "InMemoryRemote",
     "InMemoryStore",

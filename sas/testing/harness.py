@@ -158,7 +158,7 @@ class Harness:
     def effects(self) -> set[str]:
         """The idempotency keys whose effect a scripted or HTTP call applied (a provider
         applies one per key); a Python agent's own effects are its business."""
-        return set(self.remote.effects)
+        return {key for _, _, key in self.remote.effects}
 
     def state(self, order_id: str) -> OrderState:
         found = self.store.get_state(order_id)

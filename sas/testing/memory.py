@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from sas.domain.endpoints import EndpointLoad
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.messages import Message, decode, encode
 from sas.domain.model import (
@@ -61,6 +62,8 @@ class Sent:
     message_id: str = field(compare=False)
     correlation_id: str = field(compare=False)
     delay_seconds: float = field(compare=False)
+    sent_at: datetime = field(compare=False)
+    """When it was enqueued: a peek dates a message from then, as Storage Queues do."""
 
 
 class InMemoryQueues:
@@ -95,15 +98,18 @@ class InMemoryQueues:
         if queue in self.missing_queues:
             raise NotFound(queue)
         wire = decode(type(message), encode(message))  # what a consumer would read
-        due = self.clock.now() + timedelta(seconds=delay_seconds)
-        sent = Sent(due, next(self._seq), queue, wire, message_id, correlation_id, delay_seconds)
+        now = self.clock.now()
+        due = now + timedelta(seconds=delay_seconds)
+        sent = Sent(
+            due, next(self._seq), queue, wire, message_id, correlation_id, delay_seconds, now
+        )
         self.sent.append(sent)
         heapq.heappush(self._pending, sent)
 
     def waiting(self, queue: str) -> Waiting:
         """As a peek sees the queue: its visible messages, and any backlog a test declared."""
         self.peeks.append(queue)
-        visible = [s.due for s in self.pending(queue) if s.due <= self.clock.now()]
+        visible = [s.sent_at for s in self.pending(queue) if s.due <= self.clock.now()]
         if queue in self.waiting_since:
             visible.append(self.waiting_since[queue])
         return Waiting(min(visible, default=None), min(len(visible), Waiting.PEEK))
@@ -134,6 +140,26 @@ class InMemoryQueues:
         """``sent`` visible again ``after`` from now, as an unsettled message's lease expires."""
         again = replace(sent, due=self.clock.now() + after, seq=next(self._seq))
         heapq.heappush(self._pending, again)
+
+
+class InMemoryLoads:
+    """The LoadStore port in memory: one table of every process's last published counts,
+    shared by the routers (processes) given it."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple[str, str], EndpointLoad] = {}
+        self.published: list[dict[str, int]] = []
+        """What each publish said, in order."""
+        self.reads = 0
+
+    def publish(self, instance_id: str, counts: Mapping[str, int], at: datetime) -> None:
+        self.published.append(dict(counts))
+        for target, count in counts.items():
+            self.rows[(target, instance_id)] = EndpointLoad(target, instance_id, count, at)
+
+    def read(self) -> list[EndpointLoad]:
+        self.reads += 1
+        return list(self.rows.values())
 
 
 class InMemoryStore:
@@ -197,7 +223,9 @@ class InMemoryStore:
         self.history.append(entry)
 
     def get_history(self, order_id: str) -> list[HistoryEntry]:
-        return [h for h in self.history if h.order_id == order_id]
+        """In the table's order: by time, then attempt (its row keys), ties as written."""
+        found = [h for h in self.history if h.order_id == order_id]
+        return sorted(found, key=lambda h: (h.at, h.attempt))
 
     def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
         marker = LiveMarker(order_id, at, next(self._etags), due_at)

@@ -1,9 +1,11 @@
 """A remote service in memory that behaves as an idempotent provider does, and the outcomes a
 test scripts for its calls (``ok``, ``fault``, ``refuse``, ``too_slow``, ``crash_before_reply``).
 
-It plays every HTTP agent's service in ``Harness`` and in sas's own tests of the agents: an
-effect is applied once per idempotency key and a retry under the key gets the first result
-back; an undo (``original_key`` in its data) marks the effect it undoes.
+It plays every HTTP agent's service in ``Harness`` and in sas's own tests of the agents, by the
+rules the local simulator keeps (sas_local/simulator/books.py): an effect is applied once per
+(agent, action, idempotency key), and a retry under the key gets the first result back; an undo
+(``original_action`` and ``original_key`` in its data) marks the effect it names, and closes
+that key: a do arriving after its undo is refused and applies nothing.
 """
 
 from __future__ import annotations
@@ -71,16 +73,20 @@ def crash_before_reply(result: Mapping[str, Any] | None = None) -> Outcome:
     return Outcome(result=result or {}, crash=True)
 
 
+Key = tuple[str, str, str]
+"""(agent, action, idempotency key): what a provider de-duplicates on."""
+
+
 @dataclass
 class Effect:
-    """An effect the provider applied, under its idempotency key."""
+    """An effect the provider applied."""
 
     agent: str
     action: str
     order_id: str | None
     result: dict[str, Any]
-    undoes: str | None = None
-    """The idempotency key of the effect this one undid (None: not an undo)."""
+    undoes: Key | None = None
+    """The effect this one undoes (None: not an undo)."""
     undone_by: str | None = None
 
 
@@ -91,8 +97,10 @@ class InMemoryRemote:
     clock: FakeClock | None = None
     """Advanced by a slow outcome's ``seconds`` (None: the outcome takes no time)."""
     calls: list[Call] = field(default_factory=list)
-    effects: dict[str, Effect] = field(default_factory=dict)
-    """What was applied, by idempotency key."""
+    effects: dict[Key, Effect] = field(default_factory=dict)
+    """What was applied, by (agent, action, idempotency key)."""
+    closed: set[Key] = field(default_factory=set)
+    """Do-keys an undo named: a later do with one is refused."""
     undo_order: list[tuple[str, str]] = field(default_factory=list)
     """(agent, action) of each effect undone, in the order undone."""
     _script: dict[tuple[str, str], list[Outcome]] = field(default_factory=lambda: defaultdict(list))
@@ -171,12 +179,19 @@ class InMemoryRemote:
         data: Mapping[str, Any],
         result_of: Callable[[], dict[str, Any]],
     ) -> dict[str, Any]:
-        if key in self.effects:  # applied before: the first result again, nothing new
-            return dict(self.effects[key].result)
+        if (agent, action, key) in self.effects:  # applied before: the first result again
+            return dict(self.effects[(agent, action, key)].result)
+        if (agent, action, key) in self.closed:
+            raise PermanentRemoteError("HTTP 409: this key was undone")
         result = dict(result_of())
-        undoes = data.get("original_key")
-        self.effects[key] = Effect(agent, action, data.get("order_id"), result, undoes)
-        original = self.effects.get(str(undoes))
+        undoes = None
+        if "original_key" in data:
+            undoes = (agent, str(data.get("original_action")), str(data["original_key"]))
+            self.closed.add(undoes)
+        self.effects[(agent, action, key)] = Effect(
+            agent, action, data.get("order_id"), result, undoes
+        )
+        original = self.effects.get(undoes) if undoes is not None else None
         if original is not None and original.undone_by is None:
             original.undone_by = key
             self.undo_order.append((original.agent, original.action))

@@ -18,7 +18,7 @@ from sas.domain.messages import OrderSubmitted, StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.services.agent import AgentOutcome
 from sas.services.routing import Router
-from sas.testing import FakeClock, InMemoryRemote, InMemoryStore, instance
+from sas.testing import FakeClock, InMemoryLoads, InMemoryRemote, InMemoryStore, instance
 from tests.harness import World
 from tests.workflows import REGISTRY, Basket, Line
 
@@ -66,7 +66,7 @@ def health() -> Health:
 @pytest.fixture
 def world(health) -> World:
     def router(clock: FakeClock) -> Router:
-        return Router(ENDPOINTS, clock, "this-process", healthy=health)  # this process's load
+        return Router(ENDPOINTS, clock, "this-process", healthy=health, loads=InMemoryLoads())
 
     return World(router=router, remote=Regions)
 

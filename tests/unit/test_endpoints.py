@@ -11,13 +11,12 @@ from sas import settings
 from sas.domain.endpoints import (
     DeferralPolicy,
     Endpoint,
-    EndpointLoad,
     choose_endpoint,
     single_endpoint,
 )
 from sas.domain.errors import ConfigurationError
 from sas.services.routing import Router
-from sas.testing import FakeClock
+from sas.testing import FakeClock, InMemoryLoads
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -70,31 +69,16 @@ def test_deferral_backoff_doubles_up_to_its_cap():
     ]
 
 
-class Loads:
-    def __init__(self) -> None:
-        self.rows: list[EndpointLoad] = []
-        self.published: list[dict[str, int]] = []
-        self.reads = 0
-
-    def publish(self, instance_id, counts, at):
-        self.published.append(dict(counts))
-
-    def read(self):
-        self.reads += 1
-        return list(self.rows)
-
-
-def router(clock: FakeClock, loads: Loads, endpoints=(A, B)) -> Router:
+def router(clock: FakeClock, loads: InMemoryLoads, endpoints=(A, B)) -> Router:
     return Router({"payment": endpoints}, clock, "me", healthy=lambda e: True, loads=loads)
 
 
 def test_the_router_counts_its_own_calls_and_adds_the_others_fresh_counts():
-    clock, loads = FakeClock(), Loads()
-    loads.rows = [
-        EndpointLoad(B.target, "other", 3, clock.now()),
-        EndpointLoad(A.target, "old", 9, clock.now() - timedelta(seconds=30)),  # stale
-        EndpointLoad(A.target, "me", 7, clock.now()),  # this process: counted locally
-    ]
+    clock, loads = FakeClock(), InMemoryLoads()
+    loads.publish("other", {B.target: 3}, clock.now())
+    loads.publish("old", {A.target: 9}, clock.now() - timedelta(seconds=30))  # stale
+    loads.publish("me", {A.target: 7}, clock.now())  # this process: counted locally
+    loads.published.clear()
     r = router(clock, loads)
     first = r.acquire("payment")
     assert first is A  # 0 of 2 against 3 of 4
@@ -108,7 +92,7 @@ def test_the_router_counts_its_own_calls_and_adds_the_others_fresh_counts():
 
 
 def test_the_router_reads_and_publishes_at_most_once_per_refresh():
-    clock, loads = FakeClock(), Loads()
+    clock, loads = FakeClock(), InMemoryLoads()
     r = router(clock, loads)
     for _ in range(5):
         endpoint = r.acquire("payment")
@@ -123,7 +107,7 @@ def test_the_router_reads_and_publishes_at_most_once_per_refresh():
 
 
 def test_endpoints_without_capacity_cost_no_reads_or_writes():
-    clock, loads = FakeClock(), Loads()
+    clock, loads = FakeClock(), InMemoryLoads()
     only = single_endpoint("payment", "http://one.invalid")
     r = router(clock, loads, endpoints=(only,))
     assert r.acquire("payment") is only
@@ -230,7 +214,7 @@ def test_lane_queue_names_are_settings_of_their_own():
 
 
 def test_a_long_call_stays_visible_to_other_processes_through_the_heartbeat():
-    clock, loads = FakeClock(), SharedLoads()
+    clock, loads = FakeClock(), InMemoryLoads()
     only = Endpoint("payment", "west", "http://w.invalid", capacity=2)
     p1 = Router({"payment": (only,)}, clock, "p1", healthy=lambda e: True, loads=loads)
     p2 = Router({"payment": (only,)}, clock, "p2", healthy=lambda e: True, loads=loads)
@@ -243,7 +227,7 @@ def test_a_long_call_stays_visible_to_other_processes_through_the_heartbeat():
 
 
 def test_a_release_is_published_by_the_next_heartbeat():
-    clock, loads = FakeClock(), SharedLoads()
+    clock, loads = FakeClock(), InMemoryLoads()
     only = Endpoint("payment", "west", "http://w.invalid", capacity=1)
     p1 = Router({"payment": (only,)}, clock, "p1", healthy=lambda e: True, loads=loads)
     p2 = Router({"payment": (only,)}, clock, "p2", healthy=lambda e: True, loads=loads)
@@ -255,20 +239,6 @@ def test_a_release_is_published_by_the_next_heartbeat():
     p1.heartbeat()
     clock.advance(1.0)
     assert p2.acquire("payment") is only
-
-
-class SharedLoads:
-    """One table of load rows shared by several routers (processes)."""
-
-    def __init__(self) -> None:
-        self.rows: dict[tuple[str, str], EndpointLoad] = {}
-
-    def publish(self, instance_id, counts, at):
-        for target, count in counts.items():
-            self.rows[(target, instance_id)] = EndpointLoad(target, instance_id, count, at)
-
-    def read(self):
-        return list(self.rows.values())
 
 
 @pytest.mark.parametrize("url", [5, ["https://a.example.com"], {"u": 1}, None])

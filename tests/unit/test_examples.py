@@ -84,8 +84,9 @@ def check_promises(harness: Harness, workflow: Workflow, effects: MemoryEffects)
     if state.process_state is ProcessState.PROCESSED:
         assert {f"o1:{step.name}" for step in workflow.steps} <= done_keys
         assert state.results.keys() == {step.name for step in workflow.steps}
-    if workflow.name == "workspace":  # the agents' own record: one row per key
-        assert len(effects.rows) == len(set(effects.rows))
+    if workflow.name == "workspace":  # the agents' own record: each action applied once
+        actions = effects.actions("o1")
+        assert len(actions) == len(set(actions)), actions
     return state.process_state
 
 
@@ -114,6 +115,13 @@ def test_every_message_delivered_twice_changes_nothing(
     harness.run()
     assert check_promises(harness, workflow, effects) is ProcessState.PROCESSED
     assert harness.statuses("o1").count("completed") == 1
+    steps = workflow.steps
+    assert f"reply_dropped:{steps[0].name}" in harness.history("o1")  # the copy, fenced
+    assert [c.action for c in harness.calls].count(steps[0].action) >= 2  # the copies ran
+    if workflow.name == "workspace":
+        assert effects.actions("o1") == sorted(step.action for step in steps)
+    else:
+        assert harness.effects == {f"o1:{step.name}" for step in steps}
 
 
 def _undo_cases() -> Iterator[Any]:

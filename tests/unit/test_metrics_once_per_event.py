@@ -16,7 +16,7 @@ from sas.domain.messages import StepReply
 from sas.domain.model import ProcessState
 from sas.services import metrics
 from sas.testing import refuse
-from tests.harness import World
+from tests.harness import ReadThenYield, World
 from tests.unit.test_services import submitted
 from tests.workflows import STRICT
 
@@ -76,9 +76,10 @@ def test_two_supervisors_racing_on_one_expiry_count_one_recovery(
     other = world.new_supervisor("supervisor-2")
     world.clock.advance(120)
     world.make_due("slow")
-    world.supervisor.sweep()
-    other.sweep()
-    assert "expired_retry" in world.history("slow")
+    racing = ReadThenYield(world.store, other.sweep)  # the other sweeps between read and write
+    world.new_supervisor("supervisor-1", store=racing).sweep()
+    assert racing.meanwhile is not None  # it did race
+    assert world.history("slow").count("expired_retry") == 1
     assert sum(counted(reader, "sas.supervisor.recoveries").values()) == 1
     assert sum(counted(reader, "sas.retries").values()) == 1
 

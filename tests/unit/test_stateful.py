@@ -394,7 +394,7 @@ class ConsistentRemote(InMemoryRemote):
             if refused is not None:
                 self.calls.append(Call(agent, action, key, dict(payload), timeout))
                 raise refused
-            if key in self.effects:  # applied before: the first result, whatever was planned
+            if (agent, action, key) in self.effects:  # applied: its first result
                 outcome = ok() if outcome.error is not None else outcome
             elif outcome.error is None:  # applied now
                 if "original_key" in payload:
