@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from azure.data.tables import TableClient, TableServiceClient
@@ -18,15 +19,40 @@ from sas_local.azurite import Azurite
 hypothesis_settings.register_profile("fast", max_examples=20)
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test``), tests that share an expensive fixture run on one
-    worker: an e2e module's stack, the deploy tests' package and venvs."""
-    for item in items:
-        folder, module = item.path.parent.name, item.path.stem
-        if folder == "e2e":
-            item.add_marker(pytest.mark.xdist_group(f"e2e-{module}"))
-        elif folder == "deploy":
-            item.add_marker(pytest.mark.xdist_group("deploy"))
+FLEX_STACKS = {
+    "test_bench",
+    "test_campaign",
+    "test_flex_layout",
+    "test_pipeline",
+    "test_priorities_and_endpoints",
+    "test_tracing",
+}
+"""Modules whose stacks run every function in processes of its own (~30 processes each)."""
+
+
+def shared_by(nodeid: str) -> str:
+    """Which tests must run on one xdist worker with this one: those sharing its expensive
+    fixtures (an e2e module's stack; the deploy tests' package and venvs); the stacks laid out
+    as Flex runs them, one at a time (two at once would start some sixty processes on two
+    cores). Any other test goes wherever a worker is free."""
+    path = nodeid.split("::")[0]
+    module = path.rsplit("/", 1)[-1].removesuffix(".py")
+    if module in FLEX_STACKS:
+        return "flex"
+    if path.startswith("tests/deploy/"):
+        return "deploy"
+    return path if path.startswith("tests/e2e/") else nodeid
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test``'s two workers (pytest-xdist), scheduled by ``shared_by``."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtures(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return shared_by(nodeid)
+
+    return SharedFixtures(config, log)
 
 
 @pytest.fixture(scope="session")

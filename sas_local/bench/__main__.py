@@ -56,19 +56,22 @@ class Size:
     timeout: float
     full: bool
     """Also the slow parts: 1,000 more live orders, a settled sweep, the Supervisor's reads."""
+    flex: bool = True
+    """Also each batch with every function in a dev host of its own (some thirty processes)."""
 
 
 SIZES = {
     "full": Size("1,2,4", "100,1000", 100_000, 5.0, 3, 5, 1_000, 20, 300, 600, full=True),
     "quick": Size("1,2", "40", 2_000, 1.5, 2, 2, 60, 5, 30, 120, full=False),
-    "smoke": Size("1,2", "8", 200, 0.5, 1, 1, 12, 2, 8, 120, full=False),
+    # The Flex layout is exercised by the end-to-end tests (tests/e2e/test_flex_layout.py).
+    "smoke": Size("1,2", "8", 200, 0.5, 1, 1, 12, 2, 8, 120, full=False, flex=False),
 }
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m sas_local.bench", description=__doc__)
     size = p.add_mutually_exclusive_group()
-    size.add_argument("--quick", action="store_true", help="a short run: about 4 minutes")
+    size.add_argument("--quick", action="store_true", help="a short run")
     size.add_argument("--smoke", action="store_true", help="every part at its smallest (tests)")
     p.add_argument("--compare", metavar="REV", help="also measure this commit, side by side")
     p.add_argument("--workers", default=None, help="comma-separated worker counts")
@@ -290,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             list(roots), args.repeat, batches, workers
         ):
             end_to_end(name, roots[name], batch, count_of_workers, repetition)
-        for batch in batches:  # as Flex runs it: each function in a process of its own
+        for batch in batches if size.flex else ():  # as Flex runs it: each function apart
             end_to_end(head, REPO_ROOT, batch, 1, 0, layout="flex")
         for name, root in roots.items():
             progress(f"{name}: recovery latency", started)

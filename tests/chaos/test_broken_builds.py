@@ -1,7 +1,11 @@
 """Deliberately broken builds, run end to end as small campaigns: the checker must flag each.
 
 The breakage is monkeypatched into the dev host workers only (``--broken``, applied by the
-preloaded ``sas_local.chaos.inject``); the product's code on disk is untouched."""
+preloaded ``sas_local.chaos.inject``); the product's code on disk is untouched. ``make test``
+runs the fence's, which proves the chain (injection, campaign, checker) end to end; the others
+(marker ``broken_builds``, some six minutes of waiting for deadlines) run under ``make chaos``.
+The checker's verdict on each kind of violation is proved from recorded evidence
+(tests/chaos/test_checker.py), in every ``make test``."""
 
 from __future__ import annotations
 
@@ -55,6 +59,7 @@ def test_a_fence_that_lets_every_reply_through_is_caught(tmp_path: Path) -> None
     assert report["violations_by_kind"].get("stale_reply_applied", 0) > 0, report
 
 
+@pytest.mark.broken_builds
 def test_an_alert_lease_of_zero_is_caught(tmp_path: Path) -> None:
     # Many refused undos -> many Errors; the slow sender meets the sweeps, which re-claim.
     profile = Profile(**{**QUIET.__dict__, "permanent_rate": 0.6, "undo_permanent_rate": 1.0})
@@ -62,6 +67,7 @@ def test_an_alert_lease_of_zero_is_caught(tmp_path: Path) -> None:
     assert report["violations_by_kind"].get("error_alerts", 0) > 0, report
 
 
+@pytest.mark.broken_builds
 def test_an_idempotency_key_that_includes_the_attempt_is_caught(tmp_path: Path) -> None:
     # Slow answers apply the effect, then arrive after the deadline: the retry applies again.
     profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.3})
@@ -74,6 +80,7 @@ def test_an_idempotency_key_that_includes_the_attempt_is_caught(tmp_path: Path) 
 # orders by id, so each class has orders that show it).
 
 
+@pytest.mark.broken_builds
 def test_lost_submissions_alerts_without_error_and_skipped_undos_are_caught(
     tmp_path: Path,
 ) -> None:
@@ -85,6 +92,7 @@ def test_lost_submissions_alerts_without_error_and_skipped_undos_are_caught(
         assert found.get(kind, 0) > 0, (kind, report)
 
 
+@pytest.mark.broken_builds
 def test_a_failure_count_past_the_threshold_and_a_missing_effect_are_caught(
     tmp_path: Path,
 ) -> None:
@@ -97,6 +105,7 @@ def test_a_failure_count_past_the_threshold_and_a_missing_effect_are_caught(
         assert found.get(kind, 0) > 0, (kind, report)
 
 
+@pytest.mark.broken_builds
 def test_stuck_orders_poisoned_messages_and_illegal_transitions_are_caught(
     tmp_path: Path,
 ) -> None:

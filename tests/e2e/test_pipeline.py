@@ -1,5 +1,5 @@
-"""The whole pipeline: function_app.py as Flex runs it (each function in dev hosts of its own, two
-instances of each queue function competing), Azurite, the simulator."""
+"""The whole pipeline: function_app.py as Flex runs it (each function in a dev host of its own),
+Azurite, the simulator."""
 
 from __future__ import annotations
 
@@ -39,8 +39,10 @@ ORDERS = 50
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[LocalStack]:
     logs = tmp_path_factory.mktemp("stack")
+    # One instance per function: two competing per function, under faults, is the chaos
+    # campaign's (tests/chaos/test_campaign.py).
     with LocalStack.start(
-        layout="flex", workers=2, log_dir=logs, extra_queues=(STATUS_QUEUE,)
+        layout="flex", workers=1, log_dir=logs, extra_queues=(STATUS_QUEUE,)
     ) as running:
         yield running
 
