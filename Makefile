@@ -1,6 +1,8 @@
 # The two commands of the README: `make run` (demo on Azurite) and `make test` (whole suite).
 # Both set everything up from a fresh clone: a venv with pinned packages and Azurite from npm.
 
+# Independent prerequisites (the venv and npm, lint and the suite) are made side by side.
+MAKEFLAGS += --jobs=2
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -46,9 +48,8 @@ fast: $(VENV)/.installed
 # end-to-end stack, the deploy venvs) stay on one worker (tests/conftest.py, shared_by).
 TEST_WORKERS ?= 2
 
-# Lint and the suite side by side: mypy's minute overlaps the first tests' waiting.
-test: setup chromium
-	$(MAKE) --no-print-directory -j2 lint suite
+# Lint beside the suite: mypy's minute overlaps the first tests' waiting.
+test: lint suite
 
 suite: setup chromium
 	$(PY) -m pytest -n $(TEST_WORKERS) -m "not broken_builds" --cov --cov-report=term:skip-covered

@@ -20,7 +20,6 @@ hypothesis_settings.register_profile("fast", max_examples=20)
 
 
 FLEX_STACKS = {
-    "test_bench",
     "test_campaign",
     "test_flex_layout",
     "test_pipeline",

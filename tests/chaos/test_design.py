@@ -53,14 +53,15 @@ def test_policy_and_workflows_are_the_local_stack_s() -> None:
     assert DESIGN.max_failures == int(local[settings.MAX_FAILURES])
     assert DESIGN.clock_skew_seconds == settings.DEFAULT_CLOCK_SKEW_SECONDS
     assert DESIGN.terminal == {str(s) for s in TERMINAL_STATES}
-    assert list(DESIGN.workflows) == [workflow.name for workflow in REGISTRY.workflows]
-    for workflow in REGISTRY.workflows:
+    # The examples the campaign runs, as the app declares them (it may declare more).
+    assert list(DESIGN.workflows) == ["order", "workspace"]
+    for workflow in map(REGISTRY.named, DESIGN.workflows):
         flow = DESIGN.workflows[workflow.name]
         assert flow.on_failure == workflow.on_failure
         assert [(s.name, s.agent, s.action, s.undo, s.max_failures) for s in flow.steps] == [
             (s.name, s.agent, s.action, s.undo, s.max_failures) for s in workflow.steps
         ]
-    assert DESIGN.effect_tables == REGISTRY.tables
+    assert set(DESIGN.effect_tables) <= set(REGISTRY.tables)
     assert (DESIGN.steps, DESIGN.on_failure) == (
         DESIGN.workflows["order"].steps,
         DESIGN.workflows["order"].on_failure,
