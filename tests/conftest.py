@@ -20,13 +20,16 @@ hypothesis_settings.register_profile("fast", max_examples=20)
 
 
 FLEX_STACKS = {
+    "test_bench",
     "test_campaign",
     "test_flex_layout",
     "test_pipeline",
     "test_priorities_and_endpoints",
     "test_tracing",
 }
-"""Modules whose stacks run every function in processes of its own (~30 processes each)."""
+"""Modules whose stacks run every function in processes of its own (~30 processes each), and
+the benchmark's, which starts one stack after another: beside any of these, the dashboard's
+browser test timed out waiting for its first refresh."""
 
 
 def shared_by(nodeid: str) -> str:
