@@ -20,7 +20,7 @@ from sas.services.agent import AgentOutcome
 from sas.services.routing import Router
 from sas.testing import FakeClock, InMemoryLoads, InMemoryRemote, InMemoryStore, instance
 from tests.harness import World
-from tests.workflows import REGISTRY, Basket, Line
+from tests.workflows import REGISTRY, basket
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -74,12 +74,7 @@ def world(health) -> World:
 def order(order_id: str) -> OrderSubmitted:
     return OrderSubmitted(
         order_id=order_id,
-        details=Basket(
-            customer_id="c1",
-            currency="EUR",
-            address="1 Route Road",
-            lines=[Line(sku="s1", quantity=1, unit_price_cents=100)],
-        ).model_dump(mode="json"),
+        details=basket(address="1 Route Road", sku="s1"),
     )
 
 

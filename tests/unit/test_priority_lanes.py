@@ -18,7 +18,7 @@ from sas.services.context import Routes
 from sas.services.submission import SubmissionOutcome
 from sas.testing import instance, refuse
 from tests.harness import World
-from tests.workflows import REGISTRY, Basket, Line
+from tests.workflows import REGISTRY, basket
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -45,12 +45,7 @@ LANED = Routes(
 def order(order_id: str, priority: Priority = "normal") -> OrderSubmitted:
     return OrderSubmitted(
         order_id=order_id,
-        details=Basket(
-            customer_id="c1",
-            currency="EUR",
-            address="1 Lane Street",
-            lines=[Line(sku="s1", quantity=1, unit_price_cents=100)],
-        ).model_dump(mode="json"),
+        details=basket(address="1 Lane Street", sku="s1"),
         priority=priority,
     )
 

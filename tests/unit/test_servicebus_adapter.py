@@ -33,7 +33,7 @@ from sas.domain.errors import ConfigurationError, NotFound
 from sas.domain.messages import OperatorAlert, ScheduleRequest, StepRequest, encode
 from sas.settings import Connection
 from sas.testing import FakeClock, InMemoryStore, instance
-from tests.workflows import REGISTRY, Basket, Line
+from tests.workflows import REGISTRY, basket
 
 pytestmark = pytest.mark.unit
 
@@ -783,12 +783,7 @@ def test_a_high_priority_order_is_sent_on_the_high_lanes(
     )
     order = OrderSubmitted(
         order_id="urgent-1",
-        details=Basket(
-            customer_id="c1",
-            currency="EUR",
-            address="1 Bus Street",
-            lines=[Line(sku="s1", quantity=1, unit_price_cents=100)],
-        ).model_dump(mode="json"),
+        details=basket(address="1 Bus Street", sku="s1"),
         priority="high",
     )
     outcome = instance(InMemoryStore(), transport, routes, clock, REGISTRY).submit(order)
