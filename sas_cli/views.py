@@ -122,7 +122,7 @@ def status(state: OrderState) -> RenderableType:
         f"[bold]{state.order_id}[/] {_state_at_step(state)}, "
         f"attempt {state.attempt}, failures {state.failure_count}, "
         f"priority {state.priority}",
-        f"workflow {state.workflow}; submitted {at(state.submitted_at)}, "
+        f"workflow {state.workflow} v{state.version}; submitted {at(state.submitted_at)}, "
         f"updated {at(state.updated_at)}"
         + (f", finished {at(state.finished_at)}" if state.finished_at else ""),
     ]
@@ -130,6 +130,8 @@ def status(state: OrderState) -> RenderableType:
         lines.append(f"held by {state.locked_by or '-'} until {at(state.complete_by) or '-'}")
     if state.not_before:
         lines.append(f"not before {at(state.not_before)}")
+    if state.waiting:
+        lines.append(f"waiting: {state.waiting}")
     # Shown only when the app records one (tracing may be off).
     if view.get("trace_id"):
         lines.append(f"trace id {view['trace_id']}")
@@ -244,8 +246,13 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
         (a.at, a.order_id, a.order_state.value if a.order_state else "gone", a.reason)
         for a in report.alerts
     ]
+    missing = [
+        Text(f"orders wait: {m.reason} (since {at(m.since)}): deploy it again, or close them")
+        for m in report.missing
+    ]
     return Group(
         Text(summary),
+        *missing,
         table(f"orders per {minutes} min (only those with any)", columns, rows),
         table(
             "remote endpoints",

@@ -3,7 +3,8 @@
 lanes; the Python agents' tables; each HTTP agent's URL, endpoints and capacity parameters
 and app settings; each Python agent's own settings), their entries in
 infra/main.parameters.json, and in local.settings.example.json each HTTP agent's URL (on the
-simulator) and each Python agent's setting at its local value. `--check` changes nothing and
+simulator) and each Python agent's setting at its local value; and infra/workflows.lock.json,
+each workflow version's definition (sas_local/workflow_lock.py). `--check` changes nothing and
 fails if any is stale (tests/unit/test_infra_consistency.py runs it).
 """
 
@@ -19,6 +20,7 @@ from typing import Any
 from sas import settings
 from sas.declared import registry
 from sas.domain.wire import live_table_name
+from sas_local import workflow_lock
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
@@ -208,22 +210,30 @@ def local_settings_text(current: str, owned: set[str]) -> str:
 
 
 def rewritten() -> dict[Path, str]:
-    """Each file's text as the declarations make it (all built before any is written)."""
+    """Each file's text as the declarations make it (all built before any is written).
+    SystemExit, naming the change, if a locked workflow version was changed in place."""
     bicep = BICEP.read_text(encoding="utf-8")
     owned = generated_parameters(bicep)
     local = LOCAL_SETTINGS.read_text(encoding="utf-8")
+    lock = workflow_lock.read()
+    changed = workflow_lock.changes(registry(), lock)
+    if changed:
+        sys.exit("\n".join(changed))
     return {
         BICEP: bicep_text(bicep),
         PARAMETERS: parameters_text(PARAMETERS.read_text(encoding="utf-8"), owned),
         LOCAL_SETTINGS: local_settings_text(local, generated_settings(bicep)),
+        workflow_lock.LOCK: workflow_lock.render(workflow_lock.locked(registry(), lock)),
     }
 
 
 def stale() -> list[str]:
     """The files whose generated parts differ from the declarations."""
-    return [
-        path.name for path, text in rewritten().items() if text != path.read_text(encoding="utf-8")
-    ]
+    return [path.name for path, text in rewritten().items() if text != _text(path)]
+
+
+def _text(path: Path) -> str:
+    return path.read_text(encoding="utf-8") if path.exists() else ""
 
 
 def main() -> None:

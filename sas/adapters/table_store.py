@@ -12,7 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from sas.adapters.tables import (
@@ -22,11 +26,12 @@ from sas.adapters.tables import (
     state_from,
     utc,
 )
-from sas.domain.model import LiveMarker, OrderState, ProcessState, Versioned
+from sas.domain.model import LiveMarker, MissingDefinition, OrderState, ProcessState, Versioned
 from sas.domain.parked import ParkedMessage
 from sas.domain.wire import (
     DEFAULT_PRIORITY,
     LIVE_PARTITION,
+    MISSING_PARTITION,
     REJECTED_PARTITION,
     STATE_ROW,
     Priority,
@@ -269,6 +274,30 @@ class TableStateStore(OrderTables):
                 return False
             raise
         return True
+
+    # --- workflow versions orders wait for ----------------------------------------------
+
+    def note_missing(self, missing: MissingDefinition) -> bool:
+        entity = {
+            "PartitionKey": MISSING_PARTITION,
+            "RowKey": missing.key,
+            "Reason": missing.reason[:1000],
+            "Since": missing.since,
+        }
+        try:
+            self._live.create_entity(entity)
+        except ResourceExistsError:
+            return False
+        return True
+
+    def list_missing(self) -> list[MissingDefinition]:
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": MISSING_PARTITION}
+        )
+        return [MissingDefinition(e["RowKey"], e["Reason"], utc(e["Since"])) for e in entities]
+
+    def forget_missing(self, key: str) -> None:
+        self._live.delete_entity(MISSING_PARTITION, key)  # absent already: no error
 
 
 def _parked_from(entity: Mapping[str, Any]) -> ParkedMessage:

@@ -241,6 +241,8 @@ def _order_entity(order: OrderRecord) -> dict[str, Any]:
             "SubmittedAt": order.submitted_at,
             "ReplyTo": order.reply_to,
             "Priority": _priority_column(order.priority),
+            "Version": order.version,
+            "Incarnation": order.incarnation or None,
         }
     )
 
@@ -254,6 +256,8 @@ def _order_from(entity: Mapping[str, Any]) -> OrderRecord:
         submitted_at=utc(entity["SubmittedAt"]),
         reply_to=entity.get("ReplyTo"),
         priority=_priority(entity.get("Priority")),
+        version=int(entity.get("Version") or 1),
+        incarnation=entity.get("Incarnation") or "",
     )
 
 
@@ -283,6 +287,12 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "Priority": _priority_column(state.priority),
             "Deferrals": state.deferrals or None,
             "TraceParent": state.traceparent,
+            "Version": state.version,
+            "Definition": state.definition or None,
+            "Incarnation": state.incarnation or None,
+            "Step": state.step or None,
+            "FirstAttempt": state.first_attempt or None,
+            "Waiting": state.waiting,
             "Details": json.dumps(state.details, separators=(",", ":")),
             **_results_columns(state.results),
         }
@@ -315,6 +325,14 @@ def state_from(entity: Mapping[str, Any]) -> OrderState:
         deferrals=int(entity.get("Deferrals") or 0),
         traceparent=entity.get("TraceParent"),
         results=_results_from(entity),
+        # Absent in rows written before orders were bound to a version: version 1, and
+        # nothing to check the definition, the key or the first claim against.
+        version=int(entity.get("Version") or 1),
+        definition=entity.get("Definition") or "",
+        incarnation=entity.get("Incarnation") or "",
+        step=entity.get("Step") or "",
+        first_attempt=int(entity.get("FirstAttempt") or 0),
+        waiting=entity.get("Waiting"),
     )
 
 

@@ -27,6 +27,17 @@ class StaleReply(IllegalTransition):
     """A reply answers an attempt or step that is no longer current (fencing)."""
 
 
+class DefinitionMissing(SasError):
+    """The workflow version an order was bound to is not deployed here (or differs from the one
+    it began with): the order is never run on another definition. ``reason`` is safe to show."""
+
+    def __init__(self, reason: str, *, newer: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.newer = newer
+        """Newer than any version of the workflow deployed here: a host mid-deploy."""
+
+
 class InvalidMessage(SasError):
     """A message failed validation; ``reason`` is safe to log and to show an operator."""
 

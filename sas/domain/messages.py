@@ -25,6 +25,7 @@ from sas.domain.errors import InvalidMessage
 from sas.domain.wire import (
     ENDPOINT_NAME,
     IDEMPOTENCY_KEY,
+    INCARNATION,
     MAX_ATTEMPT,
     MAX_TRACESTATE,
     ORDER_ID,
@@ -55,6 +56,8 @@ OrderId = Annotated[str, StringConstraints(pattern=ORDER_ID.python)]
 QueueName = Annotated[str, StringConstraints(pattern=QUEUE_NAME.python)]
 StepName = Annotated[str, StringConstraints(pattern=STEP_NAME.python)]
 EndpointName = Annotated[str, StringConstraints(pattern=ENDPOINT_NAME.python)]
+Incarnation = Annotated[str, StringConstraints(pattern=INCARNATION.python)]
+Version = Annotated[int, Field(ge=1, le=9999)]
 
 
 class TraceContext(BaseModel):
@@ -94,6 +97,8 @@ class OrderSubmitted(Message):
     type: Literal["OrderSubmitted"] = "OrderSubmitted"
     order_id: OrderId
     workflow: StepName = "order"
+    version: Version | None = None
+    """The workflow version the order is bound to; None: the newest deployed."""
     details: dict[str, Any]
     """The workflow's input, checked against its schema (``Workflow.input``) on submission."""
     reply_to: QueueName | None = None
@@ -108,12 +113,17 @@ class OrderSubmitted(Message):
     """Set by the app when it puts a low-priority submission back for later (admission
     deferred while higher priorities are backlogged): when the first deferral happened, which
     bounds how long it may be deferred. Not part of the order."""
+    held_since: AwareDatetime | None = None
+    """Set by the app when a host put the message back for a host that knows its workflow
+    version (``Held``). Not part of the order."""
 
     def fingerprint(self) -> str:
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
         # Defaults are left out, so an order's fingerprint is what it was before the field
         # existed: a redelivery across an upgrade is still a redelivery.
-        unset = {"deferred_since", "trace"}
+        unset = {"deferred_since", "trace", "held_since"}
+        if self.version is None:
+            unset.add("version")
         if self.status_events == "outcome":
             unset.add("status_events")
         if self.priority == "normal":
@@ -128,6 +138,8 @@ class ScheduleRequest(Message):
 
     type: Literal["ScheduleRequest"] = "ScheduleRequest"
     order_id: OrderId
+    held_since: AwareDatetime | None = None
+    """Set when a host put the message back for one that knows the order's workflow version."""
 
 
 class StepRequest(Message):
@@ -147,6 +159,13 @@ class StepRequest(Message):
     payload: dict[str, Any]
     priority: Priority = "normal"
     """The order's priority: the lane the reply goes back on."""
+    incarnation: Incarnation | None = None
+    """The order's incarnation: the reply carries it back (None in requests sent before)."""
+    workflow: StepName | None = None
+    version: Version | None = None
+    """The workflow version the order is bound to: a host that does not have it leaves the
+    request for one that does."""
+    held_since: AwareDatetime | None = None
 
 
 ReplyKind = Literal["ok", "error", "deferred"]
@@ -167,6 +186,10 @@ class StepReply(Message):
     endpoint: EndpointName | None = None
     """The remote endpoint that was called (None: not known, or nothing was called)."""
     error: Annotated[str, StringConstraints(max_length=1000)] | None = None
+    incarnation: Incarnation | None = None
+    """The incarnation the request named: a reply to an earlier submission of a reused order
+    id never moves the new one."""
+    held_since: AwareDatetime | None = None
 
     @field_validator("result")
     @classmethod

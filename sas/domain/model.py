@@ -80,6 +80,25 @@ class OrderState:
     recovery or an operator's resubmit continues. None when the order was not traced."""
     results: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
     """What each completed step returned, by step name: the input of the steps after it."""
+    version: int = 1
+    """The version of ``workflow`` the order was bound to at submission: it runs on that
+    version's steps to its end."""
+    definition: str = ""
+    """That version's fingerprint (``Workflow.fingerprint``) when the order was bound: a host
+    whose version of the same number differs never runs the order. Empty in orders submitted
+    before fingerprints were kept."""
+    incarnation: str = ""
+    """This submission of the order id (``wire.new_incarnation``): part of every idempotency
+    key and carried by every step message. Empty in orders submitted before incarnations."""
+    step: str = ""
+    """The name of the step at ``step_index`` (the state names what it waits on). Empty in
+    orders submitted before it was kept."""
+    first_attempt: int = 0
+    """The attempt at which the current step, in the current direction, was (or will be)
+    first claimed: an attempt below it belonged to another step, so no reply of it applies
+    here. 0 in orders from before it was kept."""
+    waiting: str | None = None
+    """Why the order waits instead of running: its workflow version is not deployed here."""
 
     @property
     def is_terminal(self) -> bool:
@@ -102,6 +121,8 @@ class OrderRecord:
     submitted_at: datetime
     reply_to: str | None = None
     priority: Priority = DEFAULT_PRIORITY
+    version: int = 1
+    incarnation: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,6 +169,17 @@ class LiveMarker:
     touched_at: datetime
     etag: str
     due_at: datetime
+
+
+@dataclass(frozen=True)
+class MissingDefinition:
+    """Orders wait for a workflow version this app does not have (or has changed): noted once,
+    when the first one is found, which is when its one operator alert goes out."""
+
+    key: str
+    """``<workflow>.<version>.<fingerprint>`` (``wire.missing_definition_key``)."""
+    reason: str
+    since: datetime
 
 
 T = TypeVar("T")

@@ -157,8 +157,10 @@ def _operator_may_act(state: OrderState) -> None:
 
 def close(state: OrderState, *, now: datetime) -> OrderState:
     """An operator settled an Error order by hand: closed for good (purge may remove it later,
-    counting its retention from now)."""
-    _operator_may_act(state)
+    counting its retention from now). An order waiting for a workflow version that is not
+    deployed may be closed too: it is run on no other."""
+    if state.waiting is None or state.is_terminal:
+        _operator_may_act(state)
     return replace(
         state,
         process_state=ProcessState.CLOSED,
@@ -167,6 +169,7 @@ def close(state: OrderState, *, now: datetime) -> OrderState:
         complete_by=None,
         updated_at=now,
         finished_at=now,
+        waiting=None,
     )
 
 

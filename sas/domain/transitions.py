@@ -37,11 +37,17 @@ def initial_state(
     details: Mapping[str, Any] | None = None,
     status_events: StatusLevel = "outcome",
     priority: Priority = DEFAULT_PRIORITY,
+    incarnation: str = "",
 ) -> OrderState:
-    """Pending, unlocked, attempt 0, with a pickup deadline."""
+    """Pending, unlocked, attempt 0, with a pickup deadline; bound to ``workflow``'s version."""
     return OrderState(
         order_id=order_id,
         workflow=workflow.name,
+        version=workflow.version,
+        definition=workflow.fingerprint,
+        incarnation=incarnation,
+        step=workflow.step(0).name,
+        first_attempt=1,
         process_state=ProcessState.PENDING,
         submitted_at=now,
         updated_at=now,
@@ -97,7 +103,10 @@ class Fence(StrEnum):
     """A refusal or deferral of an earlier attempt, or an attempt above the current one, which
     nobody claimed (forged)."""
     OTHER_STEP = "other_step"
-    """Not the step, or not the direction (do/undo), the order waits on."""
+    """Not the step, or not the direction (do/undo), the order waits on; or an attempt made
+    before this step (in this direction) was first claimed, which was another step's."""
+    OTHER_INCARNATION = "other_incarnation"
+    """A reply to an earlier submission of the same order id (purged since)."""
     UNKNOWN_STEP = "unknown_step"
     """The workflow has no such step: index out of range or name not at that index."""
 
@@ -115,6 +124,7 @@ def fence(
     attempt: int,
     mode: Mode,
     outcome: ReplyKind = "ok",
+    incarnation: str = "",
 ) -> Fence:
     """The reply rule: a step's ``ok`` applies while the order still waits on that step and
     direction, whatever attempt sent it; a refusal or deferral only for the running attempt.
@@ -126,12 +136,15 @@ def fence(
     A refusal applied nothing and a deferral called nothing, so they speak only for their own
     attempt: a later attempt may still succeed. The attempt stays the fencing token: a reply
     can never move an order that left the step (compensating, finished) or came back to it,
-    nor claim an attempt nobody made."""
+    nor claim an attempt nobody made, nor one that was made for another step.
+    ``workflow`` is the version the order is bound to."""
+    if incarnation != state.incarnation:
+        return Fence.OTHER_INCARNATION
     if not 0 <= step_index < len(workflow.steps) or workflow.steps[step_index].name != step:
         return Fence.UNKNOWN_STEP
     if state.is_terminal:
         return Fence.NOT_RUNNING
-    if state.step_index != step_index or state.mode != mode:
+    if state.step_index != step_index or state.mode != mode or attempt < state.first_attempt:
         return Fence.OTHER_STEP
     if attempt > state.attempt:
         return Fence.OTHER_ATTEMPT
@@ -150,6 +163,7 @@ def check_reply(
     step_index: int,
     mode: Mode = "do",
     outcome: ReplyKind = "ok",
+    incarnation: str | None = None,
 ) -> None:
     """Precondition of the reply transitions: StaleReply unless ``fence`` lets it apply.
 
@@ -164,6 +178,7 @@ def check_reply(
         attempt=attempt,
         mode=mode,
         outcome=outcome,
+        incarnation=state.incarnation if incarnation is None else incarnation,
     )
     if not verdict.applies:
         raise StaleReply(
@@ -214,6 +229,7 @@ def decide_reply(
             step_index=reply.step_index,
             mode=reply.mode,
             outcome="deferred",
+            incarnation=reply.incarnation or "",
         )
         return ReplyDecision(
             defer(state, now=now, delay=deferral.delay(state.deferrals + 1), workflow=workflow),
@@ -272,6 +288,7 @@ def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workf
         complete_by=now + delay + workflow.pickup_budget,
         deferrals=state.deferrals + 1,
         updated_at=now,
+        waiting=None,
     )
 
 
@@ -347,12 +364,15 @@ def begin_compensation(
         process_state=ProcessState.PENDING,
         mode="undo",
         step_index=first,
+        step=workflow.step(first).name,
+        first_attempt=state.attempt + 1,
         locked_by=None,
         failure_count=0,
         not_before=None,
         complete_by=now + workflow.pickup_budget,
         updated_at=now,
         last_error=_bounded(reason),
+        waiting=None,
     )
 
 
@@ -381,11 +401,14 @@ def _start(
         locked_by=instance_id,
         attempt=state.attempt + 1,
         step_index=index,
+        step=step.name,
+        first_attempt=state.attempt + 1 if advancing else state.first_attempt,
         complete_by=now + step.budget,
         not_before=None,
         failure_count=0 if advancing else state.failure_count,
         deferrals=0 if advancing else state.deferrals,
         updated_at=now,
+        waiting=None,
     )
 
 
@@ -401,6 +424,7 @@ def _finish(
         updated_at=now,
         finished_at=now,
         last_error=last_error,
+        waiting=None,
     )
 
 

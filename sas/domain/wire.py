@@ -10,6 +10,7 @@ import base64
 import binascii
 import hashlib
 import re
+import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
@@ -56,8 +57,13 @@ characters, at most 64 characters."""
 STEP_NAME = NameRule("step name", r"[a-z][a-z0-9]{1,30}")
 """Workflow, step, agent and action names: they become setting keys and URL path segments."""
 
+INCARNATION = NameRule("incarnation", r"[0-9a-f]{12}")
+"""One submission of an order id (``new_incarnation``): a purged id submitted again is another
+incarnation, with keys of its own."""
+
 IDEMPOTENCY_KEY = NameRule(
-    "idempotency key", rf"(?:{ORDER_ID.body}):(?:{STEP_NAME.body})(?::undo)?"
+    "idempotency key",
+    rf"(?:{ORDER_ID.body}):(?:(?:{INCARNATION.body}):)?(?:{STEP_NAME.body})(?::undo)?",
 )
 """What ``idempotency_key`` makes: ASCII only, since it travels in an HTTP header."""
 
@@ -158,10 +164,17 @@ and whether it is being undone; ``steps`` adds every step's progress."""
 # --- idempotency keys and message ids ----------------------------------------------------
 
 
-def idempotency_key(order_id: str, step: str, mode: Mode) -> str:
+def new_incarnation() -> str:
+    return secrets.token_hex(6)
+
+
+def idempotency_key(order_id: str, incarnation: str, step: str, mode: Mode) -> str:
     """What the remote service de-duplicates on: stable across attempts of one step, so a
-    retry or a duplicate delivery never applies the effect twice; an undo has its own key."""
-    key = f"{order_id}:{step}"
+    retry or a duplicate delivery never applies the effect twice; an undo has its own key.
+    Made of the step's name, never its position (a step that moves keeps its key), and of
+    the order's incarnation (an id used again after a purge gets new keys). Orders submitted
+    before incarnations existed have none: their keys stay ``<order>:<step>``."""
+    key = f"{order_id}:{incarnation}:{step}" if incarnation else f"{order_id}:{step}"
     return key if mode == "do" else f"{key}:undo"
 
 
@@ -170,13 +183,20 @@ def submission_message_id(order_id: str) -> str:
     return order_id
 
 
-def step_request_message_id(order_id: str, step: str, mode: Mode, attempt: int) -> str:
-    """One request per attempt: the attempt (fencing token) makes every retry a new message."""
-    return f"{idempotency_key(order_id, step, mode)}:{attempt}"
+def step_request_message_id(key: str, attempt: int) -> str:
+    """One request per attempt of the step with idempotency key ``key``: the attempt (fencing
+    token) makes every retry a new message."""
+    return _bounded(f"{key}:{attempt}")
 
 
-def step_reply_message_id(order_id: str, step: str, mode: Mode, attempt: int) -> str:
-    return f"{step_request_message_id(order_id, step, mode, attempt)}:reply"
+def step_reply_message_id(key: str, attempt: int) -> str:
+    return _bounded(f"{key}:{attempt}:reply")
+
+
+def held_message_id(message_id: str, held_at: datetime) -> str:
+    """A message put back for a host that knows its order's workflow version: a message of its
+    own (duplicate detection would drop it as the original)."""
+    return _bounded(f"{message_id}:held:{_stamp(held_at)}")
 
 
 def deferred_submission_message_id(order_id: str, deferred_at: datetime) -> str:
@@ -243,6 +263,20 @@ LIVE_TABLE_SUFFIX = "live"
 def live_table_name(table_name: str) -> str:
     """The in-flight table that goes with the orders table ``table_name``."""
     return f"{TABLE_NAME_RULE.check(table_name)}{LIVE_TABLE_SUFFIX}"
+
+
+MISSING_PARTITION = "~missing"
+"""Workflow versions that orders wait for and this app does not have (in the in-flight table),
+RowKey = ``missing_definition_key``."""
+
+
+def missing_definition_key(workflow: str, version: int, fingerprint: str) -> str:
+    return f"{workflow}.{version}.{fingerprint or '-'}"
+
+
+def missing_alert_id(key: str, since: datetime) -> str:
+    """One alert per missing definition (per episode: noted again after it came back)."""
+    return _bounded(f"definition-missing:{key}:{_stamp(since)}")
 
 
 LOAD_PARTITION = "~load"

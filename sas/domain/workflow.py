@@ -6,6 +6,7 @@ application declares its workflows in a ``Registry`` (the repository's ``workflo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Callable, Mapping
@@ -15,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from sas.domain.errors import DefinitionMissing
 from sas.domain.messages import problems
 from sas.domain.wire import STEP_NAME, TABLE_NAME_RULE, Mode
 
@@ -27,6 +29,7 @@ MAX_BUDGET = timedelta(days=1)
 MAX_DETAILS_JSON = 30_000
 """Characters of an order's details as stored (ASCII JSON in one Table property of 64 KiB)."""
 MAX_FAILURES_LIMIT = 100
+MAX_VERSION = 9999
 APP_SETTING = re.compile(r"(?=[A-Z0-9_]{3,64}\Z)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\Z")
 """A Python agent's own app setting: an environment variable name, without ``__`` (which the
 Functions host reads as a section separator)."""
@@ -80,10 +83,16 @@ class Workflow:
     """When a step fails for good: undo the completed steps, or stop in Error for an operator."""
     input: type[BaseModel] | None = None
     """The schema of the workflow's input (an order's ``details``); None: any JSON object."""
+    version: int = 1
+    """Orders are bound to the version they were submitted on and run on its steps to their
+    end: a change to the steps (names, order, agents, actions, undo) is a new version, declared
+    beside the old one until the old one's orders have drained (docs/your-workflow.md)."""
 
     def __post_init__(self) -> None:
         if not STEP_NAME.matches(self.name):
             raise ValueError(f"workflow name {self.name!r} must match {STEP_NAME.body}")
+        if type(self.version) is not int or not 1 <= self.version <= MAX_VERSION:
+            raise ValueError(f"workflow {self.name!r}: version must be an int from 1 to 9999")
         if not isinstance(self.steps, tuple) or not self.steps:
             raise ValueError(f"workflow {self.name!r}: steps must be a non-empty tuple")
         if len(self.steps) > MAX_STEPS:
@@ -120,6 +129,32 @@ class Workflow:
         if size > MAX_DETAILS_JSON:
             raise ValueError(f"details too large to keep: {size} > {MAX_DETAILS_JSON} characters")
         return parsed
+
+    @property
+    def label(self) -> str:
+        """``name v<version>``: how logs, alerts and the operator's views name it."""
+        return f"{self.name} v{self.version}"
+
+    @property
+    def definition(self) -> dict[str, Any]:
+        """What an order bound to this version relies on staying the same while it runs: the
+        steps in order, each one's agent, action and undo, and what a failure does. Budgets,
+        retries and input builders may change under running orders."""
+        return {
+            "workflow": self.name,
+            "version": self.version,
+            "on_failure": self.on_failure,
+            "steps": [
+                {"name": s.name, "agent": s.agent, "action": s.action, "undo": s.undo}
+                for s in self.steps
+            ],
+        }
+
+    @property
+    def fingerprint(self) -> str:
+        """A digest of ``definition``: kept with every order bound to this version."""
+        text = json.dumps(self.definition, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def step(self, index: int) -> StepDefinition:
         if not 0 <= index < len(self.steps):
@@ -217,9 +252,10 @@ class Registry:
             raise ValueError("workflows must be a non-empty tuple")
         if not isinstance(self.python_agents, tuple):
             raise ValueError("python_agents must be a tuple")
-        names = [workflow.name for workflow in self.workflows]
-        if len(set(names)) != len(names):
-            raise ValueError("two workflows share a name")
+        versions = [(workflow.name, workflow.version) for workflow in self.workflows]
+        for name, version in versions:
+            if versions.count((name, version)) > 1:
+                raise ValueError(f"two workflows share a name and version ({name} v{version})")
         self._check_python_agents()
         self.settings  # noqa: B018 - two local values for one setting fail here, at start
         self.tables  # noqa: B018 - and two names for one table
@@ -266,11 +302,42 @@ class Registry:
         python = {agent.name for agent in self.python_agents}
         return tuple(agent for agent in self.agents if agent not in python)
 
-    def named(self, name: str) -> Workflow:
-        for workflow in self.workflows:
-            if workflow.name == name:
+    def named(self, name: str, version: int | None = None) -> Workflow:
+        """The newest version of workflow ``name``, or the one ``version`` names; ValueError
+        if there is none."""
+        found = [w for w in self.workflows if w.name == name]
+        if not found:
+            raise ValueError(f"unknown workflow {name!r}")
+        if version is None:
+            return max(found, key=lambda w: w.version)
+        for workflow in found:
+            if workflow.version == version:
                 return workflow
-        raise ValueError(f"unknown workflow {name!r}")
+        raise ValueError(f"workflow {name!r} has no version {version}")
+
+    def versions(self, name: str) -> tuple[int, ...]:
+        return tuple(sorted(w.version for w in self.workflows if w.name == name))
+
+    def bound(self, name: str, version: int, fingerprint: str = "") -> Workflow:
+        """The definition an order was bound to: ``name`` at ``version``, unchanged since the
+        order began (``fingerprint``; empty: an order older than fingerprints). An order is
+        never run on another: DefinitionMissing says why there is none here."""
+        deployed = self.versions(name)
+        if version not in deployed:
+            newer = not deployed or version > deployed[-1]
+            raise DefinitionMissing(f"{name} v{version} is not deployed", newer=newer)
+        workflow = self.named(name, version)
+        if fingerprint and fingerprint != workflow.fingerprint:
+            raise DefinitionMissing(
+                f"{name} v{version} changed since the order began (a change of steps must be "
+                "a new version)"
+            )
+        return workflow
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Each workflow's name, once."""
+        return tuple(dict.fromkeys(w.name for w in self.workflows))
 
     def __contains__(self, name: object) -> bool:
         return any(workflow.name == name for workflow in self.workflows)

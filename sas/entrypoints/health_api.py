@@ -71,6 +71,12 @@ class AlertView(BaseModel):
         return cls(**vars(alert))
 
 
+class MissingView(BaseModel):
+    workflow_version: str = Field(description="<workflow>.<version>.<fingerprint>")
+    reason: str = Field(description="why its orders wait")
+    since: datetime = Field(description="when the first order was found waiting for it")
+
+
 class HealthView(BaseModel):
     at: datetime = Field(description="when it was read, by the app's clock")
     since: datetime = Field(description="the first bucket's start")
@@ -89,6 +95,11 @@ class HealthView(BaseModel):
         "(Service Bus: what one peek sees)"
     )
     problems: list[str] = Field(description="parts that could not be read; the rest is shown")
+    missing_versions: list[MissingView] = Field(
+        default_factory=list,
+        description="workflow versions that orders wait for and the app does not have: deploy "
+        "them again, or close those orders",
+    )
 
     @classmethod
     def of(cls, report: HealthReport) -> HealthView:
@@ -104,6 +115,10 @@ class HealthView(BaseModel):
             alerts=[AlertView.of(alert) for alert in report.alerts],
             alerts_waiting=report.alerts_waiting,
             problems=report.problems,
+            missing_versions=[
+                MissingView(workflow_version=m.key, reason=m.reason, since=m.since)
+                for m in report.missing
+            ],
         )
 
 

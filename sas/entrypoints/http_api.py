@@ -39,7 +39,7 @@ from sas.entrypoints.params import (
     seconds,
 )
 from sas.services import telemetry
-from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
+from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery, step_name
 
 api = FastAPI(
     title="sas",
@@ -142,6 +142,11 @@ class StateView(BaseModel):
     trace_id: str | None = Field(
         default=None, description="the order's OpenTelemetry trace id (None: not traced)"
     )
+    version: int = Field(default=1, description="the workflow version the order is bound to")
+    waiting: str | None = Field(
+        default=None,
+        description="why it waits instead of running: its workflow version is not deployed",
+    )
 
     @classmethod
     def of(cls, state: OrderState) -> StateView:
@@ -150,7 +155,7 @@ class StateView(BaseModel):
             workflow=state.workflow,
             process_state=state.process_state.value,
             step_index=state.step_index,
-            step=bootstrap.workflows().named(state.workflow).step(state.step_index).name,
+            step=step_name(bootstrap.workflows(), state) or "?",
             mode=state.mode,
             attempt=state.attempt,
             failure_count=state.failure_count,
@@ -164,6 +169,8 @@ class StateView(BaseModel):
             priority=state.priority,
             deferrals=state.deferrals,
             trace_id=telemetry.trace_id_of(state.traceparent),
+            version=state.version,
+            waiting=state.waiting,
         )
 
 
@@ -434,8 +441,8 @@ class CloseRequest(BaseModel):
 def close_order(
     order_id: OrderIdPath, request: CloseRequest, signed_in: SignedIn = None
 ) -> StateView:
-    """Close an Error order an operator settled by hand (no more work; purge may remove it).
-    409 unless the order is in Error."""
+    """Close an Error order an operator settled by hand (no more work; purge may remove it),
+    or one waiting for a workflow version that is not deployed. 409 for any other order."""
     closed = bootstrap.operator().close(
         order_id, actor=actor_of(signed_in, request.actor), reason=request.reason
     )

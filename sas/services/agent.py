@@ -27,8 +27,8 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from sas.domain.endpoints import Endpoint
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, result_problem
-from sas.domain.wire import step_reply_message_id
-from sas.services import metrics, telemetry
+from sas.domain.wire import step_reply_message_id, step_request_message_id
+from sas.services import metrics, telemetry, versions
 from sas.services.actions import ActionContext, run_action
 from sas.services.context import Agents, Context
 
@@ -49,6 +49,8 @@ class AgentOutcome(StrEnum):
     """The call finished past complete-by: the reply was suppressed."""
     DEFERRED = "deferred"
     """No endpoint had room: nothing called, a deferred reply sent."""
+    HELD = "held"
+    """The order's workflow version is not deployed here: left for a host that has it."""
 
 
 _FAILED = frozenset({AgentOutcome.REFUSED, AgentOutcome.GAVE_UP, AgentOutcome.LATE})
@@ -108,6 +110,14 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
     if now >= request.complete_by:
         log.info("sas.step_request_expired", extra=extra)
         return AgentOutcome.EXPIRED
+    if request.workflow is not None and request.version is not None:
+        deployed = ctx.workflows.versions(request.workflow)
+        if request.version not in deployed:  # a host mid-deploy: one that has it runs it
+            why = f"{request.workflow} v{request.version} is not deployed"
+            queue = ctx.routes.agent(agent, request.priority)
+            message_id = step_request_message_id(request.idempotency_key, request.attempt)
+            versions.hold(ctx, queue, request, message_id, why)
+            return AgentOutcome.HELD
     deadline = (
         min(request.complete_by, now + ctx.workflows.longest_step_budget) - ctx.agents.safety_margin
     )
@@ -265,13 +275,12 @@ def _reply(
         result=_usable_result(result or {}, extra),
         error=None if error is None else _printable(error),
         endpoint=None if attempt.used is None else attempt.used.name,
+        incarnation=request.incarnation,
     )
     ctx.transport.send(
         ctx.routes.lane(ctx.routes.replies, request.priority),
         reply,
-        message_id=step_reply_message_id(
-            request.order_id, request.step, request.mode, request.attempt
-        ),
+        message_id=step_reply_message_id(request.idempotency_key, request.attempt),
         correlation_id=request.order_id,
     )
     if outcome == "deferred":

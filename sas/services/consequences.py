@@ -82,14 +82,15 @@ def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:
     payload = _step_data(state, workflow)
     if payload is None:
         return  # nothing sent: the step expires and is retried, then compensated
-    action, key = step.action, idempotency_key(state.order_id, step.name, state.mode)
+    key = idempotency_key(state.order_id, state.incarnation, step.name, state.mode)
+    action = step.action
     if state.mode == "undo":
         if step.undo is None:
             raise IllegalTransition(f"step {step.name} has no undo action")
-        done = {s.index: s for s in ctx.store.get_steps(state.order_id)}.get(state.step_index)
+        done = {s.name: s for s in ctx.store.get_steps(state.order_id)}.get(step.name)
         payload |= {
             "original_action": step.action,
-            "original_key": idempotency_key(state.order_id, step.name, "do"),
+            "original_key": idempotency_key(state.order_id, state.incarnation, step.name, "do"),
             "original_result": done.result if done else None,
         }
         action = step.undo
@@ -104,11 +105,14 @@ def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:
         idempotency_key=key,
         payload=payload,
         priority=state.priority,
+        incarnation=state.incarnation or None,
+        workflow=state.workflow,
+        version=state.version,
     )
     ctx.transport.send(
         ctx.routes.agent(step.agent, state.priority),
         request,
-        message_id=step_request_message_id(state.order_id, step.name, state.mode, state.attempt),
+        message_id=step_request_message_id(key, state.attempt),
         correlation_id=state.order_id,
     )
 

@@ -12,10 +12,11 @@ from datetime import timedelta
 
 from sas.domain.clock import Clock
 from sas.domain.endpoints import Endpoint
+from sas.domain.model import OrderState
 from sas.domain.priority import AdmissionPolicy
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import DEFAULT_PRIORITY, DEFAULT_REPLY_TO_PREFIXES, PRIORITIES, Priority
-from sas.domain.workflow import PythonAgent, Registry
+from sas.domain.workflow import PythonAgent, Registry, Workflow
 from sas.services.backlog import Backlog
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, StateStore, Transport
@@ -109,3 +110,8 @@ class Context:
     alert_lease: timedelta = ALERT_LEASE
     agents: Agents | None = None
     """Only a process that runs agents needs them."""
+
+    def definition(self, state: OrderState) -> Workflow:
+        """The workflow version ``state`` is bound to, as it was when the order began;
+        DefinitionMissing if this host does not have it (sas/services/versions.py)."""
+        return self.workflows.bound(state.workflow, state.version, state.definition)

@@ -1,6 +1,7 @@
 """The operators' health view: orders finished over time and how many failed, each remote
 endpoint's breaker and load against its capacity, and the alerts waiting in the alerts queue.
-The HTTP API, the dashboard and the `sas health` command all read it from here.
+The HTTP API, the dashboard and the `sas health` command all read it from here; it also names
+the workflow versions orders wait for (sas/services/versions.py).
 
 Each part is read on its own: one that cannot be read is named in ``problems`` and the others
 are still shown. Throughput is counted from the orders' states as they are now (a resubmitted
@@ -21,7 +22,7 @@ from sas.domain.clock import Clock
 from sas.domain.endpoints import Endpoint, EndpointLoad
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OperatorAlert, decode
-from sas.domain.model import ProcessState
+from sas.domain.model import MissingDefinition, ProcessState
 from sas.services.breaker import BreakerStore
 from sas.services.ports import LoadStore, QueueDepth, QueuePeek, StateStore
 
@@ -96,6 +97,8 @@ class HealthReport:
     alerts_waiting: int | None
     """How many wait there, as the transport estimates it (None: could not be read)."""
     problems: list[str]
+    missing: list[MissingDefinition] = field(default_factory=list)
+    """Workflow versions that orders wait for and the app does not have (or has changed)."""
 
     @property
     def finished(self) -> int:
@@ -145,9 +148,11 @@ class Health:
         buckets = _guarded("throughput", problems, lambda: self._buckets(since, bucket, now))
         endpoints = _guarded("endpoints", problems, self._endpoints)
         listed, waiting = _guarded("alerts", problems, lambda: self._alerts(alerts)) or ([], None)
+        missing = _guarded("workflow versions", problems, self._s.store.list_missing)
         return HealthReport(
-            now, since, bucket, buckets or [], endpoints or [], listed, waiting, problems
-        )
+            now, since, bucket, buckets or [], endpoints or [], listed, waiting, problems,
+            sorted(missing or [], key=lambda m: m.key),
+        )  # fmt: skip
 
     def _buckets(self, since: datetime, size: timedelta, now: datetime) -> list[Bucket]:
         starts = []

@@ -14,6 +14,7 @@ from sas.domain.clock import require_utc
 from sas.domain.errors import (
     AlreadyExists,
     ConcurrencyConflict,
+    DefinitionMissing,
     IllegalTransition,
     InvalidMessage,
     NotFound,
@@ -23,6 +24,7 @@ from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
 from sas.domain.recovery import close, resubmit
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import Priority, submission_message_id
+from sas.domain.workflow import Registry
 from sas.services import consequences as then
 from sas.services.context import Context
 from sas.services.submission import check
@@ -155,11 +157,7 @@ class Operator:
         return found[query.offset : query.offset + query.limit], len(found)
 
     def _step_name(self, state: OrderState) -> str | None:
-        """The step's name; None for a workflow (or step) this app no longer declares."""
-        try:
-            return self._ctx.workflows.named(state.workflow).step(state.step_index).name
-        except (ValueError, IndexError):
-            return None
+        return step_name(self._ctx.workflows, state)
 
     def _matches(self, state: OrderState, query: OrderQuery) -> bool:
         """The filters the table cannot apply: the step's name and the error's text."""
@@ -214,7 +212,10 @@ class Operator:
         one still queued is not seen). The same order again is sent: the app absorbs it."""
         if order.deferred_since is not None:
             raise InvalidMessage("deferred_since is set by the app, not by you")
-        check(self._ctx, order)
+        try:
+            check(self._ctx, order)
+        except DefinitionMissing as missing:
+            raise InvalidMessage(missing.reason) from None
         existing = self._store.get_order(order.order_id)
         if existing is not None and existing.fingerprint != order.fingerprint():
             raise AlreadyExists(f"order id {order.order_id} already used for a different order")
@@ -259,8 +260,9 @@ class Operator:
         return outcome_of(lambda: self.resubmit(order_id, actor=actor), "resubmitted")
 
     def close(self, order_id: str, *, actor: str, reason: str) -> OrderState:
-        """Error -> Closed: the operator settled it by hand. Audited with the reason; the write
-        is conditional, as a resubmit's is. IllegalTransition if not Error."""
+        """Error -> Closed: the operator settled it by hand; likewise an order waiting for a
+        workflow version that is not deployed. Audited with the reason; the write is
+        conditional, as a resubmit's is. IllegalTransition for any other order."""
         if not reason.strip():
             raise InvalidMessage("closing an order needs a reason")
         current = self._store.get_state(order_id)
@@ -291,7 +293,10 @@ class Operator:
         if current is None:
             raise NotFound(f"order {order_id} not found")
         now = self._clock.now()
-        workflow = self._ctx.workflows.named(current.value.workflow)
+        try:
+            workflow = self._ctx.definition(current.value)
+        except DefinitionMissing as missing:
+            raise IllegalTransition(f"order {order_id}: {missing.reason}") from None
         again = resubmit(current.value, now=now, workflow=workflow)
         due = look_again_at(again, now=now, workflow=workflow)
         self._store.touch_live(order_id, now, due)  # indexed before it is live again
@@ -313,6 +318,17 @@ class Operator:
         then.request_schedule(self._ctx, again)
         then.notify(self._ctx, again, "resubmitted", now)
         return again
+
+
+def step_name(workflows: Registry, state: OrderState) -> str | None:
+    """The name of the step the order is at; None for an order from before states named it
+    whose workflow (or step) this app no longer declares."""
+    if state.step:
+        return state.step
+    try:
+        return workflows.named(state.workflow, state.version).step(state.step_index).name
+    except (ValueError, IndexError):
+        return None
 
 
 def outcome_of(act: Callable[[], object], verb: str) -> str:

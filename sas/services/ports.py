@@ -12,6 +12,7 @@ from sas.domain.messages import Message
 from sas.domain.model import (
     HistoryEntry,
     LiveMarker,
+    MissingDefinition,
     OrderRecord,
     OrderState,
     ProcessState,
@@ -127,6 +128,17 @@ class StateStore(Protocol):
     def drop_parked(self, parked_id: str) -> bool:
         """Remove a parked message for good (conditionally on the version read); False if
         there is no such message (any more)."""
+        ...
+
+    def note_missing(self, missing: MissingDefinition) -> bool:
+        """Record that orders wait for ``missing.key``; True only for the call that recorded
+        it (an insert): that caller sends the one alert."""
+        ...
+
+    def list_missing(self) -> list[MissingDefinition]: ...
+
+    def forget_missing(self, key: str) -> None:
+        """The definition is back: a later absence is a new episode (and a new alert)."""
         ...
 
 

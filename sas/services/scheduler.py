@@ -13,12 +13,13 @@ from dataclasses import replace
 from datetime import datetime
 from enum import StrEnum
 
-from sas.domain.errors import ConcurrencyConflict, IllegalTransition
+from sas.domain.errors import ConcurrencyConflict, DefinitionMissing, IllegalTransition
 from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, encode
 from sas.domain.model import HistoryEntry, OrderState, StepRecord, Versioned
 from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
+from sas.domain.wire import idempotency_key, schedule_message_id, step_reply_message_id
 from sas.domain.workflow import Workflow
-from sas.services import alerts, telemetry
+from sas.services import alerts, telemetry, versions
 from sas.services import consequences as then
 from sas.services.context import Context
 
@@ -35,6 +36,8 @@ class ScheduleOutcome(StrEnum):
     NOT_PENDING = "not_pending"
     NOT_YET = "not_yet"
     UNKNOWN_ORDER = "unknown_order"
+    HELD = "held"
+    """The order's workflow version is not deployed here: left for a host that has it."""
 
 
 class ReplyOutcome(StrEnum):
@@ -44,6 +47,7 @@ class ReplyOutcome(StrEnum):
     DEFERRED = "deferred"
     STALE = "stale"
     UNKNOWN_ORDER = "unknown_order"
+    HELD = "held"
 
 
 # --- a schedule request: claim a Pending order ------------------------------------------
@@ -68,11 +72,15 @@ def _schedule(
         _park(ctx, ctx.routes.scheduler, "schedule request for an unknown order", request)
         log.warning("sas.schedule_unknown_order", extra=extra)
         return ScheduleOutcome.UNKNOWN_ORDER
-    state, workflow, now = (
-        current.value,
-        ctx.workflows.named(current.value.workflow),
-        ctx.clock.now(),
-    )
+    state, now = current.value, ctx.clock.now()
+    try:
+        workflow = ctx.definition(state)
+    except DefinitionMissing as missing:
+        if not state.is_terminal:
+            queue = ctx.routes.lane(ctx.routes.scheduler, state.priority)
+            message_id = schedule_message_id(state.order_id, state.updated_at)
+            versions.hold(ctx, queue, request, message_id, missing.reason)
+        return ScheduleOutcome.HELD
     try:
         claimed = claim(state, instance_id=ctx.instance_id, now=now, workflow=workflow)
     except NotYet:
@@ -133,7 +141,20 @@ def _on_reply(ctx: Context, reply: StepReply) -> ReplyOutcome:
 
 
 def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> ReplyOutcome:
-    state, workflow = current.value, ctx.workflows.named(current.value.workflow)
+    state = current.value
+    incarnation = reply.incarnation or ""
+    try:
+        workflow = ctx.definition(state)
+    except DefinitionMissing as missing:
+        if incarnation != state.incarnation:
+            return _drop(ctx, reply, state, Fence.OTHER_INCARNATION)
+        if state.is_terminal:
+            return _drop(ctx, reply, state, Fence.NOT_RUNNING)
+        key = idempotency_key(reply.order_id, incarnation, reply.step, reply.mode)
+        message_id = step_reply_message_id(key, reply.attempt)
+        queue = ctx.routes.lane(ctx.routes.replies, state.priority)
+        versions.hold(ctx, queue, reply, message_id, missing.reason)
+        return ReplyOutcome.HELD
     verdict = fence(
         state,
         workflow,
@@ -142,6 +163,7 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
         attempt=reply.attempt,
         mode=reply.mode,
         outcome=reply.outcome,
+        incarnation=incarnation,
     )
     if not verdict.applies:
         return _drop(ctx, reply, state, verdict)

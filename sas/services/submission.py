@@ -12,15 +12,20 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from sas.domain.errors import AlreadyExists, InvalidMessage
+from sas.domain.errors import AlreadyExists, DefinitionMissing, InvalidMessage
 from sas.domain.messages import OrderSubmitted, encode
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState
 from sas.domain.priority import Waiting
 from sas.domain.transitions import claim, initial_state, look_again_at
-from sas.domain.wire import POISON_SUFFIX, deferred_submission_message_id
+from sas.domain.wire import (
+    POISON_SUFFIX,
+    deferred_submission_message_id,
+    new_incarnation,
+    submission_message_id,
+)
 from sas.domain.workflow import Workflow
 from sas.services import consequences as then
-from sas.services import telemetry
+from sas.services import telemetry, versions
 from sas.services.context import Context
 
 log = logging.getLogger(__name__)
@@ -32,14 +37,14 @@ class SubmissionOutcome(StrEnum):
     CONFLICT = "conflict"
     DEFERRED = "deferred"
     """A low-priority order put back for later while higher lanes are backlogged."""
+    HELD = "held"
+    """It names a workflow version newer than this host has: left for a host that has it."""
 
 
 def check(ctx: Context, message: OrderSubmitted) -> None:
     """InvalidMessage (with a reason for the submitter) if the order can't be accepted as it
     stands, whatever the store holds: checked before anything is written."""
-    if message.workflow not in ctx.workflows:
-        raise InvalidMessage(f"unknown workflow {message.workflow!r}")
-    workflow = ctx.workflows.named(message.workflow)
+    workflow = _workflow(ctx, message)
     try:
         details = workflow.parse_input(message.details)
     except ValueError as exc:
@@ -62,6 +67,21 @@ def check(ctx: Context, message: OrderSubmitted) -> None:
         raise InvalidMessage(f"reply_to must match {allowed}")
 
 
+def _workflow(ctx: Context, message: OrderSubmitted) -> Workflow:
+    """The version the order will be bound to: the one it names, else the newest."""
+    if message.workflow not in ctx.workflows:
+        raise InvalidMessage(f"unknown workflow {message.workflow!r}")
+    versions = ctx.workflows.versions(message.workflow)
+    if message.version is not None and message.version not in versions:
+        if message.version > versions[-1]:
+            raise DefinitionMissing(f"{message.workflow} v{message.version} is not deployed")
+        deployed = ", ".join(str(v) for v in versions)
+        raise InvalidMessage(
+            f"workflow {message.workflow!r} has no version {message.version} (deployed: {deployed})"
+        )
+    return ctx.workflows.named(message.workflow, message.version)
+
+
 def submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
     # The order's trace: the submitter's, when its message carried one (the entrypoint made
     # it current), else a new one that starts here.
@@ -74,8 +94,13 @@ def submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
 
 
 def _submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
-    check(ctx, message)
-    workflow = ctx.workflows.named(message.workflow)
+    try:
+        check(ctx, message)
+    except DefinitionMissing as missing:  # a newer version than this host has: mid-deploy
+        queue = ctx.routes.lane(ctx.routes.orders, message.priority)
+        versions.hold(ctx, queue, message, submission_message_id(message.order_id), missing.reason)
+        return SubmissionOutcome.HELD
+    workflow = _workflow(ctx, message)
     now = ctx.clock.now()
     if message.priority == "low":
         delay = ctx.admission.deferral(
@@ -121,6 +146,8 @@ def _accepted(
         submitted_at=now,
         reply_to=message.reply_to,
         priority=message.priority,
+        version=workflow.version,
+        incarnation=new_incarnation(),
     )
     pending = initial_state(
         order.order_id,
@@ -130,6 +157,7 @@ def _accepted(
         details=details,
         status_events=message.status_events,
         priority=message.priority,
+        incarnation=order.incarnation,
     )
     claimed = claim(pending, instance_id=ctx.instance_id, now=now, workflow=workflow)
     claimed = replace(claimed, traceparent=telemetry.current_traceparent())
@@ -173,12 +201,16 @@ def _redelivered(ctx: Context, order: OrderRecord, message: OrderSubmitted) -> S
     where an operator sees it (the original order is untouched)."""
     extra = {"order_id": order.order_id}
     current = ctx.store.get_state(order.order_id)
+    workflow: Workflow | None = None
     if current is not None:
         # This delivery's index touch moved the marker's due time to its own clock; put it
         # back where the existing order needs it (never after its deadline).
-        workflow = ctx.workflows.named(current.value.workflow)
         now = ctx.clock.now()
-        due = look_again_at(current.value, now=now, workflow=workflow)
+        try:
+            workflow = ctx.definition(current.value)
+            due = look_again_at(current.value, now=now, workflow=workflow)
+        except DefinitionMissing:
+            due = now
         ctx.store.touch_live(order.order_id, now, due)
     existing = ctx.store.get_order(order.order_id)
     if existing is None or existing.fingerprint != order.fingerprint:
@@ -193,8 +225,8 @@ def _redelivered(ctx: Context, order: OrderRecord, message: OrderSubmitted) -> S
         )  # fmt: skip
         return SubmissionOutcome.CONFLICT
     log.info("sas.order_duplicate", extra=extra)
-    if current is not None:
-        _resume(ctx, current.value, ctx.workflows.named(order.workflow))
+    if current is not None and workflow is not None:
+        _resume(ctx, current.value, workflow)
     return SubmissionOutcome.DUPLICATE
 
 

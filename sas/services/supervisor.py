@@ -21,11 +21,11 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sas.domain.clock import readable
-from sas.domain.errors import ConcurrencyConflict, NotFound
+from sas.domain.errors import ConcurrencyConflict, DefinitionMissing, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
 from sas.domain.recovery import Expiry, ExpiryAction, expire
 from sas.domain.transitions import look_again_at
-from sas.services import alerts, metrics, telemetry
+from sas.services import alerts, metrics, telemetry, versions
 from sas.services import consequences as then
 from sas.services.alerts import AlertOutcome
 from sas.services.context import Context
@@ -75,11 +75,19 @@ def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites) -> str:
     if not ctx.policy.expired(state, now):
         markers.rearm(marker, _next_look(ctx, state, now))
         return "healthy"
+    try:
+        workflow = ctx.definition(state)
+    except DefinitionMissing as missing:
+        outcome = versions.wait(ctx, current, missing)
+        markers.rearm(marker, now + versions.WAIT_RECHECK)
+        return outcome
+    if state.waiting is not None:
+        return _resume(ctx, marker, current, markers, now)
     # A timer has no trace of its own: the recovery joins the order's.
     with telemetry.order_span(
         telemetry.RECOVER,
         state.order_id,
-        step=ctx.workflows.named(state.workflow).step(state.step_index).name,
+        step=workflow.step(state.step_index).name,
         attempt=state.attempt,
         mode=state.mode,
         priority=state.priority,
@@ -121,8 +129,27 @@ def _finished(
     return "alert_resent" if alert is AlertOutcome.SENT else "unindexed"
 
 
+def _resume(
+    ctx: Context,
+    marker: LiveMarker,
+    current: Versioned[OrderState],
+    markers: MarkerWrites,
+    now: datetime,
+) -> str:
+    resumed = versions.resume(ctx, current)
+    if resumed is None:
+        return "lost_race"
+    markers.rearm(marker, _next_look(ctx, resumed, now))
+    then.request_schedule(ctx, resumed)
+    return "resumed"
+
+
 def _next_look(ctx: Context, state: OrderState, now: datetime) -> datetime:
-    due = look_again_at(state, now=now, workflow=ctx.workflows.named(state.workflow))
+    try:
+        workflow = ctx.definition(state)
+    except DefinitionMissing:  # waiting: looked at again when its deadline passes
+        return state.complete_by or now + versions.WAIT_RECHECK
+    due = look_again_at(state, now=now, workflow=workflow)
     if due <= now and state.complete_by is not None:
         # Within the skew allowance of its deadline: judged expired only this much later.
         return state.complete_by + ctx.policy.clock_skew
@@ -136,7 +163,7 @@ def _recover(
     markers: MarkerWrites,
     now: datetime,
 ) -> str:
-    state, workflow = current.value, ctx.workflows.named(current.value.workflow)
+    state, workflow = current.value, ctx.definition(current.value)
     decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
     decided = replace(decided, state=alerts.claiming_alert(ctx, decided.state))
     step = workflow.step(state.step_index).name
@@ -168,7 +195,7 @@ def _recover(
 def _expiry_history(
     ctx: Context, state: OrderState, decided: Expiry, now: datetime
 ) -> HistoryEntry:
-    step = ctx.workflows.named(state.workflow).step(state.step_index)
+    step = ctx.definition(state).step(state.step_index)
     detail = None
     if state.complete_by is not None:
         detail = (

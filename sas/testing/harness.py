@@ -23,10 +23,11 @@ from sas.domain.errors import ConfigurationError, InvalidMessage
 from sas.domain.messages import OperatorAlert, OrderSubmitted, StatusEvent, encode
 from sas.domain.model import HistoryEntry, OrderState
 from sas.domain.recovery import RetryPolicy
-from sas.domain.wire import Priority
+from sas.domain.wire import INCARNATION, Mode, Priority, idempotency_key
 from sas.domain.workflow import PythonAgent, Registry
 from sas.services import supervisor
 from sas.services.context import Agents, Routes
+from sas.services.ports import StateStore
 from sas.testing.instance import Instance, instance
 from sas.testing.memory import FakeClock, InMemoryQueues, InMemoryStore, Sent
 from sas.testing.remote import Call, Crash, InMemoryRemote, Outcome
@@ -54,28 +55,51 @@ class Harness:
         supervisor_every: float = 2.0,
         redelivery_after: float = 30.0,
         duplicate_deliveries: bool = False,
+        store: StateStore | None = None,
     ) -> None:
         if supervisor_every <= 0 or redelivery_after <= 0:
             raise ValueError("supervisor_every and redelivery_after must be positive")
         self.registry = registry
         self.clock = FakeClock()
-        self.store = InMemoryStore()
+        self.store: StateStore = InMemoryStore() if store is None else store
+        """Where orders are kept: in memory, unless a test passes a store (sas's own run the
+        same scenarios on Table Storage)."""
+        self._seen: set[str] = set()
         self.queues = InMemoryQueues(self.clock)
         self.remote = InMemoryRemote(self.clock)
         """Every HTTP agent's service, and the script of every action."""
         self._every = timedelta(seconds=supervisor_every)
         self._redelivery = timedelta(seconds=redelivery_after)
         self._duplicates = duplicate_deliveries
-        agents = {name: f"agent-{name}" for name in registry.agents}
-        self.routes = Routes("orders", "scheduler", "replies", "alerts", agents)
-        self.app: Instance = instance(
+        self.routes = _routes(registry)
+        self._max_failures = max_failures
+        self.app: Instance = self._host(registry, "harness")
+        """The handlers, as the app's functions call them, on the harness's store and queues."""
+        self.ctx = self.app.ctx
+        self._hosts = [self.app]
+        self._turn = itertools.count()
+        self._deploys = itertools.count(1)
+
+    def deploy(self, registry: Registry, *, alongside: bool = False) -> None:
+        """Restart the app on ``registry`` (a workflow's new version added, one removed or
+        changed), with the orders, the queued messages and the remote services as they are.
+        ``alongside``: the hosts that ran before keep running too, as during a deploy; each
+        delivery and each sweep goes to one host after the other, until the next deploy."""
+        self.registry = registry
+        self.routes = _routes(registry, self.routes)
+        self.app = self._host(registry, f"harness-{next(self._deploys)}")
+        self.ctx = self.app.ctx
+        self._hosts = [*self._hosts, self.app] if alongside else [self.app]
+
+    def _host(self, registry: Registry, instance_id: str) -> Instance:
+        return instance(
             self.store,
             self.queues,
             self.routes,
             self.clock,
             registry,
-            "harness",
-            policy=RetryPolicy(max_failures=max_failures),
+            instance_id,
+            policy=RetryPolicy(max_failures=self._max_failures),
             agents=Agents(
                 remote=self.remote,
                 sleep=self.clock.sleep,
@@ -83,8 +107,12 @@ class Harness:
                 settings=registry.settings,  # each at its local value, as in a local run
             ),
         )
-        """The handlers, as the app's functions call them, on the harness's store and queues."""
-        self.ctx = self.app.ctx
+
+    def _next_host(self, queue: str | None = None) -> Instance:
+        """The next host in turn (of those with a function on ``queue``: an agent new in
+        this deploy has no function on the hosts from before)."""
+        hosts = [h for h in self._hosts if queue is None or queue in h.ctx.routes.consumed]
+        return hosts[next(self._turn) % len(hosts)]
 
     # --- what a test says ----------------------------------------------------------------
 
@@ -141,7 +169,7 @@ class Harness:
             if due is None and self._settled():
                 return
             if next_tick <= self.clock.now():
-                supervisor.sweep(self.ctx)
+                supervisor.sweep(self._next_host().ctx)
                 next_tick = self.clock.now() + self._every
                 continue
             wake = min(t for t in (due, next_tick, end) if t is not None)
@@ -156,9 +184,14 @@ class Harness:
 
     @property
     def effects(self) -> set[str]:
-        """The idempotency keys whose effect a scripted or HTTP call applied (a provider
-        applies one per key); a Python agent's own effects are its business."""
-        return {key for _, _, key in self.remote.effects}
+        """The effects a scripted or HTTP call applied (a provider applies one per key), each
+        as ``<order>:<step>`` or ``<order>:<step>:undo`` (its key without the incarnation); a
+        Python agent's own effects are its business."""
+        return {_without_incarnation(key) for _, _, key in self.remote.effects}
+
+    def key(self, order_id: str, step: str, mode: Mode = "do") -> str:
+        """The idempotency key the order's ``step`` (or its undo) is called with."""
+        return idempotency_key(order_id, self.state(order_id).incarnation, step, mode)
 
     def state(self, order_id: str) -> OrderState:
         found = self.store.get_state(order_id)
@@ -183,15 +216,19 @@ class Harness:
 
     def _settled(self) -> bool:
         """Every order ended, and owes no alert."""
-        states = [self.state(order_id) for order_id in self.store.states]
+        ids = self._seen | set(getattr(self.store, "states", ()))
+        found = [self.store.get_state(order_id) for order_id in sorted(ids)]
+        states = [versioned.value for versioned in found if versioned is not None]
         return all(s.is_terminal and not s.alert_pending for s in states)
 
     def _deliver(self, delivery: Sent) -> None:
         if delivery.queue not in self.routes.consumed:
             return  # status events and alerts: kept in ``queues.sent`` for the test
+        if isinstance(delivery.message, OrderSubmitted):
+            self._seen.add(delivery.message.order_id)
         for _ in range(2 if self._duplicates else 1):
             try:
-                self.app.consume(delivery.queue, delivery.message)
+                self._next_host(delivery.queue).consume(delivery.queue, delivery.message)
             except Crash:
                 self.queues.put_back(delivery, self._redelivery)
                 return
@@ -219,6 +256,19 @@ class Harness:
 
         actions = {name: wrap(name, function) for name, function in python.actions.items()}
         return replace(python, actions=actions)
+
+
+def _routes(registry: Registry, before: Routes | None = None) -> Routes:
+    """Each agent's queue (those of agents an earlier registry named stay)."""
+    agents = {} if before is None else dict(before.agents)
+    agents |= {name: f"agent-{name}" for name in registry.agents}
+    return Routes("orders", "scheduler", "replies", "alerts", agents)
+
+
+def _without_incarnation(key: str) -> str:
+    order_id, _, rest = key.partition(":")
+    head, _, tail = rest.partition(":")
+    return f"{order_id}:{tail}" if INCARNATION.matches(head) and tail else key
 
 
 def _line(entry: HistoryEntry) -> str:

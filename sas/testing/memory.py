@@ -16,6 +16,7 @@ from sas.domain.messages import Message, decode, encode
 from sas.domain.model import (
     HistoryEntry,
     LiveMarker,
+    MissingDefinition,
     OrderRecord,
     OrderState,
     ProcessState,
@@ -174,6 +175,7 @@ class InMemoryStore:
         self.parked: dict[str, ParkedMessage] = {}
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
+        self.missing: dict[str, MissingDefinition] = {}
 
     def create_order(
         self,
@@ -321,3 +323,15 @@ class InMemoryStore:
 
     def drop_parked(self, parked_id: str) -> bool:
         return self.parked.pop(parked_id, None) is not None
+
+    def note_missing(self, missing: MissingDefinition) -> bool:
+        if missing.key in self.missing:
+            return False
+        self.missing[missing.key] = missing
+        return True
+
+    def list_missing(self) -> list[MissingDefinition]:
+        return list(self.missing.values())
+
+    def forget_missing(self, key: str) -> None:
+        self.missing.pop(key, None)

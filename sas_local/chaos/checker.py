@@ -890,7 +890,9 @@ def _unexpected(
             elif ahead and index > reached:
                 why = f"step {flow.steps[index].name}, which the order never reached"
             elif entry.get("idempotency_key") != design.do_key.format(
-                order=order_id, step=flow.steps[index].name
+                order=order_id,
+                incarnation=state.get("Incarnation", ""),
+                step=flow.steps[index].name,
             ):
                 why = "a key that is not its step's"
             else:

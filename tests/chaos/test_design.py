@@ -33,9 +33,8 @@ def test_table_keys_are_the_product_wire_rules() -> None:
     assert DESIGN.live_partition == wire.LIVE_PARTITION
     assert DESIGN.rejected_partition == wire.REJECTED_PARTITION
     assert wire.step_row_key(0, "reserve").startswith(DESIGN.step_row_prefix)
-    assert DESIGN.do_key.format(order="o-1", step="ship") == wire.idempotency_key(
-        "o-1", "ship", "do"
-    )
+    key = DESIGN.do_key.format(order="o-1", incarnation="0123456789ab", step="ship")
+    assert key == wire.idempotency_key("o-1", "0123456789ab", "ship", "do")
 
 
 def test_queues_and_alerts_are_the_product_defaults() -> None:

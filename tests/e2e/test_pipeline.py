@@ -144,7 +144,13 @@ def test_a_reply_for_an_old_attempt_delivered_by_hand_is_ignored(
     before = store.get_state(order_id)
     effects_before = len(ledger_effects(stack.simulator_url))
     stale = StepReply(
-        order_id=order_id, step="reserve", step_index=0, attempt=1, outcome="ok", result={"x": 1}
+        order_id=order_id,
+        step="reserve",
+        step_index=0,
+        attempt=1,
+        outcome="ok",
+        result={"x": 1},
+        incarnation=before.value.incarnation,
     )
     replies = stack.settings.queue(QUEUE_REPLIES)
     transport.send(replies, stale, message_id="stale", correlation_id=order_id)

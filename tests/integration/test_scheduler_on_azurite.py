@@ -140,16 +140,37 @@ def test_an_old_attempts_ok_applies_after_a_newer_claim_and_its_refusal_does_not
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     newer = store.get_state("o1")
     assert newer is not None and newer.value.attempt == 2
+    incarnation = newer.value.incarnation
     refused = StepReply(
-        order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="no"
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=1,
+        outcome="error",
+        error="no",
+        incarnation=incarnation,
     )
     assert scheduler.on_reply(refused) is ReplyOutcome.STALE
     assert store.get_state("o1") == newer
-    old = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
+    old = StepReply(
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=1,
+        outcome="ok",
+        incarnation=incarnation,
+    )
     assert scheduler.on_reply(old) is ReplyOutcome.ADVANCED
     advanced = store.get_state("o1")
     assert advanced is not None and (advanced.value.step_index, advanced.value.attempt) == (1, 3)
-    current_reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=2, outcome="ok")
+    current_reply = StepReply(
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=2,
+        outcome="ok",
+        incarnation=incarnation,
+    )
     assert scheduler.on_reply(current_reply) is ReplyOutcome.STALE
     assert [s.attempt for s in store.get_steps("o1")] == [1]
 
@@ -159,7 +180,16 @@ def test_duplicate_replies_racing_apply_once(table):
     on(store_on(table), transport, clock).submit(submitted())
     store = BarrierStore(table, racers=2)
     schedulers = [on(store, transport, clock, f"s{n}") for n in (1, 2)]
-    reply = StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
+    state = store_on(table).get_state("o1")
+    assert state is not None
+    reply = StepReply(
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=1,
+        outcome="ok",
+        incarnation=state.value.incarnation,
+    )
     with ThreadPoolExecutor(2) as pool:
         outcomes = list(pool.map(lambda s: s.on_reply(reply), schedulers))
     assert sorted(outcomes) == sorted([ReplyOutcome.ADVANCED, ReplyOutcome.STALE])

@@ -7,11 +7,13 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from azure.core.exceptions import ResourceNotFoundError
+from azure.data.tables import UpdateMode
 
 from sas.adapters.table_store import TableStateStore
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.model import (
     HistoryEntry,
+    MissingDefinition,
     OrderRecord,
     OrderState,
     ProcessState,
@@ -224,6 +226,44 @@ def test_new_state_fields_round_trip(table):
     state = replace(new_state(), mode="undo", not_before=NOW, alert_pending=True, deferrals=2)
     store.create_order(order(), state)
     assert stored_state(store).value == state
+
+
+def test_an_orders_binding_round_trips_and_a_row_from_before_reads_as_version_one(table):
+    store = store_on(table)
+    bound = replace(
+        initial_state("o1", SHOP, reply_to=None, now=NOW, incarnation="0123456789ab"),
+        version=3,
+        first_attempt=2,
+        waiting="order v3 is not deployed",
+    )
+    store.create_order(replace(order(), version=3, incarnation="0123456789ab"), bound)
+    assert stored_state(store).value == bound
+    assert (bound.step, bound.definition) == ("reserve", SHOP.fingerprint)
+    assert store.get_order("o1") == replace(order(), version=3, incarnation="0123456789ab")
+    entity = dict(table.get_entity("o1", "state"))
+    for column in ("Version", "Definition", "Incarnation", "Step", "FirstAttempt", "Waiting"):
+        del entity[column]
+    table.upsert_entity(entity, mode=UpdateMode.REPLACE)
+    old = stored_state(store).value
+    assert (old.version, old.definition, old.incarnation, old.step, old.first_attempt) == (
+        1,
+        "",
+        "",
+        "",
+        0,
+    )
+    assert old.waiting is None
+
+
+def test_a_missing_definition_is_noted_once_and_forgotten(table):
+    store = store_on(table)
+    missing = MissingDefinition("trip.1.0123456789abcdef", "trip v1 is not deployed", NOW)
+    assert store.note_missing(missing) is True
+    assert store.note_missing(replace(missing, since=NOW + timedelta(seconds=1))) is False
+    assert store.list_missing() == [missing]
+    store.forget_missing(missing.key)
+    store.forget_missing(missing.key)  # gone already: no error
+    assert store.list_missing() == []
 
 
 def test_orders_are_listed_by_state(table):

@@ -79,14 +79,14 @@ def check_promises(harness: Harness, workflow: Workflow, effects: MemoryEffects)
     done_keys = {c.key for c in harness.calls if not c.key.endswith(":undo")}
     for step in workflow.steps:
         keys = {c.key for c in harness.calls if c.action == step.action}
-        assert keys <= {f"o1:{step.name}"}, keys  # every attempt under the one key
+        assert keys <= {harness.key("o1", step.name)}, keys  # every attempt under the one key
     alerts = [a for a in harness.alerts if a.order_id == "o1"]
     assert len(alerts) == (1 if state.process_state is ProcessState.ERROR else 0)
     if state.process_state is ProcessState.COMPENSATED:
         applied = harness.remote.applied("o1")
         assert all(applied.values()), applied  # every effect applied was undone
     if state.process_state is ProcessState.PROCESSED:
-        assert {f"o1:{step.name}" for step in workflow.steps} <= done_keys
+        assert {harness.key("o1", step.name) for step in workflow.steps} <= done_keys
         assert state.results.keys() == {step.name for step in workflow.steps}
     if workflow.name == "workspace":  # the agents' own record: each action applied once
         actions = effects.actions("o1")

@@ -10,6 +10,7 @@ import pytest
 
 from sas.domain.messages import OperatorAlert, ScheduleRequest, StepReply
 from sas.domain.model import ProcessState
+from sas.domain.wire import idempotency_key
 from sas.services.agent import AgentOutcome
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.testing import fault, ok, refuse, too_slow
@@ -122,6 +123,7 @@ def test_late_reply_after_a_newer_attempt_was_claimed_completes_the_step_once(wo
         attempt=old_request.attempt,
         outcome="ok",
         result={"from": "attempt 1"},
+        incarnation=old_request.incarnation,
     )
     world.clock.advance(1)
     assert world.app.on_reply(late) is ReplyOutcome.ADVANCED
@@ -202,7 +204,8 @@ def test_compensation_runs_in_reverse_with_a_timed_out_undo_retried(world):
         ("payment", "charge"): True,
     }
     undo_keys = [c.key for c in world.remote.calls if c.action == "refund"]
-    assert undo_keys == ["o1:charge:undo", "o1:charge:undo"]  # retried with the same key
+    key = idempotency_key("o1", state.incarnation, "charge", "undo")
+    assert undo_keys == [key, key]  # retried with the same key
     entries = world.store.get_history(oid)
     kinds = [h.kind for h in entries]
     assert kinds.index("refused") < kinds.index("expired_retry") < kinds.index("undone")

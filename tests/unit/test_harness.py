@@ -55,7 +55,7 @@ def test_transient_faults_are_retried_within_the_step():
     harness.run()
     assert harness.state("o1").process_state is ProcessState.PROCESSED
     charges = [(c.agent, c.action, c.key) for c in harness.calls if c.action == "charge"]
-    assert charges == [("payment", "charge", "o1:charge")] * 3
+    assert charges == [("payment", "charge", harness.key("o1", "charge"))] * 3
     assert harness.history("o1").count("claimed:charge") == 1  # one attempt was enough
 
 
@@ -89,7 +89,7 @@ def test_a_crash_before_the_reply_is_recovered_without_a_second_effect():
     harness.run()
     assert harness.state("o1").process_state is ProcessState.PROCESSED
     reserves = [c for c in harness.calls if c.action == "reserve"]
-    assert len(reserves) == 2 and {c.key for c in reserves} == {"o1:reserve"}
+    assert len(reserves) == 2 and {c.key for c in reserves} == {harness.key("o1", "reserve")}
     assert harness.effects == DONE
 
 
@@ -126,8 +126,8 @@ def test_bad_details_are_parked_and_nothing_runs():
     harness = Harness(REGISTRY)
     harness.submit("order", {"customer_id": "c1"}, order_id="o1")
     harness.run()
-    assert harness.store.states == {}
-    (parked,) = harness.store.parked.values()
+    assert harness.store.get_state("o1") is None
+    (parked,) = harness.store.list_parked()
     assert parked.reason.startswith("invalid details")
 
 

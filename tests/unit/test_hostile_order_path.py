@@ -18,6 +18,7 @@ import pytest
 from sas.domain.messages import StepReply, StepRequest
 from sas.domain.model import ProcessState
 from sas.domain.recovery import RetryPolicy
+from sas.domain.wire import idempotency_key
 from sas.services.submission import SubmissionOutcome
 from sas.testing import Instance, instance
 from tests.harness import BUDGET, ROUTES, World
@@ -117,9 +118,10 @@ def test_a_duplicate_during_a_retry_backoff_neither_claims_early_nor_counts_a_fa
     final = world.state(oid)
     assert final.process_state is ProcessState.PROCESSED and final.failure_count == 0
     assert_effects_once(world, oid, *ALL_STEPS)
+    key = idempotency_key(oid, final.incarnation, "reserve", "do")
     assert [s.message_id for s in world.bus.sent if s.queue == "agent-inventory"] == [
-        f"{oid}:reserve:1",
-        f"{oid}:reserve:2",
+        f"{key}:1",
+        f"{key}:2",
     ]
 
 
@@ -167,7 +169,14 @@ def test_a_slow_status_queue_never_spends_a_steps_budget(world):
     world.bus.send = send
     world.submit(submitted("o1", status_events="steps"))
     world.app.on_reply(
-        StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
+        StepReply(
+            order_id="o1",
+            step="reserve",
+            step_index=0,
+            attempt=1,
+            outcome="ok",
+            incarnation=world.state("o1").incarnation,
+        )
     )
     left = {}
     for sent in world.bus.sent:

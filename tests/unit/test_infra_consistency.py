@@ -1523,7 +1523,12 @@ def test_a_declaration_the_infra_does_not_match_is_found_stale(monkeypatch) -> N
     )
     monkeypatch.setattr(infra, "registry", lambda: declared)
 
-    assert infra.stale() == ["main.bicep", "main.parameters.json", "local.settings.example.json"]
+    assert infra.stale() == [
+        "main.bicep",
+        "main.parameters.json",
+        "local.settings.example.json",
+        "workflows.lock.json",
+    ]
     bicep_text = infra.bicep_text(text("main.bicep"))
     assert "'agent-vm'" in bicep_text and "'agent-mail'" in bicep_text
     assert "'agent-cloud'" not in bicep_text  # the workspace's agents, not declared here

@@ -58,6 +58,7 @@ from tests.workflows import BUDGET, registry
 pytestmark = pytest.mark.unit
 
 ALNUM = string.ascii_letters + string.digits
+INCARNATION = "0123456789ab"
 EVERY_CHAR = st.characters(exclude_categories=())
 """All of unicode, lone surrogates included."""
 REFUSED = ["abc\n", "a\r", "a#b", "a/b", "a?b", "a\\b", "ä", "a" * 65, "", "-a", "a\ud800"]
@@ -191,10 +192,13 @@ def messages_about(
                         mode=mode,
                         action=action,
                         complete_by=now,
-                        idempotency_key=idempotency_key(order_id, step.name, mode),
+                        idempotency_key=idempotency_key(order_id, INCARNATION, step.name, mode),
                         payload={"order_id": order_id},
+                        incarnation=INCARNATION,
                     ),
-                    step_request_message_id(order_id, step.name, mode, attempt),
+                    step_request_message_id(
+                        idempotency_key(order_id, INCARNATION, step.name, mode), attempt
+                    ),
                 )
                 yield (
                     StepReply(
@@ -204,8 +208,11 @@ def messages_about(
                         attempt=attempt,
                         mode=mode,
                         outcome="ok",
+                        incarnation=INCARNATION,
                     ),
-                    step_reply_message_id(order_id, step.name, mode, attempt),
+                    step_reply_message_id(
+                        idempotency_key(order_id, INCARNATION, step.name, mode), attempt
+                    ),
                 )
             for status in get_args(StatusKind):
                 event = StatusEvent(order_id=order_id, status=status, at=now, step=step.name)

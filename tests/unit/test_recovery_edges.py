@@ -11,6 +11,7 @@ import pytest
 
 from sas.domain.messages import ScheduleRequest, StepRequest
 from sas.domain.model import ProcessState
+from sas.domain.wire import idempotency_key
 from sas.services.context import ALERT_LEASE
 from sas.services.operator import Operator
 from sas.services.scheduler import ScheduleOutcome
@@ -135,8 +136,10 @@ def test_an_undo_request_carries_what_the_step_recorded(world):
     world.run()
     undos = [m for m in world.bus.to("agent-payment") if m.mode == "undo"]
     (refund,) = undos
-    assert refund.action == "refund" and refund.idempotency_key == f"{oid}:charge:undo"
-    assert refund.payload["original_key"] == f"{oid}:charge"
+    incarnation = world.state(oid).incarnation
+    assert refund.action == "refund"
+    assert refund.idempotency_key == idempotency_key(oid, incarnation, "charge", "undo")
+    assert refund.payload["original_key"] == idempotency_key(oid, incarnation, "charge", "do")
     assert refund.payload["original_action"] == "charge"
     assert refund.payload["original_result"] == {"charge_id": "ch-7"}  # what the charge answered
 

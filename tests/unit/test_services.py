@@ -11,6 +11,7 @@ from sas.domain.messages import (
     StepRequest,
 )
 from sas.domain.model import ProcessState
+from sas.domain.wire import idempotency_key
 from sas.services.backlog import Backlog
 from sas.services.context import Routes
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
@@ -92,7 +93,14 @@ def test_the_default_status_level_keeps_an_orders_fingerprint(parts):
     assert default.fingerprint() != explicit.fingerprint()
     assert default.fingerprint() != submitted(priority="high").fingerprint()
     without_defaults = default.model_dump(mode="json")
-    for optional in ("status_events", "priority", "deferred_since", "trace"):
+    for optional in (
+        "status_events",
+        "priority",
+        "deferred_since",
+        "trace",
+        "version",
+        "held_since",
+    ):
         without_defaults.pop(optional)
     import hashlib
     import json
@@ -129,6 +137,7 @@ def ok_reply(request: StepRequest) -> StepReply:
         attempt=request.attempt,
         outcome="ok",
         result={"ref": request.step},
+        incarnation=request.incarnation,
     )
 
 
@@ -158,8 +167,11 @@ def test_the_scheduler_drives_every_step_to_processed(parts):
         ("agent-payment", 2),
         ("agent-shipping", 3),
     ]
-    assert [s.message_id for s in requests] == ["o1:reserve:1", "o1:charge:2", "o1:ship:3"]
-    assert {s.message.idempotency_key for s in requests} == {"o1:reserve", "o1:charge", "o1:ship"}
+    keys = [
+        idempotency_key("o1", state.incarnation, s, "do") for s in ("reserve", "charge", "ship")
+    ]
+    assert [s.message_id for s in requests] == [f"{key}:{n}" for n, key in enumerate(keys, 1)]
+    assert [s.message.idempotency_key for s in requests] == keys
     assert [s.name for s in store.get_steps("o1")] == [s.name for s in SHOP.steps]
     statuses = [m.status for m in transport.to("status-q")]
     assert statuses[0] == "received" and statuses[-1] == "completed"
@@ -191,7 +203,14 @@ def test_a_reply_for_an_old_attempt_is_dropped(parts):
     scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     before = store.get_state("o1")
-    late = StepReply(order_id="o1", step="reserve", step_index=0, attempt=7, outcome="ok")
+    late = StepReply(
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=7,
+        outcome="ok",
+        incarnation=store.get_state("o1").value.incarnation,
+    )
     assert scheduler.on_reply(late) is ReplyOutcome.STALE
     assert store.get_state("o1") == before
     assert store.get_steps("o1") == []
@@ -202,7 +221,14 @@ def test_a_reply_naming_the_wrong_step_is_dropped(parts):
     instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
     scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
-    wrong = StepReply(order_id="o1", step="charge", step_index=0, attempt=1, outcome="ok")
+    wrong = StepReply(
+        order_id="o1",
+        step="charge",
+        step_index=0,
+        attempt=1,
+        outcome="ok",
+        incarnation=store.get_state("o1").value.incarnation,
+    )
     assert scheduler.on_reply(wrong) is ReplyOutcome.STALE
 
 
@@ -212,7 +238,13 @@ def test_a_refusal_of_the_first_step_is_compensated_with_nothing_to_undo(parts):
     scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     refusal = StepReply(
-        order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="no stock"
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=1,
+        outcome="error",
+        error="no stock",
+        incarnation=store.get_state("o1").value.incarnation,
     )
     assert scheduler.on_reply(refusal) is ReplyOutcome.FINISHED
     assert scheduler.on_reply(refusal) is ReplyOutcome.STALE  # a duplicate changes nothing
@@ -237,7 +269,13 @@ def test_an_error_reply_in_a_workflow_without_compensation_alerts_exactly_once(p
     scheduler = instance(store, transport, ROUTES, clock, REGISTRY, "s1")
     scheduler.schedule(ScheduleRequest(order_id="o1"))
     refusal = StepReply(
-        order_id="o1", step="reserve", step_index=0, attempt=1, outcome="error", error="declined"
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=1,
+        outcome="error",
+        error="declined",
+        incarnation=store.get_state("o1").value.incarnation,
     )
     assert scheduler.on_reply(refusal) is ReplyOutcome.FINISHED
     assert scheduler.on_reply(refusal) is ReplyOutcome.STALE

@@ -47,6 +47,7 @@ from sas.domain.messages import (
 from sas.domain.model import (
     HistoryEntry,
     LiveMarker,
+    MissingDefinition,
     OrderRecord,
     OrderState,
     ProcessState,
@@ -288,6 +289,15 @@ class AuditingStore:
 
     def drop_parked(self, parked_id: str) -> bool:
         return self.inner.drop_parked(parked_id)
+
+    def note_missing(self, missing: MissingDefinition) -> bool:
+        return self.inner.note_missing(missing)
+
+    def list_missing(self) -> list[MissingDefinition]:
+        return self.inner.list_missing()
+
+    def forget_missing(self, key: str) -> None:
+        self.inner.forget_missing(key)
 
 
 class InterleavingStore(AuditingStore):

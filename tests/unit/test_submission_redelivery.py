@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from sas.domain.messages import StepReply
+from sas.domain.wire import idempotency_key
 from sas.services.submission import SubmissionOutcome
 from sas.testing import FakeClock, InMemoryQueues, InMemoryStore, Instance, instance
 from tests.unit.test_services import ROUTES, submitted
@@ -30,15 +31,26 @@ def test_a_redelivery_after_a_crash_before_the_send_sends_the_same_request() -> 
     assert on(store, transport, clock).submit(submitted()) is SubmissionOutcome.DUPLICATE
     assert store.get_state("o1") == before  # the same ETag: nothing was written
     [sent] = transport.sent
-    assert (sent.queue, sent.message_id) == ("agent-inventory", "o1:reserve:1")
+    assert before is not None
+    key = idempotency_key("o1", before.value.incarnation, "reserve", "do")
+    assert (sent.queue, sent.message_id) == ("agent-inventory", f"{key}:1")
 
 
 def test_a_redelivery_once_the_first_step_moved_on_sends_nothing() -> None:
     clock, store = FakeClock(), InMemoryStore()
     transport = InMemoryQueues(clock)
     on(store, transport, clock).submit(submitted())
+    first = store.get_state("o1")
+    assert first is not None
     on(store, transport, clock, "s1").on_reply(
-        StepReply(order_id="o1", step="reserve", step_index=0, attempt=1, outcome="ok")
+        StepReply(
+            order_id="o1",
+            step="reserve",
+            step_index=0,
+            attempt=1,
+            outcome="ok",
+            incarnation=first.value.incarnation,
+        )
     )
     sent = len(transport.sent)
     assert on(store, transport, clock).submit(submitted()) is SubmissionOutcome.DUPLICATE

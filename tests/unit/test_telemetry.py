@@ -199,7 +199,12 @@ def test_compensation_and_alerts_are_counted(reader):
     first = transport.to("agent-inventory")[0]
     assert isinstance(first, StepRequest)
     done = StepReply(
-        order_id="o1", step="reserve", step_index=0, attempt=first.attempt, outcome="ok"
+        order_id="o1",
+        step="reserve",
+        step_index=0,
+        attempt=first.attempt,
+        outcome="ok",
+        incarnation=first.incarnation,
     )
     scheduler.on_reply(done)
     second = transport.to("agent-payment")[0]
@@ -211,6 +216,7 @@ def test_compensation_and_alerts_are_counted(reader):
         attempt=second.attempt,
         outcome="error",
         error="card declined",
+        incarnation=second.incarnation,
     )
     scheduler.on_reply(refused)
     assert points(reader, "sas.compensations") == [({"sas.reason": "refused"}, 1)]

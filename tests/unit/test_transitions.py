@@ -470,6 +470,7 @@ def _reply(state, outcome="ok", **change):
         "mode": state.mode,
         "outcome": outcome,
         "error": "refused" if outcome == "error" else None,
+        "incarnation": state.incarnation or None,
     }
     return StepReply(**(fields | change))
 

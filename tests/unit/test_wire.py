@@ -89,24 +89,41 @@ def test_app_queues_leave_room_for_the_poison_suffix() -> None:
 
 
 def test_the_idempotency_key_is_stable_across_attempts_and_differs_for_the_undo() -> None:
+    incarnation = wire.new_incarnation()
     do, undo = (
-        wire.idempotency_key("o1", "charge", "do"),
-        wire.idempotency_key("o1", "charge", "undo"),
+        wire.idempotency_key("o1", incarnation, "charge", "do"),
+        wire.idempotency_key("o1", incarnation, "charge", "undo"),
     )
-    assert do == "o1:charge"
+    assert do == f"o1:{incarnation}:charge"
     assert undo != do
-    requests = {
-        wire.step_request_message_id("o1", "charge", mode, attempt)
-        for mode in ("do", "undo")
-        for attempt in (1, 2, 3)
-    }
+    assert wire.IDEMPOTENCY_KEY.matches(do) and wire.IDEMPOTENCY_KEY.matches(undo)
+    keys = (do, undo)
+    requests = {wire.step_request_message_id(key, attempt) for key in keys for attempt in (1, 2, 3)}
     assert len(requests) == 6  # every attempt and direction is a message of its own
-    replies = {
-        wire.step_reply_message_id("o1", "charge", mode, attempt)
-        for mode in ("do", "undo")
-        for attempt in (1, 2, 3)
-    }
+    replies = {wire.step_reply_message_id(key, attempt) for key in keys for attempt in (1, 2, 3)}
     assert len(replies) == 6 and not replies & requests
+
+
+def test_a_reused_order_id_gets_new_keys_and_an_order_from_before_keeps_its_own() -> None:
+    first, second = wire.new_incarnation(), wire.new_incarnation()
+    assert first != second and wire.INCARNATION.matches(first)
+    assert wire.idempotency_key("o1", first, "ship", "do") != wire.idempotency_key(
+        "o1", second, "ship", "do"
+    )
+    # Orders submitted before incarnations keep the keys their remotes already hold.
+    assert wire.idempotency_key("o1", "", "ship", "do") == "o1:ship"
+    assert wire.idempotency_key("o1", "", "ship", "undo") == "o1:ship:undo"
+
+
+def test_message_ids_of_the_longest_keys_fit_service_bus() -> None:
+    key = wire.idempotency_key("o" * 64, "f" * 12, "s" * 31, "undo")
+    assert wire.IDEMPOTENCY_KEY.matches(key)
+    for message_id in (
+        wire.step_request_message_id(key, wire.MAX_ATTEMPT),
+        wire.step_reply_message_id(key, wire.MAX_ATTEMPT),
+        wire.held_message_id(wire.step_reply_message_id(key, 1), datetime.now(UTC)),
+    ):
+        assert len(message_id) <= wire.MAX_MESSAGE_ID
 
 
 def test_schedule_status_and_alert_ids_follow_the_state_version() -> None:

@@ -126,18 +126,19 @@ def test_a_request_the_schema_refuses_is_parked_unapplied(effects: MemoryEffects
     assert harness.calls == [] and effects.rows == {}
 
 
-def test_an_order_id_used_again_for_another_request_is_refused_not_replayed(
+def test_an_order_id_used_again_after_a_purge_gets_new_keys_and_new_effects(
     effects: MemoryEffects,
 ) -> None:
-    """An order id purged and submitted again meets the first order's effects: the same keys,
-    other data. Nothing is replayed to it as if it were done."""
+    """An order id purged and submitted again is another incarnation: its steps are called
+    with keys of their own, so the first order's effects are neither replayed to it nor
+    taken for its own."""
     first = Harness(REGISTRY)
     first.submit("workspace", REQUEST, order_id="w1")
     first.run()
     again = Harness(REGISTRY)  # the first one's records are gone, its effects are not
     again.submit("workspace", {**REQUEST, "team": "Red", "plan": "free"}, order_id="w1")
     again.run()
-    assert again.state("w1").process_state is ProcessState.ERROR
-    assert again.state("w1").results == {}
-    assert "refused:create" in again.history("w1")
-    assert effects.tries == 4 and len(effects.rows) == 3
+    assert again.state("w1").process_state is ProcessState.PROCESSED
+    assert again.state("w1").incarnation != first.state("w1").incarnation
+    assert effects.tries == 6 and len(effects.rows) == 6
+    assert again.key("w1", "create") != first.key("w1", "create")

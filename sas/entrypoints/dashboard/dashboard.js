@@ -254,14 +254,17 @@
     if (badge.dataset.mode) $("timeline-state").dataset.mode = badge.dataset.mode;
     else delete $("timeline-state").dataset.mode;
     $("timeline-trace").textContent = order.trace_id || "—";
-    $("timeline-workflow").textContent = `${order.workflow}, ${order.priority} priority`;
+    $("timeline-workflow").textContent =
+      `${order.workflow} v${order.version}, ${order.priority} priority`;
     $("timeline-input").textContent = JSON.stringify(order.details);
     const ended = ["Processed", "Compensated", "Error", "Closed"].includes(order.process_state);
     $("timeline-step-label").textContent = ended ? "Ended at" : "Now at";
     $("timeline-step").textContent =
-      `${stepLabel(order)}, attempt ${order.attempt}, failures ${order.failure_count}`;
+      `${stepLabel(order)}, attempt ${order.attempt}, failures ${order.failure_count}`
+      + (order.waiting ? ` · waiting: ${order.waiting}` : "");
     $("timeline-error").textContent = order.last_error || "—";
-    $("resubmit-box").hidden = order.process_state !== "Error";
+    // An order waiting for its workflow version may be closed too (never resubmitted).
+    $("resubmit-box").hidden = order.process_state !== "Error" && !order.waiting;
     // "resubmitted" stays while the order runs again; back in Error, it is no longer news.
     if (order.process_state === "Error" && $("resubmit-outcome").dataset.outcome === "ok") {
       clearOutcome();
@@ -334,7 +337,8 @@
     const submitted = report.buckets.reduce((sum, b) => sum + b.submitted, 0);
     $("health-summary").textContent = `${submitted} submitted, ${report.finished} finished, `
       + `${report.failed} failed (${rate}) since ${when(report.since).textContent}`
-      + (report.problems.length ? ` · not read: ${report.problems.join("; ")}` : "");
+      + (report.problems.length ? ` · not read: ${report.problems.join("; ")}` : "")
+      + (report.missing_versions || []).map((m) => ` · orders wait: ${m.reason}`).join("");
     $("health-summary").dataset.failed = String(report.failed);
     fill($("endpoints").tBodies[0], report.endpoints.map((e) => row(
       [el("code", e.target),
