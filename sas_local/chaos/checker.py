@@ -6,7 +6,8 @@ design it checks against (table layout, workflow, alert id, policy) is written d
 documented state machine (docs/architecture.md). Evidence is read raw: every entity of the
 table (azure-data-tables), the alerts queue and every ``-poison`` queue (azure-storage-queue,
 Base64 JSON bodies), the simulator's ledger (``GET /ledger``) and the Python agents' effects
-(rows of the tables ``design.toml`` names). Each order is judged by its own workflow.
+(rows of the tables ``design.toml`` names). Each order is judged by the workflow version its
+state row says it was bound to (``Version``; 1 when absent).
 
 Violation classes (``Violation.kind``), each with the order id and evidence:
 
@@ -28,7 +29,13 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
 - ``poisoned_message``: any message in a ``-poison`` queue;
 - ``unexpected_effect``: an effect no legal run makes: for an order never submitted, an action
   its workflow has no step for, a step the order never reached (in ``do`` mode, past its
-  ``StepIndex``), or under a key that is not the step's (``design.toml``, ``do_key``).
+  ``StepIndex``), or under a key that is not the step's (``design.toml``, ``do_key``);
+- ``orphaned_effect``: an effect left applied for a finished order (Processed, Error, Closed)
+  whose step never completed (no ``step:`` row of that name), other than the step an Error
+  stopped on.
+
+An alert for a missing workflow definition (``missing_id_pattern``) must name an order that
+waited for that version (``alert_without_error`` otherwise).
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ KINDS = (
     "failure_count_exceeded",
     "poisoned_message",
     "unexpected_effect",
+    "orphaned_effect",
 )
 RECOVERY_KINDS = (
     "expired_retry",
@@ -69,6 +77,8 @@ RECOVERY_KINDS = (
     "reply_dropped",
     "alert_claimed",
     "resubmitted",
+    "waiting",
+    "resumed",
 )
 REPLY_KINDS = frozenset({"completed", "undone", "refused"})
 COMMITTED = "~committed"
@@ -99,6 +109,7 @@ class StepSpec:
 class FlowSpec:
     steps: tuple[StepSpec, ...]
     on_failure: str
+    version: int = 1
 
 
 @dataclass(frozen=True)
@@ -116,25 +127,31 @@ class Design:
     poison_suffix: str
     alert_lease_seconds: float
     alert_id: re.Pattern[str]
+    missing_alert_id: re.Pattern[str]
+    """The one alert for orders waiting on a workflow version a host does not have."""
     max_failures: int
     clock_skew_seconds: float
     steps: tuple[StepSpec, ...]
-    """The steps of the workflow judged (``for_workflow``); the first declared by default."""
+    """The steps of the workflow version judged (``for_workflow``); the first declared by
+    default."""
     on_failure: str
     terminal: frozenset[str]
-    workflows: Mapping[str, FlowSpec]
+    workflows: Mapping[tuple[str, int], FlowSpec]
+    """By (name, version): an order is judged by the version its state row names."""
     effect_tables: tuple[str, ...]
-    do_key: str
-    """A step's idempotency key, ``{order}`` and ``{step}`` filled in."""
     """The Python agents' tables: each row one effect (PartitionKey the order, RowKey the
     idempotency key, Agent, Action), read as ledger entries."""
+    do_key: str
+    """A step's idempotency key, ``{order}``, ``{incarnation}`` and ``{step}`` filled in."""
+    legacy_do_key: str
+    """The key of an order submitted before incarnations (its state row has none)."""
 
     @classmethod
     def load(cls, path: Path = DESIGN_PATH) -> Design:
         doc = tomllib.loads(path.read_text())
         table, queues, alerts, policy = doc["table"], doc["queues"], doc["alerts"], doc["policy"]
         flows = {
-            flow["name"]: FlowSpec(
+            (flow["name"], int(flow.get("version", 1))): FlowSpec(
                 tuple(
                     StepSpec(
                         s["name"], s["agent"], s["action"], s.get("undo"), s.get("max_failures")
@@ -142,6 +159,7 @@ class Design:
                     for s in flow["steps"]
                 ),
                 flow["on_failure"],
+                int(flow.get("version", 1)),
             )
             for flow in doc["workflows"]
         }
@@ -160,6 +178,7 @@ class Design:
             poison_suffix=queues["poison_suffix"],
             alert_lease_seconds=float(alerts["lease_seconds"]),
             alert_id=re.compile(alerts["id_pattern"]),
+            missing_alert_id=re.compile(alerts["missing_id_pattern"]),
             max_failures=int(policy["max_failures"]),
             clock_skew_seconds=float(policy["clock_skew_seconds"]),
             steps=first.steps,
@@ -168,12 +187,33 @@ class Design:
             workflows=flows,
             effect_tables=tuple(doc["effects"]["tables"]),
             do_key=doc["effects"]["do_key"],
+            legacy_do_key=doc["effects"]["legacy_do_key"],
         )
 
-    def for_workflow(self, name: str) -> Design | None:
-        """This design judging the workflow ``name``; None for one it does not know."""
-        flow = self.workflows.get(name)
+    def for_workflow(self, name: str, version: int = 1) -> Design | None:
+        """This design judging version ``version`` of the workflow ``name``; None for one it
+        does not know."""
+        flow = self.workflows.get((name, version))
         return None if flow is None else replace(self, steps=flow.steps, on_failure=flow.on_failure)
+
+    def for_state(self, state: Mapping[str, Any]) -> Design | None:
+        """This design judging the workflow version a state row says its order is bound to
+        (``Version``; absent in orders from before versions: 1)."""
+        return self.for_workflow(str(state.get("Workflow")), bound_version(state))
+
+    def do_key_of(self, order_id: str, state: Mapping[str, Any], step: str) -> str:
+        """The idempotency key of ``step``'s effect for the order ``state`` describes."""
+        incarnation = state.get("Incarnation")
+        if not incarnation:
+            return self.legacy_do_key.format(order=order_id, step=step)
+        return self.do_key.format(order=order_id, incarnation=incarnation, step=step)
+
+    def step_index(self, agent: str, action: str) -> int | None:
+        """The step of this workflow version that calls ``agent``'s ``action``."""
+        for index, spec in enumerate(self.steps):
+            if (spec.agent, spec.action) == (agent, action):
+                return index
+        return None
 
     def threshold(self, index: int) -> int:
         """Expiries of step ``index`` before it fails for good."""
@@ -193,6 +233,10 @@ class Design:
 
     def step_name(self, index: int) -> str | None:
         return self.steps[index].name if 0 <= index < len(self.steps) else None
+
+
+def bound_version(state: Mapping[str, Any]) -> int:
+    return int(state.get("Version") or 1)
 
 
 # --- evidence and verdicts -----------------------------------------------------------------
@@ -237,6 +281,8 @@ class Verdict:
     recoveries: dict[str, int]
     alerts: int
     error_episodes: int
+    missing_definition_alerts: int = 0
+    """Alerts for orders waiting on a workflow version (``Design.missing_alert_id``)."""
 
     @property
     def by_kind(self) -> dict[str, int]:
@@ -338,6 +384,9 @@ class _State:
     the same transaction, may follow once."""
     claimed: frozenset[tuple[int, str, int]] = frozenset()
     """Every (step, mode, attempt) claimed so far: a reply may only answer one of them."""
+    waiting: bool = False
+    """A host without the order's workflow version keeps it waiting: only a resume (or a
+    transition of a host that has the version) ends that, never an expiry."""
 
     def with_claim(self, attempt: int) -> _State:
         return replace(self, claimed=self.claimed | {(self.step, self.mode, attempt)})
@@ -389,6 +438,8 @@ def check(evidence: Evidence, design: Design | None = None) -> Verdict:
     recoveries: Counter[str] = Counter()
     episodes: dict[str, list[_Episode]] = {}
     unexplained: set[str] = set()
+    waited: dict[str, str] = {}
+    """Orders that waited for their workflow version -> that version's key."""
     for order_id in evidence.submitted:
         rows = by_order.get(order_id, {})
         state = rows.get(design.state_row)
@@ -408,13 +459,15 @@ def check(evidence: Evidence, design: Design | None = None) -> Verdict:
             continue
         ps = str(state.get("ProcessState"))
         outcomes[ps] += 1
-        flow = design.for_workflow(str(state.get("Workflow")))
+        flow = design.for_state(state)
         if flow is None:
-            why = f"unknown workflow {state.get('Workflow')!r}"
+            why = f"unknown workflow {state.get('Workflow')!r} v{bound_version(state)}"
             violations.append(Violation("illegal_transition", order_id, why, {}))
             unexplained.add(order_id)
             continue
         history = _history(rows, flow)
+        if any(r.kind == "waiting" for r in history):
+            waited[order_id] = _definition_key(state)
         recoveries.update(r.kind for r in history if r.kind in RECOVERY_KINDS)
         violations += _stuck(order_id, state, ps, order_id in live, flow)
         violations += _failure_counts(order_id, state, history, flow)
@@ -425,16 +478,56 @@ def check(evidence: Evidence, design: Design | None = None) -> Verdict:
             unexplained.add(order_id)
         violations += replay_violations
     violations += _ledger(evidence, by_order, design)
-    alert_violations, alert_count = _alerts(evidence.alerts, episodes, design, unexplained)
+    raw = _missing_definition_alerts(evidence.alerts, waited, design)
+    violations += raw.violations
+    alert_violations, alert_count = _alerts(raw.others, episodes, design, unexplained)
     violations += alert_violations
     violations += _poison(evidence.poison)
     return Verdict(
         violations,
         dict(outcomes),
         {kind: recoveries.get(kind, 0) for kind in RECOVERY_KINDS},
-        alert_count,
+        alert_count + raw.count,
         sum(len(found) for found in episodes.values()),
+        raw.count,
     )
+
+
+def _definition_key(state: Mapping[str, Any]) -> str:
+    """How a missing-definition alert names the version an order is bound to."""
+    return f"{state.get('Workflow')}.{bound_version(state)}.{state.get('Definition') or '-'}"
+
+
+@dataclass
+class _MissingAlerts:
+    count: int
+    violations: list[Violation]
+    others: list[str]
+    """The alerts that are not for a missing definition."""
+
+
+def _missing_definition_alerts(
+    raw: Iterable[str], waited: Mapping[str, str], design: Design
+) -> _MissingAlerts:
+    """An alert for a missing definition must name an order that waited for that version."""
+    found = _MissingAlerts(0, [], [])
+    for body in raw:
+        try:
+            document = json.loads(body)
+            alert_id, order_id = str(document["alert_id"]), str(document["order_id"])
+        except (ValueError, KeyError, TypeError):
+            found.others.append(body)  # judged (unreadable) with the others
+            continue
+        match = design.missing_alert_id.match(alert_id)
+        if match is None:
+            found.others.append(body)
+            continue
+        found.count += 1
+        if waited.get(order_id) != match.group("key"):
+            why = f"alert {alert_id}: the order never waited for that workflow version"
+            evidence = {"waited_for": waited.get(order_id)}
+            found.violations.append(Violation("alert_without_error", order_id, why, evidence))
+    return found
 
 
 def _parked_order_id(entity: Mapping[str, Any]) -> str | None:
@@ -493,10 +586,13 @@ def _stuck(
         why.append("still in the in-flight index")
     if state.get("AlertPending"):
         why.append("still owes its operator alert")
+    if state.get("Waiting"):
+        why.append(f"still waiting: {state.get('Waiting')}")
     if not why:
         return []
     evidence = {
-        k: state.get(k) for k in ("ProcessState", "Attempt", "StepIndex", "Mode", "CompleteBy")
+        k: state.get(k)
+        for k in ("ProcessState", "Attempt", "StepIndex", "Mode", "CompleteBy", "Version")
     }
     return [Violation("stuck_order", order_id, "; ".join(why), evidence)]
 
@@ -564,9 +660,13 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
         return _State(PENDING, s.step, s.mode, r.attempt, s.failures, claimed=s.claimed)
     if r.kind in REPLY_KINDS:
         return _reply(s, r, design, same_step=same_step, running=running)
+    if r.kind in ("waiting", "resumed"):
+        return _wait(s, r, same_step=same_step, running=running)
     if r.kind.startswith("expired_"):
         if s.ps not in (PENDING, running) or r.attempt != s.attempt or not same_step:
             return "expiry of a record that is not live at that attempt and step"
+        if s.waiting:
+            return "expiry of an order waiting for its workflow version (it resumes instead)"
         match = _FAILURE.search(r.detail)
         failures = int(match.group(1)) if match else s.failures + 1
         if failures != s.failures + 1:
@@ -597,6 +697,18 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
             return "close of an order not in Error"
         return _State(CLOSED, s.step, s.mode, s.attempt, claimed=s.claimed)
     return f"unknown history kind {r.kind!r}"
+
+
+def _wait(s: _State, r: _Row, *, same_step: bool, running: str) -> _State | str:
+    """A host without the order's workflow version keeps it waiting (nothing moves); a host
+    that has it resumes it: Pending at the same step, attempt and failure count."""
+    if s.ps not in (PENDING, running) or r.attempt != s.attempt or not same_step:
+        return f"{r.kind} of an order that is not live at that attempt and step"
+    if r.kind == "waiting":
+        return replace(s, waiting=True)
+    if not s.waiting:
+        return "resume of an order that was not waiting"
+    return replace(s, ps=PENDING, waiting=False, unrecorded_claim=False)
 
 
 def _reply(s: _State, r: _Row, design: Design, *, same_step: bool, running: str) -> _State | str:
@@ -816,9 +928,10 @@ def _ledger(
                 )
             )
     found += _unexpected(evidence, dos, by_order, design)
+    found += _orphaned(dos, by_order, design)
     for order_id in evidence.submitted:
         state = by_order.get(order_id, {}).get(design.state_row)
-        flow = None if state is None else design.for_workflow(str(state.get("Workflow")))
+        flow = None if state is None else design.for_state(state)
         if state is None or flow is None:
             continue
         ps = state.get("ProcessState")
@@ -872,7 +985,7 @@ def _unexpected(
     submitted = set(evidence.submitted)
     for order_id, applied in dos.items():
         state = by_order.get(order_id, {}).get(design.state_row)
-        flow = None if state is None else design.for_workflow(str(state.get("Workflow")))
+        flow = None if state is None else design.for_state(state)
         if order_id not in submitted:
             labels = {"applied": [_label(e) for e in applied]}
             why = "effect for an order never submitted"
@@ -880,25 +993,67 @@ def _unexpected(
             continue
         if state is None or flow is None:  # lost, parked or of no known workflow: said already
             continue
-        steps = {(step.agent, step.action): index for index, step in enumerate(flow.steps)}
-        reached = int(state.get("StepIndex", -1))
-        ahead = state.get("Mode") != "undo" and state.get("ProcessState") != PROCESSED
         for entry in applied:
-            index = steps.get((str(entry.get("service")), str(entry.get("action"))))
-            if index is None:
-                why = "an action no step of its workflow calls"
-            elif ahead and index > reached:
-                why = f"step {flow.steps[index].name}, which the order never reached"
-            elif entry.get("idempotency_key") != design.do_key.format(
-                order=order_id,
-                incarnation=state.get("Incarnation", ""),
-                step=flow.steps[index].name,
-            ):
-                why = "a key that is not its step's"
-            else:
+            wrong = _why_unexpected(order_id, entry, state, flow)
+            if wrong is not None:
+                found.append(Violation("unexpected_effect", order_id, f"{_label(entry)}: {wrong}",
+                                       {"StepIndex": state.get("StepIndex"),
+                                        "Mode": state.get("Mode")}))  # fmt: skip
+    return found
+
+
+def _why_unexpected(
+    order_id: str, entry: Mapping[str, Any], state: Mapping[str, Any], flow: Design
+) -> str | None:
+    """Why no legal run of the order's workflow version makes this effect; None if one may."""
+    index = flow.step_index(str(entry.get("service")), str(entry.get("action")))
+    reached = int(state.get("StepIndex", -1))
+    ahead = state.get("Mode") != "undo" and state.get("ProcessState") != PROCESSED
+    if index is None:
+        return "an action no step of its workflow calls"
+    if ahead and index > reached:
+        return f"step {flow.steps[index].name}, which the order never reached"
+    if entry.get("idempotency_key") != flow.do_key_of(order_id, state, flow.steps[index].name):
+        return "a key that is not its step's"
+    return None
+
+
+def _orphaned(
+    dos: Mapping[str, list[Mapping[str, Any]]],
+    by_order: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    design: Design,
+) -> list[Violation]:
+    """Effects left applied that the order's record does not account for: not the effect of a
+    completed step (a ``step:`` row of the step of its bound version that calls that action),
+    not undone, and not the step an Error (or Closed) order stopped on, which an operator
+    owns. Compensated orders (``compensation_incomplete``), orders not terminal
+    (``stuck_order``) and effects no legal run makes (``unexpected_effect``) are said
+    elsewhere."""
+    found = []
+    for order_id, applied in dos.items():
+        rows = by_order.get(order_id, {})
+        state = rows.get(design.state_row)
+        flow = None if state is None else design.for_state(state)
+        if state is None or flow is None:
+            continue
+        ps = state.get("ProcessState")
+        if ps not in design.terminal or ps == COMPENSATED:
+            continue
+        completed = {
+            str(row.get("Name") or key.rsplit(":", 1)[-1])
+            for key, row in rows.items()
+            if key.startswith(design.step_row_prefix)
+        }
+        stopped_on = int(state.get("StepIndex", -1)) if ps in (ERROR, CLOSED) else None
+        for entry in applied:
+            if entry.get("undone_at") or _why_unexpected(order_id, entry, state, flow):
                 continue
-            found.append(Violation("unexpected_effect", order_id, f"{_label(entry)}: {why}",
-                                   {"StepIndex": reached, "Mode": state.get("Mode")}))  # fmt: skip
+            index = flow.step_index(str(entry.get("service")), str(entry.get("action")))
+            if index is None or index == stopped_on or flow.steps[index].name in completed:
+                continue
+            why = f"{_label(entry)}: applied, but step {flow.steps[index].name} never completed"
+            evidence = {"completed_steps": sorted(completed), "ProcessState": ps}
+            found.append(Violation("orphaned_effect", order_id, why, evidence))
     return found
 
 

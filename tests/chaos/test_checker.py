@@ -18,6 +18,9 @@ pytestmark = [pytest.mark.unit, pytest.mark.chaos]
 DESIGN = Design.load()
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STEPS = [(s.name, s.agent, s.action, s.undo) for s in DESIGN.steps]
+V2 = [(s.name, s.agent, s.action, s.undo) for s in DESIGN.workflows[("order", 2)].steps]
+INCARNATION = "0123456789ab"
+"""Every synthetic order's incarnation (its state row's ``Incarnation``), in its keys."""
 
 
 @dataclass
@@ -37,6 +40,13 @@ class World:
         self.clock += seconds
         return T0 + timedelta(seconds=self.clock)
 
+    def step_row(self, order: str, name: str) -> None:
+        """A completed step's record, as the reply that completed it writes it."""
+        rows = [e for e in self.entities if e["PartitionKey"] == order and "Name" in e]
+        if all(row["Name"] != name for row in rows):
+            row_key = f"{DESIGN.step_row_prefix}{len(rows):02d}:{name}"
+            self.entities.append({"PartitionKey": order, "RowKey": row_key, "Name": name})
+
     def history(self, order: str, kind: str, attempt: int, step: str | None, mode: str = "do",
                 detail: str | None = None, at: datetime | None = None) -> datetime:  # fmt: skip
         when = at or self.at()
@@ -54,6 +64,8 @@ class World:
                 "Detail": detail,
             }
         )
+        if kind == "completed" and mode == "do" and step is not None:
+            self.step_row(order, step)
         return when
 
     def state(self, order: str, ps: str, attempt: int, step: int, mode: str = "do",
@@ -68,13 +80,15 @@ class World:
                 "StepIndex": step,
                 "Mode": mode,
                 "FailureCount": 0,
+                "Incarnation": INCARNATION,
                 **more,
             }
         )
 
-    def do(self, order: str, index: int, *, undone: bool = False, key: str | None = None) -> None:
-        _, agent, action, undo = STEPS[index]
-        do_key = key or f"{order}:{STEPS[index][0]}"
+    def do(self, order: str, index: int, *, undone: bool = False, key: str | None = None,
+           steps: list[tuple[str, str, str, str | None]] = STEPS) -> None:  # fmt: skip
+        name, agent, action, undo = steps[index]
+        do_key = key or f"{order}:{INCARNATION}:{name}"
         self.effects.append(
             {
                 "kind": "do",
@@ -425,7 +439,7 @@ def workspace(world: World, order: str, expiries: int, end: str = "completed") -
         world.state(order, "Error", attempt, 2, Workflow="workspace", FailureCount=failures)
         world.alert(order, attempt, error_at)
     for agent, action in done:  # a Python agent's effect rows, read as ledger entries
-        key = f"{order}:{action}"
+        key = f"{order}:{INCARNATION}:{action}"
         entry = {"kind": "do", "service": agent, "action": action, "idempotency_key": key}
         world.effects.append({**entry, "order_id": order})
 
@@ -493,6 +507,131 @@ def test_an_effect_of_a_step_never_reached_no_legal_run_makes_is_reported() -> N
     assert kinds(world) == ["unexpected_effect"]
 
 
+def test_an_order_from_before_incarnations_keeps_its_keys() -> None:
+    world = World()
+    world.processed("p1")
+    world.entities[-1].pop("Incarnation")
+    world.effects = [
+        {**e, "idempotency_key": e["idempotency_key"].replace(f":{INCARNATION}:", ":")}
+        for e in world.effects
+    ]
+    assert kinds(world) == []
+    world.entities.pop()
+    world.state("p1", "Processed", 3, 2)  # its state names an incarnation its keys lack
+    assert kinds(world) == ["unexpected_effect"]
+
+
+def processed_v2(world: World, order: str) -> None:
+    """A version 2 order: hold, ship, charge, invoice, each completed at its first attempt."""
+    world.submitted.append(order)
+    world.history(order, "submitted", 0, None)
+    world.history(order, "claimed", 1, "hold")
+    for attempt, (name, *_rest) in enumerate(V2, start=1):
+        world.history(order, "completed", attempt, name)
+        world.do(order, attempt - 1, steps=V2)
+    world.state(order, "Processed", 4, 3, Version=2)
+
+
+def test_a_v2_order_is_judged_by_the_steps_of_its_version() -> None:
+    world = clean()
+    processed_v2(world, "v2")
+    assert kinds(world) == []
+    world.entities[-1].pop("Version")  # the same rows judged as version 1's
+    assert set(kinds(world)) == {"illegal_transition", "unexpected_effect"}
+
+
+def test_a_v2_order_with_a_step_of_version_1_is_reported() -> None:
+    world = World()
+    processed_v2(world, "v2")
+    reserve = next(e for e in world.effects if e["action"] == "reserve")
+    reserve["idempotency_key"] = f"v2:{INCARNATION}:reserve"  # v1's name for v2's hold
+    assert kinds(world) == ["unexpected_effect"]
+    world = World()
+    processed_v2(world, "v2")
+    world.effects = [e for e in world.effects if e["action"] != "invoice"]  # v1 has no invoice
+    assert kinds(world) == ["processed_effect_missing"]
+
+
+def waited_and_resumed(world: World, order: str) -> str:
+    """A version 2 order mid-deploy: an old host's Supervisor kept it waiting at hold (with the
+    one alert for the missing version), a new one resumed it, a reply of another incarnation
+    was dropped, and it finished."""
+    key = f"order.2.{'f' * 16}"
+    world.submitted.append(order)
+    world.history(order, "submitted", 0, None)
+    world.history(order, "claimed", 1, "hold")
+    waited = world.history(order, "waiting", 1, "hold", detail="order v2 is not deployed")
+    alert_id = f"definition-missing:{key}:{waited.timestamp():.6f}"
+    world.alerts.append(json.dumps({"alert_id": alert_id, "order_id": order}))
+    world.history(order, "resumed", 1, "hold", detail="order v2 is deployed again")
+    world.history(order, "claimed", 2, "hold")
+    world.history(order, "reply_dropped", 7, "hold", detail="ok other_incarnation")
+    world.history(order, "completed", 1, "hold")  # the first attempt's late ok still applies
+    for attempt, (name, *_rest) in enumerate(V2[1:], start=3):
+        world.history(order, "completed", attempt, name)
+    for index in range(len(V2)):
+        world.do(order, index, steps=V2)
+    world.state(order, "Processed", 5, 3, Version=2, Definition="f" * 16)
+    return alert_id
+
+
+def test_an_order_that_waited_for_its_version_and_resumed_is_legal() -> None:
+    world = clean()
+    waited_and_resumed(world, "v2")
+    verdict = check(world.evidence(), DESIGN)
+    assert verdict.violations == []
+    assert (verdict.recoveries["waiting"], verdict.recoveries["resumed"]) == (1, 1)
+    assert verdict.missing_definition_alerts == 1
+
+
+@pytest.mark.parametrize("how", ["resumed_unwaited", "expired_waiting", "alert_unwaited"])
+def test_waiting_rows_and_alerts_no_deploy_explains_are_reported(how: str) -> None:
+    world = World()
+    world.processed("p1")
+    if how == "alert_unwaited":  # a missing-definition alert for an order that never waited
+        world.alerts.append(json.dumps({"alert_id": f"definition-missing:order.1.-:{1.0:.6f}",
+                                        "order_id": "p1"}))  # fmt: skip
+        assert kinds(world) == ["alert_without_error"]
+        return
+    world.submitted.append("s1")
+    world.history("s1", "submitted", 0, None)
+    world.history("s1", "claimed", 1, "reserve")
+    if how == "expired_waiting":  # a failure counted for a deploy: it must resume instead
+        world.history("s1", "waiting", 1, "reserve", detail="order v1 is not deployed")
+        world.history("s1", "expired_retry", 1, "reserve", detail="failure 1 of 3")
+    else:
+        world.history("s1", "resumed", 1, "reserve")
+    world.history("s1", "claimed", 2, "reserve")
+    world.history("s1", "completed", 2, "reserve")
+    world.history("s1", "completed", 3, "charge")
+    world.history("s1", "completed", 4, "ship")
+    for index in range(3):
+        world.do("s1", index)
+    world.state("s1", "Processed", 4, 2)
+    assert kinds(world) == ["illegal_transition"]
+
+
+def test_an_orphaned_effect_is_reported() -> None:
+    """ship applied for an Error order that stopped undoing charge: ship never completed (no
+    step row) and was never undone, so nothing accounts for it."""
+    world = clean()
+    world.do("e1", 2)
+    assert kinds(world) == ["orphaned_effect"]
+    world = clean()  # the same effect, recorded as completed: a step the undo skipped
+    world.do("e1", 2)
+    world.step_row("e1", "ship")
+    assert kinds(world) == []
+
+
+def test_the_effect_of_the_step_an_error_stopped_on_is_not_orphaned() -> None:
+    world = World()
+    workspace(world, "w1", expiries=4, end="expired_error")
+    key = f"w1:{INCARNATION}:notify"  # an expired attempt sent the mail: the operator's call
+    world.effects.append({"kind": "do", "service": "mailer", "action": "notify",
+                          "idempotency_key": key, "order_id": "w1"})  # fmt: skip
+    assert kinds(world) == []
+
+
 def test_every_class_has_a_test_here() -> None:
     source = Path(__file__).read_text()
     tested = {
@@ -508,6 +647,7 @@ def test_every_class_has_a_test_here() -> None:
         "failure_count_exceeded": "past_the_threshold",
         "poisoned_message": "poisoned_message_is_reported",
         "unexpected_effect": "no_legal_run_makes",
+        "orphaned_effect": "orphaned_effect_is_reported",
     }
     assert set(tested) == set(KINDS)
     assert all(f"{fragment}" in source for fragment in tested.values())
