@@ -247,8 +247,8 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
         for a in report.alerts
     ]
     missing = [
-        Text(f"orders wait: {m.reason} (since {at(m.since)}): deploy it again, or close them")
-        for m in report.missing
+        Text(f"{w.orders} order(s) wait: {w.reason}: deploy it again, or close them")
+        for w in report.waiting
     ]
     return Group(
         Text(summary),

@@ -32,6 +32,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from sas.actions import ActionContext, Refused, Transient
+from sas.domain.wire import without_incarnation
 from sas.domain.workflow import Registry
 from sas_local.simulator.faults import chance
 
@@ -64,7 +65,8 @@ class _Dice:
         with self._lock:
             number = self._calls[context.idempotency_key]
             self._calls[context.idempotency_key] += 1
-        seed, key = self.faults.seed, context.idempotency_key
+        # Fixed by the order and step, not the incarnation: reproducible from run to run.
+        seed, key = self.faults.seed, without_incarnation(context.idempotency_key)
 
         def hit(kind: str, rate: float) -> bool:
             parts = (kind, where, key) if kind == "python_refusal" else (kind, where, key, number)

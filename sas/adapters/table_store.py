@@ -12,11 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import (
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-)
+from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from sas.adapters.tables import (
@@ -277,24 +273,21 @@ class TableStateStore(OrderTables):
 
     # --- workflow versions orders wait for ----------------------------------------------
 
-    def note_missing(self, missing: MissingDefinition) -> bool:
+    def get_missing(self, key: str) -> MissingDefinition | None:
+        try:
+            e = self._live.get_entity(MISSING_PARTITION, key)
+        except ResourceNotFoundError:
+            return None
+        return MissingDefinition(e["RowKey"], e["Reason"], utc(e["Since"]))
+
+    def note_missing(self, missing: MissingDefinition) -> None:
         entity = {
             "PartitionKey": MISSING_PARTITION,
             "RowKey": missing.key,
             "Reason": missing.reason[:1000],
             "Since": missing.since,
         }
-        try:
-            self._live.create_entity(entity)
-        except ResourceExistsError:
-            return False
-        return True
-
-    def list_missing(self) -> list[MissingDefinition]:
-        entities = self._live.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": MISSING_PARTITION}
-        )
-        return [MissingDefinition(e["RowKey"], e["Reason"], utc(e["Since"])) for e in entities]
+        self._live.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
     def forget_missing(self, key: str) -> None:
         self._live.delete_entity(MISSING_PARTITION, key)  # absent already: no error

@@ -42,6 +42,10 @@ from sas.domain.wire import (
 MAX_MESSAGE_BYTES = 48 * 1024
 """Storage Queues cap a message at 64 KiB after Base64 (4/3 growth); stay under it."""
 
+MAX_HOLDS = 100_000
+"""Times a message may be put back for a host with its workflow version (years, at most once
+every five minutes)."""
+
 MAX_RESULT_BYTES = 8 * 1024
 """What a step keeps of the remote's answer (for its undo), as compact JSON: small, to fit a
 message and a Table property with room to spare."""
@@ -114,14 +118,16 @@ class OrderSubmitted(Message):
     deferred while higher priorities are backlogged): when the first deferral happened, which
     bounds how long it may be deferred. Not part of the order."""
     held_since: AwareDatetime | None = None
-    """Set by the app when a host put the message back for a host that knows its workflow
-    version (``Held``). Not part of the order."""
+    """Set by the app when a host put the message back for a host that has its workflow
+    version (sas/services/versions.py). Not part of the order."""
+    holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
+    """How often it was put back so far."""
 
     def fingerprint(self) -> str:
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
         # Defaults are left out, so an order's fingerprint is what it was before the field
         # existed: a redelivery across an upgrade is still a redelivery.
-        unset = {"deferred_since", "trace", "held_since"}
+        unset = {"deferred_since", "trace", "held_since", "holds"}
         if self.version is None:
             unset.add("version")
         if self.status_events == "outcome":
@@ -139,7 +145,8 @@ class ScheduleRequest(Message):
     type: Literal["ScheduleRequest"] = "ScheduleRequest"
     order_id: OrderId
     held_since: AwareDatetime | None = None
-    """Set when a host put the message back for one that knows the order's workflow version."""
+    """Set when a host put the message back for one that has the order's workflow version."""
+    holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
 
 
 class StepRequest(Message):
@@ -163,9 +170,10 @@ class StepRequest(Message):
     """The order's incarnation: the reply carries it back (None in requests sent before)."""
     workflow: StepName | None = None
     version: Version | None = None
-    """The workflow version the order is bound to: a host that does not have it leaves the
-    request for one that does."""
+    """The workflow version the order is bound to (for the operator's eye: an agent runs its
+    action whatever the version)."""
     held_since: AwareDatetime | None = None
+    holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
 
 
 ReplyKind = Literal["ok", "error", "deferred"]
@@ -190,6 +198,7 @@ class StepReply(Message):
     """The incarnation the request named: a reply to an earlier submission of a reused order
     id never moves the new one."""
     held_since: AwareDatetime | None = None
+    holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
 
     @field_validator("result")
     @classmethod

@@ -94,6 +94,7 @@ def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: Retr
                 complete_by=now + delay + workflow.pickup_budget,
                 updated_at=now,
                 last_error=f"{step} ({state.mode}) expired at attempt {state.attempt}",
+                waiting=None,
             ),
             ExpiryAction.RETRY,
             delay,

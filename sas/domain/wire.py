@@ -178,6 +178,14 @@ def idempotency_key(order_id: str, incarnation: str, step: str, mode: Mode) -> s
     return key if mode == "do" else f"{key}:undo"
 
 
+def without_incarnation(key: str) -> str:
+    """``key`` as ``<order>:<step>[:undo]``: the same for every submission of the order id
+    (what a test reads as "this order's step", and what seeded fault dice are fixed by)."""
+    order_id, _, rest = key.partition(":")
+    head, _, tail = rest.partition(":")
+    return f"{order_id}:{tail}" if INCARNATION.matches(head) and tail else key
+
+
 def submission_message_id(order_id: str) -> str:
     """One order, one submission: a resent OrderSubmitted is a duplicate."""
     return order_id
@@ -193,10 +201,11 @@ def step_reply_message_id(key: str, attempt: int) -> str:
     return _bounded(f"{key}:{attempt}:reply")
 
 
-def held_message_id(message_id: str, held_at: datetime) -> str:
-    """A message put back for a host that knows its order's workflow version: a message of its
-    own (duplicate detection would drop it as the original)."""
-    return _bounded(f"{message_id}:held:{_stamp(held_at)}")
+def held_message_id(message_id: str, holds: int) -> str:
+    """A message put back for a host that has its order's workflow version, for the ``holds``-th
+    time: a message of its own (duplicate detection would drop it as the original), and the
+    same id for two copies of one delivery held at once (so one of them is dropped)."""
+    return _bounded(f"{message_id}:held:{holds}")
 
 
 def deferred_submission_message_id(order_id: str, deferred_at: datetime) -> str:
@@ -274,9 +283,9 @@ def missing_definition_key(workflow: str, version: int, fingerprint: str) -> str
     return f"{workflow}.{version}.{fingerprint or '-'}"
 
 
-def missing_alert_id(key: str, since: datetime) -> str:
-    """One alert per missing definition (per episode: noted again after it came back)."""
-    return _bounded(f"definition-missing:{key}:{_stamp(since)}")
+def missing_alert_id(key: str, at: datetime) -> str:
+    """The alert of a missing definition: one id per definition and UTC day, whoever sends it."""
+    return _bounded(f"definition-missing:{key}:{at.astimezone(UTC):%Y-%m-%d}")
 
 
 LOAD_PARTITION = "~load"

@@ -71,10 +71,9 @@ class AlertView(BaseModel):
         return cls(**vars(alert))
 
 
-class MissingView(BaseModel):
-    workflow_version: str = Field(description="<workflow>.<version>.<fingerprint>")
-    reason: str = Field(description="why its orders wait")
-    since: datetime = Field(description="when the first order was found waiting for it")
+class WaitingView(BaseModel):
+    reason: str = Field(description="the workflow version they wait for, and why")
+    orders: int
 
 
 class HealthView(BaseModel):
@@ -95,10 +94,10 @@ class HealthView(BaseModel):
         "(Service Bus: what one peek sees)"
     )
     problems: list[str] = Field(description="parts that could not be read; the rest is shown")
-    missing_versions: list[MissingView] = Field(
+    waiting: list[WaitingView] = Field(
         default_factory=list,
-        description="workflow versions that orders wait for and the app does not have: deploy "
-        "them again, or close those orders",
+        description="orders waiting for a workflow version the app does not have, by reason: "
+        "deploy it again, or close those orders",
     )
 
     @classmethod
@@ -115,10 +114,7 @@ class HealthView(BaseModel):
             alerts=[AlertView.of(alert) for alert in report.alerts],
             alerts_waiting=report.alerts_waiting,
             problems=report.problems,
-            missing_versions=[
-                MissingView(workflow_version=m.key, reason=m.reason, since=m.since)
-                for m in report.missing
-            ],
+            waiting=[WaitingView(reason=w.reason, orders=w.orders) for w in report.waiting],
         )
 
 

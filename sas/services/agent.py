@@ -50,7 +50,7 @@ class AgentOutcome(StrEnum):
     DEFERRED = "deferred"
     """No endpoint had room: nothing called, a deferred reply sent."""
     HELD = "held"
-    """The order's workflow version is not deployed here: left for a host that has it."""
+    """The Python action is not deployed here (a newer version's): left for a host with it."""
 
 
 _FAILED = frozenset({AgentOutcome.REFUSED, AgentOutcome.GAVE_UP, AgentOutcome.LATE})
@@ -110,14 +110,15 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
     if now >= request.complete_by:
         log.info("sas.step_request_expired", extra=extra)
         return AgentOutcome.EXPIRED
-    if request.workflow is not None and request.version is not None:
-        deployed = ctx.workflows.versions(request.workflow)
-        if request.version not in deployed:  # a host mid-deploy: one that has it runs it
-            why = f"{request.workflow} v{request.version} is not deployed"
-            queue = ctx.routes.agent(agent, request.priority)
-            message_id = step_request_message_id(request.idempotency_key, request.attempt)
-            versions.hold(ctx, queue, request, message_id, why)
-            return AgentOutcome.HELD
+    python = ctx.agents.python.get(agent)
+    if python is not None and request.action not in python.actions:
+        # An action of a newer version than this host has (a deploy in progress): a host that
+        # has it runs it, before the deadline. Any other step runs whatever its version.
+        queue = ctx.routes.agent(agent, request.priority)
+        message_id = step_request_message_id(request.idempotency_key, request.attempt)
+        why = f"{agent} has no action {request.action} here"
+        versions.hold(ctx, queue, request, message_id, why, within=request.complete_by - now)
+        return AgentOutcome.HELD
     deadline = (
         min(request.complete_by, now + ctx.workflows.longest_step_budget) - ctx.agents.safety_margin
     )

@@ -12,6 +12,7 @@ updated in the window: an operator's look, never the order path's.
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -22,7 +23,7 @@ from sas.domain.clock import Clock
 from sas.domain.endpoints import Endpoint, EndpointLoad
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OperatorAlert, decode
-from sas.domain.model import MissingDefinition, ProcessState
+from sas.domain.model import ProcessState
 from sas.services.breaker import BreakerStore
 from sas.services.ports import LoadStore, QueueDepth, QueuePeek, StateStore
 
@@ -86,6 +87,12 @@ class WaitingAlert:
 
 
 @dataclass(frozen=True)
+class WaitingOrders:
+    reason: str
+    orders: int
+
+
+@dataclass(frozen=True)
 class HealthReport:
     at: datetime
     since: datetime
@@ -97,8 +104,9 @@ class HealthReport:
     alerts_waiting: int | None
     """How many wait there, as the transport estimates it (None: could not be read)."""
     problems: list[str]
-    missing: list[MissingDefinition] = field(default_factory=list)
-    """Workflow versions that orders wait for and the app does not have (or has changed)."""
+    waiting: list[WaitingOrders] = field(default_factory=list)
+    """Orders waiting for a workflow version the app does not have (or has changed), by
+    reason: read with the throughput (a waiting order is written every minute)."""
 
     @property
     def finished(self) -> int:
@@ -145,16 +153,23 @@ class Health:
         bucket = timedelta(minutes=max(minutes, 1))
         since = _floor(now - window, bucket)
         problems: list[str] = []
-        buckets = _guarded("throughput", problems, lambda: self._buckets(since, bucket, now))
+        waiting: Counter[str] = Counter()
+        buckets = _guarded(
+            "throughput", problems, lambda: self._buckets(since, bucket, now, waiting)
+        )
         endpoints = _guarded("endpoints", problems, self._endpoints)
-        listed, waiting = _guarded("alerts", problems, lambda: self._alerts(alerts)) or ([], None)
-        missing = _guarded("workflow versions", problems, self._s.store.list_missing)
+        listed, alerts_waiting = _guarded("alerts", problems, lambda: self._alerts(alerts)) or (
+            [],
+            None,
+        )
         return HealthReport(
-            now, since, bucket, buckets or [], endpoints or [], listed, waiting, problems,
-            sorted(missing or [], key=lambda m: m.key),
+            now, since, bucket, buckets or [], endpoints or [], listed, alerts_waiting, problems,
+            [WaitingOrders(reason, n) for reason, n in sorted(waiting.items())],
         )  # fmt: skip
 
-    def _buckets(self, since: datetime, size: timedelta, now: datetime) -> list[Bucket]:
+    def _buckets(
+        self, since: datetime, size: timedelta, now: datetime, waiting: Counter[str]
+    ) -> list[Bucket]:
         starts = []
         start = since
         while start <= now:
@@ -164,6 +179,8 @@ class Health:
         finished: list[dict[ProcessState, int]] = [{} for _ in starts]
         for versioned in self._s.store.query_states(updated_after=since):
             state = versioned.value
+            if state.waiting is not None and not state.is_terminal:
+                waiting[state.waiting] += 1
             last = len(starts) - 1  # a time ahead of this clock (another's) counts as now
             if state.submitted_at >= since:
                 submitted[min((state.submitted_at - since) // size, last)] += 1

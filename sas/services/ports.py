@@ -130,12 +130,13 @@ class StateStore(Protocol):
         there is no such message (any more)."""
         ...
 
-    def note_missing(self, missing: MissingDefinition) -> bool:
-        """Record that orders wait for ``missing.key``; True only for the call that recorded
-        it (an insert): that caller sends the one alert."""
+    def get_missing(self, key: str) -> MissingDefinition | None:
+        """The note that orders wait for definition ``key`` (its alert was sent), if any."""
         ...
 
-    def list_missing(self) -> list[MissingDefinition]: ...
+    def note_missing(self, missing: MissingDefinition) -> None:
+        """Write (or replace) the note of ``missing.key``."""
+        ...
 
     def forget_missing(self, key: str) -> None:
         """The definition is back: a later absence is a new episode (and a new alert)."""

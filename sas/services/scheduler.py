@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sas.domain.errors import ConcurrencyConflict, DefinitionMissing, IllegalTransition
@@ -153,7 +153,10 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
         key = idempotency_key(reply.order_id, incarnation, reply.step, reply.mode)
         message_id = step_reply_message_id(key, reply.attempt)
         queue = ctx.routes.lane(ctx.routes.replies, state.priority)
-        versions.hold(ctx, queue, reply, message_id, missing.reason)
+        # Mid-deploy, back while the step's deadline runs; otherwise ever more rarely.
+        left = (state.complete_by or state.updated_at) - ctx.clock.now()
+        within = left if missing.newer and left > timedelta(0) else None
+        versions.hold(ctx, queue, reply, message_id, missing.reason, within=within)
         return ReplyOutcome.HELD
     verdict = fence(
         state,

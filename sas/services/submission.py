@@ -30,6 +30,10 @@ from sas.services.context import Context
 
 log = logging.getLogger(__name__)
 
+SUBMISSION_HOLD_LIMIT = timedelta(hours=1)
+"""How long a submission naming a newer workflow version than any host has is put back before
+it is refused (parked, with the reason)."""
+
 
 class SubmissionOutcome(StrEnum):
     ACCEPTED = "accepted"
@@ -97,6 +101,9 @@ def _submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
     try:
         check(ctx, message)
     except DefinitionMissing as missing:  # a newer version than this host has: mid-deploy
+        held = ctx.clock.now() - (message.held_since or ctx.clock.now())
+        if held >= SUBMISSION_HOLD_LIMIT:  # no deploy takes this long: a version never made
+            raise InvalidMessage(f"{missing.reason} (no host had it for an hour)") from None
         queue = ctx.routes.lane(ctx.routes.orders, message.priority)
         versions.hold(ctx, queue, message, submission_message_id(message.order_id), missing.reason)
         return SubmissionOutcome.HELD

@@ -78,11 +78,14 @@ def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites) -> str:
     try:
         workflow = ctx.definition(state)
     except DefinitionMissing as missing:
+        if versions.leave_to_newer_hosts(missing, state, now):
+            recheck = min(versions.NEWER_RECHECK, ctx.workflows.shortest_budget)
+            markers.rearm(marker, now + recheck)
+            return "left_to_newer_hosts"
         outcome = versions.wait(ctx, current, missing)
-        markers.rearm(marker, now + versions.WAIT_RECHECK)
+        if outcome == "waiting":  # lost: whoever wrote first decides the marker
+            markers.rearm(marker, now + versions.WAIT_RECHECK)
         return outcome
-    if state.waiting is not None:
-        return _resume(ctx, marker, current, markers, now)
     # A timer has no trace of its own: the recovery joins the order's.
     with telemetry.order_span(
         telemetry.RECOVER,
@@ -129,21 +132,6 @@ def _finished(
     return "alert_resent" if alert is AlertOutcome.SENT else "unindexed"
 
 
-def _resume(
-    ctx: Context,
-    marker: LiveMarker,
-    current: Versioned[OrderState],
-    markers: MarkerWrites,
-    now: datetime,
-) -> str:
-    resumed = versions.resume(ctx, current)
-    if resumed is None:
-        return "lost_race"
-    markers.rearm(marker, _next_look(ctx, resumed, now))
-    then.request_schedule(ctx, resumed)
-    return "resumed"
-
-
 def _next_look(ctx: Context, state: OrderState, now: datetime) -> datetime:
     try:
         workflow = ctx.definition(state)
@@ -167,12 +155,15 @@ def _recover(
     decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
     decided = replace(decided, state=alerts.claiming_alert(ctx, decided.state))
     step = workflow.step(state.step_index).name
+    history = [_expiry_history(ctx, state, decided, now)]
+    if state.waiting is not None:  # its expiry, left while the definition was missing
+        history.insert(0, versions.resumed(ctx, state))
     try:
-        etag = ctx.store.update_state(
-            decided.state, current.etag, _expiry_history(ctx, state, decided, now)
-        )
+        etag = ctx.store.update_state(decided.state, current.etag, history)
     except (ConcurrencyConflict, NotFound):
         return "lost_race"  # another Supervisor, or the step finished just now
+    if state.waiting is not None:
+        versions.forget(ctx, state)
     log.warning(
         "sas.step_expired",
         extra={

@@ -12,6 +12,7 @@ handler raises ends ``run()`` (it is a bug the test should see).
 from __future__ import annotations
 
 import itertools
+import random
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
@@ -23,7 +24,7 @@ from sas.domain.errors import ConfigurationError, InvalidMessage
 from sas.domain.messages import OperatorAlert, OrderSubmitted, StatusEvent, encode
 from sas.domain.model import HistoryEntry, OrderState
 from sas.domain.recovery import RetryPolicy
-from sas.domain.wire import INCARNATION, Mode, Priority, idempotency_key
+from sas.domain.wire import Mode, Priority, idempotency_key, without_incarnation
 from sas.domain.workflow import PythonAgent, Registry
 from sas.services import supervisor
 from sas.services.context import Agents, Routes
@@ -56,6 +57,7 @@ class Harness:
         redelivery_after: float = 30.0,
         duplicate_deliveries: bool = False,
         store: StateStore | None = None,
+        seed: int = 0,
     ) -> None:
         if supervisor_every <= 0 or redelivery_after <= 0:
             raise ValueError("supervisor_every and redelivery_after must be positive")
@@ -77,14 +79,15 @@ class Harness:
         """The handlers, as the app's functions call them, on the harness's store and queues."""
         self.ctx = self.app.ctx
         self._hosts = [self.app]
-        self._turn = itertools.count()
+        self._pick = random.Random(seed)  # noqa: S311 - which host takes a delivery
         self._deploys = itertools.count(1)
 
     def deploy(self, registry: Registry, *, alongside: bool = False) -> None:
         """Restart the app on ``registry`` (a workflow's new version added, one removed or
         changed), with the orders, the queued messages and the remote services as they are.
         ``alongside``: the hosts that ran before keep running too, as during a deploy; each
-        delivery and each sweep goes to one host after the other, until the next deploy."""
+        delivery and each sweep goes to one of them, at random (``seed``), until the next
+        deploy."""
         self.registry = registry
         self.routes = _routes(registry, self.routes)
         self.app = self._host(registry, f"harness-{next(self._deploys)}")
@@ -109,10 +112,10 @@ class Harness:
         )
 
     def _next_host(self, queue: str | None = None) -> Instance:
-        """The next host in turn (of those with a function on ``queue``: an agent new in
-        this deploy has no function on the hosts from before)."""
+        """Any host (of those with a function on ``queue``: an agent new in this deploy has no
+        function on the hosts from before)."""
         hosts = [h for h in self._hosts if queue is None or queue in h.ctx.routes.consumed]
-        return hosts[next(self._turn) % len(hosts)]
+        return hosts[0] if len(hosts) == 1 else self._pick.choice(hosts)
 
     # --- what a test says ----------------------------------------------------------------
 
@@ -187,7 +190,7 @@ class Harness:
         """The effects a scripted or HTTP call applied (a provider applies one per key), each
         as ``<order>:<step>`` or ``<order>:<step>:undo`` (its key without the incarnation); a
         Python agent's own effects are its business."""
-        return {_without_incarnation(key) for _, _, key in self.remote.effects}
+        return {without_incarnation(key) for _, _, key in self.remote.effects}
 
     def key(self, order_id: str, step: str, mode: Mode = "do") -> str:
         """The idempotency key the order's ``step`` (or its undo) is called with."""
@@ -263,12 +266,6 @@ def _routes(registry: Registry, before: Routes | None = None) -> Routes:
     agents = {} if before is None else dict(before.agents)
     agents |= {name: f"agent-{name}" for name in registry.agents}
     return Routes("orders", "scheduler", "replies", "alerts", agents)
-
-
-def _without_incarnation(key: str) -> str:
-    order_id, _, rest = key.partition(":")
-    head, _, tail = rest.partition(":")
-    return f"{order_id}:{tail}" if INCARNATION.matches(head) and tail else key
 
 
 def _line(entry: HistoryEntry) -> str:

@@ -324,14 +324,11 @@ class InMemoryStore:
     def drop_parked(self, parked_id: str) -> bool:
         return self.parked.pop(parked_id, None) is not None
 
-    def note_missing(self, missing: MissingDefinition) -> bool:
-        if missing.key in self.missing:
-            return False
-        self.missing[missing.key] = missing
-        return True
+    def get_missing(self, key: str) -> MissingDefinition | None:
+        return self.missing.get(key)
 
-    def list_missing(self) -> list[MissingDefinition]:
-        return list(self.missing.values())
+    def note_missing(self, missing: MissingDefinition) -> None:
+        self.missing[missing.key] = missing
 
     def forget_missing(self, key: str) -> None:
         self.missing.pop(key, None)

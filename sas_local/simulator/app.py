@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
 from sas.domain.clock import Clock
-from sas.domain.wire import STEP_NAME
+from sas.domain.wire import STEP_NAME, without_incarnation
 from sas.services.store_time import SystemClock
 from sas_local.simulator.books import Books, Entry, Key, ServiceStats
 from sas_local.simulator.faults import FaultConfig, chance, refusal
@@ -107,12 +107,15 @@ class _Simulator:
         seed = faults.seed
         ident: Key = (service, action, key)
         call = self.books.next_call(ident)
+        # Dice fixed by the order and step, not the incarnation: the same orders meet the same
+        # faults from run to run.
+        dice = (service, action, without_incarnation(key))
         if faults.in_outage(service, self.faults_set_at, self.clock.now()):
             stats.outage_rejections += 1
             return _Reply.error(503, f"{service} is unavailable (simulated outage)")
-        if chance(seed, "transient", *ident, call) < faults.transient_rate:
+        if chance(seed, "transient", *dice, call) < faults.transient_rate:
             stats.transient_failures += 1
-            if chance(seed, "throttle", *ident, call) < faults.throttle_share:
+            if chance(seed, "throttle", *dice, call) < faults.throttle_share:
                 stats.throttled += 1
                 return _Reply.error(429, "too many requests", {"Retry-After": "1"})
             return _Reply.error(503, "temporarily unavailable")
@@ -127,12 +130,12 @@ class _Simulator:
         else:
             # No call number here: every retry of this key gets the same business answer.
             rate = faults.permanent_rate if undo is None else faults.undo_permanent_rate
-            if chance(seed, "permanent", *ident) < rate:
+            if chance(seed, "permanent", *dice) < rate:
                 stats.permanent_failures += 1
                 return _Reply.error(*refusal(service, undo=undo is not None))
             entry = self._apply(ident, payload, undo)
         delay = 0.0
-        if chance(seed, "slow", *ident, call) < faults.slow_rate:
+        if chance(seed, "slow", *dice, call) < faults.slow_rate:
             stats.slow += 1
             delay = faults.slow_seconds
         return _Reply(200, entry.response(), headers, delay)

@@ -255,15 +255,18 @@ def test_an_orders_binding_round_trips_and_a_row_from_before_reads_as_version_on
     assert old.waiting is None
 
 
-def test_a_missing_definition_is_noted_once_and_forgotten(table):
+def test_a_missing_definitions_note_is_kept_replaced_and_forgotten(table):
     store = store_on(table)
     missing = MissingDefinition("trip.1.0123456789abcdef", "trip v1 is not deployed", NOW)
-    assert store.note_missing(missing) is True
-    assert store.note_missing(replace(missing, since=NOW + timedelta(seconds=1))) is False
-    assert store.list_missing() == [missing]
+    assert store.get_missing(missing.key) is None
+    store.note_missing(missing)
+    assert store.get_missing(missing.key) == missing
+    later = replace(missing, since=NOW + timedelta(days=1))
+    store.note_missing(later)
+    assert store.get_missing(missing.key) == later
     store.forget_missing(missing.key)
     store.forget_missing(missing.key)  # gone already: no error
-    assert store.list_missing() == []
+    assert store.get_missing(missing.key) is None
 
 
 def test_orders_are_listed_by_state(table):

@@ -290,11 +290,11 @@ class AuditingStore:
     def drop_parked(self, parked_id: str) -> bool:
         return self.inner.drop_parked(parked_id)
 
-    def note_missing(self, missing: MissingDefinition) -> bool:
-        return self.inner.note_missing(missing)
+    def get_missing(self, key: str) -> MissingDefinition | None:
+        return self.inner.get_missing(key)
 
-    def list_missing(self) -> list[MissingDefinition]:
-        return self.inner.list_missing()
+    def note_missing(self, missing: MissingDefinition) -> None:
+        self.inner.note_missing(missing)
 
     def forget_missing(self, key: str) -> None:
         self.inner.forget_missing(key)

@@ -18,7 +18,8 @@ from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
 from sas.services.operator import Operator
-from sas.testing import Harness, crash_before_reply
+from sas.testing import Harness, crash_before_reply, refuse
+from tests.harness import ReadThenYield
 from tests.workflows import REGISTRY as SHOP_REGISTRY
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
@@ -152,7 +153,7 @@ def test_a_step_renamed_in_place_makes_orders_wait_not_book_twice() -> None:
     for order_id in started:
         assert_ran_on(harness, order_id, V1)
         assert "resumed:flight" in harness.history(order_id)
-    assert harness.store.list_missing() == []
+    assert harness.store.get_missing(f"trip.1.{V1.fingerprint}") is None
 
 
 def test_orders_of_a_removed_version_wait_and_finish_when_it_is_back() -> None:
@@ -162,7 +163,7 @@ def test_orders_of_a_removed_version_wait_and_finish_when_it_is_back() -> None:
     harness.run(for_seconds=900)
     waiting = [harness.state(order_id) for order_id in started]
     assert all(s.waiting == "trip v1 is not deployed" for s in waiting)
-    assert [m.key for m in harness.store.list_missing()] == [f"trip.1.{V1.fingerprint}"]
+    assert harness.store.get_missing(f"trip.1.{V1.fingerprint}") is not None
     assert len(harness.alerts) == 1
     assert harness.store.list_parked() == []
     harness.deploy(deployed(V1, SWAPPED))
@@ -182,10 +183,11 @@ def test_an_operator_may_close_an_order_whose_version_is_gone() -> None:
     assert harness.state(first).process_state is ProcessState.CLOSED
 
 
-def test_during_a_deploy_old_hosts_leave_new_versions_to_new_hosts() -> None:
-    """Old hosts (v1 only) and new ones (v1 and v2) take messages in turn: an old host never
-    parks, fails or runs a v2 order; it puts its messages back for a new host."""
-    harness = Harness(deployed(V1))
+@pytest.mark.parametrize("seed", range(4))
+def test_during_a_deploy_old_hosts_leave_new_versions_to_new_hosts(seed: int) -> None:
+    """Old hosts (v1 only) and new ones (v1 and v2) take messages at random: an old host
+    never parks, fails or runs a v2 order, nor alerts about it; it leaves it to a new host."""
+    harness = Harness(deployed(V1), seed=seed)
     started = in_flight(harness, stopped_at="hotel")
     harness.deploy(deployed(V1, APPENDED), alongside=True)
     newer = [harness.submit("trip", {"traveller": n}, order_id=f"n{n}") for n in range(ORDERS)]
@@ -198,6 +200,7 @@ def test_during_a_deploy_old_hosts_leave_new_versions_to_new_hosts() -> None:
         state = harness.state(order_id)
         assert_ran_on(harness, order_id, V1 if state.version == 1 else APPENDED)
     assert harness.store.list_parked() == [] and harness.alerts == []
+    assert all(h.count("expired") == 0 for o in newer for h in harness.history(o))
     held = [s for s in harness.queues.sent if s.message_id.count(":held:")]
     assert held, "an old host was handed a message of a v2 order"
 
@@ -230,3 +233,95 @@ def test_a_submission_naming_a_version_not_deployed_is_held_or_refused() -> None
 def submit(harness: Harness, order_id: str, version: int) -> None:
     message = OrderSubmitted(order_id=order_id, workflow="trip", version=version, details={})
     harness.queues.send("orders", message, message_id=order_id, correlation_id=order_id)
+
+
+def test_an_old_host_takes_every_request_first_and_no_v2_order_fails() -> None:
+    """The worst turn of a rolling deploy: an old host is handed every message first. Agents
+    run any version's steps whose actions they have, and hold only the rest, briefly."""
+    harness = Harness(deployed(V1))
+    harness.deploy(deployed(V1, APPENDED), alongside=True)
+    old, new = harness._hosts
+    firsts: set[str] = set()
+
+    def old_first(queue: str | None = None) -> Any:
+        if queue is None or queue not in old.ctx.routes.consumed:
+            return new
+        key = f"{queue}:{len(harness.queues.sent)}"
+        if key in firsts:
+            return new
+        firsts.add(key)
+        return old
+
+    harness._next_host = old_first  # type: ignore[method-assign]
+    ids = [harness.submit("trip", {"traveller": n}, order_id=f"m{n}") for n in range(ORDERS)]
+    harness.run()
+    for order_id in ids:
+        state = harness.state(order_id)
+        assert_ran_on(harness, order_id, V1 if state.version == 1 else APPENDED)
+    assert harness.alerts == []
+
+
+def test_an_expiry_left_while_waiting_is_counted_when_the_version_is_back() -> None:
+    """Charged, then the host died before the reply; the expiry came while the version was
+    gone. Once it is back the expiry counts as any other: the retry is refused, and the
+    charge (maybe applied) is refunded with the rest."""
+    harness = Harness(deployed(V1))
+    harness.script("payment", "charge", crash_before_reply({"charge": "c1"}), refuse("declined"))
+    harness.submit("trip", {"traveller": 1}, order_id="t1")
+    harness.run(for_seconds=1)
+    assert harness.state("t1").step == "pay"
+    harness.deploy(deployed(SWAPPED))
+    harness.run(for_seconds=120)
+    assert harness.state("t1").waiting is not None
+    harness.deploy(deployed(V1, SWAPPED))
+    harness.run()
+    state = harness.state("t1")
+    assert state.process_state is ProcessState.COMPENSATED
+    assert "resumed:pay" in harness.history("t1")
+    assert harness.remote.applied("t1")[("payment", "charge")] is True  # undone
+
+
+def test_a_missing_definition_is_alerted_again_once_it_was_back() -> None:
+    harness = Harness(deployed(V1))
+    harness.queues.fail_next_send_to.add("alerts")  # the first alert's send fails
+    in_flight(harness, stopped_at="hotel")
+    harness.deploy(deployed(SWAPPED))
+    harness.run(for_seconds=180)
+    assert len(harness.alerts) == 1  # the failed send was tried again
+    harness.deploy(deployed(V1, SWAPPED))
+    harness.run()
+    harness.submit("trip", {"traveller": "again"}, order_id="t-again")
+    harness.script("hotels", "book", crash_before_reply())
+    harness.deploy(deployed(V1))
+    harness.run(for_seconds=1)
+    harness.deploy(deployed(SWAPPED))
+    harness.run(for_seconds=180)
+    assert len(harness.alerts) == 2  # a second episode, a second alert
+
+
+def test_a_submission_held_for_an_hour_is_refused_and_parked() -> None:
+    harness = Harness(deployed(V1))
+    submit(harness, "typo", 20)
+    harness.run(for_seconds=2 * 3600)
+    (parked,) = harness.store.list_parked()
+    assert "trip v20 is not deployed (no host had it for an hour)" in parked.reason
+    assert harness.store.get_state("typo") is None
+
+
+def test_a_sweep_that_loses_its_race_to_a_reply_leaves_the_marker_due_in_time() -> None:
+    """An old host's Supervisor reads an expired v2 order; meanwhile a new host applies its
+    reply and claims the next step: the marker stays due by the new deadline."""
+    harness = Harness(deployed(V1))
+    harness.deploy(deployed(V1, APPENDED), alongside=True)
+    old, new = harness._hosts
+    new.submit(OrderSubmitted(order_id="a1", workflow="trip", details={}))
+    for message in harness.queues.take("agent-flights"):
+        new.consume("agent-flights", message)
+    (reply,) = harness.queues.take("replies")
+    harness.clock.advance(20 + 11 * 60)  # the flight's deadline passed long ago
+    meanwhile = ReadThenYield(harness.store, lambda: new.on_reply(reply))  # type: ignore[arg-type]
+    old.named("old-supervisor", store=meanwhile).sweep()
+    state = harness.state("a1")
+    assert state.is_running and state.step == "hotel"
+    (marker,) = harness.store.list_due(state.complete_by)  # type: ignore[arg-type]
+    assert marker.due_at <= state.complete_by  # type: ignore[operator]

@@ -338,7 +338,7 @@
     $("health-summary").textContent = `${submitted} submitted, ${report.finished} finished, `
       + `${report.failed} failed (${rate}) since ${when(report.since).textContent}`
       + (report.problems.length ? ` · not read: ${report.problems.join("; ")}` : "")
-      + (report.missing_versions || []).map((m) => ` · orders wait: ${m.reason}`).join("");
+      + (report.waiting || []).map((w) => ` · ${w.orders} order(s) wait: ${w.reason}`).join("");
     $("health-summary").dataset.failed = String(report.failed);
     fill($("endpoints").tBodies[0], report.endpoints.map((e) => row(
       [el("code", e.target),
