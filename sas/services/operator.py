@@ -210,8 +210,9 @@ class Operator:
         sent). Returns the message id (the duplicate-detection key). AlreadyExists, nothing
         sent, if the id is taken by a different order (the submission function would park it;
         one still queued is not seen). The same order again is sent: the app absorbs it."""
-        if order.deferred_since is not None:
-            raise InvalidMessage("deferred_since is set by the app, not by you")
+        for field in ("deferred_since", "held_since", "holds"):
+            if getattr(order, field) is not None:
+                raise InvalidMessage(f"{field} is set by the app, not by you")
         try:
             check(self._ctx, order)
         except DefinitionMissing as missing:

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from sas.actions import ActionContext
+from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
@@ -325,3 +326,15 @@ def test_a_sweep_that_loses_its_race_to_a_reply_leaves_the_marker_due_in_time() 
     assert state.is_running and state.step == "hotel"
     (marker,) = harness.store.list_due(state.complete_by)  # type: ignore[arg-type]
     assert marker.due_at <= state.complete_by  # type: ignore[operator]
+
+
+@pytest.mark.parametrize("field", ["deferred_since", "held_since", "holds"])
+def test_an_operator_may_not_submit_what_only_the_app_sets(field: str) -> None:
+    harness = Harness(deployed(V1))
+    value: object = 1 if field == "holds" else harness.clock.now()
+    order = OrderSubmitted.model_validate(
+        {"order_id": "x1", "workflow": "trip", "details": {}, field: value}
+    )
+    with pytest.raises(InvalidMessage, match=f"{field} is set by the app"):
+        Operator(harness.ctx).submit(order)
+    assert harness.queues.sent == []
