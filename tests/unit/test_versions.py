@@ -22,6 +22,7 @@ from sas.services.operator import Operator
 from sas.testing import Harness, crash_before_reply, refuse
 from tests.harness import ReadThenYield
 from tests.workflows import REGISTRY as SHOP_REGISTRY
+from tests.workflows import SHOP, basket
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -338,3 +339,24 @@ def test_an_operator_may_not_submit_what_only_the_app_sets(field: str) -> None:
     with pytest.raises(InvalidMessage, match=f"{field} is set by the app"):
         Operator(harness.ctx).submit(order)
     assert harness.queues.sent == []
+
+
+def test_a_purged_id_submitted_again_gets_new_effects_under_new_keys() -> None:
+    """HTTP agents: the remote keeps the first order's effects under its keys; the same id
+    submitted again after a purge, with other details, is called under keys of its own."""
+    harness = Harness(SHOP_REGISTRY)
+    harness.submit("order", basket(address="1 First St"), order_id="o1")
+    harness.run()
+    first = harness.state("o1")
+    stored = harness.store.get_state("o1")
+    assert stored is not None and harness.store.purge_order(stored)
+    harness.submit("order", basket(address="2 Second St"), order_id="o1")
+    harness.run()
+    again = harness.state("o1")
+    assert again.process_state is ProcessState.PROCESSED
+    assert again.incarnation != first.incarnation
+    keys = {key for (_, _, key), effect in harness.remote.effects.items() if not effect.undoes}
+    assert len(keys) == 6  # three steps, twice, never one key for both
+    assert {harness.key("o1", s.name) for s in SHOP.steps} < keys
+    ships = [c for c in harness.calls if c.action == "ship"]
+    assert [c.data["address"] for c in ships] == ["1 First St", "2 Second St"]
