@@ -386,7 +386,7 @@ class _State:
     """Every (step, mode, attempt) claimed so far: a reply may only answer one of them."""
     waiting: bool = False
     """A host without the order's workflow version keeps it waiting: only a resume (or a
-    transition of a host that has the version) ends that, never an expiry."""
+    transition of a host that has the version) ends that; an expiry must follow a resume."""
 
     def with_claim(self, attempt: int) -> _State:
         return replace(self, claimed=self.claimed | {(self.step, self.mode, attempt)})
@@ -700,15 +700,16 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
 
 
 def _wait(s: _State, r: _Row, *, same_step: bool, running: str) -> _State | str:
-    """A host without the order's workflow version keeps it waiting (nothing moves); a host
-    that has it resumes it: Pending at the same step, attempt and failure count."""
+    """A host without the order's workflow version keeps it waiting; a host that has it
+    resumes it, with the expiry the wait held back (the same transaction). Neither moves the
+    order: the expiry does."""
     if s.ps not in (PENDING, running) or r.attempt != s.attempt or not same_step:
         return f"{r.kind} of an order that is not live at that attempt and step"
     if r.kind == "waiting":
         return replace(s, waiting=True)
     if not s.waiting:
         return "resume of an order that was not waiting"
-    return replace(s, ps=PENDING, waiting=False, unrecorded_claim=False)
+    return replace(s, waiting=False)
 
 
 def _reply(s: _State, r: _Row, design: Design, *, same_step: bool, running: str) -> _State | str:

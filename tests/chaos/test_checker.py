@@ -553,17 +553,19 @@ def test_a_v2_order_with_a_step_of_version_1_is_reported() -> None:
 
 
 def waited_and_resumed(world: World, order: str) -> str:
-    """A version 2 order mid-deploy: an old host's Supervisor kept it waiting at hold (with the
-    one alert for the missing version), a new one resumed it, a reply of another incarnation
-    was dropped, and it finished."""
+    """A version 2 order: a Supervisor without v2 kept it waiting at hold (with the one alert
+    for the missing version); one with v2 resumed it and recovered its expiry in the same
+    transaction; a reply of another incarnation was dropped, and it finished."""
     key = f"order.2.{'f' * 16}"
     world.submitted.append(order)
     world.history(order, "submitted", 0, None)
     world.history(order, "claimed", 1, "hold")
     waited = world.history(order, "waiting", 1, "hold", detail="order v2 is not deployed")
-    alert_id = f"definition-missing:{key}:{waited.timestamp():.6f}"
+    alert_id = f"definition-missing:{key}:{waited:%Y-%m-%d}"
     world.alerts.append(json.dumps({"alert_id": alert_id, "order_id": order}))
+    world.history(order, "expired_retry", 1, "hold", detail="failure 1 of 3")
     world.history(order, "resumed", 1, "hold", detail="order v2 is deployed again")
+    world.entities[-1][COMMITTED] = world.entities[-2][COMMITTED] - 0.000_02  # one transaction
     world.history(order, "claimed", 2, "hold")
     world.history(order, "reply_dropped", 7, "hold", detail="ok other_incarnation")
     world.history(order, "completed", 1, "hold")  # the first attempt's late ok still applies
@@ -589,7 +591,7 @@ def test_waiting_rows_and_alerts_no_deploy_explains_are_reported(how: str) -> No
     world = World()
     world.processed("p1")
     if how == "alert_unwaited":  # a missing-definition alert for an order that never waited
-        world.alerts.append(json.dumps({"alert_id": f"definition-missing:order.1.-:{1.0:.6f}",
+        world.alerts.append(json.dumps({"alert_id": "definition-missing:order.1.-:2026-01-01",
                                         "order_id": "p1"}))  # fmt: skip
         assert kinds(world) == ["alert_without_error"]
         return
