@@ -11,6 +11,10 @@ orders queue with a status queue, paced by the in-flight index, while a seeded s
 injects faults. Then the faults stop, the system drains (every order terminal, the in-flight
 index empty, no alert owed; bounded), and the independent checker (``checker.py``) judges what
 is left. Fault kinds: docs/reliability.md.
+
+Mid-storm the campaign deploys new code (``deploy``): it restarts a seeded part of the dev
+hosts with ``sas_local/chaos/deployed_workflows.py`` (the app's workflows and a version 2 of
+``order``), then, a seeded while later, the rest; meanwhile old and new hosts share the queues.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,16 +40,23 @@ from azure.core.exceptions import ResourceNotFoundError
 from azure.data.tables import TableClient
 from azure.storage.queue import QueueClient
 
+from sas.domain.wire import PRIORITIES, lane_function_name
 from sas_local import python_faults
-from sas_local.chaos import checker
+from sas_local.azurite import free_port
+from sas_local.chaos import checker, deployed_workflows
 from sas_local.chaos.inject import CALM_FILE, CONFIG_ENV, CRASH_DIR, count_events
-from sas_local.processes import REPO_ROOT, DevHost, pid_alive, start_devhost
+from sas_local.processes import REPO_ROOT, DevHost, pid_alive, start_devhost, start_process
 from sas_local.stack import Layout, LocalStack
 
 STATUS_QUEUE = "status-chaos"
 PRELOAD = "sas_local.chaos.inject"
 MIN_WORKER_AGE = 20.0
 """Kill only workers that ran this long, so the pool's crash back-off stays short."""
+NEW_CODE = {python_faults.APP_ENV: deployed_workflows.__name__}
+"""What a host the ``deploy`` fault restarts runs instead of the app's ``workflows``."""
+SUBMIT_FUNCTIONS = frozenset(lane_function_name("submit", p) for p in PRIORITIES)
+HELD_EVENT = b"sas.message_held"
+"""The log event of a host that put a message back for a host with the order's version."""
 
 FAULT_KINDS = (
     "worker_sigkill",
@@ -64,6 +75,7 @@ FAULT_KINDS = (
     "python_lost_reply",
     "python_slow",
     "python_refusal",
+    "deploy",
 )
 
 
@@ -101,6 +113,20 @@ class Profile:
     runner_faults: bool = True
     """Kills, crash tokens, Azurite pauses and outages (off: only the in-process and remote
     faults, as the broken-build tests want)."""
+    deploy: bool = True
+    """Restart every dev host on new code, in two waves, while the storm goes on."""
+    deploy_after: tuple[float, float] = (0.3, 0.45)
+    """The first wave comes once this share of the orders (seeded within) was submitted..."""
+    deploy_not_before: float = 10.0
+    """...and the storm ran this long: orders of the old version are in flight by then."""
+    deploy_share: tuple[float, float] = (0.3, 0.7)
+    """Share of the hosts that take no submission that get their new host in the first wave,
+    with every host that does."""
+    deploy_gap: tuple[float, float] = (15.0, 30.0)
+    """Seconds from the first wave's hosts being up to the second wave: old and new hosts
+    side by side, for longer than a step's budget (15 s)."""
+    deploy_workers: int | None = None
+    """Workers of each new host; None: as many as the host it replaces."""
 
 
 @dataclass
@@ -183,6 +209,12 @@ class Campaign:
         self.stack: LocalStack | None = None
         self.supervisors: list[DevHost] = []
         self.crash_tokens = 0
+        self.submitted = 0
+        self.started = time.monotonic()
+        self.redeployed: list[DevHost] = []
+        """Hosts the deploy started or replaced: stopped with the rest, whatever happened."""
+        self.beside: list[tuple[DevHost, DevHost]] = []
+        """(old, new): hosts on new code started beside the old ones, until the old ones go."""
 
     # --- the stack ---------------------------------------------------------------------
 
@@ -261,7 +293,7 @@ class Campaign:
 
     def stop(self) -> None:
         self.resume_azurite()
-        for host in self.supervisors:
+        for host in [*self.supervisors, *self.redeployed]:
             host.stop()
         if self.stack is not None:
             self.stack.stop()
@@ -298,6 +330,7 @@ class Campaign:
         stack = self.running
         hosts = [(_role(host), host) for host in stack.hosts]
         hosts += [("supervisor", host) for host in self.supervisors]
+        hosts += [(_role(new), new) for _, new in self.beside]
         return [(role, pid) for role, host in hosts for pid in host.worker_pids()]
 
     def kill_worker(self) -> None:
@@ -363,6 +396,86 @@ class Campaign:
                 due[name] = time.monotonic() + 2  # nobody old enough yet: try again soon
             else:
                 due[name] = time.monotonic() + self.rng.expovariate(1 / every)
+
+    # --- the deploy --------------------------------------------------------------------
+
+    def deploy(self) -> None:
+        """A rolling deploy of new code, once the storm is under way. First every host that
+        takes submissions and a seeded part of the others get a new host beside them (old
+        instances drain slowly): orders the new ones take are bound to v2 and meet old hosts,
+        of their own function too. A seeded while later the rest get theirs, and every old
+        host stops as a deploy stops it (SIGTERM: invocations under way may finish, within
+        the grace)."""
+        o, p = self.options, self.profile
+        rng = random.Random(o.seed * 104_729 + 3)  # noqa: S311 - its own: the storm's is unchanged
+        target = int(o.orders * rng.uniform(*p.deploy_after))
+        while self.submitted < target or time.monotonic() - self.started < p.deploy_not_before:
+            if self.done.wait(0.2):
+                return
+        hosts = self.hosts()
+        submits = [h for h in hosts if SUBMIT_FUNCTIONS & set(h.functions)]
+        others = [h for h in hosts if not SUBMIT_FUNCTIONS & set(h.functions)]
+        rng.shuffle(others)
+        more = round(len(others) * rng.uniform(*p.deploy_share))
+        first, rest = [*submits, *others[:more]], others[more:]
+        gap = rng.uniform(*p.deploy_gap)
+        self.beside = self.start_new_code(first)
+        self.shared.count("deploy.first_wave_hosts", len(first))
+        self.progress(f"deploy: {len(first)} host(s) on new code beside the old", self.started)
+        if self.done.wait(gap):
+            return
+        self.retire([*self.beside, *self.start_new_code(rest)])
+        self.beside = []
+        self.progress(f"deploy: all {len(hosts)} host(s) on new code", self.started)
+        self.shared.count("deploy.hosts", len(hosts))
+        self.shared.count("deploy")
+
+    def hosts(self) -> list[DevHost]:
+        """Every dev host, with those started beside an old one."""
+        return [*self.running.hosts, *self.supervisors, *(new for _, new in self.beside)]
+
+    def start_new_code(self, old: list[DevHost]) -> list[tuple[DevHost, DevHost]]:
+        """A host on new code for each of ``old``, running the same functions: (old, new)."""
+        stack = self.running
+        pairs: list[tuple[DevHost, DevHost]] = []
+        for host in old:
+            args = list(host.args)
+            if host.http_url is not None:  # beside the old one: a port of its own
+                args[args.index("--http-port") + 1] = str(free_port())
+            if self.profile.deploy_workers is not None:
+                args[args.index("--workers") + 1] = str(self.profile.deploy_workers)
+            started = start_process(
+                args,
+                env={**stack.env, **NEW_CODE},
+                cwd=REPO_ROOT,
+                log_dir=self.logs / "deployed" / host.log_dir.name,
+            )
+            new = DevHost(started.args, started.process, started.log_dir)
+            self.redeployed.append(new)
+            pairs.append((host, new))
+        for _, new in pairs:
+            new.wait_ready(60 + 2 * len(pairs))
+        return pairs
+
+    def retire(self, pairs: list[tuple[DevHost, DevHost]]) -> None:
+        """Each new host takes its old one's place; then the old ones stop, all at once."""
+        stack = self.running
+        for old, new in pairs:
+            self.redeployed.append(old)
+            if stack.devhost is old:
+                stack.devhost = new
+                stack.api_url = new.http_url or stack.api_url
+            elif stack.agents is old:
+                stack.agents = new
+            elif any(host is old for host in stack.others):
+                stack.others = tuple(new if host is old else host for host in stack.others)
+            else:
+                self.supervisors = [new if host is old else host for host in self.supervisors]
+        stopping = [threading.Thread(target=old.stop) for old, _ in pairs]
+        for thread in stopping:
+            thread.start()
+        for thread in stopping:
+            thread.join()
 
     # --- the operator ------------------------------------------------------------------
 
@@ -485,9 +598,14 @@ class Campaign:
         threads = [threading.Thread(target=self.operator, name="chaos-operator", daemon=True)]
         if o.faults and p.runner_faults:
             threads.append(threading.Thread(target=self.storm, name="chaos-storm", daemon=True))
-        started = time.monotonic()
+        deploying = threading.Thread(
+            target=self._noted(self.deploy), name="chaos-deploy", daemon=True
+        )
+        started = self.started = time.monotonic()
         for thread in threads:
             thread.start()
+        if o.faults and p.deploy:
+            deploying.start()
         submit_rng = random.Random(o.seed * 31 + 7)  # noqa: S311
         for index, order_id in enumerate(ids):
             while (flying := _safe(lambda: self.in_flight(live, orders_queue), 0)) >= p.window:
@@ -496,6 +614,7 @@ class Campaign:
                 self.progress(f"submitted {index}/{o.orders}, in flight {flying}", started)
             body = order_body(order_id, index)
             _retry(lambda body=body: orders_queue.send_message(body))
+            self.submitted = index + 1
             if o.faults and submit_rng.random() < p.submit_duplicate_rate:
                 _retry(lambda body=body: orders_queue.send_message(body))
                 self.shared.count("duplicate_message")
@@ -503,6 +622,9 @@ class Campaign:
         submitted_in = time.monotonic() - started
         while o.faults and time.monotonic() - started < p.min_storm:
             time.sleep(0.5)
+        if deploying.is_alive():
+            self.progress("waiting for the deploy to finish", started)
+            deploying.join()
         self.storm_over.set()
         (self.chaos_dir / CALM_FILE).touch()
         for token in (self.chaos_dir / CRASH_DIR).iterdir():
@@ -535,7 +657,12 @@ class Campaign:
             "faults": faults,
             "recoveries": verdict.recoveries,
             "outcomes": verdict.outcomes,
-            "alerts": {"raw_copies": verdict.alerts, "error_episodes": verdict.error_episodes},
+            "alerts": {
+                "raw_copies": verdict.alerts,
+                "error_episodes": verdict.error_episodes,
+                "missing_definition": verdict.missing_definition_alerts,
+            },
+            "bound_versions": _bound_versions(evidence, self.design),
             "drained": drained,
             "seconds": {
                 "submitting": round(submitted_in, 1),
@@ -555,6 +682,17 @@ class Campaign:
             ),
         }
         return report
+
+    def _noted(self, action: Callable[[], None]) -> Callable[[], None]:
+        """``action`` whose failure is a note of the report (the storm goes on without it)."""
+
+        def run() -> None:
+            try:
+                action()
+            except Exception as exc:
+                self.shared.notes.append(f"{action.__name__} failed: {type(exc).__name__}: {exc}")
+
+        return run
 
     def progress(self, text: str, started: float) -> None:
         faults = dict(sorted(self.shared.faults.items()))
@@ -590,9 +728,30 @@ class Campaign:
         for entity in evidence.entities:
             if entity.get("Kind") == "refused":
                 counts["undo_refused" if entity.get("Mode") == "undo" else "remote_refusal"] += 1
+        if counts["deploy"]:
+            counts["deploy.held"] = _held_messages(self.logs)
         ordered = {kind: counts.get(kind, 0) for kind in FAULT_KINDS}
         ordered |= {k: v for k, v in sorted(counts.items()) if k not in ordered}
         return ordered
+
+
+def _bound_versions(evidence: checker.Evidence, design: checker.Design) -> dict[str, int]:
+    """Orders by the workflow version they were bound to: ``order v2`` came with the deploy."""
+    found: Counter[str] = Counter(
+        f"{entity.get('Workflow')} v{checker.bound_version(entity)}"
+        for entity in evidence.entities
+        if entity.get("RowKey") == design.state_row
+    )
+    return dict(sorted(found.items()))
+
+
+def _held_messages(logs: Path) -> int:
+    """Messages a host put back for one that has their order's version, from every log."""
+    held = 0
+    for path in logs.rglob("stderr.log"):
+        with path.open("rb") as lines:
+            held += sum(HELD_EVENT in line for line in lines)
+    return held
 
 
 def _role(host: DevHost) -> str:

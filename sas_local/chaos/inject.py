@@ -260,15 +260,15 @@ def _break_key_attempt() -> None:
     from sas.services import consequences
 
     original_dispatch = consequences.dispatch
-    original_key: Callable[[str, str, Any], str] = getattr(consequences, "idempotency_key")  # noqa: B009
+    original_key: Callable[[str, str, str, Any], str] = getattr(consequences, "idempotency_key")  # noqa: B009
 
     def dispatch(ctx: Any, state: Any, workflow: Any) -> None:
         _attempt.value = state.attempt
         original_dispatch(ctx, state, workflow)
 
-    def key(order_id: str, step: str, mode: Any) -> str:
+    def key(order_id: str, incarnation: str, step: str, mode: Any) -> str:
         # Still a well-formed key (the step request's schema checks it), one per attempt.
-        return original_key(order_id, f"{step}a{getattr(_attempt, 'value', 0)}", mode)
+        return original_key(order_id, incarnation, f"{step}a{getattr(_attempt, 'value', 0)}", mode)
 
     setattr(consequences, "dispatch", dispatch)  # noqa: B010
     setattr(consequences, "idempotency_key", key)  # noqa: B010
@@ -396,6 +396,17 @@ def _break_skip_to_processed() -> None:
     setattr(transitions, "complete_step", complete_step)  # noqa: B010
 
 
+def _break_ignore_version() -> None:
+    """Every host runs an order on the newest version of its workflow it has, not the one the
+    order was bound to (as before versions): a deploy re-reads the orders in flight."""
+    from sas.services.context import Context
+
+    def definition(self: Context, state: Any) -> Any:
+        return self.workflows.named(state.workflow)
+
+    setattr(Context, "definition", definition)  # noqa: B010
+
+
 BROKEN: dict[str, Callable[[], None]] = {
     "fence": _break_fence,
     "alert_lease": _break_alert_lease,
@@ -408,6 +419,7 @@ BROKEN: dict[str, Callable[[], None]] = {
     "no_expiry": _break_no_expiry,
     "poison_reply": _break_poison_reply,
     "skip_to_processed": _break_skip_to_processed,
+    "ignore_version": _break_ignore_version,
 }
 
 _config = ChaosConfig.from_env()

@@ -28,6 +28,7 @@ QUIET = Profile(
     submit_duplicate_rate=0.0,
     resubmit_share=0.0,
     runner_faults=False,
+    deploy=False,
     min_storm=0.0,
 )
 
@@ -114,4 +115,16 @@ def test_stuck_orders_poisoned_messages_and_illegal_transitions_are_caught(
     report = broken_campaign(tmp_path, broken, profile, drain=40)
     found = report["violations_by_kind"]
     for kind in ("stuck_order", "poisoned_message", "illegal_transition"):
+        assert found.get(kind, 0) > 0, (kind, report)
+
+
+@pytest.mark.broken_builds
+def test_a_host_that_ignores_the_order_s_version_is_caught(tmp_path: Path) -> None:
+    # Slow answers keep v1 orders in flight until the deploy: new hosts read them as v2 (whose
+    # hold is v1's reserve under another key), old hosts read v2 orders as v1.
+    profile = Profile(**{**QUIET.__dict__, "slow_rate": 0.2, "deploy": True})
+    report = broken_campaign(tmp_path, "ignore_version", profile, orders=150, drain=90)
+    assert report["faults"]["deploy"] == 1, report
+    found = report["violations_by_kind"]
+    for kind in ("effect_applied_twice", "illegal_transition", "orphaned_effect"):
         assert found.get(kind, 0) > 0, (kind, report)
