@@ -183,7 +183,8 @@ class LocalStack:
             for plan in plans:  # all started at once, then each waited for
                 hosts.append(_start_host(plan, app_root, env, host_env, run_settings, logs))
             for host in hosts:
-                host.wait_ready(60 + 2 * len(hosts))
+                # Seconds when idle; minutes while a suite's other stacks load 2 cores.
+                host.wait_ready(180 + 2 * len(hosts))
         except BaseException:
             for host in hosts:
                 host.stop()

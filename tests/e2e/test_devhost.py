@@ -111,7 +111,7 @@ class Case:
 
     def start(self, **kwargs: Any) -> DevHost:
         kwargs.setdefault("log_dir", self.log_dir)
-        kwargs.setdefault("timeout", 60)  # ready in seconds; the margin is for a busy machine
+        kwargs.setdefault("timeout", 180)  # ready in seconds; the margin is for a busy machine
         return start_devhost(self.app, env=self.env, **kwargs)
 
 
