@@ -89,16 +89,7 @@ def wait(ctx: Context, current: Versioned[OrderState], missing: DefinitionMissin
     waiting = replace(state, waiting=missing.reason, complete_by=now + WAIT_RECHECK)
     history = None
     if state.waiting != missing.reason:
-        history = HistoryEntry(
-            order_id=state.order_id,
-            at=now,
-            kind="waiting",
-            attempt=state.attempt,
-            step=state.step or None,
-            mode=state.mode,
-            actor=ctx.instance_id,
-            detail=missing.reason,
-        )
+        history = _entry(ctx, state, "waiting", missing.reason)
     try:
         ctx.store.update_state(waiting, current.etag, history)
     except (ConcurrencyConflict, NotFound):
@@ -124,16 +115,20 @@ def _alert_once(ctx: Context, state: OrderState, missing: DefinitionMissing, now
 def resumed(ctx: Context, state: OrderState) -> HistoryEntry:
     """The history line of a waiting order whose definition is back: its expiry is then
     recovered as any other, the failure counted (``forget`` once that is written)."""
-    now = ctx.clock.now()
+    return _entry(ctx, state, "resumed", f"{state.workflow} v{state.version} is deployed again")
+
+
+def _entry(ctx: Context, state: OrderState, kind: str, detail: str) -> HistoryEntry:
+    """A line of the order's history at the step it waits on, written by this instance now."""
     return HistoryEntry(
         order_id=state.order_id,
-        at=now,
-        kind="resumed",
+        at=ctx.clock.now(),
+        kind=kind,
         attempt=state.attempt,
         step=state.step or None,
         mode=state.mode,
         actor=ctx.instance_id,
-        detail=f"{state.workflow} v{state.version} is deployed again",
+        detail=detail,
     )
 
 
