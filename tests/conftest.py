@@ -23,7 +23,6 @@ FLEX_STACKS = {
     "test_bench",
     "test_campaign",
     "test_clock_skew",  # its timing bound (a request reaches its agent in time) needs a core
-    "test_flex_layout",
     "test_pipeline",
     "test_priorities_and_endpoints",
     "test_tracing",

@@ -32,7 +32,8 @@ from sas_local.processes import (
     wait_until,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+# Past the 180 s a host has to be ready (Case.start) when the suite loads both cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 APP = Path(__file__).parent / "devhost_app" / "function_app.py"
 ACCOUNT_KEY_MARKER = "AccountKey="

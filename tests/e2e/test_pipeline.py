@@ -1,5 +1,9 @@
-"""The whole pipeline: function_app.py as Flex runs it (each function in a dev host of its own),
-Azurite, the simulator."""
+"""The whole pipeline: function_app.py as Flex Consumption runs it, Azurite, the simulator.
+
+Every function runs in processes of its own (only the HTTP functions share an instance), so no
+function's work can lean on what another function left in a process: a marker held, a state
+remembered, a router's load (sas_local/stack.py). One stack serves every test here: starting
+one costs some thirty processes."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,26 +28,30 @@ from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import StatusEvent, StepReply, decode
 from sas.domain.model import ProcessState
 from sas.domain.parked import ParkedMessage
+from sas.domain.wire import submission_message_id
 from sas.settings import QUEUE_ORDERS, QUEUE_REPLIES
-from sas_local.demo import demo_order
-from sas_local.ledger import check_effects, fetch_ledger
+from sas_local.demo import demo_order, demo_workspace
+from sas_local.devhost.logs import DROPPED
+from sas_local.ledger import app_effects, check_effects, fetch_ledger
 from sas_local.processes import wait_until
-from sas_local.stack import LocalStack
+from sas_local.stack import AGENT_FUNCTIONS, QUEUE_FUNCTIONS, LocalStack
+from workflows import REGISTRY
 from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.e2e
 
 STATUS_QUEUE = "status-e2e"
+FLEX_STATUS_QUEUE = "status-flex"
 ORDERS = 50
+BOTH_WORKFLOWS_ORDERS = 8
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[LocalStack]:
     logs = tmp_path_factory.mktemp("stack")
-    # One instance per function: two competing per function, under faults, is the chaos
-    # campaign's (tests/chaos/test_campaign.py).
+    # One instance per function: competing instances under faults are `make chaos`'s.
     with LocalStack.start(
-        layout="flex", workers=1, log_dir=logs, extra_queues=(STATUS_QUEUE,)
+        layout="flex", workers=1, log_dir=logs, extra_queues=(STATUS_QUEUE, FLEX_STATUS_QUEUE)
     ) as running:
         yield running
 
@@ -207,3 +216,61 @@ def test_the_cli_follows_the_local_run_with_the_settings_it_wrote(stack, process
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert set(processed_batch) <= {state["order_id"] for state in json.loads(done.stdout)}
+
+
+def test_every_function_runs_in_processes_of_its_own(stack: LocalStack) -> None:
+    served = sorted(tuple(host.functions) for host in stack.hosts)
+    expected = [("http_app_func",), ("supervise",), *((f,) for f in QUEUE_FUNCTIONS)]
+    expected += [(f,) for f in AGENT_FUNCTIONS]
+    assert served == sorted(expected)
+    pids = [pid for host in stack.hosts for pid in host.worker_pids()]
+    assert len(pids) == len(set(pids)) == len(stack.hosts)
+
+
+def test_both_workflows_finish_with_each_function_apart(stack: LocalStack) -> None:
+    settings = stack.settings
+    transport = StorageQueueTransport(queue_service_client(settings.storage))
+    batch = [demo_order(i, "flex", FLEX_STATUS_QUEUE) for i in range(BOTH_WORKFLOWS_ORDERS)]
+    batch += [
+        demo_workspace(i, "flex", FLEX_STATUS_QUEUE, refusals=False)
+        for i in range(BOTH_WORKFLOWS_ORDERS)
+    ]
+    for order in batch:
+        transport.send(
+            settings.lane(QUEUE_ORDERS, order.priority),
+            order,
+            message_id=submission_message_id(order.order_id),
+            correlation_id=order.order_id,
+        )
+    store = TableStateStore.connect(settings.storage, settings.table_name)
+    outcomes: dict[str, ProcessState] = {}
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len(outcomes) < len(batch):
+        for order in batch:
+            found = store.get_state(order.order_id)
+            if found is not None and found.value.is_terminal:
+                outcomes[order.order_id] = found.value.process_state
+        time.sleep(1)
+    assert len(outcomes) == len(batch), f"unfinished: {len(batch) - len(outcomes)}"
+    assert set(outcomes.values()) == {ProcessState.PROCESSED}
+    ledger = fetch_ledger(stack.simulator_url)
+    effects = app_effects(settings.storage.connection_string or "", REGISTRY.tables)
+    ours = {order.order_id for order in batch}  # the stack's other tests ran orders too
+    every = [*ledger["effects"], *effects]  # type: ignore[misc]
+    ledger["effects"] = [effect for effect in every if effect["order_id"] in ours]
+    flows = {order.order_id: REGISTRY.named(order.workflow) for order in batch}
+    report = check_effects(ledger, outcomes, flows)
+    assert report.ok, report.problems
+    assert report.effects == 6 * BOTH_WORKFLOWS_ORDERS  # three steps each, both workflows
+
+
+def test_every_app_record_would_reach_the_functions_host(stack: LocalStack) -> None:
+    """No record of the app was written where the worker finds no invocation (the dev host
+    marks those as the Functions host would drop them: sas_local/devhost/logs.py)."""
+    dropped = [
+        line
+        for host in stack.hosts
+        for line in host.stderr().splitlines()
+        if f"{DROPPED}=1" in line
+    ]
+    assert dropped == []
