@@ -166,6 +166,11 @@ class ServiceBusTransport:
         times = [m.enqueued_time_utc for m in active if m.enqueued_time_utc is not None]
         return Waiting(min(times).astimezone(UTC) if times else None, len(active))
 
+    def holds_messages(self, queue: str) -> bool:
+        """From a peek of one message, whatever its state: a peek shows locked, scheduled and
+        deferred messages too."""
+        return bool(self._peek(queue, 1))
+
     def depth(self, queue: str) -> int:
         """Active messages seen by a peek, so at most ``Waiting.PEEK``: the exact count needs
         the management API (Manage rights), which the app's identity does not have."""
@@ -176,6 +181,12 @@ class ServiceBusTransport:
 
     def _active(self, queue: str, count: int) -> list[PeekedLike]:
         """The active messages among the first ``count`` a peek returns."""
+        # A peek also returns scheduled and deferred messages: only active ones are waiting.
+        peeked = self._peek(queue, count)
+        return [m for m in peeked if getattr(m, "state", None) in (None, _ACTIVE)]
+
+    def _peek(self, queue: str, count: int) -> list[PeekedLike]:
+        """The first ``count`` messages a peek shows, whatever their state."""
         with self._lock:
             if self._client is None:
                 self._client = self._client_factory()
@@ -190,8 +201,7 @@ class ServiceBusTransport:
             raise ConfigurationError(f"no right to read Service Bus queue {queue!r}") from exc
         finally:
             _close_quietly(receiver, "receiver")
-        # A peek also returns scheduled and deferred messages: only active ones are waiting.
-        return [m for m in peeked if getattr(m, "state", None) in (None, _ACTIVE)]
+        return list(peeked)
 
     def close(self) -> None:
         """Close every sender, the client and (via ``on_close``) the credential. Idempotent.

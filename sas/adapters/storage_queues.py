@@ -69,6 +69,11 @@ class StorageQueueTransport:
             raise NotFound(f"queue {queue} does not exist") from None
         return int(properties.approximate_message_count or 0)
 
+    def holds_messages(self, queue: str) -> bool:
+        """From the approximate count, which counts leased and delayed messages too and is
+        never below the true count."""
+        return self.depth(queue) > 0
+
     def waiting(self, queue: str) -> Waiting:
         """From a peek at the front of the queue (up to 32 messages: a Storage queue is only
         roughly first-in first-out, so the oldest of them)."""

@@ -17,6 +17,7 @@ from typing import Any, Self
 
 from azure.core import MatchConditions
 from azure.core.exceptions import (
+    ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
 )
@@ -29,6 +30,7 @@ from sas.domain.model import (
     OrderState,
     ProcessState,
     StepRecord,
+    StepStart,
     Versioned,
 )
 from sas.domain.wire import (
@@ -43,6 +45,7 @@ from sas.domain.wire import (
     history_row_key,
     live_table_name,
     prefix_range,
+    start_row_key,
 )
 from sas.settings import Connection
 
@@ -184,6 +187,21 @@ class OrderTables:
         entities = self._table.query_entities(query, parameters=params)
         return [_step_from(entity) for entity in entities]
 
+    # --- starts -----------------------------------------------------------------------
+
+    def record_start(self, start: StepStart) -> StepStart:
+        """An insert, one request; if the attempt started before (its request delivered
+        again), the row as that first start wrote it."""
+        try:
+            self._table.create_entity(_start_entity(start))
+        except ResourceExistsError:
+            return self.get_start(start.order_id, start.key, start.attempt) or start
+        return start
+
+    def get_start(self, order_id: str, key: str, attempt: int) -> StepStart | None:
+        found = self._get(order_id, start_row_key(key, attempt))
+        return None if found is None else _start_from(order_id, key, attempt, found)
+
     def _get(self, partition: str, row: str) -> Any:
         try:
             return self._table.get_entity(partition, row)
@@ -192,6 +210,27 @@ class OrderTables:
 
 
 # --- mapping between records and entities -----------------------------------------------
+
+
+def _start_entity(start: StepStart) -> dict[str, Any]:
+    return {
+        "PartitionKey": start.order_id,
+        "RowKey": start_row_key(start.key, start.attempt),
+        "StartedAt": start.started_at,
+        "RunBy": start.run_by,
+        "Instance": start.instance[:200],
+    }
+
+
+def _start_from(order_id: str, key: str, attempt: int, entity: Mapping[str, Any]) -> StepStart:
+    return StepStart(
+        order_id=order_id,
+        key=key,
+        attempt=attempt,
+        started_at=utc(entity["StartedAt"]),
+        run_by=utc(entity["RunBy"]),
+        instance=str(entity.get("Instance", "")),
+    )
 
 
 def _without_none(entity: dict[str, Any]) -> dict[str, Any]:

@@ -46,6 +46,9 @@ MAX_HOLDS = 100_000
 """Times a message may be put back for a host with its workflow version (years, at most once
 every five minutes)."""
 
+MAX_BUDGET_SECONDS = 24 * 3600.0
+"""A step's budget at most (``workflow.MAX_BUDGET``)."""
+
 MAX_RESULT_BYTES = 8 * 1024
 """What a step keeps of the remote's answer (for its undo), as compact JSON: small, to fit a
 message and a Table property with room to spare."""
@@ -174,6 +177,10 @@ class StepRequest(Message):
     action whatever the version)."""
     held_since: AwareDatetime | None = None
     holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
+    budget: float | None = Field(default=None, gt=0, le=MAX_BUDGET_SECONDS)
+    """The step's budget in seconds, counted from when an agent starts the request (which it
+    records): ``complete_by`` bounds only how long the request may wait unstarted before the
+    Supervisor looks at it. None in requests sent before: ``complete_by`` bounds the run."""
 
 
 ReplyKind = Literal["ok", "error", "deferred"]

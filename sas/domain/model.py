@@ -172,6 +172,22 @@ class LiveMarker:
 
 
 @dataclass(frozen=True)
+class StepStart:
+    """An agent started an attempt of a step (its row: ``wire.start_row_key``): from then the
+    step's budget runs; until then the request was only waiting in its queue."""
+
+    order_id: str
+    key: str
+    """The step's idempotency key (its incarnation, name and direction)."""
+    attempt: int
+    started_at: datetime
+    run_by: datetime
+    """When the attempt must have answered: its first start plus the step's budget (a request
+    delivered again runs only within it)."""
+    instance: str
+
+
+@dataclass(frozen=True)
 class MissingDefinition:
     """Orders wait for a workflow version this app does not have (or has changed): noted once,
     when the first one is found, which is when its one operator alert goes out."""

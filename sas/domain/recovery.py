@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from sas.domain.errors import IllegalTransition
-from sas.domain.model import OrderState, ProcessState
+from sas.domain.model import OrderState, ProcessState, StepStart
 from sas.domain.transitions import begin_compensation, to_error
 from sas.domain.workflow import Workflow
 
@@ -27,6 +27,10 @@ class RetryPolicy:
     it (sas/services/store_time.py); a deadline counts as passed only this long after it
     passed by the Supervisor's estimate, so two estimates' error never expires a step its
     agent may still finish. Recovery comes that much later."""
+
+    queue_wait_limit: timedelta = timedelta(minutes=15)
+    """How long a request or reply may wait in a busy queue before its step is recovered as
+    expired anyway (a message lost with nothing else to show for it)."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
@@ -49,6 +53,62 @@ class RetryPolicy:
         doublings = min(max(failures - 1, 0), 32)  # past the cap long before: no overflow
         doubled: timedelta = self.base_backoff * 2**doublings
         return min(doubled, self.max_backoff)
+
+
+class Waits(StrEnum):
+    """Why an order past its deadline has not expired: its step is only waiting."""
+
+    RUNNING = "running"
+    """An agent started the attempt and its budget, counted from the start, has not run out."""
+    REQUEST_QUEUED = "request_queued"
+    """Not started, and the queue its request went to still holds messages."""
+    REPLY_QUEUED = "reply_queued"
+    """Started and past its budget, and the replies queue still holds messages: its reply,
+    sent in time, may be among them."""
+
+
+@dataclass(frozen=True)
+class Wait:
+    why: Waits
+    until: datetime
+    """When the Supervisor looks at the order again."""
+
+
+def queue_wait(
+    state: OrderState,
+    *,
+    now: datetime,
+    policy: RetryPolicy,
+    start: StepStart | None,
+    request_lane_busy: bool,
+    reply_lane_busy: bool,
+    recheck: timedelta,
+) -> Wait | None:
+    """Whether an order whose deadline passed is still only waiting, not expired (None).
+
+    A step's budget runs from when an agent starts it (``start``), not from when it was queued:
+    time spent in a queue is not the step's failure, and sending the request again would only
+    add to the queue. So an order is recovered only when its agent started it and did not
+    answer in time, or when its request or reply is nowhere to be seen: the queue that would
+    hold it is empty. A busy queue is trusted for ``queue_wait_limit`` at most (a lost message
+    behind a queue that never empties). ``start`` is of the running attempt (do or undo);
+    ``request_lane_busy`` is of its agent's lane, or the Scheduler's for a Pending order.
+    The order is looked at again within ``recheck`` (its workflow's shortest budget: the
+    soonest deadline a transition made meanwhile can set, see ``look_again_at``)."""
+    deadline = state.complete_by
+    if state.is_terminal or deadline is None:
+        return None
+    again = now + recheck
+    if start is not None and state.is_running:
+        run_by = start.run_by + policy.clock_skew
+        if now < run_by:
+            return Wait(Waits.RUNNING, min(run_by, again))
+        if reply_lane_busy and now < start.run_by + policy.queue_wait_limit:
+            return Wait(Waits.REPLY_QUEUED, again)
+        return None
+    if request_lane_busy and now < deadline + policy.queue_wait_limit + policy.clock_skew:
+        return Wait(Waits.REQUEST_QUEUED, again)  # agents start nothing past the limit
+    return None
 
 
 class ExpiryAction(StrEnum):

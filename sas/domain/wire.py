@@ -263,6 +263,7 @@ ORDER_ROW = "order"
 STATE_ROW = "state"
 STEP_ROW_PREFIX = "step:"
 HISTORY_ROW_PREFIX = "hist:"
+START_ROW_PREFIX = "run:"
 LIVE_PARTITION = "~live"
 """The in-flight index (in the in-flight table): one row per order that may be live, RowKey =
 OrderID, with the time by which the Supervisor must look at it (``DueAt``)."""
@@ -310,6 +311,13 @@ _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._@-]")
 
 def step_row_key(index: int, name: str) -> str:
     return f"{STEP_ROW_PREFIX}{index:02d}:{name}"
+
+
+def start_row_key(key: str, attempt: int) -> str:
+    """The row an agent writes when it starts an attempt: the step's key without the order id
+    (the partition says it), then the attempt."""
+    _, _, rest = key.partition(":")
+    return f"{START_ROW_PREFIX}{rest}:{attempt:010d}"
 
 
 def history_row_key(at: datetime, attempt: int, tail: str) -> str:

@@ -1,9 +1,11 @@
-"""The Agent: one remote service call per step request, bounded by the complete-by time.
+"""The Agent: one remote service call per step request, bounded by the step's budget.
 
-Retries transient faults with exponential backoff and jitter (honouring Retry-After), only while
-the deadline allows. Past complete-by it stops and sends nothing: another attempt may already be
-scheduled. Every attempt calls with the step's one idempotency key, so the remote applies the
-effect once whichever attempt's call gets through.
+It records the attempt's start first (``StepStart``): the budget runs from then, however long
+the request waited in its queue, and the Supervisor holds off while it runs. Retries transient
+faults with exponential backoff and jitter (honouring Retry-After), only while the budget
+allows. Past it, it stops and sends nothing: the Supervisor will schedule another attempt.
+Every attempt calls with the step's one idempotency key, so the remote applies the effect once
+whichever attempt's call gets through.
 
 A circuit breaker per remote target, shared by every agent instance, is asked before each try:
 an open one refuses with a TransientRemoteError carrying the seconds until it may close, so the
@@ -18,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -27,6 +29,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 from sas.domain.endpoints import Endpoint
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
 from sas.domain.messages import StepReply, StepRequest, result_problem
+from sas.domain.model import StepStart
 from sas.domain.wire import step_reply_message_id, step_request_message_id
 from sas.services import metrics, telemetry, versions
 from sas.services.actions import ActionContext, run_action
@@ -42,7 +45,8 @@ class AgentOutcome(StrEnum):
     REFUSED = "refused"
     """The remote refused for good: an error reply was sent."""
     EXPIRED = "expired"
-    """The request arrived past complete-by: dropped unread."""
+    """Delivered again past its first start's budget (or, sent before starts were recorded,
+    past complete-by): dropped unread."""
     GAVE_UP = "gave_up"
     """Transient faults outlasted the deadline: nothing sent, the Supervisor will recover."""
     LATE = "late"
@@ -71,7 +75,9 @@ class _Attempt:
     agent: str
     request: StepRequest
     deadline: datetime
-    """complete_by less the safety margin, and never further than the longest budget."""
+    """``run_by`` less the safety margin, and never further than the longest budget."""
+    run_by: datetime
+    """When the attempt must have answered: its start plus the step's budget."""
     avoid: str | None = None
     """The endpoint whose try just failed transiently: the next one goes elsewhere."""
     used: Endpoint | None = None
@@ -107,7 +113,7 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
     assert ctx.agents is not None, "a process that runs agents is given their remote"  # noqa: S101
     extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
     now = ctx.clock.now()
-    if now >= request.complete_by:
+    if now >= _start_by(ctx, request):
         log.info("sas.step_request_expired", extra=extra)
         return AgentOutcome.EXPIRED
     python = ctx.agents.python.get(agent)
@@ -119,10 +125,12 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
         why = f"{agent} has no action {request.action} here"
         versions.hold(ctx, queue, request, message_id, why, within=request.complete_by - now)
         return AgentOutcome.HELD
-    deadline = (
-        min(request.complete_by, now + ctx.workflows.longest_step_budget) - ctx.agents.safety_margin
-    )
-    attempt = _Attempt(agent, request, deadline)
+    run_by = _start(ctx, request, now)
+    if now >= run_by:  # delivered again after its first start's budget: that attempt is over
+        log.info("sas.step_request_expired", extra=extra)
+        return AgentOutcome.EXPIRED
+    deadline = min(run_by, now + ctx.workflows.longest_step_budget) - ctx.agents.safety_margin
+    attempt = _Attempt(agent, request, deadline, run_by)
     try:
         result = _call_with_retries(ctx, ctx.agents, attempt)
     except PermanentRemoteError as exc:
@@ -133,6 +141,36 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
     except _NoRoom:
         return _reply(ctx, attempt, "deferred")
     return _reply(ctx, attempt, "ok", result=result)
+
+
+def _start_by(ctx: Context, request: StepRequest) -> datetime:
+    """The last moment a request may start: past it, the Supervisor may have given up on it
+    (``recovery.queue_wait``: an attempt not started by ``complete_by`` plus the queue-wait
+    limit is recovered) and undone its step; a start must be recorded before then, by every
+    clock within the skew allowance. A request sent before starts were recorded: its
+    ``complete_by``."""
+    if request.budget is None:
+        return request.complete_by
+    return request.complete_by + ctx.policy.queue_wait_limit - ctx.policy.clock_skew
+
+
+def _start(ctx: Context, request: StepRequest, now: datetime) -> datetime:
+    """Record that this attempt started; its budget runs from its first start. Returns when it
+    must have answered. Time the request spent queued is not the step's: the Supervisor
+    recovers it only once that start's budget ran out (``recovery.queue_wait``)."""
+    if request.budget is None:
+        return request.complete_by
+    started = ctx.store.record_start(
+        StepStart(
+            order_id=request.order_id,
+            key=request.idempotency_key,
+            attempt=request.attempt,
+            started_at=now,
+            run_by=now + timedelta(seconds=request.budget),
+            instance=ctx.instance_id,
+        )
+    )
+    return started.run_by
 
 
 def _call_with_retries(ctx: Context, agents: Agents, attempt: _Attempt) -> dict[str, Any]:
@@ -263,7 +301,7 @@ def _reply(
 ) -> AgentOutcome:
     request = attempt.request
     extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
-    if ctx.clock.now() >= request.complete_by:
+    if ctx.clock.now() >= attempt.run_by:
         log.warning("sas.step_reply_suppressed_late", extra=extra)
         return AgentOutcome.LATE
     reply = StepReply(

@@ -108,6 +108,7 @@ def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:
         incarnation=state.incarnation or None,
         workflow=state.workflow,
         version=state.version,
+        budget=step.budget.total_seconds(),
     )
     ctx.transport.send(
         ctx.routes.agent(step.agent, state.priority),

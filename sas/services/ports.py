@@ -17,6 +17,7 @@ from sas.domain.model import (
     OrderState,
     ProcessState,
     StepRecord,
+    StepStart,
     Versioned,
 )
 from sas.domain.parked import ParkedMessage
@@ -130,6 +131,16 @@ class StateStore(Protocol):
         there is no such message (any more)."""
         ...
 
+    def record_start(self, start: StepStart) -> StepStart:
+        """Record that an agent started an attempt (a row of its own, inserted). Returns the
+        first start of the attempt: this one, or an earlier one if its request was delivered
+        again (the row is never overwritten)."""
+        ...
+
+    def get_start(self, order_id: str, key: str, attempt: int) -> StepStart | None:
+        """The start of attempt ``attempt`` of the step keyed ``key``; None if not started."""
+        ...
+
     def get_missing(self, key: str) -> MissingDefinition | None:
         """The note that orders wait for definition ``key`` (its alert was sent), if any."""
         ...
@@ -160,6 +171,13 @@ class Transport(Protocol):
         """What a peek sees at the front of ``queue``: the oldest enqueue time and how many
         messages (up to ``Waiting.PEEK``). Approximate, as the transports' peek is: for holding
         off work, never for deciding a state."""
+        ...
+
+    def holds_messages(self, queue: str) -> bool:
+        """Whether ``queue`` holds any message at all: visible, delayed, leased or locked (a
+        Storage queue's approximate count, never below the true one; a Service Bus peek,
+        which shows locked and scheduled messages too). For holding off a recovery, never
+        for deciding a state; NotFound if the queue does not exist."""
         ...
 
 

@@ -1,13 +1,15 @@
 """The Supervisor: finds expired records and requests recovery (docs/architecture.md, "Recovery").
 
 It queries the in-flight index for the markers that are due (never the order history, never
-every live order), and for each order whose deadline passed (plus the clock-skew allowance) it
-counts a failure and either asks for a retry after a backoff, starts compensation, or sets Error
-with one operator alert. A due marker of a healthy order is re-armed to the order's next look;
-a finished order's marker is dropped. It changes state only through writes conditional on the
+every live order). An order whose deadline passed (plus the clock-skew allowance) is left alone
+while its step only waits: an agent started it and its budget has not run out, or its request
+or reply may still be in a queue that holds messages (``recovery.queue_wait``): time queued is
+not the step's failure, and another request would only lengthen the queue. Otherwise it counts
+a failure and either asks for a retry after a backoff, starts compensation, or sets Error with
+one operator alert. A due marker of a healthy order is re-armed to the order's next look; a
+finished order's marker is dropped. It changes state only through writes conditional on the
 ETag it read, so several Supervisors, doubled or missed ticks, and a reply arriving at the same
-moment cannot double a recovery. It never calls an agent itself, and it holds off nothing for
-what may still be queued: a reply sent in time applies when it arrives (``transitions.fence``).
+moment cannot double a recovery. It never calls an agent itself.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from datetime import datetime, timedelta
 from sas.domain.clock import readable
 from sas.domain.errors import ConcurrencyConflict, DefinitionMissing, NotFound
 from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
-from sas.domain.recovery import Expiry, ExpiryAction, expire
+from sas.domain.recovery import Expiry, ExpiryAction, Wait, expire, queue_wait
 from sas.domain.transitions import look_again_at
+from sas.domain.wire import idempotency_key
+from sas.domain.workflow import Workflow
 from sas.services import alerts, metrics, telemetry, versions
 from sas.services import consequences as then
 from sas.services.alerts import AlertOutcome
@@ -41,10 +45,11 @@ def sweep(ctx: Context, *, parallelism: int = 1) -> Counter[str]:
     """One pass over the due markers; returns what it did, by outcome."""
     due = ctx.store.list_due(ctx.clock.now())
     markers = MarkerWrites(ctx.store)
+    lanes = BusyLanes(ctx)
 
     def examine(marker: LiveMarker) -> str:
         try:
-            return _examine(ctx, marker, markers)
+            return _examine(ctx, marker, markers, lanes)
         except Exception:  # one broken order must not hide every order after it
             log.exception("sas.supervisor_examine_failed", extra={"order_id": marker.order_id})
             return "failed"
@@ -64,7 +69,7 @@ def sweep(ctx: Context, *, parallelism: int = 1) -> Counter[str]:
     return report
 
 
-def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites) -> str:
+def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites, lanes: BusyLanes) -> str:
     now = ctx.clock.now()
     current = ctx.store.get_state(marker.order_id)
     if current is None:
@@ -86,6 +91,10 @@ def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites) -> str:
         if outcome == "waiting":  # lost: whoever wrote first decides the marker
             markers.rearm(marker, now + versions.WAIT_RECHECK)
         return outcome
+    waits = _queue_wait(ctx, state, workflow, lanes, now)
+    if waits is not None:
+        markers.rearm(marker, waits.until)
+        return waits.why.value
     # A timer has no trace of its own: the recovery joins the order's.
     with telemetry.order_span(
         telemetry.RECOVER,
@@ -99,6 +108,34 @@ def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites) -> str:
         outcome = _recover(ctx, marker, current, markers, now)
         telemetry.annotate(span, outcome=outcome)
         return outcome
+
+
+def _queue_wait(
+    ctx: Context, state: OrderState, workflow: Workflow, lanes: BusyLanes, now: datetime
+) -> Wait | None:
+    """Whether the expired order's step is only waiting: started and within its budget, or
+    its request or reply still possibly queued (``recovery.queue_wait``)."""
+    step = workflow.step(state.step_index)
+    if not state.is_running:
+        busy = lanes.busy(ctx.routes.lane(ctx.routes.scheduler, state.priority))
+        return queue_wait(
+            state, now=now, policy=ctx.policy, start=None, request_lane_busy=busy,
+            reply_lane_busy=False, recheck=workflow.shortest_budget,
+        )  # fmt: skip
+    # The queues before the start: a request the agent held (a queue counts it) while its
+    # start was read is in neither, or started where a later look sees it.
+    request_busy = lanes.busy(ctx.routes.agent(step.agent, state.priority))
+    reply_busy = lanes.busy(ctx.routes.lane(ctx.routes.replies, state.priority))
+    key = idempotency_key(state.order_id, state.incarnation, step.name, state.mode)
+    return queue_wait(
+        state,
+        now=now,
+        policy=ctx.policy,
+        start=ctx.store.get_start(state.order_id, key, state.attempt),
+        request_lane_busy=request_busy,
+        reply_lane_busy=reply_busy,
+        recheck=workflow.shortest_budget,
+    )
 
 
 def _orphan(ctx: Context, marker: LiveMarker, markers: MarkerWrites, now: datetime) -> str:
@@ -218,6 +255,26 @@ def _request_recovery(ctx: Context, decided: Expiry, step: str, etag: str, now: 
         then.notify(ctx, new, "compensating", now, detail=new.last_error)
     else:
         then.finished(ctx, new, etag)
+
+
+class BusyLanes:
+    """Which queues hold messages, asked once per queue per sweep. A queue that cannot be
+    asked counts as empty: its orders are recovered as they were before queues were asked."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._transport = ctx.transport
+        self._lock = threading.Lock()
+        self._seen: dict[str, bool] = {}
+
+    def busy(self, queue: str) -> bool:
+        with self._lock:
+            if queue not in self._seen:
+                try:
+                    self._seen[queue] = self._transport.holds_messages(queue)
+                except Exception:
+                    log.warning("sas.queue_look_failed", extra={"queue": queue}, exc_info=True)
+                    self._seen[queue] = False
+            return self._seen[queue]
 
 
 class MarkerWrites:

@@ -21,6 +21,7 @@ from sas.domain.model import (
     OrderState,
     ProcessState,
     StepRecord,
+    StepStart,
     Versioned,
 )
 from sas.domain.parked import ParkedMessage
@@ -115,6 +116,10 @@ class InMemoryQueues:
             visible.append(self.waiting_since[queue])
         return Waiting(min(visible, default=None), min(len(visible), Waiting.PEEK))
 
+    def holds_messages(self, queue: str) -> bool:
+        """Any message not yet taken, due or delayed, or a backlog a test declared."""
+        return queue in self.waiting_since or any(s.queue == queue for s in self._pending)
+
     def to(self, queue: str) -> list[Message]:
         """Every message ever sent to ``queue``, in order."""
         return [s.message for s in self.sent if s.queue == queue]
@@ -176,6 +181,7 @@ class InMemoryStore:
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
         self.missing: dict[str, MissingDefinition] = {}
+        self.starts: dict[tuple[str, str, int], StepStart] = {}
 
     def create_order(
         self,
@@ -296,6 +302,7 @@ class InMemoryStore:
         self.orders.pop(order_id, None)
         self.history = [h for h in self.history if h.order_id != order_id]
         self.steps = {key: s for key, s in self.steps.items() if key[0] != order_id}
+        self.starts = {key: s for key, s in self.starts.items() if key[0] != order_id}
         return True
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
@@ -323,6 +330,12 @@ class InMemoryStore:
 
     def drop_parked(self, parked_id: str) -> bool:
         return self.parked.pop(parked_id, None) is not None
+
+    def record_start(self, start: StepStart) -> StepStart:
+        return self.starts.setdefault((start.order_id, start.key, start.attempt), start)
+
+    def get_start(self, order_id: str, key: str, attempt: int) -> StepStart | None:
+        return self.starts.get((order_id, key, attempt))
 
     def get_missing(self, key: str) -> MissingDefinition | None:
         return self.missing.get(key)

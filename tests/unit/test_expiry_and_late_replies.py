@@ -1,8 +1,9 @@
 """When a step expires and what its late reply then does, in memory (the domain decides both):
 a step whose agent died expires at its deadline and the allowance, a later shorter step is
-recovered within its own budget, and the reply rule: a step that expired while its reply (sent
-in time) waited in a backlog is completed by that reply when it arrives; a refusal, or an ok
-once compensation began, is dropped. The in-flight index itself (which markers a sweep reads,
+recovered within its own budget; a step whose reply (sent in time) waits in a backlog does not
+expire while the replies queue holds messages, up to the queue-wait limit; and the reply rule:
+a step that expired past that limit is completed by its reply when it arrives; a refusal, or an
+ok once compensation began, is dropped. The in-flight index itself (which markers a sweep reads,
 re-arms and drops) is checked on Azurite (tests/integration/test_supervisor_index.py)."""
 
 from __future__ import annotations
@@ -34,11 +35,15 @@ def test_recovery_still_comes_by_the_deadline_of_a_later_shorter_step(world):
 
 
 def first_reply_waits_past_its_expiry(world) -> str:
-    """The first step's agent replies in time; the reply waits in a backlog while the step
-    expires (the Supervisor does not look at queues)."""
+    """The first step's agent replies in time; the reply waits in a backlog. The step does not
+    expire while the replies queue holds messages; past the queue-wait limit (a reply lost
+    behind a queue that never empties, for all the Supervisor can tell) it does."""
     oid = order(world)
     world.deliver("agent-inventory")
     world.clock.advance(BUDGET + 3)
+    assert world.tick(0)["reply_queued"] == 1
+    assert world.state(oid).attempt == 1 and world.state(oid).failure_count == 0
+    world.clock.advance(world.policy.queue_wait_limit.total_seconds())
     assert world.tick(0)["retry"] == 1
     return oid
 
@@ -88,7 +93,7 @@ def test_an_ok_that_arrives_after_compensation_began_is_dropped_and_the_undo_und
     world = World(max_failures=1)
     oid = order(world)
     world.deliver("agent-inventory")  # reserve applied, its reply stuck in a backlog
-    world.clock.advance(BUDGET + 3)
+    world.clock.advance(BUDGET + 3 + world.policy.queue_wait_limit.total_seconds())
     assert world.tick(0)["compensate"] == 1
     assert world.deliver("replies") == [ReplyOutcome.STALE]
     world.run()

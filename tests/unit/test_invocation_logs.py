@@ -58,10 +58,13 @@ def seen() -> Iterator[Seen]:
 
 def test_alerts_raised_on_the_supervisor_s_pool_carry_the_invocation(seen: Seen) -> None:
     store, clock = InMemoryStore(), FakeClock()
-    app = instance(store, InMemoryQueues(clock), ROUTES, clock, registry(ERRORING))
+    queues = InMemoryQueues(clock)
+    app = instance(store, queues, ROUTES, clock, registry(ERRORING))
     for n in range(6):
         order = OrderSubmitted(order_id=f"o{n}", workflow="erroring", details={}, reply_to=None)
         app.submit(order)
+    for lane in ROUTES.consumed:  # every request lost: nothing holds the Supervisor off
+        queues.take(lane)
     clock.advance(60)
     seen.storage.invocation_id = "inv-1"  # as the worker sets it in the invocation's thread
     with attributed(seen.storage, "inv-1"):

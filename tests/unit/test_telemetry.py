@@ -148,6 +148,7 @@ def test_supervisor_recovery_joins_the_trace_and_counts(spans, reader):
     transport = InMemoryQueues(clock)
     instance(store, transport, ROUTES, clock, REGISTRY).submit(submitted())
     trace_id = telemetry.trace_id_of(state_of(store).traceparent)
+    transport.take(ROUTES.agent("inventory"))  # its agent died: the request is gone
     clock.advance(120)  # the first step's deadline has passed
     policy = RetryPolicy(max_failures=3)
     instance(store, transport, ROUTES, clock, REGISTRY, "sup", policy=policy).sweep()

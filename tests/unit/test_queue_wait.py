@@ -1,0 +1,161 @@
+"""Queue wait is never a failure (recovery.queue_wait, the agent's recorded start): a request
+still in its queue is not sent again and counts no failure; a step's budget runs from when an
+agent starts it; a step is recovered when its agent started it and did not answer in time, when
+its queue holds nothing, or past the queue-wait limit, after which no agent starts it. The
+queues' and the store's real behaviour: tests/integration/test_queue_wait_on_azurite.py."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+
+from sas.domain.messages import ScheduleRequest, StepRequest
+from sas.domain.model import ProcessState, StepStart
+from sas.domain.recovery import RetryPolicy, Waits, queue_wait
+from sas.services.agent import AgentOutcome
+from sas.testing import too_slow
+from tests.harness import BUDGET, World
+from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once, order
+
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+LANE = "agent-inventory"
+
+
+@pytest.fixture
+def world() -> World:
+    return World()
+
+
+def schedule_requests(world: World) -> list[ScheduleRequest]:
+    return [m for m in world.bus.to("scheduler") if isinstance(m, ScheduleRequest)]
+
+
+def test_a_request_waiting_in_its_queue_is_not_sent_again_and_counts_no_failure(world):
+    oid = order(world)
+    world.bus.waiting_since[LANE] = world.clock.now()  # a backlog ahead of it
+    for _ in range(5):  # five budgets in the queue
+        assert world.tick(BUDGET)["request_queued"] == 1
+    state = world.state(oid)
+    assert (state.attempt, state.failure_count, state.process_state) == (
+        1,
+        0,
+        ProcessState.PROCESSING,
+    )
+    assert schedule_requests(world) == [] and len(world.bus.pending(LANE)) == 1
+    del world.bus.waiting_since[LANE]
+    world.run()  # taken at last: it runs, its budget from now
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert len(world.remote.calls) == 3  # one call per step: nothing ran twice
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_an_agents_start_moves_the_deadline_and_an_overrun_from_there_is_recovered(world):
+    world.remote.script("inventory", "reserve", too_slow(BUDGET * 2))
+    oid = order(world)
+    world.clock.advance(BUDGET * 3)  # queued three budgets: the claim's deadline long past
+    world.deliver(LANE)  # starts now, runs past its budget from the start: no reply
+    assert world.tick(0)["retry"] == 1  # started, overran, and nothing in the replies queue
+    assert world.state(oid).failure_count == 1
+
+
+def test_a_started_step_is_not_recovered_before_its_budget_from_the_start(world):
+    oid = order(world)
+    world.clock.advance(BUDGET * 3)  # queued past the claim's deadline
+    [request] = world.bus.take(LANE)
+    assert isinstance(request, StepRequest)
+    started = world.clock.now()
+    world.app.ctx.store.record_start(  # as the agent does first
+        _start(oid, request, started, BUDGET, world.app.ctx.instance_id)
+    )
+    assert world.tick(BUDGET / 2)["running"] == 1  # looked at again by its start's budget
+    assert world.tick(BUDGET / 2 - 0.5)["retry"] == 0
+    assert world.tick(1)["retry"] == 1  # past its start's budget: recovered
+    assert world.state(oid).failure_count == 1
+
+
+def test_a_request_gone_from_an_empty_queue_is_recovered_at_its_deadline(world):
+    oid = order(world)
+    world.drop(LANE)  # lost with its consumer
+    assert world.tick(BUDGET + 1)["retry"] == 1
+    assert world.state(oid).process_state is ProcessState.PENDING
+
+
+def test_past_the_queue_wait_limit_it_is_recovered_and_the_old_request_never_starts(world):
+    oid = order(world)
+    world.bus.waiting_since[LANE] = world.clock.now()
+    limit = world.policy.queue_wait_limit.total_seconds()
+    assert world.tick(BUDGET + limit - 1)["request_queued"] == 1
+    world.make_due(oid)
+    assert world.tick(2)["retry"] == 1  # a lost request behind a queue that never empties
+    [old] = world.bus.take(LANE)
+    assert isinstance(old, StepRequest) and old.attempt == 1
+    assert world.app.run_step("inventory", old) is AgentOutcome.EXPIRED  # never started
+    assert world.remote.calls == []
+    del world.bus.waiting_since[LANE]
+    world.clock.advance(60)
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_a_pending_orders_schedule_request_in_a_busy_queue_is_not_expired(world):
+    oid = order(world)
+    world.drop(LANE)
+    assert world.tick(BUDGET + 1)["retry"] == 1  # Pending, its schedule request queued
+    world.bus.waiting_since["scheduler"] = world.clock.now()
+    assert world.tick(180)["request_queued"] == 1  # past its pickup deadline
+    assert world.state(oid).failure_count == 1 and len(schedule_requests(world)) == 1
+    del world.bus.waiting_since["scheduler"]
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+
+
+def _start(oid: str, request: StepRequest, at: datetime, budget: float, instance: str) -> StepStart:
+    return StepStart(
+        order_id=oid,
+        key=request.idempotency_key,
+        attempt=request.attempt,
+        started_at=at,
+        run_by=at + timedelta(seconds=budget),
+        instance=instance,
+    )
+
+
+@pytest.mark.parametrize(
+    ("started", "request_busy", "reply_busy", "after", "expected"),
+    [
+        (None, False, False, 1, None),  # nothing queued, never started: lost
+        (None, True, False, 1, Waits.REQUEST_QUEUED),
+        (None, True, False, 15 * 60 + 2, None),  # past the limit and the allowance
+        (0, False, False, 5, Waits.RUNNING),  # within its budget from the start
+        (0, True, False, 11, None),  # overran; its own queue says nothing of its reply
+        (0, False, True, 11, Waits.REPLY_QUEUED),
+        (0, False, True, 10 + 15 * 60 + 1, None),
+    ],
+)
+def test_queue_wait_decides_from_the_start_and_the_queues(
+    world, started, request_busy, reply_busy, after, expected
+):
+    order(world)
+    state = world.state("o1")
+    assert state.complete_by is not None
+    now = state.complete_by + timedelta(seconds=after)
+    start = None
+    if started is not None:
+        [request] = world.bus.take(LANE)
+        start = _start("o1", request, state.complete_by, 10, "agent")
+    policy = RetryPolicy(clock_skew=timedelta(seconds=1))
+    decided = queue_wait(
+        state,
+        now=now,
+        policy=policy,
+        start=start,
+        request_lane_busy=request_busy,
+        reply_lane_busy=reply_busy,
+        recheck=timedelta(seconds=15),
+    )
+    assert (decided.why if decided else None) == expected
+    if decided is not None:
+        assert decided.until <= now + timedelta(seconds=15)
