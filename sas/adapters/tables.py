@@ -219,6 +219,7 @@ def _start_entity(start: StepStart) -> dict[str, Any]:
         "StartedAt": start.started_at,
         "RunBy": start.run_by,
         "Instance": start.instance[:200],
+        "Abandoned": start.abandoned,
     }
 
 
@@ -230,6 +231,7 @@ def _start_from(order_id: str, key: str, attempt: int, entity: Mapping[str, Any]
         started_at=utc(entity["StartedAt"]),
         run_by=utc(entity["RunBy"]),
         instance=str(entity.get("Instance", "")),
+        abandoned=bool(entity.get("Abandoned", False)),
     )
 
 

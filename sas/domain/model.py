@@ -174,7 +174,9 @@ class LiveMarker:
 @dataclass(frozen=True)
 class StepStart:
     """An agent started an attempt of a step (its row: ``wire.start_row_key``): from then the
-    step's budget runs; until then the request was only waiting in its queue."""
+    step's budget runs; until then the request was only waiting in its queue. Or, written by a
+    Supervisor giving the unstarted attempt up (``abandoned``), the mark that no agent may
+    start it any more: the row is inserted once, so of the two the first decides."""
 
     order_id: str
     key: str
@@ -185,6 +187,7 @@ class StepStart:
     """When the attempt must have answered: its first start plus the step's budget (a request
     delivered again runs only within it)."""
     instance: str
+    abandoned: bool = False
 
 
 @dataclass(frozen=True)

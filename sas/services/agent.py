@@ -1,7 +1,8 @@
 """The Agent: one remote service call per step request, bounded by the step's budget.
 
 It records the attempt's start first (``StepStart``): the budget runs from then, however long
-the request waited in its queue, and the Supervisor holds off while it runs. Retries transient
+the request waited in its queue, and the Supervisor holds off while it runs; an attempt the
+Supervisor gave up first (the same row, ``abandoned``) runs nothing. Retries transient
 faults with exponential backoff and jitter (honouring Retry-After), only while the budget
 allows. Past it, it stops and sends nothing: the Supervisor will schedule another attempt.
 Every attempt calls with the step's one idempotency key, so the remote applies the effect once
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any, Literal
@@ -45,12 +46,12 @@ class AgentOutcome(StrEnum):
     REFUSED = "refused"
     """The remote refused for good: an error reply was sent."""
     EXPIRED = "expired"
-    """Delivered again past its first start's budget (or, sent before starts were recorded,
-    past complete-by): dropped unread."""
+    """Given up by the Supervisor before any start, or delivered again past its first start's
+    budget (sent before starts were recorded: past complete-by): dropped unread."""
     GAVE_UP = "gave_up"
     """Transient faults outlasted the deadline: nothing sent, the Supervisor will recover."""
     LATE = "late"
-    """The call finished past complete-by: the reply was suppressed."""
+    """The call finished past its start's budget (``run_by``): the reply was suppressed."""
     DEFERRED = "deferred"
     """No endpoint had room: nothing called, a deferred reply sent."""
     HELD = "held"
@@ -113,22 +114,27 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
     assert ctx.agents is not None, "a process that runs agents is given their remote"  # noqa: S101
     extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
     now = ctx.clock.now()
-    if now >= _start_by(ctx, request):
-        log.info("sas.step_request_expired", extra=extra)
+    if request.budget is None and now >= request.complete_by:
+        log.info("sas.step_request_expired", extra=extra)  # sent before starts were recorded
         return AgentOutcome.EXPIRED
     python = ctx.agents.python.get(agent)
     if python is not None and request.action not in python.actions:
         # An action of a newer version than this host has (a deploy in progress): a host that
-        # has it runs it, before the deadline. Any other step runs whatever its version.
+        # has it runs it, while the Supervisor still waits for it. Any other step runs
+        # whatever its version.
         queue = ctx.routes.agent(agent, request.priority)
         message_id = step_request_message_id(request.idempotency_key, request.attempt)
         why = f"{agent} has no action {request.action} here"
-        versions.hold(ctx, queue, request, message_id, why, within=request.complete_by - now)
+        within = request.complete_by + ctx.policy.queue_wait_limit - now
+        versions.hold(ctx, queue, request, message_id, why, within=within)
         return AgentOutcome.HELD
-    run_by = _start(ctx, request, now)
-    if now >= run_by:  # delivered again after its first start's budget: that attempt is over
+    started = _start(ctx, request, now)
+    if started.abandoned or now >= started.run_by:
+        # Given up by the Supervisor before any start, or delivered again after its first
+        # start's budget: either way that attempt is over, and may have been undone.
         log.info("sas.step_request_expired", extra=extra)
         return AgentOutcome.EXPIRED
+    run_by = started.run_by
     deadline = min(run_by, now + ctx.workflows.longest_step_budget) - ctx.agents.safety_margin
     attempt = _Attempt(agent, request, deadline, run_by)
     try:
@@ -143,34 +149,24 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
     return _reply(ctx, attempt, "ok", result=result)
 
 
-def _start_by(ctx: Context, request: StepRequest) -> datetime:
-    """The last moment a request may start: past it, the Supervisor may have given up on it
-    (``recovery.queue_wait``: an attempt not started by ``complete_by`` plus the queue-wait
-    limit is recovered) and undone its step; a start must be recorded before then, by every
-    clock within the skew allowance. A request sent before starts were recorded: its
-    ``complete_by``."""
-    if request.budget is None:
-        return request.complete_by
-    return request.complete_by + ctx.policy.queue_wait_limit - ctx.policy.clock_skew
-
-
-def _start(ctx: Context, request: StepRequest, now: datetime) -> datetime:
-    """Record that this attempt started; its budget runs from its first start. Returns when it
-    must have answered. Time the request spent queued is not the step's: the Supervisor
-    recovers it only once that start's budget ran out (``recovery.queue_wait``)."""
-    if request.budget is None:
-        return request.complete_by
-    started = ctx.store.record_start(
-        StepStart(
-            order_id=request.order_id,
-            key=request.idempotency_key,
-            attempt=request.attempt,
-            started_at=now,
-            run_by=now + timedelta(seconds=request.budget),
-            instance=ctx.instance_id,
-        )
+def _start(ctx: Context, request: StepRequest, now: datetime) -> StepStart:
+    """Record that this attempt started; its budget runs from its first start. Returns the
+    attempt's row as its first writer left it: this start, an earlier one, or a Supervisor's
+    abandonment (then nothing may run). The insert decides, not a clock: a Supervisor gives an
+    unstarted attempt up by inserting the same row (``supervisor._abandon``). Time the request
+    spent queued is not the step's."""
+    budget = timedelta(seconds=request.budget or 0)
+    start = StepStart(
+        order_id=request.order_id,
+        key=request.idempotency_key,
+        attempt=request.attempt,
+        started_at=now,
+        run_by=now + min(budget, ctx.workflows.longest_step_budget),
+        instance=ctx.instance_id,
     )
-    return started.run_by
+    if request.budget is None:  # sent before starts were recorded: complete_by bounds it
+        return replace(start, run_by=request.complete_by)
+    return ctx.store.record_start(start)
 
 
 def _call_with_retries(ctx: Context, agents: Agents, attempt: _Attempt) -> dict[str, Any]:

@@ -132,9 +132,9 @@ class StateStore(Protocol):
         ...
 
     def record_start(self, start: StepStart) -> StepStart:
-        """Record that an agent started an attempt (a row of its own, inserted). Returns the
-        first start of the attempt: this one, or an earlier one if its request was delivered
-        again (the row is never overwritten)."""
+        """Record that an agent started an attempt, or that a Supervisor gave it up (a row of
+        its own, inserted once, never overwritten). Returns the row as the first writer left
+        it: this one, an earlier start (its request delivered again), or an abandonment."""
         ...
 
     def get_start(self, order_id: str, key: str, attempt: int) -> StepStart | None:

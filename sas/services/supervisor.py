@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 
 from sas.domain.clock import readable
 from sas.domain.errors import ConcurrencyConflict, DefinitionMissing, NotFound
-from sas.domain.model import HistoryEntry, LiveMarker, OrderState, Versioned
+from sas.domain.model import HistoryEntry, LiveMarker, OrderState, StepStart, Versioned
 from sas.domain.recovery import Expiry, ExpiryAction, Wait, expire, queue_wait
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import idempotency_key
@@ -127,15 +127,25 @@ def _queue_wait(
     request_busy = lanes.busy(ctx.routes.agent(step.agent, state.priority))
     reply_busy = lanes.busy(ctx.routes.lane(ctx.routes.replies, state.priority))
     key = idempotency_key(state.order_id, state.incarnation, step.name, state.mode)
-    return queue_wait(
-        state,
-        now=now,
-        policy=ctx.policy,
-        start=ctx.store.get_start(state.order_id, key, state.attempt),
-        request_lane_busy=request_busy,
-        reply_lane_busy=reply_busy,
-        recheck=workflow.shortest_budget,
+    start = ctx.store.get_start(state.order_id, key, state.attempt)
+
+    def decide(start: StepStart | None) -> Wait | None:
+        return queue_wait(
+            state, now=now, policy=ctx.policy, start=start, request_lane_busy=request_busy,
+            reply_lane_busy=reply_busy, recheck=workflow.shortest_budget,
+        )  # fmt: skip
+
+    if start is not None and start.abandoned:  # given up before (its recovery lost a race)
+        return decide(None)
+    waits = decide(start)
+    if waits is not None or start is not None:
+        return waits
+    # Not started and nothing holds it off: give the attempt up first, by the insert an agent
+    # starting it would make, so that none starts it after its recovery (and maybe its undo).
+    first = ctx.store.record_start(
+        StepStart(state.order_id, key, state.attempt, now, now, ctx.instance_id, abandoned=True)
     )
+    return None if first.abandoned else decide(first)  # else: an agent started it just now
 
 
 def _orphan(ctx: Context, marker: LiveMarker, markers: MarkerWrites, now: datetime) -> str:
@@ -259,7 +269,8 @@ def _request_recovery(ctx: Context, decided: Expiry, step: str, etag: str, now: 
 
 class BusyLanes:
     """Which queues hold messages, asked once per queue per sweep. A queue that cannot be
-    asked counts as empty: its orders are recovered as they were before queues were asked."""
+    asked counts as busy: recovery waits (a store or queue under strain is no reason to add
+    retries), for the queue-wait limit at most."""
 
     def __init__(self, ctx: Context) -> None:
         self._transport = ctx.transport
@@ -271,9 +282,9 @@ class BusyLanes:
             if queue not in self._seen:
                 try:
                     self._seen[queue] = self._transport.holds_messages(queue)
-                except Exception:
+                except Exception:  # unknown: wait (the queue-wait limit still bounds it)
                     log.warning("sas.queue_look_failed", extra={"queue": queue}, exc_info=True)
-                    self._seen[queue] = False
+                    self._seen[queue] = True
             return self._seen[queue]
 
 

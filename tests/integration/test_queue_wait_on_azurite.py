@@ -121,3 +121,14 @@ def test_a_queued_request_is_not_sent_again_and_a_start_moves_the_deadline(stack
     recovered = stack.store.get_state("q1")
     assert recovered is not None and recovered.value.failure_count == 1
     assert stack.transport.holds_messages(stack.routes.scheduler)  # the retry's request
+
+
+def test_of_a_start_and_a_give_up_the_first_insert_decides(stack: Stack) -> None:
+    now = stack.clock.now()
+    given_up = StepStart("g1", "g1:abc:reserve", 1, now, now, "supervisor-1", abandoned=True)
+    assert stack.store.record_start(given_up) == given_up
+    late = StepStart("g1", "g1:abc:reserve", 1, now, now + timedelta(seconds=9), "agent-1")
+    assert stack.store.record_start(late) == given_up  # the agent finds it given up
+    first = replace(late, order_id="g2", key="g2:abc:reserve")
+    assert stack.store.record_start(first) == first
+    assert stack.store.record_start(replace(given_up, order_id="g2", key="g2:abc:reserve")) == first

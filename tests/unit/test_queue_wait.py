@@ -159,3 +159,45 @@ def test_queue_wait_decides_from_the_start_and_the_queues(
     assert (decided.why if decided else None) == expected
     if decided is not None:
         assert decided.until <= now + timedelta(seconds=15)
+
+
+class StartsAfterTheRead:
+    """The store, with an agent's start landing right after the Supervisor read none."""
+
+    def __init__(self, world: World, request: StepRequest) -> None:
+        self._store, self._world, self._request = world.store, world, request
+        self.started: StepStart | None = None
+
+    def get_start(self, order_id: str, key: str, attempt: int) -> StepStart | None:
+        found = self._store.get_start(order_id, key, attempt)
+        if self.started is None:
+            now = self._world.clock.now()
+            self.started = self._store.record_start(_start(order_id, self._request, now, 10, "a"))
+        return found
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._store, name)
+
+
+def test_a_request_that_arrives_after_its_attempt_was_given_up_runs_nothing(world):
+    oid = order(world)
+    [late] = world.bus.take(LANE)  # a slow send, or a consumer that stalled holding it
+    assert world.tick(BUDGET + 1)["retry"] == 1  # nothing queued, nothing started: given up
+    assert world.app.run_step("inventory", late) is AgentOutcome.EXPIRED
+    assert world.remote.calls == []
+    world.clock.advance(60)
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_an_agent_that_starts_as_the_supervisor_gives_up_wins_and_runs(world):
+    oid = order(world)
+    [request] = world.bus.take(LANE)
+    assert isinstance(request, StepRequest)
+    world.clock.advance(BUDGET + 1)
+    racing = StartsAfterTheRead(world, request)
+    supervisor = world.new_supervisor("supervisor-2", racing)
+    assert supervisor.sweep()["running"] == 1  # its give-up found the agent's start
+    assert racing.started is not None and not racing.started.abandoned
+    assert world.state(oid).attempt == 1 and world.state(oid).failure_count == 0

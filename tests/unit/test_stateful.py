@@ -512,12 +512,6 @@ class SasMachine(RuleBasedStateMachine):
     def _busy_queues(self) -> list[str]:
         return [q for q in WORK_QUEUES if self.bus.due(q)]
 
-    def _may_come_again(self, message: Message) -> bool:
-        if not isinstance(message, StepRequest):
-            return True
-        key, attempt = message.idempotency_key, message.attempt
-        return self.store.get_start(message.order_id, key, attempt) is not None
-
     def _consume(self, queue: str, sent: Sent, scheduler: int) -> None:
         self.clock.advance(0.001)  # time passes between deliveries
         message = sent.message
@@ -578,9 +572,7 @@ class SasMachine(RuleBasedStateMachine):
         later), held up in transit past the deadline, or lost with its crashed consumer; each
         to any of the Schedulers. Or any message (or any reply) ever sent, delivered again now
         (a redelivery long after the fact, as when its first handling outlasted the visibility
-        timeout, or a reply that waited in a backlog). A step request comes again only once
-        its attempt started: one never started was in its queue until dropped, and a dropped
-        message does not come back (the Supervisor counts on an empty queue holding none)."""
+        timeout, or a reply that waited in a backlog)."""
         for kind, which, pick, scheduler in moves:
             if kind in ("replay", "late"):  # "late": a reply, after its step may have moved on
                 sent = [
@@ -588,7 +580,6 @@ class SasMachine(RuleBasedStateMachine):
                     for s in self.bus.sent
                     if s.queue in WORK_QUEUES
                     and (kind == "replay" or isinstance(s.message, StepReply))
-                    and self._may_come_again(s.message)
                 ]
                 if sent:
                     again = sent[-1 - (which * 8 + pick) % len(sent)]
