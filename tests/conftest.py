@@ -22,6 +22,7 @@ hypothesis_settings.register_profile("fast", max_examples=20)
 FLEX_STACKS = {
     "test_bench",
     "test_campaign",
+    "test_clock_skew",  # its timing bound (a request reaches its agent in time) needs a core
     "test_pipeline",
     "test_priorities_and_endpoints",
     "test_tracing",
