@@ -28,6 +28,14 @@ def world() -> World:
     return World()
 
 
+def finishes_with_each_effect_once(world: World, oid: str) -> None:
+    """Once the backoff passed, the order runs to Processed, each step's effect applied once."""
+    world.clock.advance(60)
+    world.run()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
 def schedule_requests(world: World) -> list[ScheduleRequest]:
     return [m for m in world.bus.to("scheduler") if isinstance(m, ScheduleRequest)]
 
@@ -94,10 +102,7 @@ def test_past_the_queue_wait_limit_it_is_recovered_and_the_old_request_never_sta
     assert world.app.run_step("inventory", old) is AgentOutcome.EXPIRED  # never started
     assert world.remote.calls == []
     del world.bus.waiting_since[LANE]
-    world.clock.advance(60)
-    world.run()
-    assert world.state(oid).process_state is ProcessState.PROCESSED
-    assert_effects_once(world, oid, *ALL_STEPS)
+    finishes_with_each_effect_once(world, oid)
 
 
 def test_a_pending_orders_schedule_request_in_a_busy_queue_is_not_expired(world):
@@ -185,10 +190,7 @@ def test_a_request_that_arrives_after_its_attempt_was_given_up_runs_nothing(worl
     assert world.tick(BUDGET + 1)["retry"] == 1  # nothing queued, nothing started: given up
     assert world.app.run_step("inventory", late) is AgentOutcome.EXPIRED
     assert world.remote.calls == []
-    world.clock.advance(60)
-    world.run()
-    assert world.state(oid).process_state is ProcessState.PROCESSED
-    assert_effects_once(world, oid, *ALL_STEPS)
+    finishes_with_each_effect_once(world, oid)
 
 
 def test_an_agent_that_starts_as_the_supervisor_gives_up_wins_and_runs(world):
