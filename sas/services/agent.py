@@ -153,7 +153,7 @@ def _start(ctx: Context, request: StepRequest, now: datetime) -> StepStart:
     """Record that this attempt started; its budget runs from its first start. Returns the
     attempt's row as its first writer left it: this start, an earlier one, or a Supervisor's
     abandonment (then nothing may run). The insert decides, not a clock: a Supervisor gives an
-    unstarted attempt up by inserting the same row (``supervisor._abandon``). Time the request
+    unstarted attempt up by inserting the same row (``supervisor._queue_wait``). Time the request
     spent queued is not the step's."""
     budget = timedelta(seconds=request.budget or 0)
     start = StepStart(

@@ -135,8 +135,8 @@ def _queue_wait(
             reply_lane_busy=reply_busy, recheck=workflow.shortest_budget,
         )  # fmt: skip
 
-    if start is not None and start.abandoned:  # given up before (its recovery lost a race)
-        return decide(None)
+    if start is not None and start.abandoned:  # given up before, by a sweep cut short
+        return None  # no agent will run it: recover it now
     waits = decide(start)
     if waits is not None or start is not None:
         return waits

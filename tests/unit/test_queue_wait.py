@@ -6,6 +6,7 @@ queues' and the store's real behaviour: tests/integration/test_queue_wait_on_azu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 import pytest
@@ -203,3 +204,12 @@ def test_an_agent_that_starts_as_the_supervisor_gives_up_wins_and_runs(world):
     assert supervisor.sweep()["running"] == 1  # its give-up found the agent's start
     assert racing.started is not None and not racing.started.abandoned
     assert world.state(oid).attempt == 1 and world.state(oid).failure_count == 0
+
+
+def test_an_attempt_given_up_by_a_sweep_cut_short_is_recovered_by_the_next(world):
+    oid = order(world)
+    [request] = world.bus.pending(LANE)  # still queued: the lane stays busy
+    assert isinstance(request.message, StepRequest)
+    gone = _start(oid, request.message, world.clock.now(), 0, "supervisor-0")
+    world.store.record_start(replace(gone, abandoned=True))  # then that Supervisor died
+    assert world.tick(BUDGET + 1)["retry"] == 1  # no agent will run it: nothing to wait for
