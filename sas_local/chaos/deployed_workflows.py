@@ -22,8 +22,8 @@ from datetime import timedelta
 from typing import Any
 
 from sas.domain.workflow import Registry, StepDefinition, Workflow
-from workflows.order import ORDER_WORKFLOW, OrderDetails
-from workflows.workspace import CLOUD, MAILER, WORKSPACE_WORKFLOW
+from workflows import REGISTRY as APP_REGISTRY
+from workflows.order import OrderDetails
 
 _BUDGET = timedelta(seconds=15)
 
@@ -52,8 +52,8 @@ ORDER_WORKFLOW_V2 = Workflow(
 )
 
 REGISTRY = Registry(
-    workflows=(ORDER_WORKFLOW, ORDER_WORKFLOW_V2, WORKSPACE_WORKFLOW),
-    python_agents=(CLOUD, MAILER),
+    workflows=(*APP_REGISTRY.workflows, ORDER_WORKFLOW_V2),
+    python_agents=APP_REGISTRY.python_agents,
 )
-"""What the new hosts run: version 1 is the app's own object (the fingerprint its orders in
-flight were bound to), beside version 2."""
+"""What the new hosts run: every workflow of the app as its own object (the fingerprints its
+orders in flight were bound to), and version 2 of ``order`` beside version 1."""
