@@ -9,9 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sas_local.devhost import logs
-from sas_local.devhost.config import DevHostError, load_settings
+from sas_local.devhost.config import EXIT_CONFIG, DevHostError, load_settings
 from sas_local.devhost.pool import WorkerPool
-from sas_local.devhost.worker import EXIT_CONFIG, WorkerOptions, worker_main
 
 
 def _port(text: str) -> int:
@@ -74,6 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     app = args.app.resolve()
     if args.worker_index is not None:
+        # Only a worker loads the app's machinery: the parent stays at a tenth of the CPU.
+        from sas_local.devhost.worker import WorkerOptions, worker_main
+
         worker_main(
             WorkerOptions(
                 app=app,
@@ -86,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ready_fd=args.ready_fd,
             )
         )
-    logs.configure(args.log_level, f"host {os.getpid()}")
+    logs.configure(args.log_level, f"host {os.getpid()}", app=False)
     try:
         if not app.is_file():
             raise DevHostError(f"function app {app} does not exist (use --app PATH)")

@@ -17,6 +17,7 @@ POLLING_JITTER = 0.2
 """What each wait adds to the first one is drawn within this fraction either side of the
 back-off, as the host's randomized exponential back-off draws it: workers that found a lane
 empty together do not poll it together."""
+EXIT_CONFIG = 2  # the user must fix a setting, host.json or the app's declarations
 LEASE_SECONDS = 300  # visibility timeout while a message is being processed
 
 _TIMESPAN = re.compile(r"^(?:(\d+)\.)?(\d{1,2}):(\d{1,2}):(\d{1,2})(?:\.(\d{1,7}))?$")

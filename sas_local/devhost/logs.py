@@ -16,10 +16,8 @@ import logging.handlers
 import queue
 import sys
 import threading
+from collections.abc import Callable
 from typing import TextIO
-
-from sas.services import telemetry
-from sas_local.devhost.invoke import current_invocation_id
 
 _STANDARD = frozenset(vars(logging.LogRecord("x", logging.INFO, "x", 0, "x", None, None))) | {
     "message",
@@ -50,10 +48,20 @@ class _EnqueueHandler(logging.handlers.QueueHandler):
     around it would only serialise the logging threads. In the emitting thread, it marks an
     app's record that carries no invocation, as the worker would find it there."""
 
+    def __init__(
+        self,
+        records: queue.SimpleQueue[logging.LogRecord],
+        invocation_of: Callable[[], str | None] | None,
+    ) -> None:
+        super().__init__(records)
+        self._invocation_of = invocation_of
+
     def handle(self, record: logging.LogRecord) -> bool:
         kept = self.filter(record)
         if kept:
-            if not record.name.startswith("sas_local") and current_invocation_id() is None:
+            invocation_of = self._invocation_of
+            app_record = not record.name.startswith("sas_local")
+            if invocation_of is not None and app_record and invocation_of() is None:
                 setattr(record, DROPPED, 1)
             self.emit(record)
         return bool(kept)
@@ -75,11 +83,13 @@ def _flush_marker(record: logging.LogRecord) -> bool:
 
 
 class _Pipeline:
-    def __init__(self, stream: logging.Handler) -> None:
+    def __init__(
+        self, stream: logging.Handler, invocation_of: Callable[[], str | None] | None
+    ) -> None:
         stream.addFilter(_flush_marker)
         self.stream = stream
         self.records: queue.SimpleQueue[logging.LogRecord] = queue.SimpleQueue()
-        self.enqueue = _EnqueueHandler(self.records)
+        self.enqueue = _EnqueueHandler(self.records, invocation_of)
         self.listener = logging.handlers.QueueListener(self.records, stream)
         self.listener.start()
 
@@ -87,18 +97,25 @@ class _Pipeline:
 _pipeline: _Pipeline | None = None
 
 
-def configure(level: str, role: str, stream: TextIO | None = None) -> None:
+def configure(level: str, role: str, stream: TextIO | None = None, *, app: bool = True) -> None:
     """Log to ``stream`` (stderr) through a queue and one writer thread (replacing any earlier
-    setup)."""
+    setup). ``app``: this process runs the app's functions (a worker, not the pool's parent),
+    so its records carry the order, the trace and the invocation."""
     global _pipeline
     shutdown()
     handler = logging.StreamHandler(sys.stderr if stream is None else stream)
     handler.setFormatter(
         KeyValueFormatter(f"%(asctime)s %(levelname)s [{role}] %(name)s: %(message)s")
     )
-    _pipeline = _Pipeline(handler)
-    # In the logging thread, where the order being handled and its span are known.
-    telemetry.install_log_filter([_pipeline.enqueue])
+    if not app:  # the parent imports none of the app's modules: it starts in a tenth the CPU
+        _pipeline = _Pipeline(handler, None)
+    else:
+        from sas.services import telemetry
+        from sas_local.devhost.invoke import current_invocation_id
+
+        _pipeline = _Pipeline(handler, current_invocation_id)
+        # In the logging thread, where the order being handled and its span are known.
+        telemetry.install_log_filter([_pipeline.enqueue])
     root = logging.getLogger()
     root.handlers[:] = [_pipeline.enqueue]
     root.setLevel(level.upper())

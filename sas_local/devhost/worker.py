@@ -18,7 +18,7 @@ from typing import NoReturn, Protocol
 
 from sas.adapters.clients import http_session
 from sas_local.devhost import logs
-from sas_local.devhost.config import DevHostError, load_host_config
+from sas_local.devhost.config import EXIT_CONFIG, DevHostError, load_host_config
 from sas_local.devhost.http import DevHostAsgi, HttpServer
 from sas_local.devhost.http_routes import compile_routes
 from sas_local.devhost.loader import load_app, resolve, select
@@ -28,7 +28,6 @@ from sas_local.devhost.watcher import SharedQueueWatcher
 
 log = logging.getLogger(__name__)
 
-EXIT_CONFIG = 2  # the user must fix a setting, host.json or the app's declarations
 EXIT_STARTUP = 3  # the app failed to import, or storage/HTTP port unavailable at start
 PRELOAD_ENV = "SAS_DEVHOST_PRELOAD"
 """Comma-separated modules each worker imports before it loads the app: a local test hook

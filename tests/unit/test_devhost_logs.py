@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import io
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
 
 from sas_local.devhost import logs
+from sas_local.processes import REPO_ROOT
 
 pytestmark = pytest.mark.unit
 
@@ -145,3 +148,21 @@ def test_an_app_record_the_functions_host_would_drop_is_marked(stream):
     assert logs.DROPPED not in lines["sas.in_the_invocation"]
     assert logs.DROPPED not in lines["sas.from_an_inheriting_pool"]
     assert f"{logs.DROPPED}=1" in lines["sas.after_the_invocation"]
+
+
+def test_the_pools_parent_logs_without_loading_the_apps_modules() -> None:
+    """A dev host's parent only starts and watches workers: importing the app's machinery
+    there (telemetry, pydantic, azure.functions) cost each of the Flex layout's 24 hosts a
+    second of CPU, twice over."""
+    probe = (
+        "import sys\n"
+        "from sas_local.devhost import __main__, logs\n"
+        "logs.configure('INFO', 'host 1', app=False)\n"
+        "logs.shutdown()\n"
+        "heavy = ('sas.services', 'sas.domain', 'azure', 'pydantic', 'opentelemetry')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(heavy)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO_ROOT
+    )
+    assert done.stdout.strip() == "[]"
