@@ -58,13 +58,17 @@ class Size:
     """Also the slow parts: 1,000 more live orders, a settled sweep, the Supervisor's reads."""
     flex: bool = True
     """Also each batch with every function in a dev host of its own (some thirty processes)."""
+    rate_clients: tuple[int, int] = (4, 4)
+    """Processes x threads that load the store while its raw rates are measured."""
 
 
 SIZES = {
     "full": Size("1,2,4", "100,1000", 100_000, 5.0, 3, 5, 1_000, 20, 300, 600, full=True),
     "quick": Size("1,2", "40", 2_000, 1.5, 2, 2, 60, 5, 30, 120, full=False),
     # The Flex layout is exercised by the end-to-end tests (tests/e2e/test_pipeline.py).
-    "smoke": Size("1,2", "8", 200, 0.5, 1, 1, 12, 2, 8, 120, full=False, flex=False),
+    "smoke": Size(
+        "1,2", "8", 200, 0.5, 1, 1, 12, 2, 8, 120, full=False, flex=False, rate_clients=(2, 2)
+    ),
 }
 
 
@@ -211,6 +215,13 @@ def count(app_root: Path, log_dir: Path, orders: int) -> dict[str, Any]:
         return result
 
 
+def raw_rates(azurite: Azurite, size: Size) -> dict[str, float]:
+    processes, threads = size.rate_clients
+    return rates.measure(
+        azurite.connection_string, processes=processes, threads=threads, seconds=size.rate_seconds
+    )
+
+
 def progress(message: str, started: float) -> None:
     print(f"bench +{time.monotonic() - started:.0f}s {message}", file=sys.stderr, flush=True)
 
@@ -241,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     with store_and_remote(logs / "rates") as (azurite, _):
         progress("raw rates", started)
-        rate_runs = [rates.measure(azurite.connection_string, seconds=size.rate_seconds)]
+        rate_runs = [raw_rates(azurite, size)]
         progress("sweep", started)
         results["sweep"] = sweep.measure(
             azurite.connection_string,
@@ -319,7 +330,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # limit is about.
     with Azurite.start() as azurite:
         progress("raw rates again", started)
-        rate_runs.append(rates.measure(azurite.connection_string, seconds=size.rate_seconds))
+        rate_runs.append(raw_rates(azurite, size))
     results["rate_runs"] = rate_runs
     results["rates"] = rates.best(rate_runs)
     for measured in results["commits"].values():
