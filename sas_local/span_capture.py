@@ -2,7 +2,7 @@
 finished span of a worker as one JSON line in ``$SAS_SPAN_CAPTURE_DIR/spans-<pid>.jsonl``.
 
 Written as each span ends, so a worker that is stopped (or killed) loses nothing it finished:
-what the end-to-end tracing test reads (tests/e2e/test_tracing.py). Metrics go to an
+what the end-to-end tracing test reads (tests/e2e/flex/test_tracing.py). Metrics go to an
 in-memory reader, so the app sees an SDK meter provider as it would with an exporter.
 """
 

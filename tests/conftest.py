@@ -23,13 +23,11 @@ FLEX_STACKS = {
     "test_bench",
     "test_campaign",
     "test_clock_skew",  # its timing bound (a request reaches its agent in time) needs a core
-    "test_pipeline",
-    "test_priorities_and_endpoints",
-    "test_tracing",
 }
 """Modules whose stacks run every function in processes of its own (~30 processes each), and
-the benchmark's, which starts one stack after another: beside any of these, the dashboard's
-browser test timed out waiting for its first refresh."""
+the benchmark's, which starts one stack after another; with them, tests/e2e/flex/, whose
+modules share one such stack: beside any of these, the dashboard's browser test timed out
+waiting for its first refresh."""
 
 
 def shared_by(nodeid: str) -> str:
@@ -39,7 +37,7 @@ def shared_by(nodeid: str) -> str:
     cores). Any other test goes wherever a worker is free."""
     path = nodeid.split("::")[0]
     module = path.rsplit("/", 1)[-1].removesuffix(".py")
-    if module in FLEX_STACKS:
+    if module in FLEX_STACKS or path.startswith("tests/e2e/flex/"):
         return "flex"
     if path.startswith("tests/deploy/"):
         return "deploy"

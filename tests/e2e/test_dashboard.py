@@ -49,7 +49,7 @@ WAIT_MS = 60_000
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory) -> Iterator[LocalStack]:
     # Traced as `make run` is (each worker records its spans), so orders carry a trace id. One
-    # dev host: what the page shows does not depend on the layout (tests/e2e/test_pipeline.py).
+    # dev host: what the page shows does not depend on the layout (tests/e2e/flex/test_pipeline.py).
     spans = tmp_path_factory.mktemp("spans")
     traced = {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans)}
     logs = tmp_path_factory.mktemp("stack")

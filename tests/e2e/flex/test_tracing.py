@@ -8,8 +8,6 @@ app itself runs unchanged, with nothing but the OpenTelemetry API in its service
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,29 +18,13 @@ from sas.adapters.table_store import TableStateStore
 from sas.domain.model import ProcessState
 from sas.settings import QUEUE_ORDERS
 from sas_local.demo import demo_order
-from sas_local.devhost.worker import PRELOAD_ENV
 from sas_local.ledger import configure_faults
 from sas_local.processes import wait_until
-from sas_local.span_capture import CAPTURE_DIR_ENV, read_spans
-from sas_local.stack import LocalStack
+from sas_local.span_capture import read_spans
 
 pytestmark = pytest.mark.e2e
 
 Span = dict[str, Any]
-
-
-@pytest.fixture(scope="module")
-def spans_dir(tmp_path_factory) -> Path:
-    path: Path = tmp_path_factory.mktemp("spans")
-    return path
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory, spans_dir) -> Iterator[LocalStack]:
-    env = {PRELOAD_ENV: "sas_local.span_capture", CAPTURE_DIR_ENV: str(spans_dir)}
-    logs = tmp_path_factory.mktemp("stack")
-    with LocalStack.start(layout="flex", workers=1, log_dir=logs, env_overrides=env) as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

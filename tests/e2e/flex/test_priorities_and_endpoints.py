@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import httpx
 import pytest
 
-from sas.adapters.clients import queue_service_client
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import OrderSubmitted
@@ -27,7 +25,6 @@ from sas.domain.priority import Waiting
 from sas.domain.wire import Priority
 from sas.settings import (
     AGENTS,
-    LOW_PRIORITY_BACKLOG,
     QUEUE_ORDERS,
     QUEUE_REPLIES,
     agent_queue_setting,
@@ -41,29 +38,6 @@ from workflows.order import ORDER_WORKFLOW
 pytestmark = pytest.mark.e2e
 
 BACKLOG = 200
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[LocalStack]:
-    logs = tmp_path_factory.mktemp("priorities")
-    endpoints = {"payment": [{"name": "west", "capacity": 16}, {"name": "north", "capacity": 16}]}
-    # Low orders yield once a higher lane's oldest message has waited 1 s (5 s by default), so a
-    # backlog of a couple of hundred orders on this machine is enough to show it.
-    overrides = {LOW_PRIORITY_BACKLOG: "1"}
-    with LocalStack.start(
-        layout="flex", workers=1, log_dir=logs, endpoints=endpoints, env_overrides=overrides
-    ) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def store(stack) -> TableStateStore:
-    return TableStateStore.connect(stack.settings.storage, stack.settings.table_name)
-
-
-@pytest.fixture(scope="module")
-def transport(stack) -> StorageQueueTransport:
-    return StorageQueueTransport(queue_service_client(stack.settings.storage))
 
 
 def send(stack: LocalStack, transport: StorageQueueTransport, order: OrderSubmitted) -> None:

@@ -2,8 +2,8 @@
 
 Every function runs in processes of its own (only the HTTP functions share an instance), so no
 function's work can lean on what another function left in a process: a marker held, a state
-remembered, a router's load (sas_local/stack.py). One stack serves every test here: starting
-one costs some thirty processes."""
+remembered, a router's load (sas_local/stack.py). The stack is the package's
+(conftest.py), shared with the other Flex modules."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -35,35 +34,14 @@ from sas_local.devhost.logs import DROPPED
 from sas_local.ledger import app_effects, check_effects, fetch_ledger
 from sas_local.processes import wait_until
 from sas_local.stack import AGENT_FUNCTIONS, QUEUE_FUNCTIONS, LocalStack
+from tests.e2e.flex.conftest import FLEX_STATUS_QUEUE, STATUS_QUEUE
 from workflows import REGISTRY
 from workflows.order import ORDER_WORKFLOW
 
 pytestmark = pytest.mark.e2e
 
-STATUS_QUEUE = "status-e2e"
-FLEX_STATUS_QUEUE = "status-flex"
 ORDERS = 50
 BOTH_WORKFLOWS_ORDERS = 8
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory) -> Iterator[LocalStack]:
-    logs = tmp_path_factory.mktemp("stack")
-    # One instance per function: competing instances under faults are `make chaos`'s.
-    with LocalStack.start(
-        layout="flex", workers=1, log_dir=logs, extra_queues=(STATUS_QUEUE, FLEX_STATUS_QUEUE)
-    ) as running:
-        yield running
-
-
-@pytest.fixture(scope="module")
-def store(stack) -> TableStateStore:
-    return TableStateStore.connect(stack.settings.storage, stack.settings.table_name)
-
-
-@pytest.fixture(scope="module")
-def transport(stack) -> StorageQueueTransport:
-    return StorageQueueTransport(queue_service_client(stack.settings.storage))
 
 
 @pytest.fixture(scope="module")
@@ -110,13 +88,11 @@ def test_fifty_orders_reach_processed_and_each_effect_is_applied_once(
         order_id: store.get_state(order_id).value.process_state for order_id in processed_batch
     }
     assert set(outcomes.values()) == {ProcessState.PROCESSED}
-    ledger = fetch_ledger(stack.simulator_url)
-    report = check_effects(ledger, outcomes, ORDER_WORKFLOW)
+    ours = [e for e in ledger_effects(stack.simulator_url) if e["order_id"] in outcomes]
+    report = check_effects({"effects": ours}, outcomes, ORDER_WORKFLOW)
     assert report.problems == []
     assert report.effects == ORDERS * len(ORDER_WORKFLOW.steps)
-    effects = ledger["effects"]
-    assert isinstance(effects, list)
-    keys = [effect["idempotency_key"] for effect in effects]
+    keys = [effect["idempotency_key"] for effect in ours]
     assert len(keys) == len(set(keys))
     for order_id in processed_batch:
         state = store.get_state(order_id).value
