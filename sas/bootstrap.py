@@ -29,6 +29,7 @@ from sas.services.health import Health, HealthSources
 from sas.services.operator import Operator
 from sas.services.parked_messages import ParkedMessages
 from sas.services.ports import (
+    BudgetStore,
     LoadStore,
     PoisonStore,
     QueueDepth,
@@ -266,6 +267,7 @@ def health() -> Health:
             store=store(),
             breakers=_breaker_store(),
             loads=_load_store(),
+            budgets=budget_store(),
             queues=cast(QueuePeek, peeking),
             depth=cast(QueueDepth, peeking),
             clock=clock(),
@@ -301,6 +303,14 @@ def breaker(name: str) -> CircuitBreaker:
             found = _breakers[name] = CircuitBreaker(_breaker_store(), clock(), name)
             metrics.watch_breaker(name, found.last_status)
         return found
+
+
+@_once
+def budget_store() -> BudgetStore:
+    """The Supervisors' retries held back live in the in-flight table (``~budget``)."""
+    from sas.adapters.load_table import TableBudgetStore
+
+    return TableBudgetStore(_live_table())
 
 
 @_once

@@ -250,6 +250,8 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
         Text(f"{w.orders} order(s) wait: {w.reason}: deploy it again, or close them")
         for w in report.waiting
     ]
+    if report.saturated:
+        missing.insert(0, Text(saturation(report.retries_held_back or 0), style="bold"))
     return Group(
         Text(summary),
         *missing,
@@ -264,6 +266,13 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
             ("at", "order", "order now", "reason"),
             alerts,
         ),
+    )
+
+
+def saturation(held_back: int) -> str:
+    return (
+        f"saturated: {held_back} expired step(s) waited for the retry budget in the last "
+        "minute (no failure counted; they are retried as work finishes)"
     )
 
 

@@ -1,9 +1,11 @@
-"""Endpoint load rows on Table Storage: each process's calls in flight per remote endpoint.
+"""Measurement rows on Table Storage: each process's calls in flight per remote endpoint
+(PartitionKey ``~load``, RowKey = ``load_row_key(target, instance)``), and each Supervisor
+process's retries held back (``~budget``, RowKey = ``instance_row_key(instance)``).
 
 In the in-flight table (small, so the read is cheap even on Azurite, which scans a table for
-any query), PartitionKey ``~load``, RowKey = ``load_row_key(target, instance)``. Each row has
-exactly one writer, the process it names, and holds a measurement rather than state: it is
-upserted unconditionally (last write wins by design) and readers ignore rows that are stale.
+any query). Each row has exactly one writer, the process it names, and holds a measurement
+rather than state: it is upserted unconditionally (last write wins by design) and readers
+ignore rows that are stale.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient, UpdateMode
 
 from sas.adapters.tables import utc
-from sas.domain.endpoints import EndpointLoad
+from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.errors import NotFound
-from sas.domain.wire import LOAD_PARTITION, load_row_key
+from sas.domain.wire import BUDGET_PARTITION, LOAD_PARTITION, instance_row_key, load_row_key
 
 
 class TableLoadStore:
@@ -62,4 +64,34 @@ class TableLoadStore:
                 at=utc(row["At"]),
             )
             for row in rows
+        ]
+
+
+class TableBudgetStore:
+    def __init__(self, table: TableClient) -> None:
+        self._table = table
+
+    def publish(self, held: HeldRetries) -> None:
+        row = {
+            "PartitionKey": BUDGET_PARTITION,
+            "RowKey": instance_row_key(held.instance_id),
+            "Instance": held.instance_id,
+            "HeldBack": held.held_back,
+            "At": held.at,
+        }
+        try:
+            self._table.upsert_entity(row, mode=UpdateMode.REPLACE)
+        except HttpResponseError as exc:
+            if exc.status_code == 404:
+                raise NotFound(f"table {self._table.table_name} does not exist") from None
+            raise
+
+    def read(self) -> list[HeldRetries]:
+        rows = self._table.query_entities(
+            "PartitionKey eq @partition",
+            parameters={"partition": BUDGET_PARTITION},
+            select=["Instance", "HeldBack", "At"],
+        )
+        return [
+            HeldRetries(str(row["Instance"]), int(row["HeldBack"]), utc(row["At"])) for row in rows
         ]

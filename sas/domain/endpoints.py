@@ -50,6 +50,16 @@ class EndpointLoad:
     at: datetime
 
 
+@dataclass(frozen=True)
+class HeldRetries:
+    """One Supervisor process's retries its retry budget held back within the last minute, as
+    it last published them (sas/services/retry_budget.py): more than none, it is saturated."""
+
+    instance_id: str
+    held_back: int
+    at: datetime
+
+
 def single_endpoint(agent: str, url: str, capacity: int | None = None) -> Endpoint:
     return Endpoint(agent, DEFAULT_ENDPOINT, url, capacity)
 

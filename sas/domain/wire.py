@@ -292,6 +292,9 @@ def missing_alert_id(key: str, at: datetime) -> str:
 LOAD_PARTITION = "~load"
 """Remote endpoints' in-flight calls as each process last published them (in the in-flight
 table), RowKey = ``load_row_key``."""
+BUDGET_PARTITION = "~budget"
+"""Each Supervisor process's retries held back, as it last published them (in the in-flight
+table), RowKey = ``instance_row_key``."""
 REJECTED_PARTITION = "~rejected"
 """Messages parked as unprocessable, RowKey = time + random tail."""
 BREAKER_PARTITION = "~breaker"
@@ -303,7 +306,12 @@ CLOCK_PROBE = ("~clock", "probe")
 
 def load_row_key(target: str, instance_id: str) -> str:
     """One process's count for one remote target; characters a key may not hold are replaced."""
-    return f"{target}|{_KEY_UNSAFE.sub('_', instance_id)[:200]}"
+    return f"{target}|{instance_row_key(instance_id)}"
+
+
+def instance_row_key(instance_id: str) -> str:
+    """A process's own row; characters a key may not hold are replaced."""
+    return _KEY_UNSAFE.sub("_", instance_id)[:200]
 
 
 _KEY_UNSAFE = re.compile(r"[^A-Za-z0-9._@-]")

@@ -99,6 +99,14 @@ class HealthView(BaseModel):
         description="orders waiting for a workflow version the app does not have, by reason: "
         "deploy it again, or close those orders",
     )
+    retries_held_back: int | None = Field(
+        default=0,
+        description="expired steps the Supervisors' retry budget held back in the last minute "
+        "(None: could not be read); those orders wait, no failure counted",
+    )
+    saturated: bool = Field(
+        default=False, description="retries are being held back: the app is past its capacity"
+    )
 
     @classmethod
     def of(cls, report: HealthReport) -> HealthView:
@@ -115,6 +123,8 @@ class HealthView(BaseModel):
             alerts_waiting=report.alerts_waiting,
             problems=report.problems,
             waiting=[WaitingView(reason=w.reason, orders=w.orders) for w in report.waiting],
+            retries_held_back=report.retries_held_back,
+            saturated=report.saturated,
         )
 
 

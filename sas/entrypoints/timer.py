@@ -27,6 +27,10 @@ def supervise(timer: func.TimerRequest, context: func.Context) -> None:
         log.info("sas.supervisor_tick_past_due")
     with attributed(context.thread_local_storage, context.invocation_id):  # its pool's too
         try:
-            supervisor.sweep(bootstrap.context(), parallelism=SUPERVISOR_PARALLELISM)
+            supervisor.sweep(
+                bootstrap.context(),
+                parallelism=SUPERVISOR_PARALLELISM,
+                budgets=bootstrap.budget_store(),
+            )
         finally:
             bootstrap.gauges().maybe_sample()  # at most once a minute, only if metrics export

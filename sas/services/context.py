@@ -20,6 +20,7 @@ from sas.domain.workflow import PythonAgent, Registry, Workflow
 from sas.services.backlog import Backlog
 from sas.services.breaker import CircuitBreaker
 from sas.services.ports import RemoteService, StateStore, Transport
+from sas.services.retry_budget import RetryBudget
 from sas.services.routing import Router
 
 ALERT_LEASE = timedelta(seconds=60)
@@ -110,6 +111,8 @@ class Context:
     alert_lease: timedelta = ALERT_LEASE
     agents: Agents | None = None
     """Only a process that runs agents needs them."""
+    retry_budget: RetryBudget = field(default_factory=RetryBudget)
+    """The Supervisor's (sas/services/retry_budget.py): bootstrap makes one Context a process."""
 
     def definition(self, state: OrderState) -> Workflow:
         """The workflow version ``state`` is bound to, as it was when the order began;

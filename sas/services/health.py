@@ -25,7 +25,7 @@ from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OperatorAlert, decode
 from sas.domain.model import ProcessState
 from sas.services.breaker import BreakerStore
-from sas.services.ports import LoadStore, QueueDepth, QueuePeek, StateStore
+from sas.services.ports import BudgetStore, LoadStore, QueueDepth, QueuePeek, StateStore
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ MAX_BUCKETS = 61
 MAX_WINDOW = timedelta(days=7)
 LOAD_STALE_AFTER = timedelta(seconds=5)
 """A process's load row older than this is not counted (it stopped, or stopped calling)."""
+BUDGET_STALE_AFTER = timedelta(minutes=1)
+"""A Supervisor's figure older than this is not counted: it publishes each sweep while any
+retry was held back within the last minute, and once more when none was."""
 FAILED = frozenset({ProcessState.ERROR, ProcessState.COMPENSATED})
 """Finished without doing the work: the failure rate's numerator."""
 OUTCOMES = frozenset({ProcessState.PROCESSED, *FAILED})
@@ -107,6 +110,13 @@ class HealthReport:
     waiting: list[WaitingOrders] = field(default_factory=list)
     """Orders waiting for a workflow version the app does not have (or has changed), by
     reason: read with the throughput (a waiting order is written every minute)."""
+    retries_held_back: int | None = 0
+    """Expired steps the Supervisors' retry budgets held back in their last minute: more than
+    none, the app is saturated and those orders wait, uncounted (None: could not be read)."""
+
+    @property
+    def saturated(self) -> bool:
+        return bool(self.retries_held_back)
 
     @property
     def finished(self) -> int:
@@ -133,6 +143,8 @@ class HealthSources:
     alerts_queue: str
     endpoints: Callable[[], Sequence[Endpoint]]
     """Every remote endpoint the app calls (read when asked, so settings load lazily)."""
+    budgets: BudgetStore | None = None
+    """The Supervisors' retries held back (None: not shown)."""
 
 
 class Health:
@@ -162,10 +174,19 @@ class Health:
             [],
             None,
         )
+        held = _guarded("retry budget", problems, lambda: self._held_back(now))
         return HealthReport(
             now, since, bucket, buckets or [], endpoints or [], listed, alerts_waiting, problems,
-            [WaitingOrders(reason, n) for reason, n in sorted(waiting.items())],
+            [WaitingOrders(reason, n) for reason, n in sorted(waiting.items())], held,
         )  # fmt: skip
+
+    def _held_back(self, now: datetime) -> int:
+        budgets = self._s.budgets
+        if budgets is None:
+            return 0
+        return sum(
+            max(row.held_back, 0) for row in budgets.read() if now - row.at <= BUDGET_STALE_AFTER
+        )
 
     def _buckets(
         self, since: datetime, size: timedelta, now: datetime, waiting: Counter[str]

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Protocol
 
-from sas.domain.endpoints import EndpointLoad
+from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.messages import Message
 from sas.domain.model import (
     HistoryEntry,
@@ -204,6 +204,18 @@ class LoadStore(Protocol):
 
     def read(self) -> list[EndpointLoad]:
         """Every process's last published counts."""
+        ...
+
+
+class BudgetStore(Protocol):
+    """Retries held back by each Supervisor process's retry budget, as each last published."""
+
+    def publish(self, held: HeldRetries) -> None:
+        """This process's figure, replacing its last."""
+        ...
+
+    def read(self) -> list[HeldRetries]:
+        """Every process's last published figure."""
         ...
 
 

@@ -6,7 +6,8 @@ while its step only waits: an agent started it and its budget has not run out, o
 or reply may still be in a queue that holds messages (``recovery.queue_wait``): time queued is
 not the step's failure, and another request would only lengthen the queue. Otherwise it counts
 a failure and either asks for a retry after a backoff, starts compensation, or sets Error with
-one operator alert. A due marker of a healthy order is re-armed to the order's next look; a
+one operator alert; a retry beyond the retry budget (``retry_budget.py``) waits for a later
+sweep, uncounted. A due marker of a healthy order is re-armed to the order's next look; a
 finished order's marker is dropped. It changes state only through writes conditional on the
 ETag it read, so several Supervisors, doubled or missed ticks, and a reply arriving at the same
 moment cannot double a recovery. It never calls an agent itself.
@@ -23,8 +24,16 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 
 from sas.domain.clock import readable
+from sas.domain.endpoints import HeldRetries
 from sas.domain.errors import ConcurrencyConflict, DefinitionMissing, NotFound
-from sas.domain.model import HistoryEntry, LiveMarker, OrderState, StepStart, Versioned
+from sas.domain.model import (
+    HistoryEntry,
+    LiveMarker,
+    OrderState,
+    ProcessState,
+    StepStart,
+    Versioned,
+)
 from sas.domain.recovery import Expiry, ExpiryAction, Wait, expire, queue_wait
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import idempotency_key
@@ -33,16 +42,23 @@ from sas.services import alerts, metrics, telemetry, versions
 from sas.services import consequences as then
 from sas.services.alerts import AlertOutcome
 from sas.services.context import Context
-from sas.services.ports import StateStore
+from sas.services.ports import BudgetStore, StateStore
 
 log = logging.getLogger(__name__)
 
+HELD_RETRY_RECHECK = timedelta(seconds=5)
+"""How soon an expired step whose retry the budget held back is looked at again."""
+FINISHED_WELL = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
+"""Orders whose unindexing gives the retry budget back its share."""
 ORPHAN_GRACE = timedelta(minutes=5)
 """How long a marker without an order is kept: its submission's insert may still commit."""
 
 
-def sweep(ctx: Context, *, parallelism: int = 1) -> Counter[str]:
-    """One pass over the due markers; returns what it did, by outcome."""
+def sweep(
+    ctx: Context, *, parallelism: int = 1, budgets: BudgetStore | None = None
+) -> Counter[str]:
+    """One pass over the due markers; returns what it did, by outcome. ``budgets``: where
+    the retries the budget held back are published (health shows it saturated)."""
     due = ctx.store.list_due(ctx.clock.now())
     markers = MarkerWrites(ctx.store)
     lanes = BusyLanes(ctx)
@@ -66,7 +82,25 @@ def sweep(ctx: Context, *, parallelism: int = 1) -> Counter[str]:
     markers.flush()
     if report.total():
         log.info("sas.supervisor_sweep", extra={"report": dict(report), "orders_read": len(due)})
+    if budgets is not None:
+        publish_budget(ctx, budgets)
     return report
+
+
+def publish_budget(ctx: Context, budgets: BudgetStore) -> None:
+    """Publish the retries held back in the last minute while there are any, and once more
+    when they are down to none: a write per sweep only while saturated."""
+    now = ctx.clock.now()
+    budget = ctx.retry_budget
+    held = budget.held_recently(now)
+    if held == 0 and not budget.published:
+        return
+    try:
+        budgets.publish(HeldRetries(ctx.instance_id, held, now))
+    except Exception:  # a figure for operators: the sweep's work is done either way
+        log.warning("sas.budget_publish_failed", exc_info=True)
+        return
+    budget.published = held
 
 
 def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites, lanes: BusyLanes) -> str:
@@ -176,6 +210,8 @@ def _finished(
         markers.rearm(marker, max(lapses, now))
         return "alert_claimed_elsewhere"
     markers.drop(marker)  # unless touched since: then its toucher's order decides
+    if state.process_state in FINISHED_WELL:
+        ctx.retry_budget.finished()
     return "alert_resent" if alert is AlertOutcome.SENT else "unindexed"
 
 
@@ -200,6 +236,14 @@ def _recover(
 ) -> str:
     state, workflow = current.value, ctx.definition(current.value)
     decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
+    if decided.action is ExpiryAction.RETRY and not ctx.retry_budget.take(now):
+        # Retries beyond what gets finished only lengthen the queues: wait, uncounted.
+        markers.rearm(marker, now + min(HELD_RETRY_RECHECK, workflow.shortest_budget))
+        log.debug(  # the sweep's report counts them: one line per order would flood a surge
+            "sas.retry_held_back",
+            extra={"order_id": state.order_id, "step": workflow.step(state.step_index).name},
+        )
+        return "retry_held_back"
     decided = replace(decided, state=alerts.claiming_alert(ctx, decided.state))
     step = workflow.step(state.step_index).name
     history = [_expiry_history(ctx, state, decided, now)]

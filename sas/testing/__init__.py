@@ -8,14 +8,21 @@
 
 Its parts are the doubles sas's own tests use too: ``InMemoryStore``, ``InMemoryQueues`` (the
 transport), ``InMemoryRemote`` (every remote service, scripted), ``InMemoryLoads`` (endpoints'
-loads), ``FakeClock``, and ``instance`` (the handlers on one context). Not deployed with the app
-(``.funcignore``).
+loads), ``InMemoryBudgets`` (retries held back), ``FakeClock``, and ``instance`` (the handlers
+on one context). Not deployed with the app (``.funcignore``).
 """
 
 from sas.domain.model import ProcessState
 from sas.testing.harness import Harness, HarnessError
 from sas.testing.instance import Instance, instance
-from sas.testing.memory import FakeClock, InMemoryLoads, InMemoryQueues, InMemoryStore, Sent
+from sas.testing.memory import (
+    FakeClock,
+    InMemoryBudgets,
+    InMemoryLoads,
+    InMemoryQueues,
+    InMemoryStore,
+    Sent,
+)
 from sas.testing.remote import (
     Call,
     Crash,
@@ -34,6 +41,7 @@ __all__ = [
     "FakeClock",
     "Harness",
     "HarnessError",
+    "InMemoryBudgets",
     "InMemoryLoads",
     "InMemoryQueues",
     "InMemoryRemote",

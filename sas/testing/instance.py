@@ -12,7 +12,7 @@ from sas.domain.messages import Message, OrderSubmitted, ScheduleRequest, StepRe
 from sas.domain.workflow import Registry
 from sas.services import agent, scheduler, submission, supervisor
 from sas.services.context import Agents, Context, Routes
-from sas.services.ports import RemoteService, StateStore, Transport
+from sas.services.ports import BudgetStore, RemoteService, StateStore, Transport
 
 
 @dataclass(frozen=True)
@@ -28,8 +28,8 @@ class Instance:
     def on_reply(self, reply: StepReply) -> scheduler.ReplyOutcome:
         return scheduler.on_reply(self.ctx, reply)
 
-    def sweep(self, *, parallelism: int = 1) -> Counter[str]:
-        return supervisor.sweep(self.ctx, parallelism=parallelism)
+    def sweep(self, *, parallelism: int = 1, budgets: BudgetStore | None = None) -> Counter[str]:
+        return supervisor.sweep(self.ctx, parallelism=parallelism, budgets=budgets)
 
     def run_step(self, name: str, request: StepRequest) -> agent.AgentOutcome:
         return agent.run_step(self.ctx, name, request)

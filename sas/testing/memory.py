@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from sas.domain.endpoints import EndpointLoad
+from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.messages import Message, decode, encode
 from sas.domain.model import (
@@ -165,6 +165,22 @@ class InMemoryLoads:
 
     def read(self) -> list[EndpointLoad]:
         self.reads += 1
+        return list(self.rows.values())
+
+
+class InMemoryBudgets:
+    """The BudgetStore port in memory: each Supervisor process's last published figure."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, HeldRetries] = {}
+        self.published: list[HeldRetries] = []
+        """What each publish said, in order."""
+
+    def publish(self, held: HeldRetries) -> None:
+        self.published.append(held)
+        self.rows[held.instance_id] = held
+
+    def read(self) -> list[HeldRetries]:
         return list(self.rows.values())
 
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -20,11 +21,13 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 
 from sas.adapters.breaker_table import TableBreakerStore
 from sas.adapters.clients import queue_service_client, table_client
+from sas.adapters.load_table import TableBudgetStore
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.table_store import TableStateStore
 from sas.domain.breaker import BreakerStatus
+from sas.domain.endpoints import HeldRetries
 from sas.domain.model import ProcessState
-from sas.domain.wire import submission_message_id
+from sas.domain.wire import live_table_name, submission_message_id
 from sas.services import telemetry
 from sas.settings import QUEUE_ORDERS
 from sas_local.browser import launch
@@ -439,6 +442,21 @@ def test_the_health_view_shows_an_open_breaker_and_the_unread_alert(
     expect(page.locator("#throughput svg rect[data-series='processed']").first).to_be_visible()
     alert.locator("a").click()  # a link to the order's timeline
     expect(page.locator("#timeline")).to_have_attribute("data-order-id", failed_order)
+
+
+def test_the_health_view_says_when_the_supervisor_holds_retries_back(page, stack):
+    """A Supervisor whose retry budget ran out publishes how many expired steps it held back in
+    the last minute (written here as it would write it); the page says the app is saturated
+    while the figure is fresh and above none, and stops saying it when it is none."""
+    live = table_client(stack.settings.storage, live_table_name(stack.settings.table_name))
+    budgets = TableBudgetStore(live)
+    summary = page.locator("#health-summary")
+    budgets.publish(HeldRetries("supervisor-e2e", 12, datetime.now(UTC)))
+    expect(summary).to_contain_text("saturated: 12 expired step(s)", timeout=WAIT_MS)
+    expect(summary).to_have_attribute("data-saturated", "true")
+    budgets.publish(HeldRetries("supervisor-e2e", 0, datetime.now(UTC)))
+    expect(summary).to_have_attribute("data-saturated", "false", timeout=WAIT_MS)
+    expect(summary).not_to_contain_text("saturated")
 
 
 def test_an_error_order_settled_by_hand_is_closed_then_purged(page, stack, store):

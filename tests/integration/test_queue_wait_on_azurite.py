@@ -1,6 +1,8 @@
 """Queue wait is never a failure, on what only Azurite decides: whether a Storage queue holds a
 message (delayed and leased ones too), and the start row an agent inserts in the order's
-partition. The decisions themselves run in memory (tests/unit/test_queue_wait.py)."""
+partition; and the retry budget's cap on what a sweep sends again, against the store's ETags
+and markers. The decisions themselves run in memory (tests/unit/test_queue_wait.py,
+tests/unit/test_retry_budget.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +13,16 @@ from datetime import timedelta
 import pytest
 from azure.storage.queue import QueueServiceClient, TextBase64DecodePolicy
 
+from sas.adapters.load_table import TableBudgetStore
 from sas.adapters.storage_queues import StorageQueueTransport
 from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import OrderSubmitted, ScheduleRequest, StepRequest, decode
 from sas.domain.model import StepStart
 from sas.services.context import Agents, Routes
+from sas.services.retry_budget import RetryBudget, RetryBudgetPolicy
 from sas.testing import FakeClock, InMemoryRemote, Instance, instance
 from tests.conftest import unique_queue
-from tests.harness import BUDGET, store_on
+from tests.harness import BUDGET, live_table_of, store_on
 from tests.unit.test_services import submitted
 from tests.workflows import REGISTRY
 
@@ -132,3 +136,39 @@ def test_of_a_start_and_a_give_up_the_first_insert_decides(stack: Stack) -> None
     first = replace(late, order_id="g2", key="g2:abc:reserve")
     assert stack.store.record_start(first) == first
     assert stack.store.record_start(replace(given_up, order_id="g2", key="g2:abc:reserve")) == first
+
+
+def test_the_retry_budget_caps_what_a_sweep_sends_again(stack: Stack, table) -> None:
+    budget = RetryBudget(
+        RetryBudgetPolicy(capacity=1, per_finished=0.5, trickle=timedelta(hours=1))
+    )
+    supervisor = stack.app.named("supervisor-1", retry_budget=budget)
+    ids = ["b1", "b2", "b3"]
+    for order_id in ids:
+        stack.submit(submitted(order_id, reply_to=None))
+    agents = stack.service.get_queue_client(stack.routes.agents["inventory"])
+    agents.clear_messages()  # every request lost with its agent: nothing holds the steps off
+    before = {oid: stack.store.get_state(oid) for oid in ids}
+    deadline = max(v.value.complete_by for v in before.values() if v and v.value.complete_by)
+    stack.clock.current = deadline + timedelta(seconds=3)
+
+    budgets = TableBudgetStore(live_table_of(table))
+    report = supervisor.sweep(budgets=budgets)
+    assert (report["retry"], report["retry_held_back"]) == (1, 2)
+    [published] = budgets.read()  # what health reads: this Supervisor is saturated
+    assert (published.instance_id, published.held_back) == ("supervisor-1", 2)
+    scheduler = stack.service.get_queue_client(stack.routes.scheduler)
+    assert scheduler.get_queue_properties().approximate_message_count == 1  # one retry sent
+    held = [oid for oid in ids if stack.store.get_state(oid) == before[oid]]
+    assert len(held) == 2  # same ETag: not written, no failure counted
+    stack.clock.advance(5)
+    due = {m.order_id for m in stack.store.list_due(stack.clock.now())}
+    assert set(held) <= due  # re-armed for a later sweep, not dropped
+    assert supervisor.sweep(budgets=budgets)["retry_held_back"] == 2  # still no token
+    assert [row.held_back for row in budgets.read()] == [4]  # its row replaced, not added
+
+    budget.finished(2)  # two orders finished well elsewhere: one token back
+    stack.clock.advance(5)
+    report = supervisor.sweep()
+    assert (report["retry"], report["retry_held_back"]) == (1, 1)
+    assert scheduler.get_queue_properties().approximate_message_count == 2

@@ -1,6 +1,6 @@
 """The health view's logic (sas/services/health.py) on in-memory ports: buckets, failure rate,
-breakers with load against capacity, waiting alerts with their orders' states now, and one
-part that cannot be read leaving the others shown."""
+breakers with load against capacity, waiting alerts with their orders' states now, the
+retries the Supervisors held back, and one part that cannot be read leaving the others shown."""
 
 from __future__ import annotations
 
@@ -8,14 +8,16 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from rich.console import Console
 
 from sas.domain.breaker import BreakerState, BreakerStatus
-from sas.domain.endpoints import Endpoint, EndpointLoad
+from sas.domain.endpoints import Endpoint, EndpointLoad, HeldRetries
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OperatorAlert, encode
 from sas.domain.model import OrderState, ProcessState, Versioned
 from sas.services.health import Health, HealthSources
-from sas.testing.memory import FakeClock, InMemoryStore
+from sas.testing.memory import FakeClock, InMemoryBudgets, InMemoryStore
+from sas_cli import views
 
 NOW = datetime.fromisoformat("2026-11-26T12:30:20+00:00")
 
@@ -84,6 +86,7 @@ def health(
     loads: Loads | None = None,
     queues: Queues | None = None,
     endpoints: tuple[Endpoint, ...] = (),
+    budgets: InMemoryBudgets | None = None,
 ) -> Health:
     peek = queues or Queues([])
     return Health(
@@ -96,6 +99,7 @@ def health(
             clock=FakeClock(NOW),
             alerts_queue="sas-alerts",
             endpoints=lambda: endpoints,
+            budgets=budgets,
         )
     )
 
@@ -245,3 +249,22 @@ def test_a_part_that_cannot_be_read_is_named_and_the_others_are_shown():
     assert len(report.endpoints) == 1
     assert (report.alerts, report.alerts_waiting) == ([], None)
     assert report.problems == ["alerts: PermissionError: no Listen right"]
+
+
+def test_retries_held_back_in_the_last_minute_say_the_app_is_saturated():
+    budgets = InMemoryBudgets()
+    budgets.publish(HeldRetries("supervisor-a", 7, NOW - timedelta(seconds=10)))
+    budgets.publish(HeldRetries("supervisor-b", 3, NOW - timedelta(seconds=50)))
+    budgets.publish(HeldRetries("supervisor-old", 40, NOW - timedelta(minutes=2)))  # stale
+    report = health(InMemoryStore(), budgets=budgets).report(timedelta(minutes=5))
+    assert (report.retries_held_back, report.saturated) == (10, True)
+    assert views.health_document(report)["saturated"] is True
+    console = Console(record=True, width=200)
+    console.print(views.health(report, "sas-alerts"))
+    assert "saturated: 10 expired step(s)" in console.export_text()
+
+    budgets.publish(HeldRetries("supervisor-a", 0, NOW))  # cleared: none held back since
+    budgets.publish(HeldRetries("supervisor-b", 0, NOW))
+    calm = health(InMemoryStore(), budgets=budgets).report(timedelta(minutes=5))
+    assert (calm.retries_held_back, calm.saturated) == (0, False)
+    assert views.health_document(calm)["retries_held_back"] == 0

@@ -338,8 +338,12 @@
     $("health-summary").textContent = `${submitted} submitted, ${report.finished} finished, `
       + `${report.failed} failed (${rate}) since ${when(report.since).textContent}`
       + (report.problems.length ? ` · not read: ${report.problems.join("; ")}` : "")
-      + (report.waiting || []).map((w) => ` · ${w.orders} order(s) wait: ${w.reason}`).join("");
+      + (report.waiting || []).map((w) => ` · ${w.orders} order(s) wait: ${w.reason}`).join("")
+      + (report.saturated
+        ? ` · saturated: ${report.retries_held_back} expired step(s) waited for the retry budget in the last minute`
+        : "");
     $("health-summary").dataset.failed = String(report.failed);
+    $("health-summary").dataset.saturated = String(Boolean(report.saturated));
     fill($("endpoints").tBodies[0], report.endpoints.map((e) => row(
       [el("code", e.target),
         el("span", e.breaker.replace("_", " "), { class: "breaker", "data-breaker": e.breaker }),

@@ -1,0 +1,147 @@
+"""The Supervisor's retry budget, in memory: retries an expiry asks for take a token; orders
+that finish well and a slow trickle give them back; a retry held back waits for a later sweep
+with nothing written and no failure counted, and compensation is never held back. The same
+cap against the Table store's ETags and markers: tests/integration/test_retry_budget_on_azurite.py.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sas.domain.model import ProcessState
+from sas.services.retry_budget import RetryBudget, RetryBudgetPolicy
+from sas.testing import InMemoryBudgets
+from tests.harness import BUDGET, World
+from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once, order
+
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+
+
+def test_the_bucket_spends_refills_and_trickles_up_to_its_capacity():
+    budget = RetryBudget(RetryBudgetPolicy(capacity=3, per_finished=0.5, trickle=HOUR))
+    assert [budget.take(T0) for _ in range(4)] == [True, True, True, False]
+    assert budget.saturated(T0) and budget.held_back == 1
+    budget.finished()  # half a token: not yet a retry
+    assert not budget.take(T0)
+    budget.finished()
+    assert budget.take(T0) and not budget.take(T0)
+    budget.finished(100)  # never more than the capacity
+    assert budget.tokens(T0) == 3
+    assert not budget.saturated(T0 + budget.policy.saturated_for)
+
+
+def test_the_trickle_gives_one_token_each_period_even_when_nothing_finishes():
+    budget = RetryBudget(
+        RetryBudgetPolicy(capacity=2, per_finished=0, trickle=timedelta(seconds=5))
+    )
+    assert budget.take(T0) and budget.take(T0) and not budget.take(T0)
+    assert not budget.take(T0 + timedelta(seconds=4.9))
+    assert budget.take(T0 + timedelta(seconds=5)) and not budget.take(T0 + timedelta(seconds=9))
+    assert budget.tokens(T0 + timedelta(minutes=10)) == 2  # capped, however long the lull
+    assert budget.tokens(T0 - HOUR) == 2  # a clock set back takes nothing away, adds nothing
+
+
+@pytest.mark.parametrize(
+    "bad", [{"capacity": 0.5}, {"per_finished": -1}, {"trickle": timedelta(0)}]
+)
+def test_a_budget_that_could_never_retry_is_refused(bad):
+    with pytest.raises(ValueError, match="retry budget"):
+        RetryBudgetPolicy(**bad)
+
+
+def world_with_budget(**policy) -> World:
+    world = World()
+    budget = RetryBudget(RetryBudgetPolicy(**{"trickle": HOUR, **policy}))
+    world.supervisor = world.supervisor.named("supervisor-1", retry_budget=budget)
+    return world
+
+
+def three_orders_whose_first_agent_died(world: World) -> list[str]:
+    ids = [order(world, f"o{n}") for n in range(3)]
+    world.drop("agent-inventory")
+    world.clock.advance(BUDGET + 3)  # past the deadline and the allowance
+    return ids
+
+
+def test_retries_beyond_the_budget_wait_unwritten_and_uncounted():
+    world = world_with_budget(capacity=1, per_finished=1.0)
+    ids = three_orders_whose_first_agent_died(world)
+    report = world.tick(0)
+    assert (report["retry"], report["retry_held_back"]) == (1, 2)
+    retried = [oid for oid in ids if world.state(oid).failure_count == 1]
+    held = [oid for oid in ids if oid not in retried]
+    for oid in held:  # nothing written: not expired, not counted, no request sent
+        state = world.state(oid)
+        assert (state.attempt, state.failure_count, state.process_state) == (
+            1,
+            0,
+            ProcessState.PROCESSING,
+        )
+        assert not any(kind.startswith("expired") for kind in world.history(oid))
+    assert world.supervisor.ctx.retry_budget.saturated(world.clock.now())
+
+    # The retried order finishes; its unindexing gives a token back, and the next sweep
+    # retries one of the two that waited.
+    world.clock.advance(3)  # its backoff
+    world.run()
+    assert world.state(retried[0]).process_state is ProcessState.PROCESSED
+    report = world.tick(BUDGET + 3)  # the finished order's marker comes due, then unindexed
+    assert report["unindexed"] == 1 and report["retry"] == 1 and report["retry_held_back"] == 1
+
+    world.settle_with_supervision(ticks=30)
+    for oid in ids:  # every order finished, once each, whatever waited
+        assert world.state(oid).process_state is ProcessState.PROCESSED
+        assert world.history(oid).count("expired_retry") == 1  # counted once, when let through
+        assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_the_trickle_alone_lets_every_held_retry_through_in_time():
+    world = world_with_budget(capacity=1, per_finished=0, trickle=timedelta(seconds=30))
+    ids = three_orders_whose_first_agent_died(world)
+    world.settle_with_supervision(ticks=40, step_seconds=20)
+    assert {world.state(oid).process_state for oid in ids} == {ProcessState.PROCESSED}
+    assert world.supervisor.ctx.retry_budget.held_back >= 2
+
+
+def test_compensation_is_never_held_back():
+    """Past max_failures an expiry undoes: that is no retry, whatever the budget says."""
+    world = World(max_failures=1)
+    budget = RetryBudget(RetryBudgetPolicy(capacity=1, trickle=HOUR))
+    budget.take(T0)  # empty
+    world.supervisor = world.supervisor.named("supervisor-1", retry_budget=budget)
+    oid = order(world)
+    world.drop("agent-inventory")
+    report = world.tick(BUDGET + 3)
+    assert report["compensate"] + report["compensated"] == 1 and not report["retry_held_back"]
+    world.run()
+    assert world.state(oid).process_state is ProcessState.COMPENSATED
+
+
+def test_the_supervisor_publishes_what_it_held_back_while_it_does_and_once_after():
+    world = world_with_budget(capacity=2, per_finished=1.0)
+    budgets = InMemoryBudgets()
+    world.supervisor.sweep(budgets=budgets)
+    assert budgets.published == []  # nothing held back, nothing written
+    three_orders_whose_first_agent_died(world)
+    world.supervisor.sweep(budgets=budgets)
+    [first] = budgets.published
+    assert (first.instance_id, first.held_back) == ("supervisor-1", 1)
+    world.clock.advance(5)
+    world.supervisor.sweep(budgets=budgets)
+    assert budgets.published[-1].held_back == 2  # held again, within the minute
+    world.supervisor.ctx.retry_budget.finished()  # a token back: the last one goes
+    world.clock.advance(5)
+    assert world.supervisor.sweep(budgets=budgets)["retry"] == 1
+    assert budgets.published[-1].held_back == 2  # the minute still holds the two
+    world.clock.advance(60)
+    world.supervisor.sweep(budgets=budgets)
+    assert budgets.published[-1].held_back == 0  # none in the last minute: said once
+    count = len(budgets.published)
+    world.clock.advance(5)
+    world.supervisor.sweep(budgets=budgets)
+    assert len(budgets.published) == count  # calm: no more writes
