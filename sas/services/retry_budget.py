@@ -1,12 +1,13 @@
 """The Supervisor's retry budget: how many expired steps it may send again (docs/architecture.md,
 "Recovery").
 
-A token bucket, as the AWS SDKs bound their retries: each retry an expiry asks for takes a
-token; each order that finishes well (Processed or Compensated) gives back a share of one, and
-a slow trickle keeps recovery going when nothing finishes. While the bucket is empty, an
-expired step waits for a later sweep, neither written nor counted against its
-``max_failures``: under a surge, retries cannot outgrow the work that gets done, which is what
-kept an overload going after its cause had passed. Compensation and Error are never held back.
+A token bucket, as the AWS SDKs bound their retries: each retry of a forward step an expiry
+asks for takes a token; each order that finishes well (Processed or Compensated) gives back a
+share of one, and a slow trickle keeps recovery going when nothing finishes. While the bucket
+is empty, an expired step waits for a later sweep, neither written nor counted against its
+``max_failures``, for ``max_hold`` at most: under a surge, retries cannot outgrow the work that
+gets done, which is what kept an overload going after its cause had passed. Compensation (an
+undo's retry included) and Error are never held back.
 
 One bucket per Supervisor process (the timer runs on one instance at a time in Azure); a new
 process starts with a full one.
@@ -28,6 +29,9 @@ class RetryBudgetPolicy:
     """Tokens an order that finishes well gives back: retries at most a fifth of them."""
     trickle: timedelta = timedelta(seconds=5)
     """One token comes back every so often whatever finishes: recovery never stops."""
+    max_hold: timedelta = timedelta(minutes=5)
+    """Longest an order's retry is held past its deadline: then it goes, token or not, so a
+    lasting overload slows every order (one retry each per hold) and strands none."""
     saturated_for: timedelta = timedelta(minutes=1)
     """How long a held-back retry counts: the Supervisor is saturated while any does."""
 
@@ -50,13 +54,16 @@ class RetryBudget:
         """The figure this process last published (``supervisor.publish_budget``)."""
         self._lock = threading.Lock()
 
-    def take(self, now: datetime) -> bool:
-        """One retry, if the budget allows it now; otherwise it is held back."""
+    def take(self, now: datetime, *, expired_at: datetime) -> bool:
+        """One retry of a step expired at ``expired_at``, if the budget allows it now or the
+        step has waited ``max_hold``; otherwise it is held back."""
         with self._lock:
             self._drip(now)
             if self._tokens >= 1:
                 self._tokens -= 1
                 return True
+            if now - expired_at >= self.policy.max_hold:
+                return True  # its turn, whatever the bucket holds
             second = now.replace(microsecond=0)
             if self._held and self._held[-1][0] == second:
                 self._held[-1] = (second, self._held[-1][1] + 1)
@@ -65,11 +72,17 @@ class RetryBudget:
             self.held_back += 1
             return False
 
+    def give_back(self) -> None:
+        """A token taken for a retry that was not sent (another Supervisor got there first)."""
+        self._add(1.0)
+
     def finished(self, orders: int = 1) -> None:
         """Orders that finished well give back their share."""
+        self._add(orders * self.policy.per_finished)
+
+    def _add(self, tokens: float) -> None:
         with self._lock:
-            gained = self._tokens + orders * self.policy.per_finished
-            self._tokens = min(self.policy.capacity, gained)
+            self._tokens = min(self.policy.capacity, self._tokens + tokens)
 
     def saturated(self, now: datetime) -> bool:
         """Whether a retry was held back within the last ``saturated_for``."""

@@ -6,8 +6,8 @@ while its step only waits: an agent started it and its budget has not run out, o
 or reply may still be in a queue that holds messages (``recovery.queue_wait``): time queued is
 not the step's failure, and another request would only lengthen the queue. Otherwise it counts
 a failure and either asks for a retry after a backoff, starts compensation, or sets Error with
-one operator alert; a retry beyond the retry budget (``retry_budget.py``) waits for a later
-sweep, uncounted. A due marker of a healthy order is re-armed to the order's next look; a
+one operator alert; a forward step's retry beyond the retry budget (``retry_budget.py``) waits
+for a later sweep, uncounted, for a bounded time. A due marker of a healthy order is re-armed to the order's next look; a
 finished order's marker is dropped. It changes state only through writes conditional on the
 ETag it read, so several Supervisors, doubled or missed ticks, and a reply arriving at the same
 moment cannot double a recovery. It never calls an agent itself.
@@ -236,7 +236,9 @@ def _recover(
 ) -> str:
     state, workflow = current.value, ctx.definition(current.value)
     decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
-    if decided.action is ExpiryAction.RETRY and not ctx.retry_budget.take(now):
+    budgeted = decided.action is ExpiryAction.RETRY and state.mode == "do"
+    expired_at = (state.complete_by or now) + ctx.policy.clock_skew
+    if budgeted and not ctx.retry_budget.take(now, expired_at=expired_at):
         # Retries beyond what gets finished only lengthen the queues: wait, uncounted.
         markers.rearm(marker, now + min(HELD_RETRY_RECHECK, workflow.shortest_budget))
         log.debug(  # the sweep's report counts them: one line per order would flood a surge
@@ -252,6 +254,8 @@ def _recover(
     try:
         etag = ctx.store.update_state(decided.state, current.etag, history)
     except (ConcurrencyConflict, NotFound):
+        if budgeted:
+            ctx.retry_budget.give_back()  # nothing was sent
         return "lost_race"  # another Supervisor, or the step finished just now
     if state.waiting is not None:
         versions.forget(ctx, state)

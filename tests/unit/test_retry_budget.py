@@ -1,8 +1,8 @@
-"""The Supervisor's retry budget, in memory: retries an expiry asks for take a token; orders
-that finish well and a slow trickle give them back; a retry held back waits for a later sweep
-with nothing written and no failure counted, and compensation is never held back. The same
-cap against the Table store's ETags and markers: tests/integration/test_retry_budget_on_azurite.py.
-"""
+"""The Supervisor's retry budget, in memory: forward retries an expiry asks for take a token;
+orders that finish well and a slow trickle give them back; a retry held back waits for a later
+sweep with nothing written and no failure counted, for a bounded time; compensation, an undo's
+retry included, is never held back. The same cap against the Table store's ETags and markers:
+tests/integration/test_queue_wait_on_azurite.py."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 
 from sas.domain.model import ProcessState
 from sas.services.retry_budget import RetryBudget, RetryBudgetPolicy
-from sas.testing import InMemoryBudgets
-from tests.harness import BUDGET, World
+from sas.testing import InMemoryBudgets, refuse
+from tests.harness import BUDGET, ReadThenYield, World
 from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once, order
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
@@ -24,12 +24,12 @@ HOUR = timedelta(hours=1)
 
 def test_the_bucket_spends_refills_and_trickles_up_to_its_capacity():
     budget = RetryBudget(RetryBudgetPolicy(capacity=3, per_finished=0.5, trickle=HOUR))
-    assert [budget.take(T0) for _ in range(4)] == [True, True, True, False]
+    assert [budget.take(T0, expired_at=T0) for _ in range(4)] == [True, True, True, False]
     assert budget.saturated(T0) and budget.held_back == 1
     budget.finished()  # half a token: not yet a retry
-    assert not budget.take(T0)
+    assert not budget.take(T0, expired_at=T0)
     budget.finished()
-    assert budget.take(T0) and not budget.take(T0)
+    assert budget.take(T0, expired_at=T0) and not budget.take(T0, expired_at=T0)
     budget.finished(100)  # never more than the capacity
     assert budget.tokens(T0) == 3
     assert not budget.saturated(T0 + budget.policy.saturated_for)
@@ -39,9 +39,15 @@ def test_the_trickle_gives_one_token_each_period_even_when_nothing_finishes():
     budget = RetryBudget(
         RetryBudgetPolicy(capacity=2, per_finished=0, trickle=timedelta(seconds=5))
     )
-    assert budget.take(T0) and budget.take(T0) and not budget.take(T0)
-    assert not budget.take(T0 + timedelta(seconds=4.9))
-    assert budget.take(T0 + timedelta(seconds=5)) and not budget.take(T0 + timedelta(seconds=9))
+    assert (
+        budget.take(T0, expired_at=T0)
+        and budget.take(T0, expired_at=T0)
+        and not budget.take(T0, expired_at=T0)
+    )
+    assert not budget.take(T0 + timedelta(seconds=4.9), expired_at=T0)
+    assert budget.take(T0 + timedelta(seconds=5), expired_at=T0) and not budget.take(
+        T0 + timedelta(seconds=9), expired_at=T0
+    )
     assert budget.tokens(T0 + timedelta(minutes=10)) == 2  # capped, however long the lull
     assert budget.tokens(T0 - HOUR) == 2  # a clock set back takes nothing away, adds nothing
 
@@ -112,7 +118,7 @@ def test_compensation_is_never_held_back():
     """Past max_failures an expiry undoes: that is no retry, whatever the budget says."""
     world = World(max_failures=1)
     budget = RetryBudget(RetryBudgetPolicy(capacity=1, trickle=HOUR))
-    budget.take(T0)  # empty
+    budget.take(T0, expired_at=T0)  # empty
     world.supervisor = world.supervisor.named("supervisor-1", retry_budget=budget)
     oid = order(world)
     world.drop("agent-inventory")
@@ -145,3 +151,54 @@ def test_the_supervisor_publishes_what_it_held_back_while_it_does_and_once_after
     world.clock.advance(5)
     world.supervisor.sweep(budgets=budgets)
     assert len(budgets.published) == count  # calm: no more writes
+
+
+def test_a_retry_held_as_long_as_max_hold_goes_whatever_the_bucket_holds():
+    budget = RetryBudget(RetryBudgetPolicy(capacity=1, per_finished=0, trickle=HOUR))
+    assert budget.take(T0, expired_at=T0)
+    hold = budget.policy.max_hold
+    assert not budget.take(T0 + hold - timedelta(seconds=1), expired_at=T0)
+    assert budget.take(T0 + hold, expired_at=T0)  # its turn: the bucket is still empty
+    assert budget.tokens(T0 + hold) == 0
+
+
+def test_no_order_waits_past_max_hold_under_a_lasting_overload():
+    """The bucket never refills (no trickle to speak of, nothing finishes): every held order is
+    still retried once it has waited max_hold past its deadline, and finishes."""
+    world = world_with_budget(capacity=1, per_finished=0)
+    ids = three_orders_whose_first_agent_died(world)
+    world.settle_with_supervision(ticks=40, step_seconds=20)
+    assert {world.state(oid).process_state for oid in ids} == {ProcessState.PROCESSED}
+
+
+def test_an_undo_retry_is_never_held_back():
+    """Compensation includes an undo's retry: an empty bucket does not stall it."""
+    world = World(max_failures=2)
+    budget = RetryBudget(RetryBudgetPolicy(capacity=1, trickle=HOUR))
+    budget.take(T0, expired_at=T0)  # empty, for good
+    world.supervisor = world.supervisor.named("supervisor-1", retry_budget=budget)
+    world.remote.script("payment", "charge", refuse("card declined"))
+    oid = order(world)
+    for queue in ("agent-inventory", "replies", "agent-payment", "replies", "scheduler"):
+        world.deliver(queue)  # reserve done, charge refused: the undo of reserve claimed
+    assert world.state(oid).mode == "undo"
+    world.drop("agent-inventory")  # the undo's agent died
+    report = world.tick(BUDGET + 3)
+    assert (report["retry"], report["retry_held_back"]) == (1, 0)
+    world.settle_with_supervision()
+    assert world.state(oid).process_state is ProcessState.COMPENSATED
+    assert budget.held_back == 0
+
+
+def test_a_retry_lost_to_another_supervisor_gives_its_token_back():
+    world = World()
+    oid = order(world)
+    world.drop("agent-inventory")
+    world.clock.advance(BUDGET + 3)
+    other = world.app.named("supervisor-2", retry_budget=RetryBudget())
+    racing = ReadThenYield(world.store, other.sweep)  # it recovers the order first
+    mine = RetryBudget(RetryBudgetPolicy(capacity=1, trickle=HOUR))
+    report = world.app.named("supervisor-1", store=racing, retry_budget=mine).sweep()
+    assert racing.meanwhile is not None and report["lost_race"] == 1
+    assert world.history(oid).count("expired_retry") == 1
+    assert mine.tokens(world.clock.now()) == 1  # it sent nothing: its token is back
