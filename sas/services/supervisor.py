@@ -7,10 +7,10 @@ or reply may still be in a queue that holds messages (``recovery.queue_wait``): 
 not the step's failure, and another request would only lengthen the queue. Otherwise it counts
 a failure and either asks for a retry after a backoff, starts compensation, or sets Error with
 one operator alert; a forward step's retry beyond the retry budget (``retry_budget.py``) waits
-for a later sweep, uncounted, for a bounded time. A due marker of a healthy order is re-armed to the order's next look; a
-finished order's marker is dropped. It changes state only through writes conditional on the
-ETag it read, so several Supervisors, doubled or missed ticks, and a reply arriving at the same
-moment cannot double a recovery. It never calls an agent itself.
+for a later sweep, uncounted, for a bounded time. A due marker of a healthy order is re-armed to
+the order's next look; a finished order's marker is dropped. It changes state only through
+writes conditional on the ETag it read, so several Supervisors, doubled or missed ticks, and a
+reply arriving at the same moment cannot double a recovery. It never calls an agent itself.
 """
 
 from __future__ import annotations
