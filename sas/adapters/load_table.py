@@ -10,8 +10,10 @@ ignore rows that are stale.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import datetime
+from typing import Any
 
 from azure.core.exceptions import HttpResponseError
 from azure.data.tables import TableClient, UpdateMode
@@ -43,19 +45,11 @@ class TableLoadStore:
             for target, count in sorted(counts.items())
         ]
         for start in range(0, len(operations), 100):  # a transaction holds at most 100
-            try:
+            with _table_exists(self._table):
                 self._table.submit_transaction(operations[start : start + 100])
-            except HttpResponseError as exc:
-                if exc.status_code == 404:
-                    raise NotFound(f"table {self._table.table_name} does not exist") from None
-                raise
 
     def read(self) -> list[EndpointLoad]:
-        rows = self._table.query_entities(
-            "PartitionKey eq @partition",
-            parameters={"partition": LOAD_PARTITION},
-            select=["Target", "Instance", "InFlight", "At"],
-        )
+        rows = _rows(self._table, LOAD_PARTITION, ["Target", "Instance", "InFlight", "At"])
         return [
             EndpointLoad(
                 target=str(row["Target"]),
@@ -79,19 +73,28 @@ class TableBudgetStore:
             "HeldBack": held.held_back,
             "At": held.at,
         }
-        try:
+        with _table_exists(self._table):
             self._table.upsert_entity(row, mode=UpdateMode.REPLACE)
-        except HttpResponseError as exc:
-            if exc.status_code == 404:
-                raise NotFound(f"table {self._table.table_name} does not exist") from None
-            raise
 
     def read(self) -> list[HeldRetries]:
-        rows = self._table.query_entities(
-            "PartitionKey eq @partition",
-            parameters={"partition": BUDGET_PARTITION},
-            select=["Instance", "HeldBack", "At"],
-        )
+        rows = _rows(self._table, BUDGET_PARTITION, ["Instance", "HeldBack", "At"])
         return [
             HeldRetries(str(row["Instance"]), int(row["HeldBack"]), utc(row["At"])) for row in rows
         ]
+
+
+@contextmanager
+def _table_exists(table: TableClient) -> Iterator[None]:
+    """A write to a table that is not there is NotFound (the app was not provisioned)."""
+    try:
+        yield
+    except HttpResponseError as exc:
+        if exc.status_code == 404:
+            raise NotFound(f"table {table.table_name} does not exist") from None
+        raise
+
+
+def _rows(table: TableClient, partition: str, select: list[str]) -> Iterable[dict[str, Any]]:
+    return table.query_entities(
+        "PartitionKey eq @partition", parameters={"partition": partition}, select=select
+    )

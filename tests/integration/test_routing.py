@@ -5,9 +5,14 @@ whichever endpoint), decided by the domain, runs in memory (tests/unit/test_endp
 
 from __future__ import annotations
 
-import pytest
+from datetime import UTC, datetime
 
-from sas.adapters.load_table import TableLoadStore
+import pytest
+from azure.data.tables import TableClient
+
+from sas.adapters.load_table import TableBudgetStore, TableLoadStore
+from sas.domain.endpoints import HeldRetries
+from sas.domain.errors import NotFound
 from sas.services.routing import Router
 from sas.testing import FakeClock
 from tests.harness import World, live_table_of
@@ -39,3 +44,12 @@ def test_another_process_calls_count_through_the_published_load(world, table):
     world.clock.advance(10)
     assert world.router is not None
     assert world.router.in_flight(WEST) == 0
+
+
+def test_measurements_written_to_a_table_that_is_not_there_are_not_found(azurite):
+    """Both measurement rows (loads, the Supervisor's held retries) name the missing table."""
+    missing = TableClient.from_connection_string(azurite.connection_string, "nosuchtable")
+    with pytest.raises(NotFound, match="nosuchtable does not exist"):
+        TableLoadStore(missing).publish("p1", {"payment": 1}, datetime.now(UTC))
+    with pytest.raises(NotFound, match="nosuchtable does not exist"):
+        TableBudgetStore(missing).publish(HeldRetries("s1", 3, datetime.now(UTC)))
