@@ -327,6 +327,7 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "StatusEvents": state.status_events if state.status_events != "outcome" else None,
             "Priority": _priority_column(state.priority),
             "Deferrals": state.deferrals or None,
+            "LoadExpiries": state.load_expiries or None,
             "TraceParent": state.traceparent,
             "Version": state.version,
             "Definition": state.definition or None,
@@ -364,6 +365,7 @@ def state_from(entity: Mapping[str, Any]) -> OrderState:
         details=json.loads(entity["Details"]),
         priority=_priority(entity.get("Priority")),
         deferrals=int(entity.get("Deferrals") or 0),
+        load_expiries=int(entity.get("LoadExpiries") or 0),
         traceparent=entity.get("TraceParent"),
         results=_results_from(entity),
         # Absent in rows written before orders were bound to a version: version 1, and

@@ -99,6 +99,9 @@ class OrderState:
     here. 0 in orders from before it was kept."""
     waiting: str | None = None
     """Why the order waits instead of running: its workflow version is not deployed here."""
+    load_expiries: int = 0
+    """Expiries of the current step while the Supervisor was saturated: retried without
+    counting as failures (``RetryPolicy.max_load_expiries`` at most); 0 when a step starts."""
 
     @property
     def is_terminal(self) -> bool:

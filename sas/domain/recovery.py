@@ -31,10 +31,16 @@ class RetryPolicy:
     queue_wait_limit: timedelta = timedelta(minutes=15)
     """How long a request or reply may wait in a busy queue before its step is recovered as
     expired anyway (a message lost with nothing else to show for it)."""
+    max_load_expiries: int = 5
+    """Expiries of one step that are not counted as failures because the Supervisor was
+    saturated when they came (the deadline was the load's, not the step's); past these, an
+    expiry counts whatever the load, so a step that never finishes still fails."""
 
     def __post_init__(self) -> None:
         if self.max_failures < 1:
             raise ValueError("max_failures must be at least 1")
+        if self.max_load_expiries < 0:
+            raise ValueError("max_load_expiries must not be negative")
         if self.clock_skew < timedelta(0):
             raise ValueError("clock_skew must not be negative")
 
@@ -113,7 +119,7 @@ def queue_wait(
 
 class ExpiryAction(StrEnum):
     RETRY = "retry"
-    """Pending again after a backoff, the failure counted."""
+    """Pending again after a backoff, the failure counted (unless the load's: ``counted``)."""
     COMPENSATE = "compensate"
     """Past the threshold: compensation queued."""
     COMPENSATED = "compensated"
@@ -129,27 +135,39 @@ class Expiry:
     state: OrderState
     action: ExpiryAction
     delay: timedelta = timedelta(0)
+    counted: bool = True
+    """False for an expiry taken as the load's (``expire``'s ``saturated``)."""
 
 
-def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: RetryPolicy) -> Expiry:
+def expire(
+    state: OrderState,
+    *,
+    now: datetime,
+    workflow: Workflow,
+    policy: RetryPolicy,
+    saturated: bool = False,
+) -> Expiry:
     """A live record whose deadline passed: count the failure, then retry or give up.
 
-    A timed-out step and a crashed one look the same. Past the threshold
-    a forward step is compensated *including itself*: it may have been applied before its
-    reply was lost, and undo actions are no-ops for effects that never happened.
-    """
+    A timed-out step and a crashed one look the same. Past the threshold a forward step is
+    compensated *including itself*: it may have been applied before its reply was lost, and
+    undo actions are no-ops for effects that never happened. ``saturated``: the Supervisor held
+    retries back lately (``retry_budget.py``), so the deadline is taken as the load's and the
+    expiry retried uncounted, ``max_load_expiries`` times per step at most."""
     if not policy.expired(state, now):
         raise IllegalTransition(f"order {state.order_id} has not expired")
     failures = state.failure_count + 1
     step = workflow.step(state.step_index).name
-    if failures < policy.threshold(workflow.step(state.step_index).max_failures):
+    spared = saturated and state.load_expiries < policy.max_load_expiries
+    if spared or failures < policy.threshold(workflow.step(state.step_index).max_failures):
         delay = policy.backoff(failures)
         return Expiry(
             replace(
                 state,
                 process_state=ProcessState.PENDING,
                 locked_by=None,
-                failure_count=failures,
+                failure_count=state.failure_count if spared else failures,
+                load_expiries=state.load_expiries + spared,
                 not_before=now + delay,
                 complete_by=now + delay + workflow.pickup_budget,
                 updated_at=now,
@@ -158,6 +176,7 @@ def expire(state: OrderState, *, now: datetime, workflow: Workflow, policy: Retr
             ),
             ExpiryAction.RETRY,
             delay,
+            counted=not spared,
         )
     reason = f"{step} ({state.mode}) expired {failures} times"
     if state.mode == "do" and workflow.on_failure == "compensate":
@@ -242,6 +261,7 @@ def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderSt
         process_state=ProcessState.PENDING,
         locked_by=None,
         failure_count=0,
+        load_expiries=0,
         not_before=None,
         complete_by=now + workflow.pickup_budget,
         updated_at=now,

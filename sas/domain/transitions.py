@@ -407,6 +407,7 @@ def _start(
         not_before=None,
         failure_count=0 if advancing else state.failure_count,
         deferrals=0 if advancing else state.deferrals,
+        load_expiries=0 if advancing else state.load_expiries,
         updated_at=now,
         waiting=None,
     )

@@ -7,10 +7,12 @@ or reply may still be in a queue that holds messages (``recovery.queue_wait``): 
 not the step's failure, and another request would only lengthen the queue. Otherwise it counts
 a failure and either asks for a retry after a backoff, starts compensation, or sets Error with
 one operator alert; a forward step's retry beyond the retry budget (``retry_budget.py``) waits
-for a later sweep, uncounted, for a bounded time. A due marker of a healthy order is re-armed to
-the order's next look; a finished order's marker is dropped. It changes state only through
-writes conditional on the ETag it read, so several Supervisors, doubled or missed ticks, and a
-reply arriving at the same moment cannot double a recovery. It never calls an agent itself.
+for a later sweep, uncounted, for a bounded time, and while it holds any back an expiry is taken
+as the load's and retried without counting a failure (``RetryPolicy.max_load_expiries``). A due
+marker of a healthy order is re-armed to the order's next look; a finished order's marker is
+dropped. It changes state only through writes conditional on the ETag it read, so several
+Supervisors, doubled or missed ticks, and a reply arriving at the same moment cannot double a
+recovery. It never calls an agent itself.
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ HELD_RETRY_RECHECK = timedelta(seconds=5)
 """How soon an expired step whose retry the budget held back is looked at again."""
 FINISHED_WELL = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
 """Orders whose unindexing gives the retry budget back its share."""
+NOT_COUNTED = "not counted: saturated"
+"""In the history of an expiry retried without counting a failure (the load's deadline)."""
 ORPHAN_GRACE = timedelta(minutes=5)
 """How long a marker without an order is kept: its submission's insert may still commit."""
 
@@ -235,16 +239,16 @@ def _recover(
     now: datetime,
 ) -> str:
     state, workflow = current.value, ctx.definition(current.value)
-    decided = expire(state, now=now, workflow=workflow, policy=ctx.policy)
+    saturated = ctx.retry_budget.saturated(now)  # then the deadline is the load's: uncounted
+    decided = expire(state, now=now, workflow=workflow, policy=ctx.policy, saturated=saturated)
     budgeted = decided.action is ExpiryAction.RETRY and state.mode == "do"
     expired_at = (state.complete_by or now) + ctx.policy.clock_skew
     if budgeted and not ctx.retry_budget.take(now, expired_at=expired_at):
         # Retries beyond what gets finished only lengthen the queues: wait, uncounted.
         markers.rearm(marker, now + min(HELD_RETRY_RECHECK, workflow.shortest_budget))
-        log.debug(  # the sweep's report counts them: one line per order would flood a surge
-            "sas.retry_held_back",
-            extra={"order_id": state.order_id, "step": workflow.step(state.step_index).name},
-        )
+        step = workflow.step(state.step_index).name
+        # The sweep's report counts them: one line per order would flood a surge.
+        log.debug("sas.retry_held_back", extra={"order_id": state.order_id, "step": step})
         return "retry_held_back"
     decided = replace(decided, state=alerts.claiming_alert(ctx, decided.state))
     step = workflow.step(state.step_index).name
@@ -265,7 +269,8 @@ def _recover(
             "order_id": state.order_id,
             "step": step,
             "attempt": state.attempt,
-            "failures": state.failure_count + 1,
+            "failures": state.failure_count + decided.counted,
+            "counted": decided.counted,
             "action": decided.action,
         },
     )
@@ -283,7 +288,12 @@ def _expiry_history(
 ) -> HistoryEntry:
     step = ctx.definition(state).step(state.step_index)
     detail = None
-    if state.complete_by is not None:
+    if state.complete_by is not None and not decided.counted:
+        detail = (
+            f"{state.process_state} past {readable(state.complete_by)}, {NOT_COUNTED} "
+            f"({decided.state.load_expiries} of {ctx.policy.max_load_expiries})"
+        )
+    elif state.complete_by is not None:
         detail = (
             f"{state.process_state} past {readable(state.complete_by)}, "
             f"failure {state.failure_count + 1} of {ctx.policy.threshold(step.max_failures)}"

@@ -90,6 +90,8 @@ _RANK = {"submitted": 0, "claimed": 2, "deferred": 2}
 PENDING, PROCESSING, COMPENSATING = "Pending", "Processing", "Compensating"
 PROCESSED, COMPENSATED, ERROR, CLOSED = "Processed", "Compensated", "Error", "Closed"
 _FAILURE = re.compile(r"failure (\d+) of (\d+)")
+_UNCOUNTED = re.compile(r"not counted: saturated \((\d+) of (\d+)\)")
+"""An expiry the Supervisor took as the load's: retried with the failure count unchanged."""
 
 
 # --- the design ----------------------------------------------------------------------------
@@ -667,6 +669,11 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
             return "expiry of a record that is not live at that attempt and step"
         if s.waiting:
             return "expiry of an order waiting for its workflow version (it resumes instead)"
+        if spared := _UNCOUNTED.search(r.detail):
+            n, limit = int(spared.group(1)), int(spared.group(2))
+            if r.kind != "expired_retry" or not 1 <= n <= limit:
+                return f"{r.kind} not counted ({n} of {limit}): only a retry, within its limit"
+            return _State(PENDING, s.step, s.mode, s.attempt, s.failures, claimed=s.claimed)
         match = _FAILURE.search(r.detail)
         failures = int(match.group(1)) if match else s.failures + 1
         if failures != s.failures + 1:

@@ -413,6 +413,31 @@ def test_a_retry_past_the_threshold_or_against_another_threshold_is_reported(det
     assert set(kinds(world)) <= {"failure_count_exceeded", "illegal_transition"}
 
 
+def retried_once(detail: str, kind: str = "expired_retry") -> World:
+    world = World()
+    world.submitted.append("s1")
+    world.history("s1", "submitted", 0, None)
+    world.history("s1", "claimed", 1, "reserve")
+    world.history("s1", kind, 1, "reserve", detail=detail)
+    world.history("s1", "claimed", 2, "reserve")
+    world.history("s1", "completed", 2, "reserve")
+    world.history("s1", "completed", 3, "charge")
+    world.history("s1", "completed", 4, "ship")
+    for index in range(3):
+        world.do("s1", index)
+    world.state("s1", "Processed", 4, 2)
+    return world
+
+
+def test_an_expiry_taken_as_the_loads_is_a_retry_that_counts_no_failure() -> None:
+    spared = "Processing past 12:00:00, not counted: saturated (1 of 5)"
+    assert kinds(retried_once(spared)) == []
+    assert kinds(retried_once("Processing past 12:00:00, failure 1 of 3")) == []
+    # beyond its allowance, or anything but a retry, no legal run explains it
+    assert kinds(retried_once(spared.replace("1 of 5", "6 of 5"))) == ["illegal_transition"]
+    assert "illegal_transition" in kinds(retried_once(spared, kind="expired_compensate"))
+
+
 def workspace(world: World, order: str, expiries: int, end: str = "completed") -> None:
     """A workspace order (on_failure "error"): create, configure, then notify expiring
     ``expiries`` times (its own threshold is 5) before ``end`` (completed, refused, or an

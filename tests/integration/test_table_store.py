@@ -223,7 +223,9 @@ def test_the_in_flight_index_is_a_table_of_its_own(table):
 
 def test_new_state_fields_round_trip(table):
     store = store_on(table)
-    state = replace(new_state(), mode="undo", not_before=NOW, alert_pending=True, deferrals=2)
+    state = replace(
+        new_state(), mode="undo", not_before=NOW, alert_pending=True, deferrals=2, load_expiries=3
+    )
     store.create_order(order(), state)
     assert stored_state(store).value == state
 

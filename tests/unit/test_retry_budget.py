@@ -6,11 +6,13 @@ tests/integration/test_queue_wait_on_azurite.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from sas.domain.model import ProcessState
+from sas.domain.recovery import RetryPolicy
 from sas.services.retry_budget import RetryBudget, RetryBudgetPolicy
 from sas.testing import InMemoryBudgets, refuse
 from tests.harness import BUDGET, ReadThenYield, World
@@ -202,3 +204,72 @@ def test_a_retry_lost_to_another_supervisor_gives_its_token_back():
     assert racing.meanwhile is not None and report["lost_race"] == 1
     assert world.history(oid).count("expired_retry") == 1
     assert mine.tokens(world.clock.now()) == 1  # it sent nothing: its token is back
+
+
+def saturated_world(**policy) -> World:
+    """A Supervisor that held a retry back just now, with one token left to send one."""
+    world = world_with_budget(capacity=1, per_finished=0, **policy)
+    budget, now = world.supervisor.ctx.retry_budget, world.clock.now()
+    assert budget.take(now, expired_at=now) and not budget.take(now, expired_at=now)
+    budget.give_back()
+    return world
+
+
+def test_an_expiry_while_saturated_is_the_loads_and_spends_no_failure():
+    world = saturated_world()
+    oid = order(world)
+    world.drop("agent-inventory")
+    assert world.tick(BUDGET + 3)["retry"] == 1
+    state = world.state(oid)
+    assert (state.process_state, state.failure_count, state.load_expiries) == (
+        ProcessState.PENDING,
+        0,
+        1,
+    )
+    [expiry] = [e for e in world.store.get_history(oid) if e.kind == "expired_retry"]
+    assert expiry.detail is not None and "not counted: saturated (1 of 5)" in expiry.detail
+    world.settle_with_supervision()
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert world.state(oid).load_expiries == 0  # the next step started afresh
+    assert_effects_once(world, oid, *ALL_STEPS)
+
+
+def test_an_expiry_with_nothing_held_back_lately_counts():
+    world = world_with_budget(capacity=5)
+    oid = order(world)
+    world.drop("agent-inventory")
+    world.tick(BUDGET + 3)
+    state = world.state(oid)
+    assert (state.failure_count, state.load_expiries) == (1, 0)
+
+
+def test_a_step_that_never_finishes_still_fails_under_a_lasting_saturation():
+    """Past max_load_expiries the load is no excuse: the failures count, the order is undone."""
+    world = saturated_world()
+    world.supervisor = world.supervisor.named(
+        "supervisor-1", policy=replace(world.policy, max_load_expiries=2)
+    )
+    budget = world.supervisor.ctx.retry_budget
+    oid = order(world)
+    for _ in range(10):
+        world.drop("agent-inventory")  # the agent dies on every attempt
+        now = world.clock.now()
+        while budget.take(now, expired_at=now):  # a retry held back: saturated throughout...
+            pass
+        budget.give_back()  # ...with a token for this round's retry
+        world.tick(BUDGET + 3)
+        if world.state(oid).is_terminal or world.state(oid).mode == "undo":
+            break
+        world.clock.advance(60)  # past any backoff
+        world.deliver("scheduler")
+    world.run()
+    assert world.state(oid).process_state is ProcessState.COMPENSATED
+    kinds = [e.detail or "" for e in world.store.get_history(oid) if e.kind == "expired_retry"]
+    assert sum("not counted" in k for k in kinds) == 2  # spared twice, then 2 failures counted
+    assert sum("failure" in k for k in kinds) == world.policy.max_failures - 1
+
+
+@pytest.mark.parametrize("bad", [-1])
+def test_a_negative_load_expiry_allowance_is_refused(bad):
+    with pytest.raises(ValueError, match="max_load_expiries"):
+        RetryPolicy(max_load_expiries=bad)
