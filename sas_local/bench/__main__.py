@@ -4,7 +4,8 @@ In one run on one Azurite: the raw rates of the operations an order uses; the ex
 one order costs (1- and 3-step workflow, with and without a status subscriber) and the
 orders/s the raw rates allow for them; end-to-end throughput and latency per dev-host worker
 count, with the expiries and thrown-away replies of each run; the supervisor's sweep over
-in-flight orders, alone and beside finished history; the recovery latency after an agent dies.
+in-flight orders, alone and beside finished history; the recovery latency after an agent dies;
+surges of 1 to 10 times what the machine processes (surge.py).
 ``--compare REV`` runs the counts, the end-to-end runs and the recovery for another commit too
 (from a git worktree), side by side: each end-to-end configuration runs for both commits back to
 back, so a drift of the shared machine's speed during the run falls on both alike.
@@ -30,7 +31,7 @@ from typing import Any
 
 from sas import settings as settings_module
 from sas_local.azurite import Azurite, free_port
-from sas_local.bench import e2e, rates, recovery, report, scenarios, sweep
+from sas_local.bench import e2e, rates, recovery, report, scenarios, surge, sweep
 from sas_local.processes import REPO_ROOT, start_process
 from sas_local.provision import provision
 from sas_local.stack import Layout, app_env
@@ -322,6 +323,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress(f"{head}: one of two endpoints down", started)
     results["endpoints"] = scenarios.endpoints(
         orders=size.endpoint_orders, log_dir=logs / "endpoints", timeout=size.timeout
+    )
+    results["surges"] = surge.run_plan(
+        surge.PLANS[kind],
+        log_dir=logs / "surges",
+        log=lambda message: progress(f"{head}: {message}", started),
     )
 
     # The store's speed on this shared machine drifts within a run (one run's raw rates came

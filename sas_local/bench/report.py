@@ -177,6 +177,7 @@ def markdown(results: dict[str, Any], *, chart_name: str | None) -> str:
         ]
     lines += _side_by_side(results)
     lines += _scenarios(results)
+    lines += _surges(results.get("surges") or [])
     lines += _costs(results)
     if chart_name:
         lines += [f"![Throughput and latency per worker count]({chart_name})", ""]
@@ -220,6 +221,45 @@ def _scenarios(results: dict[str, Any]) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def _surges(runs: list[dict[str, Any]]) -> list[str]:
+    """Part 8: surges past what the machine processes (sas_local/bench/surge.py)."""
+    if not runs:
+        return []
+    lines = [
+        "**Surges** (each on a stack of its own: a calibration burst gives what it processes "
+        "per minute, then a surge of that many times it is offered evenly over "
+        f"{runs[0]['window_s']:g} s, with a probe order every few seconds throughout; in the "
+        "slow-payment run every payment call answers 3 step budgets late during the surge; "
+        "goodput is Processed orders per minute from the surge's start, the minute after the "
+        "surge counted only while work was still queued; expiries are counted / taken as the "
+        "load's / of an attempt no agent had started):",
+        "",
+        "| Surge | Workers | CPU hogs | Per minute calibrated | Orders offered | Goodput per "
+        "minute | Best / minute after | p50 / p95 s | Drained after s | Probes normal again "
+        "s after | Expiries | Extra remote calls | Ended |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        e = run["expiries"]
+        after = run["minute_after"]
+        ratio = "-" if after is None else f"{after} ({after / max(run['best_minute'], 1):.0%})"
+        ended = ", ".join(f"{n:,} {state}" for state, n in sorted(run["ended"].items()))
+        lines.append(
+            f"| {run['label']} | {run['workers']} | {run['hogs']} "
+            f"| {run['calibrated_per_minute']:g} | {run['offered']:,} "
+            f"| {' '.join(str(n) for n in run['goodput_per_minute'])} "
+            f"| {run['best_minute']} / {ratio} | {run['p50_s']} / {run['p95_s']} "
+            f"| {_or_dash(run['drained_after_s'])} | {_or_dash(run['normal_again_s'])} "
+            f"| {e['all']} ({e['counted']} / {e['not_counted']} / {e['never_started']}) "
+            f"| {run['extra_remote_calls']} | {ended} |"
+        )
+    return [*lines, ""]
+
+
+def _or_dash(value: object) -> str:
+    return "-" if value is None else str(value)
 
 
 def _costs(results: dict[str, Any]) -> list[str]:

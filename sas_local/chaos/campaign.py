@@ -76,6 +76,7 @@ FAULT_KINDS = (
     "python_slow",
     "python_refusal",
     "deploy",
+    "surge",
 )
 
 
@@ -108,11 +109,16 @@ class Profile:
     submit_duplicate_rate: float = 0.02
     window: int = 150
     """Most orders in flight (in-flight index + orders queue) while submitting."""
+    surge_after: tuple[float, float] = (0.35, 0.5)
+    """The surge comes once this share of the orders (seeded within) was submitted: then..."""
+    surge_windows: int = 4
+    """...this many windows of orders (or all that are left) are sent at once, past the
+    window: a burst several times what the machine works off in the meanwhile."""
     min_storm: float = 45.0
     """Faults go on at least this long, even if every order is submitted sooner."""
     runner_faults: bool = True
-    """Kills, crash tokens, Azurite pauses and outages (off: only the in-process and remote
-    faults, as the broken-build tests want)."""
+    """Kills, crash tokens, Azurite pauses, outages and the surge (off: only the in-process
+    and remote faults, as the broken-build tests want)."""
     deploy: bool = True
     """Restart every dev host on new code, in two waves, while the storm goes on."""
     deploy_after: tuple[float, float] = (0.3, 0.45)
@@ -607,11 +613,19 @@ class Campaign:
         if o.faults and p.deploy:
             deploying.start()
         submit_rng = random.Random(o.seed * 31 + 7)  # noqa: S311
+        surge = self.surge_ids(ids) if o.faults and p.runner_faults else frozenset()
         for index, order_id in enumerate(ids):
-            while (flying := _safe(lambda: self.in_flight(live, orders_queue), 0)) >= p.window:
+            while (
+                order_id not in surge
+                and _safe(lambda: self.in_flight(live, orders_queue), 0) >= p.window
+            ):
                 time.sleep(0.5)
+            if order_id in surge and not self.shared.faults["surge"]:
+                self.progress(f"surge: {len(surge)} orders at once", started)
+                self.shared.count("surge")
+                self.shared.count("surge.orders", len(surge))
             if index % 250 == 0:
-                self.progress(f"submitted {index}/{o.orders}, in flight {flying}", started)
+                self.progress(f"submitted {index}/{o.orders}", started)
             body = order_body(order_id, index)
             _retry(lambda body=body: orders_queue.send_message(body))
             self.submitted = index + 1
@@ -663,6 +677,7 @@ class Campaign:
                 "missing_definition": verdict.missing_definition_alerts,
             },
             "bound_versions": _bound_versions(evidence, self.design),
+            "surge": _ended(evidence, surge, ids),
             "drained": drained,
             "seconds": {
                 "submitting": round(submitted_in, 1),
@@ -682,6 +697,13 @@ class Campaign:
             ),
         }
         return report
+
+    def surge_ids(self, ids: list[str]) -> frozenset[str]:
+        """The orders of the surge: sent one after another, none waiting for the window."""
+        p = self.profile
+        rng = random.Random(self.options.seed * 7_919 + 5)  # noqa: S311 - the storm's is unchanged
+        first = int(len(ids) * rng.uniform(*p.surge_after))
+        return frozenset(ids[first : first + p.window * p.surge_windows])
 
     def _noted(self, action: Callable[[], None]) -> Callable[[], None]:
         """``action`` whose failure is a note of the report (the storm goes on without it)."""
@@ -733,6 +755,35 @@ class Campaign:
         ordered = {kind: counts.get(kind, 0) for kind in FAULT_KINDS}
         ordered |= {k: v for k, v in sorted(counts.items()) if k not in ordered}
         return ordered
+
+
+GAVE_UP = ("expired_compensate", "expired_compensated", "expired_error")
+"""Expiries that end an order's forward run: it is undone, or stops in Error."""
+
+
+def _ended(evidence: checker.Evidence, surge: frozenset[str], ids: list[str]) -> dict[str, Any]:
+    """How the surge's orders ended beside the others': by state, and how many were given up
+    on after expiries (rather than refused): a surge that failed orders shows there."""
+    states: dict[str, str] = {}
+    gave_up: set[str] = set()
+    for entity in evidence.entities:
+        order_id = str(entity.get("PartitionKey"))
+        if entity.get("RowKey") == "state":
+            states[order_id] = str(entity.get("ProcessState"))
+        elif entity.get("Kind") in GAVE_UP:
+            gave_up.add(order_id)
+
+    def of(group: list[str]) -> dict[str, Any]:
+        return {
+            "orders": len(group),
+            "ended": dict(sorted(Counter(states.get(i, "lost") for i in group).items())),
+            "gave_up_after_expiries": sum(i in gave_up for i in group),
+        }
+
+    return {
+        "surge": of([i for i in ids if i in surge]),
+        "rest": of([i for i in ids if i not in surge]),
+    }
 
 
 def _bound_versions(evidence: checker.Evidence, design: checker.Design) -> dict[str, int]:

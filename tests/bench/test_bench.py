@@ -61,8 +61,13 @@ def test_the_smallest_benchmark_reports_every_part(tmp_path: Path) -> None:
     assert recovery["recovered"] == recovery["orders"] and recovery["max_s"] > 0
     steps = variants["3-step, with status subscriber (steps events)"]["per_order"]
     assert steps["queue.send"] > subscribed["queue.send"]  # every step's events cost sends
+    (surged,) = results["surges"]  # the smoke size: one small surge
+    assert surged["offered"] > 0 and sum(surged["ended"].values()) == surged["offered"]
+    assert surged["expiries"].keys() == {"all", "counted", "not_counted", "never_started"}
+    assert sum(surged["goodput_per_minute"]) >= surged["ended"].get("Processed", 0)
     document = (tmp_path / "benchmarks.md").read_text()
     assert report.BEGIN in document and "Requests per order" in document
+    assert "**Surges**" in document
     assert "What a 3-step order costs in Azure" in document and "Orders/s one unit" in document
     assert (tmp_path / "benchmarks.png").stat().st_size > 0
 

@@ -44,3 +44,5 @@ def test_three_hundred_orders_under_every_fault_kind_end_with_no_violation(
     missing = [kind for kind in FAULT_KINDS if kind != "deploy" and not report["faults"].get(kind)]
     assert missing == [], summary
     assert sum(report["outcomes"].values()) == ORDERS
+    surged = report["surge"]["surge"]
+    assert surged["orders"] == report["faults"]["surge.orders"] > 0, summary

@@ -1,0 +1,60 @@
+"""The surge benchmark's figures from finish times (sas_local/bench/surge.py): goodput per
+minute, the minute after the surge, and when probes were back to normal."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sas_local.bench.surge import _normal_again, _outcome, _per_minute
+
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def test_goodput_is_counted_per_whole_minute_from_the_start_up_to_the_last():
+    assert _per_minute([at(-5), at(1), at(59.9), at(60), at(185)], T0) == [2, 1, 0, 1]
+    assert _per_minute([], T0) == []
+
+
+def test_probes_are_normal_again_after_the_last_slow_one_sent_after_the_drain():
+    calm = 1.0  # limit: 2 s (a second more than the median beats 1.5x)
+    probes = [(at(0), 1.0), (at(10), 30.0), (at(20), 5.0), (at(30), 1.2), (at(40), None)]
+    assert _normal_again(probes[:4], calm, drained=at(25)) == 0.0  # slow ones came before
+    assert _normal_again(probes[:4], calm, drained=at(15)) == 5.0
+    assert _normal_again(probes, calm, drained=at(15)) == 25.0  # one never finished
+    assert _normal_again(probes, None, drained=at(15)) is None
+
+
+def test_a_run_reports_how_orders_ended_and_the_minute_after_only_while_work_was_queued():
+    def state(finished: float | None, ended: str = "Processed") -> dict[str, object]:
+        return {"ProcessState": ended, "FinishedAt": None if finished is None else at(finished)}
+
+    surge = [f"s-{n}" for n in range(4)]
+    states = {
+        "s-0": state(30),
+        "s-1": state(70),
+        "s-2": state(150, "Compensated"),
+        "s-3": state(None, "Pending"),
+        "p-0": state(-9),
+    }
+    sent = {i: at(0) for i in surge} | {"p-0": at(-10)}
+    figures = _outcome(surge, ["p-0"], states, sent, surge_start=T0, window_s=60)
+    assert figures["ended"] == {"Processed": 2, "Compensated": 1, "Pending": 1}
+    assert figures["goodput_per_minute"] == [1, 1]  # Processed only, the probe before the start
+    assert figures["minute_after"] == 1  # s-1, from the window's end (60 s) a minute on
+    assert figures["drained_after_s"] is None and figures["unfinished"] == 1  # s-3 never did
+    states["s-3"] = state(150, "Error")
+    figures = _outcome(surge, ["p-0"], states, sent, surge_start=T0, window_s=60)
+    assert figures["drained_after_s"] == 150 and figures["unfinished"] == 0
+    assert figures["calm_probe_p50_s"] == 1.0
+    states["s-2"], states["s-3"] = state(100), state(100, "Error")
+    assert (
+        _outcome(surge, ["p-0"], states, sent, surge_start=T0, window_s=60)["minute_after"] is None
+    )  # drained within the minute after: nothing was left to do
