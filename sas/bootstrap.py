@@ -26,6 +26,7 @@ from sas.services.breaker import BreakerStore, CircuitBreaker
 from sas.services.context import Agents, Context, Routes
 from sas.services.gauges import QueueGauges
 from sas.services.health import Health, HealthSources
+from sas.services.in_flight import InFlight
 from sas.services.operator import Operator
 from sas.services.parked_messages import ParkedMessages
 from sas.services.ports import (
@@ -211,6 +212,7 @@ def context() -> Context:
             max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
         ),
         backlog=Backlog(transport(), clock()),
+        in_flight=InFlight(store(), clock()),
         admission=s.admission,
         reply_to_prefixes=s.reply_to_prefixes,
     )

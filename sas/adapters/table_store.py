@@ -52,6 +52,20 @@ class TableStateStore(OrderTables):
         )
         return [_marker_from(e) for e in entities]
 
+    def count_live(self, workflow: str, up_to: int) -> int:
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk and Workflow eq @workflow",
+            parameters={"pk": LIVE_PARTITION, "workflow": workflow},
+            select=["RowKey"],
+            results_per_page=min(max(up_to, 1), 1000),
+        )
+        counted = 0
+        for _ in entities:  # pages are fetched as they are read: no more than ``up_to`` needs
+            counted += 1
+            if counted >= up_to:
+                break
+        return counted
+
     def list_due(self, at: datetime) -> list[LiveMarker]:
         entities = self._live.query_entities(
             "PartitionKey eq @pk and DueAt le @at",
@@ -313,7 +327,7 @@ def _marker_write(marker: LiveMarker, due_at: datetime | None) -> tuple[Any, ...
     if due_at is None:
         condition = {"etag": marker.etag, "match_condition": MatchConditions.IfNotModified}
         return ("delete", _marker_key(marker.order_id), condition)
-    entity = marker_entity(marker.order_id, marker.touched_at, due_at)
+    entity = marker_entity(marker.order_id, marker.touched_at, due_at, marker.workflow)
     return ("update", entity, if_unchanged(marker.etag))
 
 
@@ -323,7 +337,8 @@ def _marker_key(order_id: str) -> dict[str, Any]:
 
 def _marker_from(entity: Any) -> LiveMarker:
     touched = utc(entity["TouchedAt"])
-    return LiveMarker(entity["RowKey"], touched, str(entity.metadata["etag"]), utc(entity["DueAt"]))
+    etag, due = str(entity.metadata["etag"]), utc(entity["DueAt"])
+    return LiveMarker(entity["RowKey"], touched, etag, due, str(entity.get("Workflow") or ""))
 
 
 def _named_index(error: TableTransactionError) -> int | None:

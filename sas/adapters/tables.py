@@ -170,11 +170,11 @@ class OrderTables:
 
     # --- in-flight index --------------------------------------------------------------
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime, workflow: str = "") -> str:
         """Mark an order as possibly in flight. An upsert on purpose: it holds no state, and
         re-touching changes its ETag so a concurrent drop_live of an older read fails."""
         written = self._live.upsert_entity(
-            marker_entity(order_id, at, due_at), mode=UpdateMode.REPLACE
+            marker_entity(order_id, at, due_at, workflow), mode=UpdateMode.REPLACE
         )
         return str(written["etag"])
 
@@ -254,12 +254,15 @@ def optional_utc(value: Any) -> datetime | None:
     return None if value is None else utc(value)
 
 
-def marker_entity(order_id: str, touched_at: datetime, due_at: datetime) -> dict[str, Any]:
+def marker_entity(
+    order_id: str, touched_at: datetime, due_at: datetime, workflow: str = ""
+) -> dict[str, Any]:
     return {
         "PartitionKey": LIVE_PARTITION,
         "RowKey": order_id,
         "TouchedAt": touched_at,
         "DueAt": due_at,
+        **({"Workflow": workflow} if workflow else {}),
     }
 
 

@@ -172,6 +172,8 @@ class LiveMarker:
     touched_at: datetime
     etag: str
     due_at: datetime
+    workflow: str = ""
+    """The order's workflow, which in-flight limits count by ("" in markers from before)."""
 
 
 @dataclass(frozen=True)

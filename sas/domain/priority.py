@@ -8,8 +8,9 @@ for later instead of being admitted. Once admitted, its steps run in
 their own lanes like any other: a step whose deadline is running is never held back, so
 priority never makes a step expire.
 
-Starvation is bounded: a submission is deferred for at most ``max_deferral`` in all (from its
-first deferral), then admitted whatever the backlog.
+Starvation is bounded: a submission yields for at most ``max_deferral`` in all (from its
+first deferral), then is admitted whatever the backlog. A wait for room in flight
+(``InFlightPolicy``) is apart from that bound and applies to normal orders too.
 """
 
 from __future__ import annotations
@@ -73,3 +74,37 @@ class AdmissionPolicy:
         if left <= timedelta(0):
             return None
         return min(self.recheck, left)
+
+
+@dataclass(frozen=True)
+class InFlightPolicy:
+    """How long a submission waits in the orders queue while its workflow has
+    ``Workflow.max_in_flight`` orders in flight (docs/architecture.md, "Bounded work in
+    flight"). High priority is never held back; low priority waits from ``low_share`` of the
+    limit, so a normal order gets the room that frees first. The wait grows with how far past
+    the limit the count is, from ``base`` to ``cap`` at twice the limit (the count stops
+    there). Unlike a low order's yield to a backlog it has no bound: it lasts while the
+    workflow is at its limit."""
+
+    base: timedelta = timedelta(seconds=2)
+    cap: timedelta = timedelta(seconds=60)
+    low_share: float = 0.9
+
+    def __post_init__(self) -> None:
+        if not timedelta(0) < self.base <= self.cap or not 0 < self.low_share <= 1:
+            raise ValueError("an in-flight policy needs 0 < base <= cap and 0 < low_share <= 1")
+
+    @staticmethod
+    def count_up_to(limit: int) -> int:
+        """How far the store need count: past it the wait is ``cap`` anyway."""
+        return 2 * limit
+
+    def deferral(self, priority: Priority, *, in_flight: int, limit: int) -> timedelta | None:
+        """How long to put the submission back for, or None to admit it now."""
+        if priority == "high":
+            return None
+        room = limit if priority == "normal" else max(1, int(limit * self.low_share))
+        if in_flight < room:
+            return None
+        wait = self.cap * (in_flight - room + 1) / limit
+        return min(self.cap, max(self.base, wait))

@@ -209,8 +209,8 @@ def held_message_id(message_id: str, holds: int) -> str:
 
 
 def deferred_submission_message_id(order_id: str, deferred_at: datetime) -> str:
-    """A low-priority submission put back for later (admission deferred) is a message of its
-    own: duplicate detection would otherwise drop it as the original submission."""
+    """A submission put back for later (admission deferred, or no room in flight) is a message
+    of its own: duplicate detection would otherwise drop it as the original submission."""
     return f"{submission_message_id(order_id)}:deferred:{_stamp(deferred_at)}"
 
 

@@ -30,6 +30,7 @@ MAX_DETAILS_JSON = 30_000
 """Characters of an order's details as stored (ASCII JSON in one Table property of 64 KiB)."""
 MAX_FAILURES_LIMIT = 100
 MAX_VERSION = 9999
+MAX_IN_FLIGHT = 100_000
 APP_SETTING = re.compile(r"(?=[A-Z0-9_]{3,64}\Z)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\Z")
 """A Python agent's own app setting: an environment variable name, without ``__`` (which the
 Functions host reads as a section separator)."""
@@ -87,6 +88,12 @@ class Workflow:
     """Orders are bound to the version they were submitted on and run on its steps to their
     end: a change to the steps (names, order, agents, actions, undo) is a new version, declared
     beside the old one until the old one's orders have drained (docs/your-workflow.md)."""
+    max_in_flight: int = 500
+    """Orders of this workflow (every version) in flight at once; more wait in the orders
+    queue until there is room (high priority excepted). An order holds its place from its
+    submission until a sweep drops its marker (docs/architecture.md, "Bounded work in
+    flight"), so it allows about max_in_flight / (latency + shortest budget + a sweep
+    period) orders/s: some 20 at the defaults."""
 
     def __post_init__(self) -> None:
         if not STEP_NAME.matches(self.name):
@@ -100,6 +107,10 @@ class Workflow:
         if not timedelta(0) < self.pickup_budget <= MAX_BUDGET:
             raise ValueError(
                 f"workflow {self.name!r}: pickup_budget must be positive, at most a day"
+            )
+        if type(self.max_in_flight) is not int or not 1 <= self.max_in_flight <= MAX_IN_FLIGHT:
+            raise ValueError(
+                f"workflow {self.name!r}: max_in_flight must be an int from 1 to {MAX_IN_FLIGHT}"
             )
         if self.on_failure not in ("compensate", "error"):
             raise ValueError(f"workflow {self.name!r}: on_failure must be 'compensate' or 'error'")

@@ -13,12 +13,13 @@ from datetime import timedelta
 from sas.domain.clock import Clock
 from sas.domain.endpoints import Endpoint
 from sas.domain.model import OrderState
-from sas.domain.priority import AdmissionPolicy
+from sas.domain.priority import AdmissionPolicy, InFlightPolicy
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import DEFAULT_PRIORITY, DEFAULT_REPLY_TO_PREFIXES, PRIORITIES, Priority
 from sas.domain.workflow import PythonAgent, Registry, Workflow
 from sas.services.backlog import Backlog
 from sas.services.breaker import CircuitBreaker
+from sas.services.in_flight import InFlight
 from sas.services.ports import RemoteService, StateStore, Transport
 from sas.services.retry_budget import RetryBudget
 from sas.services.routing import Router
@@ -107,6 +108,10 @@ class Context:
     its agent's lane and its reply in the replies lane, and low-priority submissions wait for
     a higher backlog. None: neither."""
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
+    in_flight: InFlight | None = None
+    """Counts each workflow's orders in flight: a submission past its ``max_in_flight`` waits
+    in the orders queue (``in_flight_policy``). None: no limit."""
+    in_flight_policy: InFlightPolicy = field(default_factory=InFlightPolicy)
     reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
     alert_lease: timedelta = ALERT_LEASE
     agents: Agents | None = None

@@ -300,7 +300,7 @@ class Operator:
             raise IllegalTransition(f"order {order_id}: {missing.reason}") from None
         again = resubmit(current.value, now=now, workflow=workflow)
         due = look_again_at(again, now=now, workflow=workflow)
-        self._store.touch_live(order_id, now, due)  # indexed before it is live again
+        self._store.touch_live(order_id, now, due, workflow.name)  # indexed before it is live again
         entry = HistoryEntry(
             order_id=order_id,
             at=now,
@@ -314,7 +314,7 @@ class Operator:
         self._store.update_state(again, current.etag, entry)
         # Again after the write: a sweep that listed the first touch and saw Error may have
         # dropped the marker in between; this re-creates it (or makes that drop fail).
-        self._store.touch_live(order_id, now, due)
+        self._store.touch_live(order_id, now, due, workflow.name)
         log.warning("sas.order_resubmitted", extra={"order_id": order_id, "actor": actor[:100]})
         then.request_schedule(self._ctx, again)
         then.notify(self._ctx, again, "resubmitted", now)

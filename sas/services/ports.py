@@ -58,9 +58,13 @@ class StateStore(Protocol):
 
     def get_history(self, order_id: str) -> list[HistoryEntry]: ...
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
-        """Index the order as possibly in flight (before it can become live), due by
-        ``due_at``; returns the marker's new ETag."""
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime, workflow: str = "") -> str:
+        """Index the order of ``workflow`` as possibly in flight (before it can become live),
+        due by ``due_at``; returns the marker's new ETag."""
+        ...
+
+    def count_live(self, workflow: str, up_to: int) -> int:
+        """Markers of ``workflow``, counted up to ``up_to`` at most (one query)."""
         ...
 
     def list_live(self) -> list[LiveMarker]:

@@ -40,7 +40,8 @@ class SubmissionOutcome(StrEnum):
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
     DEFERRED = "deferred"
-    """A low-priority order put back for later while higher lanes are backlogged."""
+    """Put back for later: a low-priority order while higher lanes are backlogged, or any but
+    a high-priority one while its workflow has ``max_in_flight`` orders in flight."""
     HELD = "held"
     """It names a workflow version newer than this host has: left for a host that has it."""
 
@@ -117,11 +118,14 @@ def _submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
             higher=_higher_waiting(ctx),
         )
         if delay is not None:
-            return _defer(ctx, message, now, delay)
+            return _defer(ctx, message, now, delay, why="backlog")
+    if (delay := _room(ctx, message, workflow)) is not None:
+        return _defer(ctx, message, now, delay, why="in_flight")
     order, claimed = _accepted(ctx, message, workflow, now)
     # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps away,
     # never an order the Supervisor cannot see.
-    ctx.store.touch_live(order.order_id, now, look_again_at(claimed, now=now, workflow=workflow))
+    due = look_again_at(claimed, now=now, workflow=workflow)
+    ctx.store.touch_live(order.order_id, now, due, workflow.name)
     history = [
         HistoryEntry(order.order_id, now, "submitted", attempt=0, actor=ctx.instance_id),
         then.claim_history(claimed, workflow, ctx.instance_id),
@@ -129,6 +133,8 @@ def _submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
     try:
         ctx.store.create_order(order, claimed, history)
     except AlreadyExists:
+        if ctx.in_flight is not None and message.priority != "high":
+            ctx.in_flight.release(workflow.name)  # it holds its place already, if any
         return _redelivered(ctx, order, message)
     log.info(
         "sas.step_claimed",
@@ -171,6 +177,22 @@ def _accepted(
     return order, then.with_queue_allowance(ctx, claimed, workflow)
 
 
+def _room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> timedelta | None:
+    """How long the submission waits for room under its workflow's ``max_in_flight``, or
+    None to let it in now, its place reserved in this process's count (a submission that fails
+    after this keeps it until the next count, within a second)."""
+    if ctx.in_flight is None or message.priority == "high":
+        return None
+    limit, policy = workflow.max_in_flight, ctx.in_flight_policy
+    counted = ctx.in_flight.reserve(workflow.name, policy.count_up_to(limit))
+    if counted is None:
+        return None
+    delay = policy.deferral(message.priority, in_flight=counted, limit=limit)
+    if delay is not None:
+        ctx.in_flight.release(workflow.name)
+    return delay
+
+
 def _higher_waiting(ctx: Context) -> Waiting:
     """What waits in the high and normal lanes of the queues the app consumes: the work a
     low-priority order would otherwise be let in beside. Not the scheduler's lanes: they hold
@@ -184,21 +206,24 @@ def _higher_waiting(ctx: Context) -> Waiting:
 
 
 def _defer(
-    ctx: Context, message: OrderSubmitted, now: datetime, delay: timedelta
+    ctx: Context, message: OrderSubmitted, now: datetime, delay: timedelta, *, why: str
 ) -> SubmissionOutcome:
-    """Back into the low lane for ``delay``, remembering when the first deferral was (the copy
-    is a message of its own; the original is settled once the copy is sent)."""
-    since = message.deferred_since if message.deferred_since is not None else now
+    """Back into its lane for ``delay`` (the copy is a message of its own; the original is
+    settled once the copy is sent). A yield to a backlog remembers when the first one was: its
+    bound counts from there; a wait for room leaves that as it was."""
+    since = message.deferred_since
+    if why == "backlog":
+        since = min(since or now, now)
     ctx.transport.send(
-        ctx.routes.lane(ctx.routes.orders, "low"),
-        message.model_copy(update={"deferred_since": min(since, now)}),
+        ctx.routes.lane(ctx.routes.orders, message.priority),
+        message.model_copy(update={"deferred_since": since}),
         message_id=deferred_submission_message_id(message.order_id, now),
         correlation_id=message.order_id,
         delay_seconds=delay.total_seconds(),
     )
     log.info(
         "sas.submission_deferred",
-        extra={"order_id": message.order_id, "delay": delay.total_seconds()},
+        extra={"order_id": message.order_id, "delay": delay.total_seconds(), "why": why},
     )
     return SubmissionOutcome.DEFERRED
 
@@ -218,7 +243,7 @@ def _redelivered(ctx: Context, order: OrderRecord, message: OrderSubmitted) -> S
             due = look_again_at(current.value, now=now, workflow=workflow)
         except DefinitionMissing:
             due = now
-        ctx.store.touch_live(order.order_id, now, due)
+        ctx.store.touch_live(order.order_id, now, due, current.value.workflow)
     existing = ctx.store.get_order(order.order_id)
     if existing is None or existing.fingerprint != order.fingerprint:
         reason = "order id already used for a different order"

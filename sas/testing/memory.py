@@ -251,10 +251,13 @@ class InMemoryStore:
         found = [h for h in self.history if h.order_id == order_id]
         return sorted(found, key=lambda h: (h.at, h.attempt))
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
-        marker = LiveMarker(order_id, at, next(self._etags), due_at)
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime, workflow: str = "") -> str:
+        marker = LiveMarker(order_id, at, next(self._etags), due_at, workflow)
         self.live[order_id] = marker
         return marker.etag
+
+    def count_live(self, workflow: str, up_to: int) -> int:
+        return min(up_to, sum(m.workflow == workflow for m in self.live.values()))
 
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())

@@ -212,6 +212,19 @@ def test_only_due_markers_are_listed_and_rearming_is_conditional(table):
     assert {m.order_id for m in store.list_due(NOW + timedelta(seconds=60))} == {"early", "late"}
 
 
+def test_markers_are_counted_by_workflow_up_to_a_bound_and_keep_it_when_rearmed(table):
+    store = store_on(table)
+    for n in range(5):
+        store.touch_live(f"o{n}", NOW, NOW, "order")
+    store.touch_live("w0", NOW, NOW, "workspace")
+    store.touch_live("old", NOW, NOW)  # a marker from before markers named their workflow
+    assert store.count_live("order", 100) == 5 and store.count_live("order", 3) == 3
+    assert store.count_live("workspace", 100) == 1 and store.count_live("nothing", 100) == 0
+    assert store.rearm_live([(m, NOW + timedelta(minutes=1)) for m in store.list_due(NOW)]) == 7
+    assert store.count_live("order", 100) == 5  # a re-arm keeps the workflow
+    assert {m.workflow for m in store.list_live()} == {"order", "workspace", ""}
+
+
 def test_the_in_flight_index_is_a_table_of_its_own(table):
     """Finished history never lies in the way of the Supervisor's query."""
     store = store_on(table)

@@ -250,8 +250,11 @@ class AuditingStore:
     def get_history(self, order_id: str) -> list[HistoryEntry]:
         return self.inner.get_history(order_id)
 
-    def touch_live(self, order_id: str, at: datetime, due_at: datetime) -> str:
-        return self.inner.touch_live(order_id, at, due_at)
+    def touch_live(self, order_id: str, at: datetime, due_at: datetime, workflow: str = "") -> str:
+        return self.inner.touch_live(order_id, at, due_at, workflow)
+
+    def count_live(self, workflow: str, up_to: int) -> int:
+        return self.inner.count_live(workflow, up_to)
 
     def list_live(self) -> list[LiveMarker]:
         return self.inner.list_live()

@@ -1,0 +1,154 @@
+"""Bounded work in flight, in memory: past its workflow's ``max_in_flight`` a submission waits
+in the orders queue (nothing written, a delayed copy of it sent back), longer the further past
+the limit; it is let in once there is room; high priority never waits; a count the store cannot
+give holds nothing back. The count against the Table store: tests/integration/test_table_store.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+import pytest
+
+from sas.domain.messages import OrderSubmitted
+from sas.domain.model import ProcessState
+from sas.domain.priority import InFlightPolicy
+from sas.domain.workflow import Registry, Workflow
+from sas.services.in_flight import InFlight
+from sas.services.ports import StateStore
+from sas.services.submission import SubmissionOutcome
+from tests.harness import World
+from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once
+from tests.unit.test_services import submitted
+from tests.workflows import SHOP, STRICT
+
+pytestmark = [pytest.mark.unit, pytest.mark.fast]
+
+LIMIT = 2
+LIMITED = Registry(
+    workflows=(replace(SHOP, max_in_flight=LIMIT), replace(STRICT, max_in_flight=LIMIT))
+)
+
+
+def limited_world(store=None) -> World:
+    world = World(workflows=LIMITED)
+    world.app = world.app.named(
+        "scheduler-1", in_flight=InFlight(store or world.store, world.clock, ttl=timedelta(0))
+    )
+    return world
+
+
+def test_past_the_limit_a_submission_waits_in_the_orders_queue_until_there_is_room():
+    world = limited_world()
+    for n in range(3):
+        world.submit(submitted(f"o{n}"))
+    assert world.store.get_state("o2") is None  # nothing written for the third
+    (copy,) = world.bus.to("orders")
+    assert isinstance(copy, OrderSubmitted) and copy.order_id == "o2"
+    assert copy.deferred_since is None  # the low-priority yield bound is not this wait
+    (sent,) = world.bus.pending("orders")
+    assert sent.due == world.clock.now() + timedelta(seconds=30)  # one past: cap x 1 / 2
+    world.settle_with_supervision(ticks=10)  # the first two finish, their markers go
+    for n in range(3):
+        assert world.state(f"o{n}").process_state is ProcessState.PROCESSED
+        assert_effects_once(world, f"o{n}", *ALL_STEPS)
+
+
+def test_each_workflow_is_counted_on_its_own():
+    world = limited_world()
+    for n in range(2):
+        world.submit(submitted(f"o{n}"))
+    strict = [submitted(f"s{n}").model_copy(update={"workflow": STRICT.name}) for n in range(3)]
+    for message in strict:
+        world.submit(message)
+    # the other workflow's two orders leave room for two of its own, not three
+    assert [world.store.get_state(f"s{n}") is not None for n in range(3)] == [True, True, False]
+
+
+def test_a_low_order_waits_below_the_limit_so_normal_ones_get_the_room_first():
+    policy = InFlightPolicy(low_share=0.9)
+    assert policy.deferral("normal", in_flight=9, limit=10) is None
+    assert policy.deferral("low", in_flight=9, limit=10) is not None
+    assert policy.deferral("low", in_flight=8, limit=10) is None
+
+
+def test_a_wait_for_room_leaves_the_low_priority_yield_bound_alone():
+    world = limited_world()
+    for n in range(2):
+        world.submit(submitted(f"o{n}"))
+    world.submit(submitted("low").model_copy(update={"priority": "low"}))
+    [copy] = world.bus.to("orders")
+    assert isinstance(copy, OrderSubmitted) and copy.deferred_since is None
+
+
+def test_high_priority_is_let_in_past_the_limit():
+    world = limited_world()
+    for n in range(2):
+        world.submit(submitted(f"o{n}"))
+    world.submit(submitted("urgent").model_copy(update={"priority": "high"}))
+    assert world.state("urgent").process_state is ProcessState.PROCESSING
+
+
+def test_a_burst_on_one_process_counts_what_it_let_in_since_its_last_count():
+    world = World(workflows=LIMITED)
+    counts = CountingStore(world.store)
+    gate = InFlight(counts, world.clock, ttl=timedelta(seconds=1))
+    app = world.app.named("scheduler-1", in_flight=gate)
+    outcomes = [app.submit(submitted(f"o{n}")) for n in range(5)]  # within one second
+    assert outcomes.count(SubmissionOutcome.ACCEPTED) == LIMIT and counts.asked == 1
+    # A redelivery while it is full waits like any other submission, its place given back.
+    assert app.submit(submitted("o0")) is SubmissionOutcome.DEFERRED
+    assert gate.reserve("order", 4) == LIMIT
+
+
+def test_places_are_reserved_as_they_are_read_so_threads_never_overshoot_together():
+    world = World(workflows=LIMITED)
+    gate = InFlight(world.store, world.clock, ttl=timedelta(seconds=1))
+    assert [gate.reserve("order", 4) for _ in range(3)] == [0, 1, 2]
+    gate.release("order")
+    assert gate.reserve("order", 4) == 2
+
+
+def test_a_store_that_cannot_count_holds_nothing_back_and_is_not_asked_again_at_once():
+    world = World(workflows=LIMITED)
+    down = Unanswering()
+    app = world.app.named("scheduler-1", in_flight=InFlight(down, world.clock))
+    for n in range(4):
+        app.submit(submitted(f"o{n}"))
+    assert all(world.store.get_state(f"o{n}") is not None for n in range(4))
+    assert down.asked == 1  # the failure is remembered for the count's second
+
+
+def test_the_wait_grows_with_how_far_past_the_limit_and_is_bounded():
+    policy = InFlightPolicy()
+    assert policy.deferral("normal", in_flight=199, limit=200) is None
+    assert policy.deferral("normal", in_flight=200, limit=200) == policy.base
+    assert policy.deferral("normal", in_flight=299, limit=200) == timedelta(seconds=30)
+    assert policy.deferral("normal", in_flight=10_000, limit=200) == policy.cap
+    assert policy.deferral("high", in_flight=10_000, limit=200) is None
+    assert policy.count_up_to(200) == 400
+
+
+@pytest.mark.parametrize("bad", [0, -1, 100_001, 2.5, True])
+def test_a_limit_that_admits_nothing_or_is_no_count_is_refused(bad):
+    with pytest.raises(ValueError, match="max_in_flight"):
+        Workflow("shop", SHOP.steps, max_in_flight=bad)
+
+
+class CountingStore:
+    def __init__(self, inner: StateStore) -> None:
+        self.inner, self.asked = inner, 0
+
+    def count_live(self, workflow: str, up_to: int) -> int:
+        self.asked += 1
+        return self.inner.count_live(workflow, up_to)
+
+
+class Unanswering:
+    def __init__(self) -> None:
+        self.asked = 0
+
+    def count_live(self, workflow: str, up_to: int) -> int:
+        self.asked += 1
+        raise ConnectionError("the store is down")
