@@ -98,6 +98,10 @@ class Message(BaseModel):
     when there is none (and in messages sent before it existed)."""
 
 
+APP_SET_FIELDS = ("deferred_since", "held_since", "holds", "room_since")
+"""The fields of a submission that say what the app did with it: never a submitter's."""
+
+
 class OrderSubmitted(Message):
     """The application's order, posted to the orders queue."""
 
@@ -125,12 +129,16 @@ class OrderSubmitted(Message):
     version (sas/services/versions.py). Not part of the order."""
     holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
     """How often it was put back so far."""
+    room_since: AwareDatetime | None = None
+    """Set by the app when it puts the submission back to wait for room under its workflow's
+    ``max_in_flight``: when the wait began, which sets how long the next wait is. Not part of
+    the order."""
 
     def fingerprint(self) -> str:
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""
         # Defaults are left out, so an order's fingerprint is what it was before the field
         # existed: a redelivery across an upgrade is still a redelivery.
-        unset = {"deferred_since", "trace", "held_since", "holds"}
+        unset = {"trace", *APP_SET_FIELDS}
         if self.version is None:
             unset.add("version")
         if self.status_events == "outcome":

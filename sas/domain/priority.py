@@ -81,30 +81,40 @@ class InFlightPolicy:
     """How long a submission waits in the orders queue while its workflow has
     ``Workflow.max_in_flight`` orders in flight (docs/architecture.md, "Bounded work in
     flight"). High priority is never held back; low priority waits from ``low_share`` of the
-    limit, so a normal order gets the room that frees first. The wait grows with how far past
-    the limit the count is, from ``base`` to ``cap`` at twice the limit (the count stops
-    there). Unlike a low order's yield to a backlog it has no bound: it lasts while the
-    workflow is at its limit."""
+    limit, so a normal order gets the room that frees first. A put-back costs a send and a
+    receive, so each wait is about as long as the queue ahead takes to get in (``turnover``
+    per order in flight: the messages waiting in the orders lanes x turnover / limit), and at
+    least as long as the submission has waited already (where the queue's depth is not known,
+    as on Service Bus, the waits still double); between ``base`` and ``cap``. Unlike a low
+    order's yield to a backlog it has no bound: it lasts while the workflow is at its limit."""
 
     base: timedelta = timedelta(seconds=2)
-    cap: timedelta = timedelta(seconds=60)
+    cap: timedelta = timedelta(seconds=120)
+    turnover: timedelta = timedelta(seconds=30)
+    """How long an order holds its place in flight: its run and its marker's lifetime after."""
     low_share: float = 0.9
 
     def __post_init__(self) -> None:
-        if not timedelta(0) < self.base <= self.cap or not 0 < self.low_share <= 1:
-            raise ValueError("an in-flight policy needs 0 < base <= cap and 0 < low_share <= 1")
+        if not timedelta(0) < self.base <= self.cap or self.turnover <= timedelta(0):
+            raise ValueError("an in-flight policy needs 0 < base <= cap and a turnover > 0")
+        if not 0 < self.low_share <= 1:
+            raise ValueError("an in-flight policy needs 0 < low_share <= 1")
 
-    @staticmethod
-    def count_up_to(limit: int) -> int:
-        """How far the store need count: past it the wait is ``cap`` anyway."""
-        return 2 * limit
-
-    def deferral(self, priority: Priority, *, in_flight: int, limit: int) -> timedelta | None:
-        """How long to put the submission back for, or None to admit it now."""
+    def deferral(
+        self,
+        priority: Priority,
+        *,
+        in_flight: int,
+        limit: int,
+        waiting: int = 0,
+        waited: timedelta = timedelta(0),
+    ) -> timedelta | None:
+        """How long to put the submission back for, or None to admit it now. ``waiting``:
+        messages in the orders lanes it would join; ``waited``: since its first put-back."""
         if priority == "high":
             return None
         room = limit if priority == "normal" else max(1, int(limit * self.low_share))
         if in_flight < room:
             return None
-        wait = self.cap * (in_flight - room + 1) / limit
+        wait = max(self.turnover * waiting / limit, waited)
         return min(self.cap, max(self.base, wait))

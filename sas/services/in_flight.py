@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -24,12 +25,39 @@ class Counts(Protocol):
 
 
 class InFlight:
-    def __init__(self, store: Counts, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
+    def __init__(
+        self,
+        store: Counts,
+        clock: Clock,
+        depth: Callable[[str], int] | None = None,
+        ttl: timedelta = timedelta(seconds=1),
+    ):
+        """``depth``: the transport's estimate of a queue's messages (``QueueDepth``)."""
         self._store = store
         self._clock = clock
+        self._depth = depth
         self._ttl = ttl
         self._lock = threading.Lock()
         self._counted: dict[str, tuple[datetime, int | None]] = {}
+        self._depths: dict[tuple[str, ...], tuple[datetime, int]] = {}
+
+    def waiting(self, queues: tuple[str, ...]) -> int:
+        """Messages in ``queues`` (delayed ones too, where the transport counts them), looked
+        at most once per ``ttl``; 0 when unknown."""
+        now = self._clock.now()
+        with self._lock:
+            seen = self._depths.get(queues)
+            if seen is not None and timedelta(0) <= now - seen[0] < self._ttl:
+                return seen[1]
+        total = 0
+        if self._depth is not None:
+            try:
+                total = sum(self._depth(queue) for queue in queues)
+            except Exception:
+                log.warning("sas.queue_depth_failed", extra={"queues": queues}, exc_info=True)
+        with self._lock:
+            self._depths[queues] = (now, total)
+        return total
 
     def reserve(self, workflow: str, up_to: int) -> int | None:
         """Orders of ``workflow`` in flight before this one (counted up to ``up_to``), this one

@@ -19,7 +19,7 @@ from sas.domain.errors import (
     InvalidMessage,
     NotFound,
 )
-from sas.domain.messages import OrderSubmitted
+from sas.domain.messages import APP_SET_FIELDS, OrderSubmitted
 from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
 from sas.domain.recovery import close, resubmit
 from sas.domain.transitions import look_again_at
@@ -210,7 +210,7 @@ class Operator:
         sent). Returns the message id (the duplicate-detection key). AlreadyExists, nothing
         sent, if the id is taken by a different order (the submission function would park it;
         one still queued is not seen). The same order again is sent: the app absorbs it."""
-        for field in ("deferred_since", "held_since", "holds"):
+        for field in APP_SET_FIELDS:
             if getattr(order, field) is not None:
                 raise InvalidMessage(f"{field} is set by the app, not by you")
         try:

@@ -183,11 +183,21 @@ def _room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> timedelt
     after this keeps it until the next count, within a second)."""
     if ctx.in_flight is None or message.priority == "high":
         return None
-    limit, policy = workflow.max_in_flight, ctx.in_flight_policy
-    counted = ctx.in_flight.reserve(workflow.name, policy.count_up_to(limit))
+    limit = workflow.max_in_flight
+    counted = ctx.in_flight.reserve(workflow.name, limit)
     if counted is None:
         return None
-    delay = policy.deferral(message.priority, in_flight=counted, limit=limit)
+    policy, now = ctx.in_flight_policy, ctx.clock.now()
+    if policy.deferral(message.priority, in_flight=counted, limit=limit) is None:
+        return None
+    lanes = dict.fromkeys(ctx.routes.lane(ctx.routes.orders, p) for p in ("normal", "low"))
+    delay = policy.deferral(
+        message.priority,
+        in_flight=counted,
+        limit=limit,
+        waiting=ctx.in_flight.waiting(tuple(lanes)),
+        waited=now - min(message.room_since or now, now),
+    )
     if delay is not None:
         ctx.in_flight.release(workflow.name)
     return delay
@@ -211,12 +221,13 @@ def _defer(
     """Back into its lane for ``delay`` (the copy is a message of its own; the original is
     settled once the copy is sent). A yield to a backlog remembers when the first one was: its
     bound counts from there; a wait for room leaves that as it was."""
-    since = message.deferred_since
     if why == "backlog":
-        since = min(since or now, now)
+        update = {"deferred_since": min(message.deferred_since or now, now)}
+    else:
+        update = {"room_since": min(message.room_since or now, now)}
     ctx.transport.send(
         ctx.routes.lane(ctx.routes.orders, message.priority),
-        message.model_copy(update={"deferred_since": since}),
+        message.model_copy(update=update),
         message_id=deferred_submission_message_id(message.order_id, now),
         correlation_id=message.order_id,
         delay_seconds=delay.total_seconds(),

@@ -47,8 +47,9 @@ def test_past_the_limit_a_submission_waits_in_the_orders_queue_until_there_is_ro
     (copy,) = world.bus.to("orders")
     assert isinstance(copy, OrderSubmitted) and copy.order_id == "o2"
     assert copy.deferred_since is None  # the low-priority yield bound is not this wait
+    assert copy.room_since == world.clock.now()
     (sent,) = world.bus.pending("orders")
-    assert sent.due == world.clock.now() + timedelta(seconds=30)  # one past: cap x 1 / 2
+    assert sent.due == world.clock.now() + InFlightPolicy().base  # nothing else waits
     world.settle_with_supervision(ticks=10)  # the first two finish, their markers go
     for n in range(3):
         assert world.state(f"o{n}").process_state is ProcessState.PROCESSED
@@ -71,6 +72,21 @@ def test_a_low_order_waits_below_the_limit_so_normal_ones_get_the_room_first():
     assert policy.deferral("normal", in_flight=9, limit=10) is None
     assert policy.deferral("low", in_flight=9, limit=10) is not None
     assert policy.deferral("low", in_flight=8, limit=10) is None
+
+
+def test_the_next_wait_counts_from_the_first_put_back():
+    world = limited_world()
+    for n in range(2):
+        world.submit(submitted(f"o{n}"))
+    first = world.clock.now()
+    world.submit(submitted("o2"))
+    world.clock.advance(10)
+    [copy] = world.bus.take("orders")
+    assert isinstance(copy, OrderSubmitted)
+    world.submit(copy)  # still full: it waits as long again as it has waited
+    [again] = world.bus.pending("orders")
+    assert isinstance(again.message, OrderSubmitted) and again.message.room_since == first
+    assert again.due == world.clock.now() + timedelta(seconds=10)
 
 
 def test_a_wait_for_room_leaves_the_low_priority_yield_bound_alone():
@@ -120,14 +136,25 @@ def test_a_store_that_cannot_count_holds_nothing_back_and_is_not_asked_again_at_
     assert down.asked == 1  # the failure is remembered for the count's second
 
 
-def test_the_wait_grows_with_how_far_past_the_limit_and_is_bounded():
-    policy = InFlightPolicy()
+def test_a_wait_is_as_long_as_the_queue_ahead_takes_and_never_shorter_than_the_last():
+    policy = InFlightPolicy(turnover=timedelta(seconds=30), cap=timedelta(seconds=120))
+
+    def full(waiting: int = 0, waited: timedelta = timedelta(0)) -> timedelta | None:
+        return policy.deferral("normal", in_flight=200, limit=200, waiting=waiting, waited=waited)
+
     assert policy.deferral("normal", in_flight=199, limit=200) is None
-    assert policy.deferral("normal", in_flight=200, limit=200) == policy.base
-    assert policy.deferral("normal", in_flight=299, limit=200) == timedelta(seconds=30)
-    assert policy.deferral("normal", in_flight=10_000, limit=200) == policy.cap
-    assert policy.deferral("high", in_flight=10_000, limit=200) is None
-    assert policy.count_up_to(200) == 400
+    assert full() == policy.base  # nobody else waits
+    assert full(waiting=400) == timedelta(seconds=60)
+    assert full(waiting=100_000) == policy.cap
+    # Where the depth is unknown (0, or a peek's 32 on Service Bus) the waits double.
+    waits, waited = [], timedelta(0)
+    for _ in range(5):
+        wait = full(waited=waited)
+        assert wait is not None
+        waits.append(wait.total_seconds())
+        waited += wait
+    assert waits == [2, 2, 4, 8, 16]
+    assert policy.deferral("high", in_flight=200, limit=200, waiting=100_000) is None
 
 
 @pytest.mark.parametrize("bad", [0, -1, 100_001, 2.5, True])
@@ -152,3 +179,19 @@ class Unanswering:
     def count_live(self, workflow: str, up_to: int) -> int:
         self.asked += 1
         raise ConnectionError("the store is down")
+
+
+def test_the_queue_ahead_is_read_from_the_transport_at_most_once_a_second():
+    world = World(workflows=LIMITED)
+    asked: list[str] = []
+
+    def depth(queue: str) -> int:
+        asked.append(queue)
+        return 3
+
+    app = world.app.named("scheduler-1", in_flight=InFlight(world.store, world.clock, depth))
+    for n in range(4):
+        app.submit(submitted(f"o{n}"))
+    assert asked == ["orders"]  # once, and only once it was full (one lane for all here)
+    waits = [s.due - world.clock.now() for s in world.bus.pending("orders")]
+    assert waits == [timedelta(seconds=45)] * 2  # 3 waiting x a 30 s turnover / a limit of 2
