@@ -52,19 +52,20 @@ class TableStateStore(OrderTables):
         )
         return [_marker_from(e) for e in entities]
 
-    def count_live(self, workflow: str, up_to: int) -> int:
+    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
         entities = self._live.query_entities(
             "PartitionKey eq @pk and Workflow eq @workflow",
             parameters={"pk": LIVE_PARTITION, "workflow": workflow},
-            select=["RowKey"],
+            select=["RowKey", "TouchedAt"],
             results_per_page=min(max(up_to, 1), 1000),
         )
-        counted = 0
-        for _ in entities:  # pages are fetched as they are read: no more than ``up_to`` needs
+        counted = recent = 0
+        for entity in entities:  # pages are fetched as they are read: no more than needed
             counted += 1
+            recent += utc(entity["TouchedAt"]) >= touched_since
             if counted >= up_to:
                 break
-        return counted
+        return counted, recent
 
     def list_due(self, at: datetime) -> list[LiveMarker]:
         entities = self._live.query_entities(

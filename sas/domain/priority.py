@@ -82,11 +82,12 @@ class InFlightPolicy:
     ``Workflow.max_in_flight`` orders in flight (docs/architecture.md, "Bounded work in
     flight"). High priority is never held back; low priority waits from ``low_share`` of the
     limit, so a normal order gets the room that frees first. A put-back costs a send and a
-    receive, so each wait is about as long as the queue ahead takes to get in (``turnover``
-    per order in flight: the messages waiting in the orders lanes x turnover / limit), and at
-    least as long as the submission has waited already (where the queue's depth is not known,
-    as on Service Bus, the waits still double); between ``base`` and ``cap``. Unlike a low
-    order's yield to a backlog it has no bound: it lasts while the workflow is at its limit."""
+    receive, so each wait is about as long as the queue ahead takes to get in: the messages
+    waiting in the orders lanes over the pace orders were let in at lately (while the workflow
+    is full, the pace they finish at), or, before any pace is known, ``turnover`` per order in
+    flight; and at least as long as the submission has waited already (where the queue's depth
+    is not known, as on Service Bus, the waits double); between ``base`` and ``cap``. Unlike a
+    low order's yield to a backlog it has no bound: it lasts while the workflow is full."""
 
     base: timedelta = timedelta(seconds=2)
     cap: timedelta = timedelta(seconds=120)
@@ -108,13 +109,15 @@ class InFlightPolicy:
         limit: int,
         waiting: int = 0,
         waited: timedelta = timedelta(0),
+        pace: float = 0.0,
     ) -> timedelta | None:
         """How long to put the submission back for, or None to admit it now. ``waiting``:
-        messages in the orders lanes it would join; ``waited``: since its first put-back."""
+        messages in the orders lanes it would join; ``waited``: since its first put-back;
+        ``pace``: orders let in per second lately (0: unknown)."""
         if priority == "high":
             return None
         room = limit if priority == "normal" else max(1, int(limit * self.low_share))
         if in_flight < room:
             return None
-        wait = max(self.turnover * waiting / limit, waited)
-        return min(self.cap, max(self.base, wait))
+        ahead = timedelta(seconds=waiting / pace) if pace > 0 else self.turnover * waiting / limit
+        return min(self.cap, max(self.base, ahead, waited))

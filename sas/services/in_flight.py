@@ -1,9 +1,11 @@
 """How many orders of each workflow are in flight, as this process last counted them in the
 in-flight index: what holds submissions back past a workflow's ``max_in_flight``
 (docs/architecture.md, "Bounded work in flight"). Counted at most once per ``ttl`` per
-workflow; a submission reserves its place in the count as it reads it (and gives it back if
-it does not go in), so concurrent submissions of one process never overshoot the limit
-together: only what other processes let in since their count can."""
+workflow; a submission reserves its place in the count as it reads it (and gives it back if it
+does not go in), so concurrent submissions of one process never overshoot the limit together:
+only what other processes let in since their count can. The same read gives the pace orders
+are let in at (markers touched within ``RATE_WINDOW``): while the workflow is full, the pace its
+orders finish at, which sets how long a waiting submission waits."""
 
 from __future__ import annotations
 
@@ -17,11 +19,13 @@ from sas.domain.clock import Clock
 
 log = logging.getLogger(__name__)
 
+RATE_WINDOW = timedelta(seconds=60)
+
 
 class Counts(Protocol):
     """What the gate needs of the store (``StateStore.count_live``)."""
 
-    def count_live(self, workflow: str, up_to: int) -> int: ...
+    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]: ...
 
 
 class InFlight:
@@ -39,7 +43,48 @@ class InFlight:
         self._ttl = ttl
         self._lock = threading.Lock()
         self._counted: dict[str, tuple[datetime, int | None]] = {}
+        self._paces: dict[str, float] = {}
         self._depths: dict[tuple[str, ...], tuple[datetime, int]] = {}
+
+    def reserve(self, workflow: str, up_to: int) -> int | None:
+        """Orders of ``workflow`` in flight before this one (counted up to ``up_to``), this one
+        added; None when the store cannot say (nothing is held back then, and the failure is
+        remembered for ``ttl``: a store under strain is not asked again by every submission)."""
+        now = self._clock.now()
+        with self._lock:
+            seen = self._counted.get(workflow)
+            fresh = seen is not None and timedelta(0) <= now - seen[0] < self._ttl
+        if not fresh:
+            counted: int | None
+            try:
+                counted, recent = self._store.count_live(workflow, up_to, now - RATE_WINDOW)
+            except Exception:
+                log.warning(
+                    "sas.in_flight_count_failed", extra={"workflow": workflow}, exc_info=True
+                )
+                counted, recent = None, 0
+            with self._lock:
+                self._counted[workflow] = (now, counted)
+                self._paces[workflow] = recent / RATE_WINDOW.total_seconds()
+        with self._lock:
+            at, count = self._counted[workflow]
+            if count is not None:
+                self._counted[workflow] = (at, count + 1)
+            return count
+
+    def release(self, workflow: str) -> None:
+        """A place reserved by a submission that did not go in."""
+        with self._lock:
+            seen = self._counted.get(workflow)
+            if seen is not None and seen[1] is not None:
+                self._counted[workflow] = (seen[0], max(0, seen[1] - 1))
+
+    def pace(self, workflow: str) -> float:
+        """Orders of ``workflow`` let in per second over ``RATE_WINDOW``, as last counted (0:
+        none, or not counted yet). A marker's ``TouchedAt`` is its order's submission, or an
+        operator's resubmit."""
+        with self._lock:
+            return self._paces.get(workflow, 0.0)
 
     def waiting(self, queues: tuple[str, ...]) -> int:
         """Messages in ``queues`` (delayed ones too, where the transport counts them), looked
@@ -58,35 +103,3 @@ class InFlight:
         with self._lock:
             self._depths[queues] = (now, total)
         return total
-
-    def reserve(self, workflow: str, up_to: int) -> int | None:
-        """Orders of ``workflow`` in flight before this one (counted up to ``up_to``), this one
-        added; None when the store cannot say (nothing is held back then, and the failure is
-        remembered for ``ttl``: a store under strain is not asked again by every submission)."""
-        now = self._clock.now()
-        with self._lock:
-            seen = self._counted.get(workflow)
-            fresh = seen is not None and timedelta(0) <= now - seen[0] < self._ttl
-        if not fresh:
-            counted: int | None
-            try:
-                counted = self._store.count_live(workflow, up_to)
-            except Exception:
-                log.warning(
-                    "sas.in_flight_count_failed", extra={"workflow": workflow}, exc_info=True
-                )
-                counted = None
-            with self._lock:
-                self._counted[workflow] = (now, counted)
-        with self._lock:
-            at, count = self._counted[workflow]
-            if count is not None:
-                self._counted[workflow] = (at, count + 1)
-            return count
-
-    def release(self, workflow: str) -> None:
-        """A place reserved by a submission that did not go in."""
-        with self._lock:
-            seen = self._counted.get(workflow)
-            if seen is not None and seen[1] is not None:
-                self._counted[workflow] = (seen[0], max(0, seen[1] - 1))

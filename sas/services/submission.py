@@ -197,6 +197,7 @@ def _room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> timedelt
         limit=limit,
         waiting=ctx.in_flight.waiting(tuple(lanes)),
         waited=now - min(message.room_since or now, now),
+        pace=ctx.in_flight.pace(workflow.name),
     )
     if delay is not None:
         ctx.in_flight.release(workflow.name)

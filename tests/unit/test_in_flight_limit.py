@@ -7,7 +7,7 @@ give holds nothing back. The count against the Table store: tests/integration/te
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 
@@ -167,16 +167,16 @@ class CountingStore:
     def __init__(self, inner: StateStore) -> None:
         self.inner, self.asked = inner, 0
 
-    def count_live(self, workflow: str, up_to: int) -> int:
+    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
         self.asked += 1
-        return self.inner.count_live(workflow, up_to)
+        return self.inner.count_live(workflow, up_to, touched_since)
 
 
 class Unanswering:
     def __init__(self) -> None:
         self.asked = 0
 
-    def count_live(self, workflow: str, up_to: int) -> int:
+    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
         self.asked += 1
         raise ConnectionError("the store is down")
 
@@ -195,3 +195,8 @@ def test_the_queue_ahead_is_read_from_the_transport_at_most_once_a_second():
     assert asked == ["orders"]  # once, and only once it was full (one lane for all here)
     waits = [s.due - world.clock.now() for s in world.bus.pending("orders")]
     assert waits == [timedelta(seconds=45)] * 2  # 3 waiting x a 30 s turnover / a limit of 2
+    # Counted again a second later: two let in within the last minute, a pace of 2 a minute,
+    # so the three waiting take 90 s to get in.
+    world.clock.advance(1)
+    app.submit(submitted("o4"))
+    assert world.bus.pending("orders")[-1].due - world.clock.now() == timedelta(seconds=90)
