@@ -90,7 +90,7 @@ class InFlightPolicy:
     low order's yield to a backlog it has no bound: it lasts while the workflow is full."""
 
     base: timedelta = timedelta(seconds=2)
-    cap: timedelta = timedelta(seconds=120)
+    cap: timedelta = timedelta(minutes=10)
     turnover: timedelta = timedelta(seconds=30)
     """How long an order holds its place in flight: its run and its marker's lifetime after."""
     low_share: float = 0.9
