@@ -1,11 +1,12 @@
 """How many orders of each workflow are in flight, as this process last counted them in the
 in-flight index: what holds submissions back past a workflow's ``max_in_flight``
 (docs/architecture.md, "Bounded work in flight"). Counted at most once per ``ttl`` per
-workflow; a submission reserves its place in the count as it reads it (and gives it back if it
-does not go in), so concurrent submissions of one process never overshoot the limit together:
-only what other processes let in since their count can. The same read gives the pace orders
-are let in at (markers touched within ``RATE_WINDOW``): while the workflow is full, the pace its
-orders finish at, which sets how long a waiting submission waits."""
+workflow (ten times less often while under half the limit); a submission reserves its place in
+the count as it reads it (and gives it back if it does not go in), so concurrent submissions of
+one process never overshoot the limit together: only what other processes let in since their
+count can. The same read gives the pace orders are let in at (markers touched within
+``RATE_WINDOW``): while the workflow is full, the pace its orders finish at, which sets how long
+a waiting submission waits."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from sas.domain.clock import Clock
 log = logging.getLogger(__name__)
 
 RATE_WINDOW = timedelta(seconds=60)
+FAR_TTLS = 10
 
 
 class Counts(Protocol):
@@ -53,7 +55,7 @@ class InFlight:
         now = self._clock.now()
         with self._lock:
             seen = self._counted.get(workflow)
-            fresh = seen is not None and timedelta(0) <= now - seen[0] < self._ttl
+            fresh = seen is not None and timedelta(0) <= now - seen[0] < self._ttl_for(seen, up_to)
         if not fresh:
             counted: int | None
             try:
@@ -71,6 +73,13 @@ class InFlight:
             if count is not None:
                 self._counted[workflow] = (at, count + 1)
             return count
+
+    def _ttl_for(self, seen: tuple[datetime, int | None], up_to: int) -> timedelta:
+        """A count far below the limit (under half) is good for ``FAR_TTLS`` times longer: a
+        lone order does not pay a query, and what this process lets in meanwhile is added on."""
+        count = seen[1]
+        far = count is not None and count < up_to // 2
+        return self._ttl * FAR_TTLS if far else self._ttl
 
     def release(self, workflow: str) -> None:
         """A place reserved by a submission that did not go in."""

@@ -200,3 +200,16 @@ def test_the_queue_ahead_is_read_from_the_transport_at_most_once_a_second():
     world.clock.advance(1)
     app.submit(submitted("o4"))
     assert world.bus.pending("orders")[-1].due - world.clock.now() == timedelta(seconds=90)
+
+
+def test_far_below_the_limit_a_count_lasts_ten_times_longer():
+    world = World(workflows=Registry(workflows=(replace(SHOP, max_in_flight=10), STRICT)))
+    counts = CountingStore(world.store)
+    app = world.app.named("scheduler-1", in_flight=InFlight(counts, world.clock))
+    for n, wait in enumerate((0, 2, 3, 4)):  # counts 0..3 of 10, each under half the limit
+        world.clock.advance(wait)
+        app.submit(submitted(f"o{n}"))
+    assert counts.asked == 1  # 9 s: one count, and this process's own let-ins added on
+    world.clock.advance(1)
+    app.submit(submitted("o4"))
+    assert counts.asked == 2  # ten seconds on
