@@ -52,20 +52,20 @@ class TableStateStore(OrderTables):
         )
         return [_marker_from(e) for e in entities]
 
-    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
+    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
         entities = self._live.query_entities(
             "PartitionKey eq @pk and Workflow eq @workflow",
             parameters={"pk": LIVE_PARTITION, "workflow": workflow},
             select=["RowKey", "TouchedAt"],
             results_per_page=min(max(up_to, 1), 1000),
         )
-        counted = recent = 0
+        counted, ages = 0, 0.0
         for entity in entities:  # pages are fetched as they are read: no more than needed
             counted += 1
-            recent += utc(entity["TouchedAt"]) >= touched_since
+            ages += max(0.0, (at - utc(entity["TouchedAt"])).total_seconds())
             if counted >= up_to:
                 break
-        return counted, recent
+        return counted, ages
 
     def list_due(self, at: datetime) -> list[LiveMarker]:
         entities = self._live.query_entities(

@@ -98,7 +98,7 @@ class Message(BaseModel):
     when there is none (and in messages sent before it existed)."""
 
 
-APP_SET_FIELDS = ("deferred_since", "held_since", "holds", "room_since")
+APP_SET_FIELDS = ("deferred_since", "held_since", "holds", "room_turn")
 """The fields of a submission that say what the app did with it: never a submitter's."""
 
 
@@ -129,9 +129,10 @@ class OrderSubmitted(Message):
     version (sas/services/versions.py). Not part of the order."""
     holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
     """How often it was put back so far."""
-    room_since: AwareDatetime | None = None
+    room_turn: AwareDatetime | None = None
     """Set by the app when it puts the submission back to wait for room under its workflow's
-    ``max_in_flight``: when the wait began, which sets how long the next wait is. Not part of
+    ``max_in_flight``: when its turn was expected, from the queue ahead and the pace orders
+    finish at; found full at its turn, it looks again a little later each time. Not part of
     the order."""
 
     def fingerprint(self) -> str:

@@ -82,17 +82,17 @@ class InFlightPolicy:
     ``Workflow.max_in_flight`` orders in flight (docs/architecture.md, "Bounded work in
     flight"). High priority is never held back; low priority waits from ``low_share`` of the
     limit, so a normal order gets the room that frees first. A put-back costs a send and a
-    receive, so each wait is about as long as the queue ahead takes to get in: the messages
-    waiting in the orders lanes over the pace orders were let in at lately (while the workflow
-    is full, the pace they finish at), or, before any pace is known, ``turnover`` per order in
-    flight; and at least as long as the submission has waited already (where the queue's depth
-    is not known, as on Service Bus, the waits double); between ``base`` and ``cap``. Unlike a
-    low order's yield to a backlog it has no bound: it lasts while the workflow is full."""
+    receive, so a submission first waits its turn: as long as the messages waiting in the
+    orders lanes take to go through at the pace orders do (or, with no pace known, ``turnover``
+    per order in flight); found full at its turn, it looks again after as long as it has been
+    past it, so about twice as long each time (where the queue's depth is not known, as on
+    Service Bus, that is all there is). Each wait between ``base`` and ``cap``. Unlike a low
+    order's yield to a backlog it has no bound: it lasts while the workflow is full."""
 
     base: timedelta = timedelta(seconds=2)
     cap: timedelta = timedelta(minutes=10)
     turnover: timedelta = timedelta(seconds=30)
-    """How long an order holds its place in flight: its run and its marker's lifetime after."""
+    """How long an order is taken to hold its place when no pace is known yet."""
     low_share: float = 0.9
 
     def __post_init__(self) -> None:
@@ -108,16 +108,21 @@ class InFlightPolicy:
         in_flight: int,
         limit: int,
         waiting: int = 0,
-        waited: timedelta = timedelta(0),
         pace: float = 0.0,
+        past_turn: timedelta | None = None,
     ) -> timedelta | None:
         """How long to put the submission back for, or None to admit it now. ``waiting``:
-        messages in the orders lanes it would join; ``waited``: since its first put-back;
-        ``pace``: orders let in per second lately (0: unknown)."""
+        messages in the orders lanes it would join; ``pace``: orders going through per second
+        (0: unknown); ``past_turn``: how long since its turn came (None: it has none yet)."""
         if priority == "high":
             return None
         room = limit if priority == "normal" else max(1, int(limit * self.low_share))
         if in_flight < room:
             return None
-        ahead = timedelta(seconds=waiting / pace) if pace > 0 else self.turnover * waiting / limit
-        return min(self.cap, max(self.base, ahead, waited))
+        if past_turn is not None:
+            wait = past_turn
+        elif pace > 0:
+            wait = timedelta(seconds=waiting / pace)
+        else:
+            wait = self.turnover * waiting / limit
+        return min(self.cap, max(self.base, wait))

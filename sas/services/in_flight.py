@@ -4,9 +4,9 @@ in-flight index: what holds submissions back past a workflow's ``max_in_flight``
 workflow (ten times less often while under half the limit); a submission reserves its place in
 the count as it reads it (and gives it back if it does not go in), so concurrent submissions of
 one process never overshoot the limit together: only what other processes let in since their
-count can. The same read gives the pace orders are let in at (markers touched within
-``RATE_WINDOW``): while the workflow is full, the pace its orders finish at, which sets how long
-a waiting submission waits."""
+count can. The same read gives the markers' ages, and so the pace orders go through (Little's
+law: in flight / time in flight, the time in flight twice the mean age of what is in flight),
+which sets when a waiting submission's turn comes."""
 
 from __future__ import annotations
 
@@ -20,14 +20,13 @@ from sas.domain.clock import Clock
 
 log = logging.getLogger(__name__)
 
-RATE_WINDOW = timedelta(seconds=60)
 FAR_TTLS = 10
 
 
 class Counts(Protocol):
     """What the gate needs of the store (``StateStore.count_live``)."""
 
-    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]: ...
+    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]: ...
 
 
 class InFlight:
@@ -59,15 +58,15 @@ class InFlight:
         if not fresh:
             counted: int | None
             try:
-                counted, recent = self._store.count_live(workflow, up_to, now - RATE_WINDOW)
+                counted, ages = self._store.count_live(workflow, up_to, now)
             except Exception:
                 log.warning(
                     "sas.in_flight_count_failed", extra={"workflow": workflow}, exc_info=True
                 )
-                counted, recent = None, 0
+                counted, ages = None, 0.0
             with self._lock:
                 self._counted[workflow] = (now, counted)
-                self._paces[workflow] = recent / RATE_WINDOW.total_seconds()
+                self._paces[workflow] = counted * counted / (2 * ages) if counted and ages else 0.0
         with self._lock:
             at, count = self._counted[workflow]
             if count is not None:
@@ -89,9 +88,8 @@ class InFlight:
                 self._counted[workflow] = (seen[0], max(0, seen[1] - 1))
 
     def pace(self, workflow: str) -> float:
-        """Orders of ``workflow`` let in per second over ``RATE_WINDOW``, as last counted (0:
-        none, or not counted yet). A marker's ``TouchedAt`` is its order's submission, or an
-        operator's resubmit."""
+        """Orders of ``workflow`` going through per second, as last counted (0: unknown). A
+        marker's ``TouchedAt`` is its order's submission, or an operator's resubmit."""
         with self._lock:
             return self._paces.get(workflow, 0.0)
 

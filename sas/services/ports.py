@@ -63,9 +63,9 @@ class StateStore(Protocol):
         due by ``due_at``; returns the marker's new ETag."""
         ...
 
-    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
-        """Markers of ``workflow``, counted up to ``up_to`` at most (one query), and how many of
-        them were touched (their order let in) since ``touched_since``."""
+    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
+        """Markers of ``workflow``, counted up to ``up_to`` at most (one query), and their ages
+        at ``at`` (since touched: their order let in) summed, in seconds."""
         ...
 
     def list_live(self) -> list[LiveMarker]:

@@ -30,6 +30,8 @@ from sas.services.context import Context
 
 log = logging.getLogger(__name__)
 
+ZERO = timedelta(0)
+
 SUBMISSION_HOLD_LIMIT = timedelta(hours=1)
 """How long a submission naming a newer workflow version than any host has is put back before
 it is refused (parked, with the reason)."""
@@ -196,8 +198,8 @@ def _room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> timedelt
         in_flight=counted,
         limit=limit,
         waiting=ctx.in_flight.waiting(tuple(lanes)),
-        waited=now - min(message.room_since or now, now),
         pace=ctx.in_flight.pace(workflow.name),
+        past_turn=None if message.room_turn is None else max(now - message.room_turn, ZERO),
     )
     if delay is not None:
         ctx.in_flight.release(workflow.name)
@@ -224,8 +226,8 @@ def _defer(
     bound counts from there; a wait for room leaves that as it was."""
     if why == "backlog":
         update = {"deferred_since": min(message.deferred_since or now, now)}
-    else:
-        update = {"room_since": min(message.room_since or now, now)}
+    else:  # its turn is kept: a later arrival's is later
+        update = {"room_turn": message.room_turn or now + delay}
     ctx.transport.send(
         ctx.routes.lane(ctx.routes.orders, message.priority),
         message.model_copy(update=update),

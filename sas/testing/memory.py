@@ -256,9 +256,9 @@ class InMemoryStore:
         self.live[order_id] = marker
         return marker.etag
 
-    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
+    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
         found = [m for m in self.live.values() if m.workflow == workflow][:up_to]
-        return len(found), sum(m.touched_at >= touched_since for m in found)
+        return len(found), sum(max(0.0, (at - m.touched_at).total_seconds()) for m in found)
 
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())

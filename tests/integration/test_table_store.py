@@ -219,13 +219,13 @@ def test_markers_are_counted_by_workflow_up_to_a_bound_and_keep_it_when_rearmed(
     store.touch_live("w0", NOW, NOW, "workspace")
     store.touch_live("old", NOW, NOW)  # a marker from before markers named their workflow
     store.touch_live("o9", NOW + timedelta(seconds=30), NOW, "order")
-    since = NOW + timedelta(seconds=1)
-    assert store.count_live("order", 100, since) == (6, 1)  # o9 was let in since
-    assert store.count_live("order", 3, since)[0] == 3
-    assert store.count_live("workspace", 100, since) == (1, 0)
-    assert store.count_live("nothing", 100, since) == (0, 0)
+    at = NOW + timedelta(seconds=40)
+    assert store.count_live("order", 100, at) == (6, 5 * 40 + 10)  # and their ages, summed
+    assert store.count_live("order", 3, at)[0] == 3
+    assert store.count_live("workspace", 100, at) == (1, 40)
+    assert store.count_live("nothing", 100, at) == (0, 0)
     assert store.rearm_live([(m, NOW + timedelta(minutes=1)) for m in store.list_due(NOW)]) == 8
-    assert store.count_live("order", 100, since) == (6, 1)  # a re-arm keeps both
+    assert store.count_live("order", 100, at) == (6, 210)  # a re-arm keeps both
     assert {m.workflow for m in store.list_live()} == {"order", "workspace", ""}
 
 

@@ -47,7 +47,7 @@ def test_past_the_limit_a_submission_waits_in_the_orders_queue_until_there_is_ro
     (copy,) = world.bus.to("orders")
     assert isinstance(copy, OrderSubmitted) and copy.order_id == "o2"
     assert copy.deferred_since is None  # the low-priority yield bound is not this wait
-    assert copy.room_since == world.clock.now()
+    assert copy.room_turn == world.clock.now() + InFlightPolicy().base
     (sent,) = world.bus.pending("orders")
     assert sent.due == world.clock.now() + InFlightPolicy().base  # nothing else waits
     world.settle_with_supervision(ticks=10)  # the first two finish, their markers go
@@ -74,19 +74,22 @@ def test_a_low_order_waits_below_the_limit_so_normal_ones_get_the_room_first():
     assert policy.deferral("low", in_flight=8, limit=10) is None
 
 
-def test_the_next_wait_counts_from_the_first_put_back():
+def test_found_full_at_its_turn_a_submission_looks_again_later_each_time():
     world = limited_world()
     for n in range(2):
         world.submit(submitted(f"o{n}"))
-    first = world.clock.now()
     world.submit(submitted("o2"))
-    world.clock.advance(10)
-    [copy] = world.bus.take("orders")
-    assert isinstance(copy, OrderSubmitted)
-    world.submit(copy)  # still full: it waits as long again as it has waited
-    [again] = world.bus.pending("orders")
-    assert isinstance(again.message, OrderSubmitted) and again.message.room_since == first
-    assert again.due == world.clock.now() + timedelta(seconds=10)
+    turn = world.clock.now() + InFlightPolicy().base
+    waits = []
+    for _ in range(5):
+        [due] = world.bus.pending("orders")
+        world.clock.advance((due.due - world.clock.now()).total_seconds())  # nothing finished
+        [copy] = world.bus.take("orders")
+        assert isinstance(copy, OrderSubmitted) and copy.room_turn == turn  # its turn is kept
+        world.submit(copy)
+        [again] = world.bus.pending("orders")
+        waits.append((again.due - world.clock.now()).total_seconds())
+    assert waits == [2, 2, 4, 8, 16]  # as long as it has been past its turn
 
 
 def test_a_wait_for_room_leaves_the_low_priority_yield_bound_alone():
@@ -139,20 +142,21 @@ def test_a_store_that_cannot_count_holds_nothing_back_and_is_not_asked_again_at_
 def test_a_wait_is_as_long_as_the_queue_ahead_takes_and_never_shorter_than_the_last():
     policy = InFlightPolicy(turnover=timedelta(seconds=30), cap=timedelta(seconds=120))
 
-    def full(waiting: int = 0, waited: timedelta = timedelta(0)) -> timedelta | None:
-        return policy.deferral("normal", in_flight=200, limit=200, waiting=waiting, waited=waited)
+    def full(waiting: int = 0, pace: float = 0.0) -> timedelta | None:
+        return policy.deferral("normal", in_flight=200, limit=200, waiting=waiting, pace=pace)
 
     assert policy.deferral("normal", in_flight=199, limit=200) is None
     assert full() == policy.base  # nobody else waits
     assert full(waiting=400) == timedelta(seconds=60)
     assert full(waiting=100_000) == policy.cap
-    # Where the depth is unknown (0, or a peek's 32 on Service Bus) the waits double.
-    waits, waited = [], timedelta(0)
+    assert full(waiting=400, pace=4.0) == timedelta(seconds=100)  # the queue ahead at its pace
+    # Past its turn, as long as it has been past it: about twice as long each time.
+    waits, past = [], timedelta(0)
     for _ in range(5):
-        wait = full(waited=waited)
+        wait = policy.deferral("normal", in_flight=200, limit=200, past_turn=past)
         assert wait is not None
         waits.append(wait.total_seconds())
-        waited += wait
+        past += wait
     assert waits == [2, 2, 4, 8, 16]
     assert policy.deferral("high", in_flight=200, limit=200, waiting=100_000) is None
 
@@ -167,16 +171,16 @@ class CountingStore:
     def __init__(self, inner: StateStore) -> None:
         self.inner, self.asked = inner, 0
 
-    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
+    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
         self.asked += 1
-        return self.inner.count_live(workflow, up_to, touched_since)
+        return self.inner.count_live(workflow, up_to, at)
 
 
 class Unanswering:
     def __init__(self) -> None:
         self.asked = 0
 
-    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
+    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
         self.asked += 1
         raise ConnectionError("the store is down")
 
@@ -195,11 +199,12 @@ def test_the_queue_ahead_is_read_from_the_transport_at_most_once_a_second():
     assert asked == ["orders"]  # once, and only once it was full (one lane for all here)
     waits = [s.due - world.clock.now() for s in world.bus.pending("orders")]
     assert waits == [timedelta(seconds=45)] * 2  # 3 waiting x a 30 s turnover / a limit of 2
-    # Counted again a second later: two let in within the last minute, a pace of 2 a minute,
-    # so the three waiting take 90 s to get in.
+    # Counted again a second later: two in flight for a second on average each, so (Little's
+    # law) in flight twice that long, a pace of one a second: the three waiting take 3 s.
     world.clock.advance(1)
     app.submit(submitted("o4"))
-    assert world.bus.pending("orders")[-1].due - world.clock.now() == timedelta(seconds=90)
+    [o4] = [p for p in world.bus.pending("orders") if p.correlation_id == "o4"]
+    assert o4.due - world.clock.now() == timedelta(seconds=3)
 
 
 def test_far_below_the_limit_a_count_lasts_ten_times_longer():

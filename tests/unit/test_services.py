@@ -101,7 +101,7 @@ def test_the_default_status_level_keeps_an_orders_fingerprint(parts):
         "version",
         "held_since",
         "holds",
-        "room_since",
+        "room_turn",
     ):
         without_defaults.pop(optional)
     import hashlib

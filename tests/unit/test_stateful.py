@@ -253,8 +253,8 @@ class AuditingStore:
     def touch_live(self, order_id: str, at: datetime, due_at: datetime, workflow: str = "") -> str:
         return self.inner.touch_live(order_id, at, due_at, workflow)
 
-    def count_live(self, workflow: str, up_to: int, touched_since: datetime) -> tuple[int, int]:
-        return self.inner.count_live(workflow, up_to, touched_since)
+    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
+        return self.inner.count_live(workflow, up_to, at)
 
     def list_live(self) -> list[LiveMarker]:
         return self.inner.list_live()

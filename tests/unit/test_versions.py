@@ -329,7 +329,7 @@ def test_a_sweep_that_loses_its_race_to_a_reply_leaves_the_marker_due_in_time() 
     assert marker.due_at <= state.complete_by  # type: ignore[operator]
 
 
-@pytest.mark.parametrize("field", ["deferred_since", "held_since", "holds", "room_since"])
+@pytest.mark.parametrize("field", ["deferred_since", "held_since", "holds", "room_turn"])
 def test_an_operator_may_not_submit_what_only_the_app_sets(field: str) -> None:
     harness = Harness(deployed(V1))
     value: object = 1 if field == "holds" else harness.clock.now()
