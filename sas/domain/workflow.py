@@ -88,12 +88,12 @@ class Workflow:
     """Orders are bound to the version they were submitted on and run on its steps to their
     end: a change to the steps (names, order, agents, actions, undo) is a new version, declared
     beside the old one until the old one's orders have drained (docs/your-workflow.md)."""
-    max_in_flight: int = 500
+    max_in_flight: int | None = None
     """Orders of this workflow (every version) in flight at once; more wait in the orders
-    queue until there is room (high priority excepted). An order holds its place from its
-    submission until a sweep drops its marker (docs/architecture.md, "Bounded work in
-    flight"), so it allows about max_in_flight / (latency + shortest budget + a sweep
-    period) orders/s: some 20 at the defaults."""
+    queue until there is room (high priority excepted). None: no limit. An order holds its
+    place from its submission until a sweep drops its marker (docs/architecture.md, "Bounded
+    work in flight"), so it allows about max_in_flight / (latency + shortest budget + a sweep
+    period) orders/s."""
 
     def __post_init__(self) -> None:
         if not STEP_NAME.matches(self.name):
@@ -108,7 +108,8 @@ class Workflow:
             raise ValueError(
                 f"workflow {self.name!r}: pickup_budget must be positive, at most a day"
             )
-        if type(self.max_in_flight) is not int or not 1 <= self.max_in_flight <= MAX_IN_FLIGHT:
+        limit = self.max_in_flight
+        if limit is not None and (type(limit) is not int or not 1 <= limit <= MAX_IN_FLIGHT):
             raise ValueError(
                 f"workflow {self.name!r}: max_in_flight must be an int from 1 to {MAX_IN_FLIGHT}"
             )

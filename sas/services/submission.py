@@ -135,7 +135,7 @@ def _submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
     try:
         ctx.store.create_order(order, claimed, history)
     except AlreadyExists:
-        if ctx.in_flight is not None and message.priority != "high":
+        if ctx.in_flight is not None and workflow.max_in_flight and message.priority != "high":
             ctx.in_flight.release(workflow.name)  # it holds its place already, if any
         return _redelivered(ctx, order, message)
     log.info(
@@ -183,9 +183,9 @@ def _room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> timedelt
     """How long the submission waits for room under its workflow's ``max_in_flight``, or
     None to let it in now, its place reserved in this process's count (a submission that fails
     after this keeps it until the next count, within a second)."""
-    if ctx.in_flight is None or message.priority == "high":
-        return None
     limit = workflow.max_in_flight
+    if ctx.in_flight is None or limit is None or message.priority == "high":
+        return None
     counted = ctx.in_flight.reserve(workflow.name, limit)
     if counted is None:
         return None

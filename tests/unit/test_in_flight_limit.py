@@ -218,3 +218,12 @@ def test_far_below_the_limit_a_count_lasts_ten_times_longer():
     world.clock.advance(1)
     app.submit(submitted("o4"))
     assert counts.asked == 2  # ten seconds on
+
+
+def test_a_workflow_without_a_limit_is_never_counted():
+    world = World()  # the shop declares no max_in_flight
+    counts = CountingStore(world.store)
+    app = world.app.named("scheduler-1", in_flight=InFlight(counts, world.clock))
+    for n in range(3):
+        assert app.submit(submitted(f"o{n}")) is SubmissionOutcome.ACCEPTED
+    assert counts.asked == 0  # no request on the happy path
