@@ -247,7 +247,7 @@ def _surges(runs: list[dict[str, Any]]) -> list[str]:
         ratio = "-" if after is None else f"{after} ({after / max(run['best_minute'], 1):.0%})"
         ended = ", ".join(f"{n:,} {state}" for state, n in sorted(run["ended"].items()))
         lines.append(
-            f"| {run['label']} | {run['workers']} | {run['hogs']} "
+            f"| {run['label']} (`{run.get('commit', '?')}`) | {run['workers']} | {run['hogs']} "
             f"| {run['calibrated_per_minute']:g} | {run['offered']:,} "
             f"| {' '.join(str(n) for n in run['goodput_per_minute'])} "
             f"| {run['best_minute']} / {ratio} | {run['p50_s']} / {run['p95_s']} "

@@ -112,10 +112,13 @@ PLANS = {
 
 
 def run_plan(plan: Plan, *, log_dir: Path, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    from sas_local.bench.__main__ import commit_of  # the bench's one rule for naming a commit
+
     results = []
     for number, surge in enumerate(plan.surges):
         log(f"surge {surge.label}")
-        results.append(run(surge, plan, log_dir=log_dir / f"surge-{number}"))
+        measured = run(surge, plan, log_dir=log_dir / f"surge-{number}")
+        results.append({"commit": commit_of(REPO_ROOT), **measured})
     return results
 
 
