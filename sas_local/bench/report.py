@@ -229,8 +229,8 @@ def _surges(runs: list[dict[str, Any]]) -> list[str]:
         return []
     lines = [
         "**Surges** (each on a stack of its own: a calibration burst gives what it processes "
-        "per minute, then a surge of that many times it is offered evenly over "
-        f"{runs[0]['window_s']:g} s, with a probe order every few seconds throughout; in the "
+        "per minute, then a surge of that many times it is offered evenly (for a minute in the "
+        "full run), with a probe order every few seconds throughout; in the "
         "slow-payment run every payment call answers 3 step budgets late during the surge; "
         "goodput is Processed orders per minute from the surge's start, the minute after the "
         "surge counted only while work was still queued; expiries are counted / taken as the "
@@ -248,7 +248,7 @@ def _surges(runs: list[dict[str, Any]]) -> list[str]:
         ended = ", ".join(f"{n:,} {state}" for state, n in sorted(run["ended"].items()))
         lines.append(
             f"| {run['label']} (`{run.get('commit', '?')}`) | {run['workers']} | {run['hogs']} "
-            f"| {run['calibrated_per_minute']:g} | {run['offered']:,} "
+            f"| {run['calibrated_per_minute']:g} | {run['offered']:,} in {run['window_s']:g} s "
             f"| {' '.join(str(n) for n in run['goodput_per_minute'])} "
             f"| {run['best_minute']} / {ratio} | {run['p50_s']} / {run['p95_s']} "
             f"| {_or_dash(run['drained_after_s'])} | {_or_dash(run['normal_again_s'])} "

@@ -93,9 +93,10 @@ PLANS = {
         ),
         calibration=300,
     ),
-    "quick": Plan(
-        (Surge("4x", 4), Surge("2x, slow payment", 2, slow_remote=True)),
+    "quick": Plan(  # past 1x a surge drains in minutes per minute offered: kept to 2x, 30 s
+        (Surge("2x", 2), Surge("2x, slow payment", 2, slow_remote=True)),
         calibration=150,
+        window_s=30.0,
         calm_after_s=60.0,
         timeout_s=1800.0,
     ),
