@@ -197,14 +197,21 @@ def test_a_clean_run_has_no_violation_and_counts_outcomes_and_recoveries() -> No
     assert verdict.error_episodes == 2
 
 
-def test_skewed_clocks_within_an_attempt_do_not_confuse_the_replay() -> None:
-    world = World()
+def retried_once(
+    detail: str,
+    kind: str = "expired_retry",
+    *,
+    world: World | None = None,
+    expired_after_claim: timedelta | None = None,
+) -> World:
+    """Order s1 (into ``world``): reserve claimed, expired once as ``kind`` with ``detail``
+    (``expired_after_claim`` after the claim by its row's time), claimed again, then Processed."""
+    world = world or World()
     world.submitted.append("s1")
     world.history("s1", "submitted", 0, None)
     claimed = world.history("s1", "claimed", 1, "reserve")
-    # the Supervisor's clock runs behind the Scheduler's: its expiry looks older than the claim
-    world.history("s1", "expired_retry", 1, "reserve", detail="failure 1 of 3",
-                  at=claimed - timedelta(seconds=1))  # fmt: skip
+    at = None if expired_after_claim is None else claimed + expired_after_claim
+    world.history("s1", kind, 1, "reserve", detail=detail, at=at)
     world.history("s1", "claimed", 2, "reserve")
     world.history("s1", "completed", 2, "reserve")
     world.history("s1", "completed", 3, "charge")
@@ -212,6 +219,12 @@ def test_skewed_clocks_within_an_attempt_do_not_confuse_the_replay() -> None:
     for index in range(3):
         world.do("s1", index)
     world.state("s1", "Processed", 4, 2)
+    return world
+
+
+def test_skewed_clocks_within_an_attempt_do_not_confuse_the_replay() -> None:
+    # the Supervisor's clock runs behind the Scheduler's: its expiry looks older than the claim
+    world = retried_once("failure 1 of 3", expired_after_claim=timedelta(seconds=-1))
     assert kinds(world) == []
 
 
@@ -397,36 +410,10 @@ def test_a_failure_count_past_the_threshold_is_reported() -> None:
 def test_a_retry_past_the_threshold_or_against_another_threshold_is_reported(detail: str) -> None:
     world = World()
     world.processed("p1")
-    world.submitted.append("s1")
-    world.history("s1", "submitted", 0, None)
-    world.history("s1", "claimed", 1, "reserve")
-    world.history("s1", "expired_retry", 1, "reserve", detail=detail)
-    world.history("s1", "claimed", 2, "reserve")
-    world.history("s1", "completed", 2, "reserve")
-    world.history("s1", "completed", 3, "charge")
-    world.history("s1", "completed", 4, "ship")
-    for index in range(3):
-        world.do("s1", index)
-    world.state("s1", "Processed", 4, 2)
+    retried_once(detail, world=world)
     # A retry at the threshold is also a transition the replay cannot explain.
     assert "failure_count_exceeded" in kinds(world)
     assert set(kinds(world)) <= {"failure_count_exceeded", "illegal_transition"}
-
-
-def retried_once(detail: str, kind: str = "expired_retry") -> World:
-    world = World()
-    world.submitted.append("s1")
-    world.history("s1", "submitted", 0, None)
-    world.history("s1", "claimed", 1, "reserve")
-    world.history("s1", kind, 1, "reserve", detail=detail)
-    world.history("s1", "claimed", 2, "reserve")
-    world.history("s1", "completed", 2, "reserve")
-    world.history("s1", "completed", 3, "charge")
-    world.history("s1", "completed", 4, "ship")
-    for index in range(3):
-        world.do("s1", index)
-    world.state("s1", "Processed", 4, 2)
-    return world
 
 
 def test_an_expiry_taken_as_the_loads_is_a_retry_that_counts_no_failure() -> None:
