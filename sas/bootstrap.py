@@ -212,7 +212,7 @@ def context() -> Context:
             max_failures=s.max_failures, clock_skew=timedelta(seconds=s.clock_skew_seconds)
         ),
         backlog=Backlog(transport(), clock()),
-        in_flight=InFlight(store(), clock(), depth=cast(QueueDepth, transport()).depth),
+        in_flight=InFlight(store(), clock()),
         admission=s.admission,
         reply_to_prefixes=s.reply_to_prefixes,
     )

@@ -12,7 +12,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.exceptions import ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import (
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
 from azure.data.tables import TableTransactionError, UpdateMode
 
 from sas.adapters.tables import (
@@ -22,16 +26,25 @@ from sas.adapters.tables import (
     state_from,
     utc,
 )
-from sas.domain.model import LiveMarker, MissingDefinition, OrderState, ProcessState, Versioned
+from sas.domain.model import (
+    LiveMarker,
+    MissingDefinition,
+    OrderState,
+    ProcessState,
+    Versioned,
+    WaitingSubmission,
+)
 from sas.domain.parked import ParkedMessage
 from sas.domain.wire import (
     DEFAULT_PRIORITY,
     LIVE_PARTITION,
     MISSING_PARTITION,
     REJECTED_PARTITION,
+    ROOM_PARTITION,
     STATE_ROW,
     Priority,
     rejected_row_key,
+    room_rows,
 )
 
 log = logging.getLogger(__name__)
@@ -52,20 +65,59 @@ class TableStateStore(OrderTables):
         )
         return [_marker_from(e) for e in entities]
 
-    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
+    def count_live(self, workflow: str, up_to: int) -> int:
         entities = self._live.query_entities(
             "PartitionKey eq @pk and Workflow eq @workflow",
             parameters={"pk": LIVE_PARTITION, "workflow": workflow},
-            select=["RowKey", "TouchedAt"],
+            select=["RowKey"],
             results_per_page=min(max(up_to, 1), 1000),
         )
-        counted, ages = 0, 0.0
-        for entity in entities:  # pages are fetched as they are read: no more than needed
+        counted = 0
+        for _ in entities:  # pages are fetched as they are read: no more than needed
             counted += 1
-            ages += max(0.0, (at - utc(entity["TouchedAt"])).total_seconds())
             if counted >= up_to:
                 break
-        return counted, ages
+        return counted
+
+    # --- the waiting room -------------------------------------------------------------
+
+    def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:
+        entity: dict[str, Any] = {
+            "PartitionKey": ROOM_PARTITION,
+            "RowKey": row_key,
+            "OrderID": order_id,
+        }
+        entity.update(_body_chunks(body))
+        with contextlib.suppress(ResourceExistsError):
+            self._live.create_entity(entity)
+
+    def list_waiting(self, workflow: str, up_to: int) -> list[WaitingSubmission]:
+        first, after = room_rows(workflow)
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk and RowKey ge @first and RowKey lt @after",
+            parameters={"pk": ROOM_PARTITION, "first": first, "after": after},
+            results_per_page=min(max(up_to, 1), 1000),
+        )
+        found: list[WaitingSubmission] = []
+        for entity in entities:  # pages are fetched as they are read: no more than needed
+            etag = entity.metadata["etag"] or ""  # the service always sends one
+            row = WaitingSubmission(entity["RowKey"], entity["OrderID"], _body_of(entity), etag)
+            found.append(row)
+            if len(found) >= up_to:
+                break
+        return found
+
+    def drop_waiting(self, waiting: WaitingSubmission) -> bool:
+        # A transaction, not delete_entity, which takes a 404 for success.
+        key = {"PartitionKey": ROOM_PARTITION, "RowKey": waiting.row_key}
+        condition = {"etag": waiting.etag, "match_condition": MatchConditions.IfNotModified}
+        try:
+            self._live.submit_transaction([("delete", key, condition)])
+        except TableTransactionError as exc:
+            if exc.status_code in (404, 412):
+                return False
+            raise
+        return True
 
     def list_due(self, at: datetime) -> list[LiveMarker]:
         entities = self._live.query_entities(
@@ -246,8 +298,7 @@ class TableStateStore(OrderTables):
             "BodyLength": len(body),
             "BodyTruncated": len(kept) < len(body),
         }
-        for index in range(0, len(kept), _BODY_CHUNK):
-            entity[f"Body{index // _BODY_CHUNK:02d}"] = kept[index : index + _BODY_CHUNK]
+        entity.update(_body_chunks(kept))
         self._table.create_entity(entity)
         return parked_id
 
@@ -308,15 +359,27 @@ class TableStateStore(OrderTables):
         self._live.delete_entity(MISSING_PARTITION, key)  # absent already: no error
 
 
-def _parked_from(entity: Mapping[str, Any]) -> ParkedMessage:
+def _body_chunks(body: bytes) -> dict[str, bytes]:
+    """``body`` as properties of at most 60 KiB each (Body00, Body01 …)."""
+    return {
+        f"Body{index // _BODY_CHUNK:02d}": body[index : index + _BODY_CHUNK]
+        for index in range(0, len(body), _BODY_CHUNK)
+    }
+
+
+def _body_of(entity: Mapping[str, Any]) -> bytes:
     chunks = sorted(key for key in entity if key.startswith("Body") and key[4:].isdigit())
+    return b"".join(bytes(entity[key]) for key in chunks)
+
+
+def _parked_from(entity: Mapping[str, Any]) -> ParkedMessage:
     return ParkedMessage(
         id=entity["RowKey"],
         parked_by="app",
         queue=entity["Queue"],
         function=None,  # not stored: the operator knows which function the queue triggers
         reason=entity["Reason"],
-        body=b"".join(bytes(entity[key]) for key in chunks),
+        body=_body_of(entity),
         body_truncated=bool(entity["BodyTruncated"]),
         parked_at=utc(entity["At"]),
     )

@@ -130,10 +130,9 @@ class OrderSubmitted(Message):
     holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
     """How often it was put back so far."""
     room_turn: AwareDatetime | None = None
-    """Set by the app when it puts the submission back to wait for room under its workflow's
-    ``max_in_flight``: when its turn was expected, from the queue ahead and the pace orders
-    finish at; found full at its turn, it looks again a little later each time. Not part of
-    the order."""
+    """Set by the app when it lets the submission in from the waiting room (its workflow had
+    no room under ``max_in_flight``): when; its place is held already, so it goes in without
+    being counted again. Not part of the order."""
 
     def fingerprint(self) -> str:
         """Stable hash of what was asked for: same id + same fingerprint = redelivery."""

@@ -161,6 +161,17 @@ class HistoryEntry:
 
 
 @dataclass(frozen=True)
+class WaitingSubmission:
+    """A submission kept in the waiting room until its workflow has room in flight."""
+
+    row_key: str
+    order_id: str
+    body: bytes
+    """The submission as it came (``messages.encode``)."""
+    etag: str
+
+
+@dataclass(frozen=True)
 class LiveMarker:
     """Index entry: this order may be in flight. The Supervisor sweeps these, not history.
 

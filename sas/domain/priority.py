@@ -78,51 +78,18 @@ class AdmissionPolicy:
 
 @dataclass(frozen=True)
 class InFlightPolicy:
-    """How long a submission waits in the orders queue while its workflow has
-    ``Workflow.max_in_flight`` orders in flight (docs/architecture.md, "Bounded work in
-    flight"). High priority is never held back; low priority waits from ``low_share`` of the
-    limit, so a normal order gets the room that frees first. A put-back costs a send and a
-    receive, so a submission first waits its turn: as long as the messages waiting in the
-    orders lanes take to go through at the pace orders do (or, with no pace known, ``turnover``
-    per order in flight); found full at its turn, it looks again after as long as it has been
-    past it, so about twice as long each time (where the queue's depth is not known, as on
-    Service Bus, that is all there is). Each wait between ``base`` and ``cap``. Unlike a low
-    order's yield to a backlog it has no bound: it lasts while the workflow is full."""
+    """How many of a workflow's ``Workflow.max_in_flight`` places each priority may fill
+    (docs/architecture.md, "Bounded work in flight"): normal all of them, low ``low_share`` of
+    them, so a normal order gets the room that frees first; high is never held back."""
 
-    base: timedelta = timedelta(seconds=2)
-    cap: timedelta = timedelta(minutes=10)
-    turnover: timedelta = timedelta(seconds=30)
-    """How long an order is taken to hold its place when no pace is known yet."""
     low_share: float = 0.9
 
     def __post_init__(self) -> None:
-        if not timedelta(0) < self.base <= self.cap or self.turnover <= timedelta(0):
-            raise ValueError("an in-flight policy needs 0 < base <= cap and a turnover > 0")
         if not 0 < self.low_share <= 1:
             raise ValueError("an in-flight policy needs 0 < low_share <= 1")
 
-    def deferral(
-        self,
-        priority: Priority,
-        *,
-        in_flight: int,
-        limit: int,
-        waiting: int = 0,
-        pace: float = 0.0,
-        past_turn: timedelta | None = None,
-    ) -> timedelta | None:
-        """How long to put the submission back for, or None to admit it now. ``waiting``:
-        messages in the orders lanes it would join; ``pace``: orders going through per second
-        (0: unknown); ``past_turn``: how long since its turn came (None: it has none yet)."""
+    def room(self, priority: Priority, limit: int) -> int | None:
+        """The places ``priority`` may fill; None: it never waits."""
         if priority == "high":
             return None
-        room = limit if priority == "normal" else max(1, int(limit * self.low_share))
-        if in_flight < room:
-            return None
-        if past_turn is not None:
-            wait = past_turn
-        elif pace > 0:
-            wait = timedelta(seconds=waiting / pace)
-        else:
-            wait = self.turnover * waiting / limit
-        return min(self.cap, max(self.base, wait))
+        return limit if priority == "normal" else max(1, int(limit * self.low_share))

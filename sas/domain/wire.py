@@ -295,6 +295,9 @@ table), RowKey = ``load_row_key``."""
 BUDGET_PARTITION = "~budget"
 """Each Supervisor process's retries held back, as it last published them (in the in-flight
 table), RowKey = ``instance_row_key``."""
+ROOM_PARTITION = "~room"
+"""Submissions waiting for room under their workflow's ``max_in_flight`` (in the in-flight
+table), RowKey = ``room_row_key``: by workflow, then normal before low, then first come."""
 REJECTED_PARTITION = "~rejected"
 """Messages parked as unprocessable, RowKey = time + random tail."""
 BREAKER_PARTITION = "~breaker"
@@ -332,6 +335,20 @@ def history_row_key(at: datetime, attempt: int, tail: str) -> str:
     """Time first, so a range query returns the trail in order; ``tail`` (random) keeps two
     entries of one instant apart."""
     return f"{HISTORY_ROW_PREFIX}{_utc_stamp(at)}:{attempt:05d}:{tail}"
+
+
+_ROOM_RANKS = {"normal": "1", "low": "2"}
+
+
+def room_row_key(workflow: str, priority: Priority, at: datetime, order_id: str) -> str:
+    """A waiting submission's row: a range query of its workflow's rows returns them in the
+    order they go in (high priority never waits)."""
+    return f"{workflow}~{_ROOM_RANKS[priority]}~{_utc_stamp(at)}~{order_id}"
+
+
+def room_rows(workflow: str) -> tuple[str, str]:
+    """The RowKey range (from, before) of ``workflow``'s waiting submissions."""
+    return f"{workflow}~1", f"{workflow}~3"
 
 
 def rejected_row_key(at: datetime, tail: str) -> str:

@@ -89,8 +89,8 @@ class Workflow:
     end: a change to the steps (names, order, agents, actions, undo) is a new version, declared
     beside the old one until the old one's orders have drained (docs/your-workflow.md)."""
     max_in_flight: int | None = None
-    """Orders of this workflow (every version) in flight at once; more wait in the orders
-    queue until there is room (high priority excepted). None: no limit. An order holds its
+    """Orders of this workflow (every version) in flight at once; more wait in the waiting
+    room until a sweep finds room (high priority excepted). None: no limit. An order holds its
     place from its submission until a sweep drops its marker (docs/architecture.md, "Bounded
     work in flight"), so it allows about max_in_flight / (latency + shortest budget + a sweep
     period) orders/s."""

@@ -110,7 +110,7 @@ class Context:
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     in_flight: InFlight | None = None
     """Counts each workflow's orders in flight: a submission past its ``max_in_flight`` waits
-    in the orders queue (``in_flight_policy``). None: no limit."""
+    in the waiting room (``in_flight_policy``, sas/services/room.py). None: no limit."""
     in_flight_policy: InFlightPolicy = field(default_factory=InFlightPolicy)
     reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
     alert_lease: timedelta = ALERT_LEASE

@@ -4,15 +4,12 @@ in-flight index: what holds submissions back past a workflow's ``max_in_flight``
 workflow (ten times less often while under half the limit); a submission reserves its place in
 the count as it reads it (and gives it back if it does not go in), so concurrent submissions of
 one process never overshoot the limit together: only what other processes let in since their
-count can. The same read gives the markers' ages, and so the pace orders go through (Little's
-law: in flight / time in flight, the time in flight twice the mean age of what is in flight),
-which sets when a waiting submission's turn comes."""
+count can."""
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Protocol
 
@@ -26,26 +23,16 @@ FAR_TTLS = 10
 class Counts(Protocol):
     """What the gate needs of the store (``StateStore.count_live``)."""
 
-    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]: ...
+    def count_live(self, workflow: str, up_to: int) -> int: ...
 
 
 class InFlight:
-    def __init__(
-        self,
-        store: Counts,
-        clock: Clock,
-        depth: Callable[[str], int] | None = None,
-        ttl: timedelta = timedelta(seconds=1),
-    ):
-        """``depth``: the transport's estimate of a queue's messages (``QueueDepth``)."""
+    def __init__(self, store: Counts, clock: Clock, ttl: timedelta = timedelta(seconds=1)):
         self._store = store
         self._clock = clock
-        self._depth = depth
         self._ttl = ttl
         self._lock = threading.Lock()
         self._counted: dict[str, tuple[datetime, int | None]] = {}
-        self._paces: dict[str, float] = {}
-        self._depths: dict[tuple[str, ...], tuple[datetime, int]] = {}
 
     def reserve(self, workflow: str, up_to: int) -> int | None:
         """Orders of ``workflow`` in flight before this one (counted up to ``up_to``), this one
@@ -58,15 +45,14 @@ class InFlight:
         if not fresh:
             counted: int | None
             try:
-                counted, ages = self._store.count_live(workflow, up_to, now)
+                counted = self._store.count_live(workflow, up_to)
             except Exception:
                 log.warning(
                     "sas.in_flight_count_failed", extra={"workflow": workflow}, exc_info=True
                 )
-                counted, ages = None, 0.0
+                counted = None
             with self._lock:
                 self._counted[workflow] = (now, counted)
-                self._paces[workflow] = counted * counted / (2 * ages) if counted and ages else 0.0
         with self._lock:
             at, count = self._counted[workflow]
             if count is not None:
@@ -86,27 +72,3 @@ class InFlight:
             seen = self._counted.get(workflow)
             if seen is not None and seen[1] is not None:
                 self._counted[workflow] = (seen[0], max(0, seen[1] - 1))
-
-    def pace(self, workflow: str) -> float:
-        """Orders of ``workflow`` going through per second, as last counted (0: unknown). A
-        marker's ``TouchedAt`` is its order's submission, or an operator's resubmit."""
-        with self._lock:
-            return self._paces.get(workflow, 0.0)
-
-    def waiting(self, queues: tuple[str, ...]) -> int:
-        """Messages in ``queues`` (delayed ones too, where the transport counts them), looked
-        at most once per ``ttl``; 0 when unknown."""
-        now = self._clock.now()
-        with self._lock:
-            seen = self._depths.get(queues)
-            if seen is not None and timedelta(0) <= now - seen[0] < self._ttl:
-                return seen[1]
-        total = 0
-        if self._depth is not None:
-            try:
-                total = sum(self._depth(queue) for queue in queues)
-            except Exception:
-                log.warning("sas.queue_depth_failed", extra={"queues": queues}, exc_info=True)
-        with self._lock:
-            self._depths[queues] = (now, total)
-        return total

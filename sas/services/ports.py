@@ -19,6 +19,7 @@ from sas.domain.model import (
     StepRecord,
     StepStart,
     Versioned,
+    WaitingSubmission,
 )
 from sas.domain.parked import ParkedMessage
 from sas.domain.priority import Waiting
@@ -63,9 +64,22 @@ class StateStore(Protocol):
         due by ``due_at``; returns the marker's new ETag."""
         ...
 
-    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
-        """Markers of ``workflow``, counted up to ``up_to`` at most (one query), and their ages
-        at ``at`` (since touched: their order let in) summed, in seconds."""
+    def count_live(self, workflow: str, up_to: int) -> int:
+        """Markers of ``workflow``, counted up to ``up_to`` at most (one query)."""
+        ...
+
+    def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:
+        """Keep a submission in the waiting room under ``room_row_key`` (an existing row under
+        that key is left as it is: a redelivery)."""
+        ...
+
+    def list_waiting(self, workflow: str, up_to: int) -> list[WaitingSubmission]:
+        """``workflow``'s waiting submissions in the order they go in, ``up_to`` at most."""
+        ...
+
+    def drop_waiting(self, waiting: WaitingSubmission) -> bool:
+        """Remove a waiting submission unless changed since read; False if it was (or is
+        gone)."""
         ...
 
     def list_live(self) -> list[LiveMarker]:

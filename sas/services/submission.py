@@ -21,6 +21,7 @@ from sas.domain.wire import (
     POISON_SUFFIX,
     deferred_submission_message_id,
     new_incarnation,
+    room_row_key,
     submission_message_id,
 )
 from sas.domain.workflow import Workflow
@@ -29,8 +30,6 @@ from sas.services import telemetry, versions
 from sas.services.context import Context
 
 log = logging.getLogger(__name__)
-
-ZERO = timedelta(0)
 
 SUBMISSION_HOLD_LIMIT = timedelta(hours=1)
 """How long a submission naming a newer workflow version than any host has is put back before
@@ -42,8 +41,9 @@ class SubmissionOutcome(StrEnum):
     DUPLICATE = "duplicate"
     CONFLICT = "conflict"
     DEFERRED = "deferred"
-    """Put back for later: a low-priority order while higher lanes are backlogged, or any but
-    a high-priority one while its workflow has ``max_in_flight`` orders in flight."""
+    """Put back for later: a low-priority order while higher lanes are backlogged."""
+    WAITING = "waiting"
+    """Kept in the waiting room while its workflow has ``max_in_flight`` orders in flight."""
     HELD = "held"
     """It names a workflow version newer than this host has: left for a host that has it."""
 
@@ -120,9 +120,15 @@ def _submit(ctx: Context, message: OrderSubmitted) -> SubmissionOutcome:
             higher=_higher_waiting(ctx),
         )
         if delay is not None:
-            return _defer(ctx, message, now, delay, why="backlog")
-    if (delay := _room(ctx, message, workflow)) is not None:
-        return _defer(ctx, message, now, delay, why="in_flight")
+            return _defer(ctx, message, now, delay)
+    if _no_room(ctx, message, workflow):
+        return _wait_for_room(ctx, message, workflow, now)
+    return _accept(ctx, message, workflow, now)
+
+
+def _accept(
+    ctx: Context, message: OrderSubmitted, workflow: Workflow, now: datetime
+) -> SubmissionOutcome:
     order, claimed = _accepted(ctx, message, workflow, now)
     # Indexed before it exists: a crash after this leaves a marker the Supervisor sweeps away,
     # never an order the Supervisor cannot see.
@@ -179,31 +185,35 @@ def _accepted(
     return order, then.with_queue_allowance(ctx, claimed, workflow)
 
 
-def _room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> timedelta | None:
-    """How long the submission waits for room under its workflow's ``max_in_flight``, or
-    None to let it in now, its place reserved in this process's count (a submission that fails
-    after this keeps it until the next count, within a second)."""
+def _no_room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> bool:
+    """Whether the submission must wait for room under its workflow's ``max_in_flight``; if
+    not, its place is reserved in this process's count (a submission that fails after this keeps
+    it until the next count, within a second). One the waiting room let in (``room_turn``) holds
+    its place already: the marker written as it was let in."""
     limit = workflow.max_in_flight
-    if ctx.in_flight is None or limit is None or message.priority == "high":
-        return None
+    if ctx.in_flight is None or limit is None or message.room_turn is not None:
+        return False
+    room = ctx.in_flight_policy.room(message.priority, limit)
+    if room is None:
+        return False
     counted = ctx.in_flight.reserve(workflow.name, limit)
-    if counted is None:
-        return None
-    policy, now = ctx.in_flight_policy, ctx.clock.now()
-    if policy.deferral(message.priority, in_flight=counted, limit=limit) is None:
-        return None
-    lanes = dict.fromkeys(ctx.routes.lane(ctx.routes.orders, p) for p in ("normal", "low"))
-    delay = policy.deferral(
-        message.priority,
-        in_flight=counted,
-        limit=limit,
-        waiting=ctx.in_flight.waiting(tuple(lanes)),
-        pace=ctx.in_flight.pace(workflow.name),
-        past_turn=None if message.room_turn is None else max(now - message.room_turn, ZERO),
+    if counted is None or counted < room:
+        return False
+    ctx.in_flight.release(workflow.name)
+    return True
+
+
+def _wait_for_room(
+    ctx: Context, message: OrderSubmitted, workflow: Workflow, now: datetime
+) -> SubmissionOutcome:
+    """Into the waiting room, nothing else written: the Supervisor lets it in when a sweep
+    finds room (sas/services/room.py)."""
+    key = room_row_key(workflow.name, message.priority, now, message.order_id)
+    ctx.store.wait_for_room(key, message.order_id, encode(message))
+    log.info(
+        "sas.submission_waiting", extra={"order_id": message.order_id, "workflow": workflow.name}
     )
-    if delay is not None:
-        ctx.in_flight.release(workflow.name)
-    return delay
+    return SubmissionOutcome.WAITING
 
 
 def _higher_waiting(ctx: Context) -> Waiting:
@@ -219,15 +229,12 @@ def _higher_waiting(ctx: Context) -> Waiting:
 
 
 def _defer(
-    ctx: Context, message: OrderSubmitted, now: datetime, delay: timedelta, *, why: str
+    ctx: Context, message: OrderSubmitted, now: datetime, delay: timedelta
 ) -> SubmissionOutcome:
     """Back into its lane for ``delay`` (the copy is a message of its own; the original is
-    settled once the copy is sent). A yield to a backlog remembers when the first one was: its
-    bound counts from there; a wait for room leaves that as it was."""
-    if why == "backlog":
-        update = {"deferred_since": min(message.deferred_since or now, now)}
-    else:  # its turn is kept: a later arrival's is later
-        update = {"room_turn": message.room_turn or now + delay}
+    settled once the copy is sent), remembering when the first yield was: its bound counts from
+    there."""
+    update = {"deferred_since": min(message.deferred_since or now, now)}
     ctx.transport.send(
         ctx.routes.lane(ctx.routes.orders, message.priority),
         message.model_copy(update=update),
@@ -237,7 +244,7 @@ def _defer(
     )
     log.info(
         "sas.submission_deferred",
-        extra={"order_id": message.order_id, "delay": delay.total_seconds(), "why": why},
+        extra={"order_id": message.order_id, "delay": delay.total_seconds()},
     )
     return SubmissionOutcome.DEFERRED
 

@@ -40,7 +40,7 @@ from sas.domain.recovery import Expiry, ExpiryAction, Wait, expire, queue_wait
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import idempotency_key
 from sas.domain.workflow import Workflow
-from sas.services import alerts, metrics, telemetry, versions
+from sas.services import alerts, metrics, room, telemetry, versions
 from sas.services import consequences as then
 from sas.services.alerts import AlertOutcome
 from sas.services.context import Context
@@ -84,6 +84,7 @@ def sweep(
             tasks = [pool.submit(contextvars.copy_context().run, examine, m) for m in due]
             report.update(task.result() for task in tasks)
     markers.flush()
+    report["let_in"] = room.let_in(ctx, parallelism=parallelism)  # into the room just freed
     if report.total():
         log.info("sas.supervisor_sweep", extra={"report": dict(report), "orders_read": len(due)})
     if budgets is not None:

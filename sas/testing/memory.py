@@ -23,10 +23,11 @@ from sas.domain.model import (
     StepRecord,
     StepStart,
     Versioned,
+    WaitingSubmission,
 )
 from sas.domain.parked import ParkedMessage
 from sas.domain.priority import Waiting
-from sas.domain.wire import Priority, rejected_row_key
+from sas.domain.wire import Priority, rejected_row_key, room_rows
 
 
 def _one_operation_per_marker(order_ids: list[str]) -> None:
@@ -196,6 +197,7 @@ class InMemoryStore:
         self.parked: dict[str, ParkedMessage] = {}
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
+        self.room: dict[str, WaitingSubmission] = {}
         self.missing: dict[str, MissingDefinition] = {}
         self.starts: dict[tuple[str, str, int], StepStart] = {}
 
@@ -256,9 +258,23 @@ class InMemoryStore:
         self.live[order_id] = marker
         return marker.etag
 
-    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
-        found = [m for m in self.live.values() if m.workflow == workflow][:up_to]
-        return len(found), sum(max(0.0, (at - m.touched_at).total_seconds()) for m in found)
+    def count_live(self, workflow: str, up_to: int) -> int:
+        return len([m for m in self.live.values() if m.workflow == workflow][:up_to])
+
+    def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:
+        if row_key not in self.room:
+            self.room[row_key] = WaitingSubmission(row_key, order_id, body, next(self._etags))
+
+    def list_waiting(self, workflow: str, up_to: int) -> list[WaitingSubmission]:
+        first, after = room_rows(workflow)
+        return [self.room[k] for k in sorted(self.room) if first <= k < after][:up_to]
+
+    def drop_waiting(self, waiting: WaitingSubmission) -> bool:
+        current = self.room.get(waiting.row_key)
+        if current is None or current.etag != waiting.etag:
+            return False
+        del self.room[waiting.row_key]
+        return True
 
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())

@@ -21,6 +21,7 @@ from sas.domain.model import (
     Versioned,
 )
 from sas.domain.transitions import claim, initial_state
+from sas.domain.wire import Priority, room_row_key
 from tests.harness import store_on
 from tests.workflows import SHOP
 
@@ -219,14 +220,36 @@ def test_markers_are_counted_by_workflow_up_to_a_bound_and_keep_it_when_rearmed(
     store.touch_live("w0", NOW, NOW, "workspace")
     store.touch_live("old", NOW, NOW)  # a marker from before markers named their workflow
     store.touch_live("o9", NOW + timedelta(seconds=30), NOW, "order")
-    at = NOW + timedelta(seconds=40)
-    assert store.count_live("order", 100, at) == (6, 5 * 40 + 10)  # and their ages, summed
-    assert store.count_live("order", 3, at)[0] == 3
-    assert store.count_live("workspace", 100, at) == (1, 40)
-    assert store.count_live("nothing", 100, at) == (0, 0)
+    assert store.count_live("order", 100) == 6
+    assert store.count_live("order", 3) == 3
+    assert store.count_live("workspace", 100) == 1
+    assert store.count_live("nothing", 100) == 0
     assert store.rearm_live([(m, NOW + timedelta(minutes=1)) for m in store.list_due(NOW)]) == 8
-    assert store.count_live("order", 100, at) == (6, 210)  # a re-arm keeps both
+    assert store.count_live("order", 100) == 6  # a re-arm keeps the workflow
     assert {m.workflow for m in store.list_live()} == {"order", "workspace", ""}
+
+
+def test_the_waiting_room_returns_a_workflows_rows_in_turn_and_drops_each_once(table):
+    store = store_on(table)
+    later = NOW + timedelta(seconds=1)
+    big = b"x" * (70 * 1024)  # more than one property holds
+    rows: list[tuple[str, Priority, datetime, str, bytes]] = [
+        ("order", "low", NOW, "l1", b"low"),
+        ("order", "normal", later, "n2", big),
+        ("order", "normal", NOW, "n1", b"first"),
+        ("orderx", "normal", NOW, "x1", b"x"),  # a name the first one is a prefix of
+        ("ord", "normal", NOW, "o1", b"o"),
+    ]
+    for workflow, priority, at, order_id, body in rows:
+        store.wait_for_room(room_row_key(workflow, priority, at, order_id), order_id, body)
+    store.wait_for_room(room_row_key("order", "low", NOW, "l1"), "l1", b"again")  # kept as was
+    found = store.list_waiting("order", 10)
+    assert [(w.order_id, w.body) for w in found] == [("n1", b"first"), ("n2", big), ("l1", b"low")]
+    assert [w.order_id for w in store.list_waiting("order", 2)] == ["n1", "n2"]
+    assert [w.order_id for w in store.list_waiting("orderx", 10)] == ["x1"]
+    assert store.drop_waiting(found[0]) is True
+    assert store.drop_waiting(found[0]) is False  # gone: a second mover is told
+    assert [w.order_id for w in store.list_waiting("order", 10)] == ["n2", "l1"]
 
 
 def test_the_in_flight_index_is_a_table_of_its_own(table):

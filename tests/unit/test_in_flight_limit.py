@@ -1,23 +1,25 @@
 """Bounded work in flight, in memory: past its workflow's ``max_in_flight`` a submission waits
-in the orders queue (nothing written, a delayed copy of it sent back), longer the further past
-the limit; it is let in once there is room; high priority never waits; a count the store cannot
-give holds nothing back. The count against the Table store: tests/integration/test_table_store.py.
-"""
+in the waiting room (nothing else written) and a Supervisor sweep lets it in once there is room,
+first come first, normal before low; high priority never waits; a count the store cannot give
+holds nothing back. The count and the room against the Table store:
+tests/integration/test_table_store.py."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import datetime, timedelta
+from datetime import timedelta
 
 import pytest
 
-from sas.domain.messages import OrderSubmitted
+from sas.domain.messages import OrderSubmitted, encode
 from sas.domain.model import ProcessState
 from sas.domain.priority import InFlightPolicy
+from sas.domain.wire import room_row_key
 from sas.domain.workflow import Registry, Workflow
 from sas.services.in_flight import InFlight
 from sas.services.ports import StateStore
 from sas.services.submission import SubmissionOutcome
+from sas.testing.memory import InMemoryStore
 from tests.harness import World
 from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once
 from tests.unit.test_services import submitted
@@ -39,21 +41,60 @@ def limited_world(store=None) -> World:
     return world
 
 
-def test_past_the_limit_a_submission_waits_in_the_orders_queue_until_there_is_room():
+def waiting(world: World) -> list[str]:
+    return [w.order_id for w in world.store.list_waiting(SHOP.name, 100)]
+
+
+def test_past_the_limit_a_submission_waits_in_the_room_until_a_sweep_lets_it_in():
     world = limited_world()
-    for n in range(3):
-        world.submit(submitted(f"o{n}"))
-    assert world.store.get_state("o2") is None  # nothing written for the third
-    (copy,) = world.bus.to("orders")
-    assert isinstance(copy, OrderSubmitted) and copy.order_id == "o2"
-    assert copy.deferred_since is None  # the low-priority yield bound is not this wait
-    assert copy.room_turn == world.clock.now() + InFlightPolicy().base
-    (sent,) = world.bus.pending("orders")
-    assert sent.due == world.clock.now() + InFlightPolicy().base  # nothing else waits
-    world.settle_with_supervision(ticks=10)  # the first two finish, their markers go
+    outcomes = [world.app.submit(submitted(f"o{n}")) for n in range(3)]
+    assert outcomes[2] is SubmissionOutcome.WAITING
+    live = {m.order_id for m in world.store.list_live()}
+    assert world.store.get_state("o2") is None and "o2" not in live  # nothing else written
+    assert waiting(world) == ["o2"] and world.bus.to("orders") == []
+    world.run()
+    assert world.tick()["let_in"] == 0  # the two finished, but their markers still count
+    assert world.tick(20)["let_in"] == 1  # due now: dropped first, then the third let in
+    assert waiting(world) == []
+    world.settle_with_supervision(ticks=5)
     for n in range(3):
         assert world.state(f"o{n}").process_state is ProcessState.PROCESSED
         assert_effects_once(world, f"o{n}", *ALL_STEPS)
+
+
+def test_the_room_lets_in_first_come_first_and_normal_before_low():
+    world = limited_world()
+    for n in range(2):
+        world.submit(submitted(f"o{n}"))
+    arrivals = [("l1", "low"), ("n1", "normal"), ("l2", "low"), ("n2", "normal"), ("n3", "normal")]
+    for order_id, priority in arrivals:
+        world.clock.advance(1)
+        world.submit(submitted(order_id).model_copy(update={"priority": priority}))
+    assert waiting(world) == ["n1", "n2", "n3", "l1", "l2"]
+    world.run()
+    world.tick(20)  # the two in flight finished: their places go to n1 and n2
+    assert waiting(world) == ["n3", "l1", "l2"]
+    let_in = [m.order_id for m in world.bus.to("orders") if isinstance(m, OrderSubmitted)]
+    assert let_in == ["n1", "n2"]
+    world.settle_with_supervision(ticks=10)
+    for order_id, _ in arrivals:
+        assert world.state(order_id).process_state is ProcessState.PROCESSED
+
+
+def test_a_submission_let_in_holds_its_place_before_it_arrives_and_is_not_counted_again():
+    world = limited_world()
+    for n in range(3):
+        world.submit(submitted(f"o{n}"))
+    world.run()
+    world.tick(20)  # markers dropped, o2 let in: its marker is written with its send
+    assert world.store.count_live(SHOP.name, 10) == 1
+    assert [m.order_id for m in world.store.list_live()] == ["o2"]
+    world.submit(submitted("o3"))
+    world.submit(submitted("o4"))  # o2's place is taken: o4 waits
+    assert waiting(world) == ["o4"]
+    [o2] = [m for m in world.bus.to("orders") if isinstance(m, OrderSubmitted)]
+    assert o2.order_id == "o2" and o2.room_turn == world.clock.now()
+    assert world.app.submit(o2) is SubmissionOutcome.ACCEPTED  # full, yet it goes in
 
 
 def test_each_workflow_is_counted_on_its_own():
@@ -69,36 +110,45 @@ def test_each_workflow_is_counted_on_its_own():
 
 def test_a_low_order_waits_below_the_limit_so_normal_ones_get_the_room_first():
     policy = InFlightPolicy(low_share=0.9)
-    assert policy.deferral("normal", in_flight=9, limit=10) is None
-    assert policy.deferral("low", in_flight=9, limit=10) is not None
-    assert policy.deferral("low", in_flight=8, limit=10) is None
+    assert (policy.room("normal", 10), policy.room("low", 10), policy.room("high", 10)) == (
+        10,
+        9,
+        None,
+    )
+    assert policy.room("low", 1) == 1
 
 
-def test_found_full_at_its_turn_a_submission_looks_again_later_each_time():
+def test_a_let_in_sent_twice_is_a_redelivery_and_a_lost_drop_only_sends_it_again():
     world = limited_world()
-    for n in range(2):
+    store = world.store
+    assert isinstance(store, InMemoryStore)
+    for n in range(3):
         world.submit(submitted(f"o{n}"))
-    world.submit(submitted("o2"))
-    turn = world.clock.now() + InFlightPolicy().base
-    waits = []
-    for _ in range(5):
-        [due] = world.bus.pending("orders")
-        world.clock.advance((due.due - world.clock.now()).total_seconds())  # nothing finished
-        [copy] = world.bus.take("orders")
-        assert isinstance(copy, OrderSubmitted) and copy.room_turn == turn  # its turn is kept
-        world.submit(copy)
-        [again] = world.bus.pending("orders")
-        waits.append((again.due - world.clock.now()).total_seconds())
-    assert waits == [2, 2, 4, 8, 16]  # as long as it has been past its turn
+    world.run()
+    kept = store.list_waiting(SHOP.name, 1)
+    original = store.drop_waiting
+    store.drop_waiting = lambda waiting: False  # type: ignore[method-assign]  # a crash
+    assert world.tick(20)["let_in"] == 1
+    store.drop_waiting = original  # type: ignore[method-assign]
+    assert store.list_waiting(SHOP.name, 1) == kept
+    world.run()  # o2 goes through
+    assert world.tick()["let_in"] == 1  # and is let in again
+    outcomes = world.deliver("orders")
+    assert outcomes == [SubmissionOutcome.DUPLICATE]
+    world.settle_with_supervision(ticks=5)
+    assert waiting(world) == []
+    assert_effects_once(world, "o2", *ALL_STEPS)
 
 
-def test_a_wait_for_room_leaves_the_low_priority_yield_bound_alone():
+def test_a_row_the_room_cannot_read_is_parked_and_does_not_block_the_rest():
     world = limited_world()
-    for n in range(2):
-        world.submit(submitted(f"o{n}"))
-    world.submit(submitted("low").model_copy(update={"priority": "low"}))
-    [copy] = world.bus.to("orders")
-    assert isinstance(copy, OrderSubmitted) and copy.deferred_since is None
+    now = world.clock.now()
+    world.store.wait_for_room(room_row_key(SHOP.name, "normal", now, "bad"), "bad", b"{not json")
+    row = room_row_key(SHOP.name, "normal", now, "good")
+    world.store.wait_for_room(row, "good", encode(submitted("good")))
+    assert world.tick()["let_in"] == 1
+    assert waiting(world) == []
+    assert [p.reason for p in world.store.list_parked()] == ["unreadable in the waiting room"]
 
 
 def test_high_priority_is_let_in_past_the_limit():
@@ -117,7 +167,7 @@ def test_a_burst_on_one_process_counts_what_it_let_in_since_its_last_count():
     outcomes = [app.submit(submitted(f"o{n}")) for n in range(5)]  # within one second
     assert outcomes.count(SubmissionOutcome.ACCEPTED) == LIMIT and counts.asked == 1
     # A redelivery while it is full waits like any other submission, its place given back.
-    assert app.submit(submitted("o0")) is SubmissionOutcome.DEFERRED
+    assert app.submit(submitted("o0")) is SubmissionOutcome.WAITING
     assert gate.reserve("order", 4) == LIMIT
 
 
@@ -139,28 +189,6 @@ def test_a_store_that_cannot_count_holds_nothing_back_and_is_not_asked_again_at_
     assert down.asked == 1  # the failure is remembered for the count's second
 
 
-def test_a_wait_is_as_long_as_the_queue_ahead_takes_and_never_shorter_than_the_last():
-    policy = InFlightPolicy(turnover=timedelta(seconds=30), cap=timedelta(seconds=120))
-
-    def full(waiting: int = 0, pace: float = 0.0) -> timedelta | None:
-        return policy.deferral("normal", in_flight=200, limit=200, waiting=waiting, pace=pace)
-
-    assert policy.deferral("normal", in_flight=199, limit=200) is None
-    assert full() == policy.base  # nobody else waits
-    assert full(waiting=400) == timedelta(seconds=60)
-    assert full(waiting=100_000) == policy.cap
-    assert full(waiting=400, pace=4.0) == timedelta(seconds=100)  # the queue ahead at its pace
-    # Past its turn, as long as it has been past it: about twice as long each time.
-    waits, past = [], timedelta(0)
-    for _ in range(5):
-        wait = policy.deferral("normal", in_flight=200, limit=200, past_turn=past)
-        assert wait is not None
-        waits.append(wait.total_seconds())
-        past += wait
-    assert waits == [2, 2, 4, 8, 16]
-    assert policy.deferral("high", in_flight=200, limit=200, waiting=100_000) is None
-
-
 @pytest.mark.parametrize("bad", [0, -1, 100_001, 2.5, True])
 def test_a_limit_that_admits_nothing_or_is_no_count_is_refused(bad):
     with pytest.raises(ValueError, match="max_in_flight"):
@@ -171,40 +199,18 @@ class CountingStore:
     def __init__(self, inner: StateStore) -> None:
         self.inner, self.asked = inner, 0
 
-    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
+    def count_live(self, workflow: str, up_to: int) -> int:
         self.asked += 1
-        return self.inner.count_live(workflow, up_to, at)
+        return self.inner.count_live(workflow, up_to)
 
 
 class Unanswering:
     def __init__(self) -> None:
         self.asked = 0
 
-    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
+    def count_live(self, workflow: str, up_to: int) -> int:
         self.asked += 1
         raise ConnectionError("the store is down")
-
-
-def test_the_queue_ahead_is_read_from_the_transport_at_most_once_a_second():
-    world = World(workflows=LIMITED)
-    asked: list[str] = []
-
-    def depth(queue: str) -> int:
-        asked.append(queue)
-        return 3
-
-    app = world.app.named("scheduler-1", in_flight=InFlight(world.store, world.clock, depth))
-    for n in range(4):
-        app.submit(submitted(f"o{n}"))
-    assert asked == ["orders"]  # once, and only once it was full (one lane for all here)
-    waits = [s.due - world.clock.now() for s in world.bus.pending("orders")]
-    assert waits == [timedelta(seconds=45)] * 2  # 3 waiting x a 30 s turnover / a limit of 2
-    # Counted again a second later: two in flight for a second on average each, so (Little's
-    # law) in flight twice that long, a pace of one a second: the three waiting take 3 s.
-    world.clock.advance(1)
-    app.submit(submitted("o4"))
-    [o4] = [p for p in world.bus.pending("orders") if p.correlation_id == "o4"]
-    assert o4.due - world.clock.now() == timedelta(seconds=3)
 
 
 def test_far_below_the_limit_a_count_lasts_ten_times_longer():

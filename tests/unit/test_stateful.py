@@ -54,6 +54,7 @@ from sas.domain.model import (
     StepRecord,
     StepStart,
     Versioned,
+    WaitingSubmission,
 )
 from sas.domain.parked import ParkedMessage
 from sas.domain.recovery import RetryPolicy
@@ -253,8 +254,17 @@ class AuditingStore:
     def touch_live(self, order_id: str, at: datetime, due_at: datetime, workflow: str = "") -> str:
         return self.inner.touch_live(order_id, at, due_at, workflow)
 
-    def count_live(self, workflow: str, up_to: int, at: datetime) -> tuple[int, float]:
-        return self.inner.count_live(workflow, up_to, at)
+    def count_live(self, workflow: str, up_to: int) -> int:
+        return self.inner.count_live(workflow, up_to)
+
+    def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:
+        self.inner.wait_for_room(row_key, order_id, body)
+
+    def list_waiting(self, workflow: str, up_to: int) -> list[WaitingSubmission]:
+        return self.inner.list_waiting(workflow, up_to)
+
+    def drop_waiting(self, waiting: WaitingSubmission) -> bool:
+        return self.inner.drop_waiting(waiting)
 
     def list_live(self) -> list[LiveMarker]:
         return self.inner.list_live()

@@ -1,0 +1,95 @@
+"""The waiting room (docs/architecture.md, "Bounded work in flight"): a submission that finds
+its workflow's ``max_in_flight`` places taken is kept in a table partition, nothing else
+written (sas/services/submission.py), and each Supervisor sweep, once it has dropped the
+markers of finished orders, lets in as many as there is room for: normal before low, first come
+first. Letting one in writes its marker first, so it holds its place from then on, then sends it
+back to its orders lane marked (``room_turn``) to go in without being counted again, then takes
+it out of the room. A crash between the send and the removal sends it twice: the second is a
+redelivery, which changes nothing."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
+
+from sas.domain.errors import InvalidMessage
+from sas.domain.messages import OrderSubmitted, decode
+from sas.domain.model import WaitingSubmission
+from sas.domain.wire import deferred_submission_message_id
+from sas.services.context import Context
+
+log = logging.getLogger(__name__)
+
+UNLIMITED_BATCH = 500
+"""Submissions let in per sweep for a workflow whose limit a deploy removed."""
+
+
+def let_in(ctx: Context, *, parallelism: int = 1) -> int:
+    """Let in what each workflow has room for; returns how many were let in."""
+    return sum(_let_in(ctx, name, parallelism) for name in ctx.workflows.names)
+
+
+def _let_in(ctx: Context, name: str, parallelism: int) -> int:
+    limit = ctx.workflows.named(name).max_in_flight
+    waiting = ctx.store.list_waiting(name, limit or UNLIMITED_BATCH)
+    if not waiting:
+        return 0
+    now = ctx.clock.now()
+    chosen: list[tuple[WaitingSubmission, OrderSubmitted]] = []
+    in_flight = 0 if limit is None else ctx.store.count_live(name, limit)
+    for row in waiting:  # normal before low: once one has no room, none after it has
+        message = _read(ctx, row, now)
+        if message is None:
+            continue
+        room = None if limit is None else ctx.in_flight_policy.room(message.priority, limit)
+        if room is not None and in_flight >= room:
+            break
+        chosen.append((row, message))
+        in_flight += 1
+
+    def one(item: tuple[WaitingSubmission, OrderSubmitted]) -> None:
+        _let_in_one(ctx, *item, now=now)
+
+    if parallelism == 1 or len(chosen) < 2:
+        for item in chosen:
+            one(item)
+    else:
+        with ThreadPoolExecutor(min(parallelism, len(chosen))) as pool:
+            tasks = [pool.submit(contextvars.copy_context().run, one, item) for item in chosen]
+            for task in tasks:
+                task.result()
+    if chosen:
+        log.info("sas.room_let_in", extra={"workflow": name, "count": len(chosen)})
+    return len(chosen)
+
+
+def _read(ctx: Context, row: WaitingSubmission, now: datetime) -> OrderSubmitted | None:
+    """The submission a row keeps; one that is not (written by no version of this app) is
+    parked for an operator instead of blocking the room."""
+    try:
+        message = decode(OrderSubmitted, row.body)
+    except InvalidMessage:
+        message = None
+    if isinstance(message, OrderSubmitted):
+        return message
+    ctx.store.park_message(ctx.routes.orders, "unreadable in the waiting room", row.body, now)
+    ctx.store.drop_waiting(row)
+    log.warning("sas.room_row_unreadable", extra={"row_key": row.row_key})
+    return None
+
+
+def _let_in_one(
+    ctx: Context, row: WaitingSubmission, message: OrderSubmitted, *, now: datetime
+) -> None:
+    # The marker holds its place until the submission writes the order (or, if it never does,
+    # until the Supervisor drops it as an orphan).
+    ctx.store.touch_live(row.order_id, now, now + ctx.workflows.shortest_budget, message.workflow)
+    ctx.transport.send(
+        ctx.routes.lane(ctx.routes.orders, message.priority),
+        message.model_copy(update={"room_turn": now}),
+        message_id=deferred_submission_message_id(row.order_id, now),
+        correlation_id=row.order_id,
+    )
+    ctx.store.drop_waiting(row)
