@@ -19,7 +19,7 @@ from sas.domain.messages import Message, OrderSubmitted
 from sas.domain.model import OrderState
 from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import live_table_name
-from sas.domain.workflow import Registry
+from sas.domain.workflow import START_SLACK, Registry
 from sas.services.context import Agents, Routes
 from sas.services.operator import Operator
 from sas.services.ports import StateStore
@@ -30,6 +30,9 @@ from tests.workflows import REGISTRY
 
 BUDGET = STEP_BUDGET.total_seconds()
 """A step's complete-by budget in the tests' workflows, in seconds."""
+CLAIMED = BUDGET + START_SLACK.total_seconds()
+"""A claimed step's deadline, in seconds from its claim: its budget and the slack within which
+an agent starts it unrecorded."""
 
 ROUTES = Routes(
     "orders",

@@ -112,8 +112,12 @@ def queue_wait(
         if reply_lane_busy and now < start.run_by + policy.queue_wait_limit:
             return Wait(Waits.REPLY_QUEUED, again)
         return None
-    if request_lane_busy and now < deadline + policy.queue_wait_limit + policy.clock_skew:
-        return Wait(Waits.REQUEST_QUEUED, again)  # agents start nothing past the limit
+    if now >= deadline + policy.queue_wait_limit + policy.clock_skew:
+        return None  # agents start nothing past the limit
+    if request_lane_busy:
+        return Wait(Waits.REQUEST_QUEUED, again)
+    if reply_lane_busy:  # an agent that started within the claim's slack records no start
+        return Wait(Waits.REPLY_QUEUED, again)
     return None
 
 

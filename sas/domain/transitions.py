@@ -18,7 +18,7 @@ from sas.domain.errors import IllegalTransition, StaleReply
 from sas.domain.messages import ReplyKind, StepReply
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, Mode, Priority, StatusLevel
-from sas.domain.workflow import Workflow
+from sas.domain.workflow import START_SLACK, Workflow
 
 MAX_ERROR_LENGTH = 1000
 DEFERRAL = DeferralPolicy()
@@ -403,7 +403,7 @@ def _start(
         step_index=index,
         step=step.name,
         first_attempt=state.attempt + 1 if advancing else state.first_attempt,
-        complete_by=now + step.budget,
+        complete_by=now + step.budget + START_SLACK,
         not_before=None,
         failure_count=0 if advancing else state.failure_count,
         deferrals=0 if advancing else state.deferrals,

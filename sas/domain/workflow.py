@@ -26,6 +26,9 @@ MAX_STEPS = 16
 details (``MAX_DETAILS_JSON``) stay well under Table Storage's 1 MiB per entity."""
 MAX_BUDGET = timedelta(days=1)
 """The longest complete-by or pickup budget: a deadline must stay far from the calendar's end."""
+START_SLACK = timedelta(seconds=2)
+"""Added to a claimed step's deadline: an agent that starts the request within it still has a
+whole budget before the deadline, so it records no start (sas/services/agent.py)."""
 MAX_DETAILS_JSON = 30_000
 """Characters of an order's details as stored (ASCII JSON in one Table property of 64 KiB)."""
 MAX_FAILURES_LIMIT = 100
@@ -206,7 +209,7 @@ class Workflow:
     @property
     def shortest_budget(self) -> timedelta:
         """No transition sets a deadline nearer than this to its own time."""
-        return min(self.pickup_budget, *(step.budget for step in self.steps))
+        return min(self.pickup_budget, *(step.budget + START_SLACK for step in self.steps))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The Agent: one remote service call per step request, bounded by the step's budget.
 
-It records the attempt's start first (``StepStart``): the budget runs from then, however long
-the request waited in its queue, and the Supervisor holds off while it runs; an attempt the
+It records the attempt's start first (``StepStart``) unless the claim's deadline still leaves
+a whole budget (``transitions.START_SLACK``): the budget runs from the start, however long the
+request waited in its queue, and the Supervisor holds off while it runs; an attempt the
 Supervisor gave up first (the same row, ``abandoned``) runs nothing. Retries transient
 faults with exponential backoff and jitter (honouring Retry-After), only while the budget
 allows. Past it, it stops and sends nothing: the Supervisor will schedule another attempt.
@@ -153,7 +154,8 @@ def _start(ctx: Context, request: StepRequest, now: datetime) -> StepStart:
     """Record that this attempt started; its budget runs from its first start. Returns the
     attempt's row as its first writer left it: this start, an earlier one, or a Supervisor's
     abandonment (then nothing may run). The insert decides, not a clock: a Supervisor gives an
-    unstarted attempt up by inserting the same row (``supervisor._queue_wait``). Time the request
+    unstarted attempt up by inserting the same row (``supervisor._queue_wait``), only once the
+    claim's deadline has passed, when no agent can start within its slack. Time the request
     spent queued is not the step's."""
     budget = timedelta(seconds=request.budget or 0)
     start = StepStart(
@@ -164,7 +166,9 @@ def _start(ctx: Context, request: StepRequest, now: datetime) -> StepStart:
         run_by=now + min(budget, ctx.workflows.longest_step_budget),
         instance=ctx.instance_id,
     )
-    if request.budget is None:  # sent before starts were recorded: complete_by bounds it
+    if request.budget is None or start.run_by <= request.complete_by:
+        # The claim's deadline leaves a whole budget (started within its slack, or sent before
+        # starts were recorded): the Supervisor waits that long anyway, so nothing is written.
         return replace(start, run_by=request.complete_by)
     return ctx.store.record_start(start)
 

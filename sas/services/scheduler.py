@@ -178,9 +178,13 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
     new = then.with_queue_allowance(ctx, new, workflow)
     decision = replace(decision, state=new)
     entries = [_reply_history(ctx, reply, state, verdict, decision)]
+    if state.waiting is not None:  # the reply was held while the definition was missing
+        entries.insert(0, versions.resumed(ctx, state))
     if decision.then is Then.DISPATCH:  # the next step claimed in the same write
         entries.append(then.claim_history(new, workflow, ctx.instance_id))
     etag = ctx.store.update_state(new, current.etag, entries, step=_step_record(reply, now))
+    if state.waiting is not None:
+        versions.forget(ctx, state)
     log.info(
         "sas.step_%s", decision.history_kind,
         extra={"order_id": reply.order_id, "step": reply.step, "attempt": reply.attempt},

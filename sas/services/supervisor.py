@@ -84,7 +84,9 @@ def sweep(
             tasks = [pool.submit(contextvars.copy_context().run, examine, m) for m in due]
             report.update(task.result() for task in tasks)
     markers.flush()
-    report["let_in"] = room.let_in(ctx, parallelism=parallelism)  # into the room just freed
+    let_in = room.let_in(ctx, parallelism=parallelism)  # into the room the drops just freed
+    if let_in:
+        report["let_in"] = let_in
     if report.total():
         log.info("sas.supervisor_sweep", extra={"report": dict(report), "orders_read": len(due)})
     if budgets is not None:

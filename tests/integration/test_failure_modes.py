@@ -13,7 +13,7 @@ import pytest
 from sas.adapters.table_store import TableStateStore
 from sas.domain.messages import StepRequest
 from sas.domain.model import ProcessState
-from tests.harness import BUDGET, live_table_of
+from tests.harness import CLAIMED, live_table_of
 from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once
 from tests.unit.test_failure_modes import order as order  # re-exported for test_operator.py
 
@@ -43,7 +43,7 @@ def test_agent_crash_is_recovered_by_the_supervisor(world):
     world.deliver("orders"), world.deliver("scheduler")
     lost = world.drop("agent-inventory")  # the agent died holding the request
     assert len(lost) == 1 and isinstance(lost[0], StepRequest)
-    world.tick(BUDGET)
+    world.tick(CLAIMED)
     world.clock.advance(2)
     world.run()
     state = world.state(oid)
@@ -72,7 +72,7 @@ def test_two_supervisors_racing_recover_a_step_once(world, table):
     oid = order(world)
     world.deliver("orders"), world.deliver("scheduler")
     world.drop("agent-inventory")
-    world.clock.advance(BUDGET + 1)
+    world.clock.advance(CLAIMED + 1)
     store = RacingStore(table, racers=2)
     supervisors = [world.new_supervisor(f"supervisor-{n}", store) for n in (1, 2)]
     before = len(world.bus.to("scheduler"))
@@ -108,5 +108,5 @@ def test_no_order_is_lost_every_live_one_is_indexed_with_a_deadline(world):
     world.run()
     # Finished: each marker stays until it comes due, and the sweep then drops it.
     assert {m.order_id for m in world.store.list_live()} == set(ids)
-    world.tick(BUDGET)
+    world.tick(CLAIMED)
     assert world.store.list_live() == []

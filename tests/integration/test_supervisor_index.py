@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sas.domain.model import ProcessState
-from tests.harness import BUDGET
+from tests.harness import BUDGET, CLAIMED
 from tests.unit.test_failure_modes import order
 
 pytestmark = pytest.mark.integration
@@ -48,7 +48,7 @@ def test_a_healthy_due_order_is_re_armed_to_its_next_deadline(world):
     world.clock.advance(5)
     world.deliver("replies")  # the second step started 5 s in
     state = world.state(oid)
-    world.clock.advance(BUDGET - 5)  # the first step's deadline (the marker's due) passed...
+    world.clock.advance(CLAIMED - 5)  # the first step's deadline (the marker's due) passed...
     (marker,) = world.store.list_live()
     assert marker.due_at <= world.clock.now()
     assert world.tick(1)["healthy"] == 1  # ...but the order is healthy: re-armed
@@ -61,7 +61,7 @@ def test_a_parallel_sweep_examines_every_due_order_once(world):
     ids = [order(world, f"p{n:02d}") for n in range(12)]
     world.drop("agent-inventory")  # every agent died
     parallel = world.new_supervisor("supervisor-p")
-    world.clock.advance(BUDGET + 1)
+    world.clock.advance(CLAIMED + 1)
     report = parallel.sweep(parallelism=4)
     assert report["retry"] == len(ids)
     assert all(world.state(oid).failure_count == 1 for oid in ids)

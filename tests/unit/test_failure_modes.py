@@ -14,7 +14,7 @@ from sas.domain.wire import idempotency_key
 from sas.services.agent import AgentOutcome
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
 from sas.testing import fault, ok, refuse, too_slow
-from tests.harness import BUDGET, World
+from tests.harness import BUDGET, CLAIMED, World
 from tests.unit.test_services import submitted
 from tests.workflows import STRICT
 
@@ -112,7 +112,7 @@ def test_late_reply_after_a_newer_attempt_was_claimed_completes_the_step_once(wo
     oid = order(world)
     world.deliver("orders"), world.deliver("scheduler")
     (old_request,) = world.bus.take("agent-inventory")  # attempt 1 is slow somewhere
-    world.tick(BUDGET)
+    world.tick(CLAIMED)
     world.clock.advance(2)
     world.deliver("scheduler")  # attempt 2 claimed
     assert world.state(oid).attempt == 2
@@ -230,7 +230,7 @@ def test_doubled_and_missed_ticks(world):
     oid = order(world)
     world.deliver("orders"), world.deliver("scheduler")
     world.drop("agent-inventory")
-    world.clock.advance(BUDGET + 1)
+    world.clock.advance(CLAIMED + 1)
     first, second = world.tick(), world.tick()  # a doubled tick at the same instant
     assert first["retry"] == 1 and second["retry"] == 0
     assert world.state(oid).failure_count == 1
@@ -265,7 +265,7 @@ def test_resubmit_of_an_error_order_reaches_processed(world, strict):
 def test_a_pending_order_whose_schedule_request_was_lost_is_picked_up(world):
     oid = order(world)
     world.drop("agent-inventory")
-    world.tick(BUDGET + 1)  # expired: Pending for a retry, a schedule request on its way
+    world.tick(CLAIMED + 1)  # expired: Pending for a retry, a schedule request on its way
     assert world.state(oid).process_state is ProcessState.PENDING
     world.clock.advance(3)
     assert len(world.drop("scheduler")) == 1  # lost with the process that took it
@@ -280,6 +280,6 @@ def test_a_schedule_request_during_backoff_waits(world):
     oid = order(world)
     world.deliver("orders"), world.deliver("scheduler")
     world.drop("agent-inventory")
-    world.tick(BUDGET + 1)
+    world.tick(CLAIMED + 1)
     assert world.app.schedule(ScheduleRequest(order_id=oid)) is ScheduleOutcome.NOT_YET
     assert world.state(oid).process_state is ProcessState.PENDING

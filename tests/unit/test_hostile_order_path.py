@@ -21,7 +21,7 @@ from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import idempotency_key
 from sas.services.submission import SubmissionOutcome
 from sas.testing import Instance, instance
-from tests.harness import BUDGET, ROUTES, World
+from tests.harness import BUDGET, CLAIMED, ROUTES, World
 from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once, order
 from tests.unit.test_services import submitted
 from tests.workflows import REGISTRY
@@ -70,7 +70,7 @@ def test_an_insert_committed_after_a_sweep_saw_no_order_is_still_supervised_by_i
     """A sweep that finds a marker without an order (its insert not committed yet) must look
     again by the order's first deadline, not only after the orphan's 5-minute grace."""
     skew = timedelta(seconds=10)  # SAS_CLOCK_SKEW_SECONDS at its maximum
-    # A Supervisor whose clock is 8 s ahead (inside the allowance): an 8 s stall is enough.
+    # A Supervisor whose clock is 8 s ahead (inside the allowance): a 9 s stall is enough.
     supervisor = instance(
         world.store,
         world.bus,
@@ -80,7 +80,7 @@ def test_an_insert_committed_after_a_sweep_saw_no_order_is_still_supervised_by_i
         "supervisor-ahead",
         policy=RetryPolicy(max_failures=3, base_backoff=timedelta(seconds=2), clock_skew=skew),
     )
-    slow = SweepBeforeTheInsertCommits(world.store, world, supervisor, stall=8)
+    slow = SweepBeforeTheInsertCommits(world.store, world, supervisor, stall=9)
     outcome = instance(slow, world.bus, ROUTES, world.clock, REGISTRY).submit(submitted("o1"))
     assert outcome is SubmissionOutcome.ACCEPTED
     assert slow.report is not None and slow.report["orphan_waiting"] == 1
@@ -101,7 +101,7 @@ def test_a_duplicate_during_a_retry_backoff_neither_claims_early_nor_counts_a_fa
     pickup deadline, and the order then runs to the end with each effect once."""
     oid = order(world)
     world.drop("agent-inventory")
-    world.tick(BUDGET + 1)  # expired: Pending, backoff 2 s
+    world.tick(CLAIMED + 1)  # expired: Pending, backoff 2 s
     assert world.state(oid).process_state is ProcessState.PENDING
     assert world.app.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE
     world.deliver("scheduler")  # the duplicate's request, early: NOT_YET, asks again later
@@ -130,7 +130,7 @@ def test_a_late_duplicate_of_a_finished_order_leaves_no_marker_after_one_sweep(w
     once); one sweep removes it again and nothing is re-run."""
     oid = order(world)
     world.run()
-    world.tick(BUDGET)
+    world.tick(CLAIMED)
     assert world.store.list_live() == []
     sent = len(world.bus.sent)
     assert world.app.submit(submitted(oid)) is SubmissionOutcome.DUPLICATE

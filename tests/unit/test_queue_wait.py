@@ -14,10 +14,12 @@ import pytest
 from sas.domain.messages import ScheduleRequest, StepRequest
 from sas.domain.model import ProcessState, StepStart
 from sas.domain.recovery import RetryPolicy, Waits, queue_wait
+from sas.domain.workflow import START_SLACK
 from sas.services.agent import AgentOutcome
 from sas.testing import too_slow
-from tests.harness import BUDGET, World
+from tests.harness import BUDGET, CLAIMED, World
 from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once, order
+from tests.workflows import BUDGET as STEP_BUDGET
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -45,7 +47,7 @@ def test_a_request_waiting_in_its_queue_is_not_sent_again_and_counts_no_failure(
     oid = order(world)
     world.bus.waiting_since[LANE] = world.clock.now()  # a backlog ahead of it
     for _ in range(5):  # five budgets in the queue
-        assert world.tick(BUDGET)["request_queued"] == 1
+        assert world.tick(CLAIMED)["request_queued"] == 1
     state = world.state(oid)
     assert (state.attempt, state.failure_count, state.process_state) == (
         1,
@@ -84,10 +86,25 @@ def test_a_started_step_is_not_recovered_before_its_budget_from_the_start(world)
     assert world.state(oid).failure_count == 1
 
 
+def test_an_agent_that_starts_within_the_claims_slack_records_no_start(world):
+    """The claim's deadline leaves it a whole budget: nothing to write, and nothing to wait for
+    past that deadline. A later start is recorded, and its budget runs from then."""
+    prompt, late = order(world), order(world, "o2")
+    [first, second] = world.bus.take(LANE)
+    world.clock.advance(START_SLACK.total_seconds())
+    assert world.app.run_step("inventory", first) is AgentOutcome.REPLIED
+    world.clock.advance(0.001)
+    started = world.clock.now()
+    assert world.app.run_step("inventory", second) is AgentOutcome.REPLIED
+    assert world.store.get_start(prompt, first.idempotency_key, 1) is None
+    recorded = world.store.get_start(late, second.idempotency_key, 1)
+    assert recorded is not None and recorded.run_by == started + STEP_BUDGET
+
+
 def test_a_request_gone_from_an_empty_queue_is_recovered_at_its_deadline(world):
     oid = order(world)
     world.drop(LANE)  # lost with its consumer
-    assert world.tick(BUDGET + 1)["retry"] == 1
+    assert world.tick(CLAIMED + 1)["retry"] == 1
     assert world.state(oid).process_state is ProcessState.PENDING
 
 
@@ -95,7 +112,7 @@ def test_past_the_queue_wait_limit_it_is_recovered_and_the_old_request_never_sta
     oid = order(world)
     world.bus.waiting_since[LANE] = world.clock.now()
     limit = world.policy.queue_wait_limit.total_seconds()
-    assert world.tick(BUDGET + limit - 1)["request_queued"] == 1
+    assert world.tick(CLAIMED + limit - 1)["request_queued"] == 1
     world.make_due(oid)
     assert world.tick(2)["retry"] == 1  # a lost request behind a queue that never empties
     [old] = world.bus.take(LANE)
@@ -109,7 +126,7 @@ def test_past_the_queue_wait_limit_it_is_recovered_and_the_old_request_never_sta
 def test_a_pending_orders_schedule_request_in_a_busy_queue_is_not_expired(world):
     oid = order(world)
     world.drop(LANE)
-    assert world.tick(BUDGET + 1)["retry"] == 1  # Pending, its schedule request queued
+    assert world.tick(CLAIMED + 1)["retry"] == 1  # Pending, its schedule request queued
     world.bus.waiting_since["scheduler"] = world.clock.now()
     assert world.tick(180)["request_queued"] == 1  # past its pickup deadline
     assert world.state(oid).failure_count == 1 and len(schedule_requests(world)) == 1
@@ -135,6 +152,8 @@ def _start(oid: str, request: StepRequest, at: datetime, budget: float, instance
         (None, False, False, 1, None),  # nothing queued, never started: lost
         (None, True, False, 1, Waits.REQUEST_QUEUED),
         (None, True, False, 15 * 60 + 2, None),  # past the limit and the allowance
+        (None, False, True, 1, Waits.REPLY_QUEUED),  # an agent that ran within the slack
+        (None, False, True, 15 * 60 + 2, None),
         (0, False, False, 5, Waits.RUNNING),  # within its budget from the start
         (0, True, False, 11, None),  # overran; its own queue says nothing of its reply
         (0, False, True, 11, Waits.REPLY_QUEUED),
@@ -188,7 +207,7 @@ class StartsAfterTheRead:
 def test_a_request_that_arrives_after_its_attempt_was_given_up_runs_nothing(world):
     oid = order(world)
     [late] = world.bus.take(LANE)  # a slow send, or a consumer that stalled holding it
-    assert world.tick(BUDGET + 1)["retry"] == 1  # nothing queued, nothing started: given up
+    assert world.tick(CLAIMED + 1)["retry"] == 1  # nothing queued, nothing started: given up
     assert world.app.run_step("inventory", late) is AgentOutcome.EXPIRED
     assert world.remote.calls == []
     finishes_with_each_effect_once(world, oid)
@@ -198,7 +217,7 @@ def test_an_agent_that_starts_as_the_supervisor_gives_up_wins_and_runs(world):
     oid = order(world)
     [request] = world.bus.take(LANE)
     assert isinstance(request, StepRequest)
-    world.clock.advance(BUDGET + 1)
+    world.clock.advance(CLAIMED + 1)
     racing = StartsAfterTheRead(world, request)
     supervisor = world.new_supervisor("supervisor-2", racing)
     assert supervisor.sweep()["running"] == 1  # its give-up found the agent's start
@@ -212,4 +231,4 @@ def test_an_attempt_given_up_by_a_sweep_cut_short_is_recovered_by_the_next(world
     assert isinstance(request.message, StepRequest)
     gone = _start(oid, request.message, world.clock.now(), 0, "supervisor-0")
     world.store.record_start(replace(gone, abandoned=True))  # then that Supervisor died
-    assert world.tick(BUDGET + 1)["retry"] == 1  # no agent will run it: nothing to wait for
+    assert world.tick(CLAIMED + 1)["retry"] == 1  # no agent will run it: nothing to wait for

@@ -16,7 +16,7 @@ from sas.services.context import ALERT_LEASE
 from sas.services.operator import Operator
 from sas.services.scheduler import ScheduleOutcome
 from sas.testing import ok, refuse
-from tests.harness import BUDGET, World
+from tests.harness import CLAIMED, World
 from tests.unit.test_failure_modes import order
 from tests.workflows import STRICT
 
@@ -89,7 +89,7 @@ def test_an_early_schedule_request_keeps_the_wake_up_alive(world):
     oid = order(world)
     world.deliver("orders"), world.deliver("scheduler")
     world.drop("agent-inventory")
-    world.tick(BUDGET + 1)
+    world.tick(CLAIMED + 1)
     (first,) = world.bus.pending("scheduler")
     assert world.bus.take_next() == first  # lose the supervisor's delayed request
     behind = world.new_scheduler("slow-clock")
@@ -149,7 +149,7 @@ def test_every_retry_asks_with_a_new_message_id(world):
     world.deliver("orders"), world.deliver("scheduler")
     for _ in range(2):
         world.drop("agent-inventory")
-        world.tick(BUDGET + 1)
+        world.tick(CLAIMED + 1)
         world.clock.advance(10)
         world.deliver("scheduler")
     ids = [s.message_id for s in world.bus.sent if s.queue == "scheduler"]

@@ -12,6 +12,7 @@ from sas.domain.messages import (
 )
 from sas.domain.model import ProcessState
 from sas.domain.wire import idempotency_key
+from sas.domain.workflow import START_SLACK
 from sas.services.backlog import Backlog
 from sas.services.context import Routes
 from sas.services.scheduler import ReplyOutcome, ScheduleOutcome
@@ -303,21 +304,22 @@ def test_a_claimed_steps_deadline_covers_the_wait_in_its_agents_lane(parts):
     )
     state = store.get_state("q1")
     assert state is not None
-    assert state.value.complete_by == clock.now() + budget + timedelta(seconds=40)
+    assert state.value.complete_by == clock.now() + budget + START_SLACK + timedelta(seconds=40)
     transport.waiting_since["agent-inventory"] = clock.now() - timedelta(hours=1)
     instance(store, transport, ROUTES, clock, REGISTRY, backlog=Backlog(transport, clock)).submit(
         submitted("q2")
     )
     capped = store.get_state("q2")
     assert capped is not None
-    assert capped.value.complete_by == clock.now() + budget * (1 + QUEUE_ALLOWANCE_BUDGETS)
+    allowance = budget * QUEUE_ALLOWANCE_BUDGETS
+    assert capped.value.complete_by == clock.now() + budget + START_SLACK + allowance
     # Without a backlog (or without the option) the deadline is the budget alone.
     transport.waiting_since.clear()
     instance(store, transport, ROUTES, clock, REGISTRY, backlog=Backlog(transport, clock)).submit(
         submitted("q3")
     )
     plain = store.get_state("q3")
-    assert plain is not None and plain.value.complete_by == clock.now() + budget
+    assert plain is not None and plain.value.complete_by == clock.now() + budget + START_SLACK
 
 
 def test_a_claimed_steps_deadline_also_covers_the_wait_its_reply_can_expect(parts):
@@ -332,4 +334,4 @@ def test_a_claimed_steps_deadline_also_covers_the_wait_its_reply_can_expect(part
     )
     state = store.get_state("r1")
     assert state is not None
-    assert state.value.complete_by == clock.now() + budget + timedelta(seconds=35)
+    assert state.value.complete_by == clock.now() + budget + START_SLACK + timedelta(seconds=35)

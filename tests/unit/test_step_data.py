@@ -73,7 +73,7 @@ def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(
     assert set(requests(transport)) == {"go"}  # then's data did not build: nothing sent
     assert "sas.step_input_failed error=KeyError" in caplog.text
     assert "missing" not in caplog.messages[-1]  # the event names the error type only
-    clock.advance(6)
+    clock.advance(8)
     app.sweep()  # expired: retried after a backoff
     clock.advance(10)
     app.schedule(ScheduleRequest(order_id="o1"))
@@ -172,7 +172,7 @@ def test_a_builder_that_always_fails_never_stops_the_compensation():
     app = instance(store, transport, ROUTES, clock, workflows)
     app.submit(submitted().model_copy(update={"workflow": "broken"}))
     app.on_reply(ok_reply(requests(transport)["go"]))
-    clock.advance(6)
+    clock.advance(8)
     app.sweep()  # then expired at its threshold: compensated, itself included
     for _ in range(2):  # then's undo, then go's
         app.schedule(ScheduleRequest(order_id="o1"))

@@ -21,7 +21,7 @@ from sas.domain.transitions import (
     refuse_step,
 )
 from sas.domain.wire import Mode
-from sas.domain.workflow import StepDefinition, Workflow
+from sas.domain.workflow import START_SLACK, StepDefinition, Workflow
 from tests.workflows import SHOP
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
@@ -48,7 +48,7 @@ def test_claim_locks_increments_attempt_and_sets_deadline_of_the_step():
     assert state.process_state is ProcessState.PROCESSING
     assert state.locked_by == "s1"
     assert state.attempt == 1
-    assert state.complete_by == NOW + WF.steps[0].budget
+    assert state.complete_by == NOW + WF.steps[0].budget + START_SLACK
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,7 @@ def test_complete_step_claims_the_next_step_with_a_new_attempt():
     nxt = complete_step(running, attempt=1, step_index=0, instance_id="s2", now=later, workflow=WF)
     assert nxt.process_state is ProcessState.PROCESSING
     assert (nxt.step_index, nxt.attempt, nxt.locked_by) == (1, 2, "s2")
-    assert nxt.complete_by == later + WF.steps[1].budget
+    assert nxt.complete_by == later + WF.steps[1].budget + START_SLACK
 
 
 def test_completing_the_last_step_makes_the_order_processed_and_unlocked():
@@ -121,7 +121,7 @@ def test_an_ok_reaching_an_order_that_waits_for_its_steps_retry_completes_the_st
     assert pending.process_state is ProcessState.PENDING
     done = complete_step(pending, attempt=3, step_index=1, instance_id="s", now=late, workflow=WF)
     assert (done.step_index, done.attempt, done.locked_by) == (2, 4, "s")
-    assert done.not_before is None and done.complete_by == late + WF.steps[2].budget
+    assert done.not_before is None and done.complete_by == late + WF.steps[2].budget + START_SLACK
 
 
 def test_a_refusal_after_an_earlier_attempt_expired_compensates_from_the_step_itself():

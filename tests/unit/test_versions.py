@@ -19,7 +19,7 @@ from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
 from sas.services.operator import Operator
-from sas.testing import Harness, crash_before_reply, refuse
+from sas.testing import Harness, crash_before_reply, refuse, too_slow
 from tests.harness import ReadThenYield
 from tests.workflows import REGISTRY as SHOP_REGISTRY
 from tests.workflows import SHOP, basket
@@ -264,11 +264,11 @@ def test_an_old_host_takes_every_request_first_and_no_v2_order_fails() -> None:
 
 
 def test_an_expiry_left_while_waiting_is_counted_when_the_version_is_back() -> None:
-    """Charged, then the host died before the reply; the expiry came while the version was
-    gone. Once it is back the expiry counts as any other: the retry is refused, and the
-    charge (maybe applied) is refunded with the rest."""
+    """Charged, but the answer came too late; the expiry came while the version was gone.
+    Once it is back the expiry counts as any other: the retry is refused, and the charge
+    (maybe applied) is refunded with the rest."""
     harness = Harness(deployed(V1))
-    harness.script("payment", "charge", crash_before_reply({"charge": "c1"}), refuse("declined"))
+    harness.script("payment", "charge", too_slow(600, {"charge": "c1"}), refuse("declined"))
     harness.submit("trip", {"traveller": 1}, order_id="t1")
     harness.run(for_seconds=1)
     assert harness.state("t1").step == "pay"
