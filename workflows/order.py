@@ -56,4 +56,7 @@ ORDER_WORKFLOW = Workflow(
     ),
     pickup_budget=timedelta(seconds=60),
     input=OrderDetails,
+    # About the pace one stack on 2 cores keeps (8-10 orders/s) times how long an order holds
+    # its place (latency, the 17 s claim deadline and a sweep): past it, orders wait their turn.
+    max_in_flight=200,
 )
