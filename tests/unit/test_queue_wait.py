@@ -17,6 +17,7 @@ from sas.domain.recovery import RetryPolicy, Waits, queue_wait
 from sas.domain.workflow import START_SLACK
 from sas.services.agent import AgentOutcome
 from sas.testing import too_slow
+from sas.testing.memory import InMemoryStore
 from tests.harness import BUDGET, CLAIMED, World
 from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once, order
 from tests.workflows import BUDGET as STEP_BUDGET
@@ -99,6 +100,13 @@ def test_an_agent_that_starts_within_the_claims_slack_records_no_start(world):
     assert world.store.get_start(prompt, first.idempotency_key, 1) is None
     recorded = world.store.get_start(late, second.idempotency_key, 1)
     assert recorded is not None and recorded.run_by == started + STEP_BUDGET
+
+
+def test_on_the_happy_path_no_agent_records_a_start(world):
+    oid = order(world)
+    world.run()  # each message taken a moment after it was sent
+    assert world.state(oid).process_state is ProcessState.PROCESSED
+    assert isinstance(world.store, InMemoryStore) and world.store.starts == {}
 
 
 def test_a_request_gone_from_an_empty_queue_is_recovered_at_its_deadline(world):
