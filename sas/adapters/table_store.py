@@ -45,6 +45,7 @@ from sas.domain.wire import (
     Priority,
     rejected_row_key,
     room_rows,
+    room_rows_besides,
 )
 
 log = logging.getLogger(__name__)
@@ -92,10 +93,35 @@ class TableStateStore(OrderTables):
             self._live.create_entity(entity)
 
     def list_waiting(self, workflow: str, up_to: int) -> list[WaitingSubmission]:
-        first, after = room_rows(workflow)
+        return self._waiting([room_rows(workflow)], up_to)
+
+    def list_stranded(self, known: tuple[str, ...], up_to: int) -> list[WaitingSubmission]:
+        return self._waiting(room_rows_besides(known), up_to)
+
+    def _waiting(
+        self, ranges: Sequence[tuple[str | None, str | None]], up_to: int
+    ) -> list[WaitingSubmission]:
+        """Waiting submissions whose RowKey is in any of ``ranges`` (None: open), in order."""
+        parameters: dict[str, Any] = {"pk": ROOM_PARTITION}
+        alternatives = []
+        for n, (first, after) in enumerate(ranges):
+            terms = []
+            if first is not None:
+                terms.append(f"RowKey ge @f{n}")
+                parameters[f"f{n}"] = first
+            if after is not None:
+                terms.append(f"RowKey lt @a{n}")
+                parameters[f"a{n}"] = after
+            alternatives.append(" and ".join(terms))
+        # The SDK finds @names between spaces: no parenthesis may touch one.
+        keys = (
+            ""
+            if "" in alternatives
+            else " and ( " + " or ".join(f"( {a} )" for a in alternatives) + " )"
+        )
         entities = self._live.query_entities(
-            "PartitionKey eq @pk and RowKey ge @first and RowKey lt @after",
-            parameters={"pk": ROOM_PARTITION, "first": first, "after": after},
+            f"PartitionKey eq @pk{keys}",
+            parameters=parameters,
             results_per_page=min(max(up_to, 1), 1000),
         )
         found: list[WaitingSubmission] = []

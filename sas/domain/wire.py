@@ -351,6 +351,15 @@ def room_rows(workflow: str) -> tuple[str, str]:
     return f"{workflow}~1", f"{workflow}~3"
 
 
+def room_rows_besides(workflows: tuple[str, ...]) -> list[tuple[str | None, str | None]]:
+    """The RowKey ranges (from, before; None: open) of waiting submissions of any workflow but
+    ``workflows``: the gaps between their ranges."""
+    bounds = sorted(room_rows(workflow) for workflow in workflows)
+    starts: list[str | None] = [None, *(after for _, after in bounds)]
+    ends: list[str | None] = [*(first for first, _ in bounds), None]
+    return list(zip(starts, ends, strict=True))
+
+
 def rejected_row_key(at: datetime, tail: str) -> str:
     return f"{_utc_stamp(at)}-{tail}"
 

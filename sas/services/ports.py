@@ -77,6 +77,10 @@ class StateStore(Protocol):
         """``workflow``'s waiting submissions in the order they go in, ``up_to`` at most."""
         ...
 
+    def list_stranded(self, known: tuple[str, ...], up_to: int) -> list[WaitingSubmission]:
+        """Waiting submissions of workflows not in ``known`` (a deploy removed them)."""
+        ...
+
     def drop_waiting(self, waiting: WaitingSubmission) -> bool:
         """Remove a waiting submission unless changed since read; False if it was (or is
         gone)."""

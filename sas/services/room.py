@@ -23,12 +23,43 @@ from sas.services.context import Context
 log = logging.getLogger(__name__)
 
 UNLIMITED_BATCH = 500
-"""Submissions let in per sweep for a workflow whose limit a deploy removed."""
+"""Submissions let in per sweep for a workflow whose limit (or which) a deploy removed."""
 
 
 def let_in(ctx: Context, *, parallelism: int = 1) -> int:
-    """Let in what each workflow has room for; returns how many were let in."""
-    return sum(_let_in(ctx, name, parallelism) for name in ctx.workflows.names)
+    """Let in what each workflow has room for, and send back what waits for a workflow no
+    longer deployed (the submission refuses it, as it would have on arrival); returns how many
+    went. A failure leaves the rest of its workflow's rows for the next sweep."""
+    went = 0
+    for name in ctx.workflows.names:
+        try:
+            went += _let_in(ctx, name, parallelism)
+        except Exception:  # the store or the transport: one workflow must not hold the others
+            log.warning("sas.room_let_in_failed", extra={"workflow": name}, exc_info=True)
+    try:
+        went += _send_back_stranded(ctx)
+    except Exception:
+        log.warning("sas.room_let_in_failed", extra={"workflow": None}, exc_info=True)
+    return went
+
+
+def _send_back_stranded(ctx: Context) -> int:
+    now = ctx.clock.now()
+    stranded = ctx.store.list_stranded(ctx.workflows.names, UNLIMITED_BATCH)
+    for row in stranded:
+        message = _read(ctx, row, now)
+        if message is None:
+            continue
+        ctx.transport.send(
+            ctx.routes.lane(ctx.routes.orders, message.priority),
+            message,
+            message_id=deferred_submission_message_id(row.order_id, now),
+            correlation_id=row.order_id,
+        )
+        ctx.store.drop_waiting(row)
+    if stranded:
+        log.warning("sas.room_stranded_sent_back", extra={"count": len(stranded)})
+    return len(stranded)
 
 
 def _let_in(ctx: Context, name: str, parallelism: int) -> int:

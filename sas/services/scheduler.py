@@ -94,13 +94,16 @@ def _schedule(
         log.info("sas.schedule_not_pending", extra=extra)
         return ScheduleOutcome.NOT_PENDING
     claimed = then.with_queue_allowance(ctx, claimed, workflow)
+    history = [then.claim_history(claimed, workflow, ctx.instance_id)]
+    if state.waiting is not None:  # held while the definition was missing
+        history.insert(0, versions.resumed(ctx, state))
     try:
-        ctx.store.update_state(
-            claimed, current.etag, then.claim_history(claimed, workflow, ctx.instance_id)
-        )
+        ctx.store.update_state(claimed, current.etag, history)
     except ConcurrencyConflict:
         log.info("sas.claim_lost", extra=extra)
         return ScheduleOutcome.LOST_RACE
+    if state.waiting is not None:
+        versions.forget(ctx, state)
     log.info("sas.step_claimed", extra={**extra, **_step_extra(claimed, workflow)})
     then.dispatch(ctx, claimed, workflow)
     then.announce(ctx, claimed, workflow)

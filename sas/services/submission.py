@@ -28,6 +28,7 @@ from sas.domain.workflow import Workflow
 from sas.services import consequences as then
 from sas.services import telemetry, versions
 from sas.services.context import Context
+from sas.services.in_flight import InFlight
 
 log = logging.getLogger(__name__)
 
@@ -141,8 +142,8 @@ def _accept(
     try:
         ctx.store.create_order(order, claimed, history)
     except AlreadyExists:
-        if ctx.in_flight is not None and workflow.max_in_flight and message.priority != "high":
-            ctx.in_flight.release(workflow.name)  # it holds its place already, if any
+        if (gate := _gate(ctx, message, workflow)) is not None:
+            gate.release(workflow.name)  # the order holds its place already
         return _redelivered(ctx, order, message)
     log.info(
         "sas.step_claimed",
@@ -188,19 +189,25 @@ def _accepted(
 def _no_room(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> bool:
     """Whether the submission must wait for room under its workflow's ``max_in_flight``; if
     not, its place is reserved in this process's count (a submission that fails after this keeps
-    it until the next count, within a second). One the waiting room let in (``room_turn``) holds
-    its place already: the marker written as it was let in."""
-    limit = workflow.max_in_flight
-    if ctx.in_flight is None or limit is None or message.room_turn is not None:
+    it until the next count, within a second)."""
+    gate, limit = _gate(ctx, message, workflow), workflow.max_in_flight
+    room = None if limit is None else ctx.in_flight_policy.room(message.priority, limit)
+    if gate is None or limit is None or room is None:
         return False
-    room = ctx.in_flight_policy.room(message.priority, limit)
-    if room is None:
-        return False
-    counted = ctx.in_flight.reserve(workflow.name, limit)
+    counted = gate.reserve(workflow.name, limit)
     if counted is None or counted < room:
         return False
-    ctx.in_flight.release(workflow.name)
+    gate.release(workflow.name)
     return True
+
+
+def _gate(ctx: Context, message: OrderSubmitted, workflow: Workflow) -> InFlight | None:
+    """The count the submission takes a place in; None: no limit, high priority, or let in
+    from the waiting room (``room_turn``: its marker holds its place already)."""
+    limit = workflow.max_in_flight
+    if ctx.in_flight is None or limit is None or message.room_turn is not None:
+        return None
+    return None if ctx.in_flight_policy.room(message.priority, limit) is None else ctx.in_flight
 
 
 def _wait_for_room(

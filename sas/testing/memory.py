@@ -27,7 +27,7 @@ from sas.domain.model import (
 )
 from sas.domain.parked import ParkedMessage
 from sas.domain.priority import Waiting
-from sas.domain.wire import Priority, rejected_row_key, room_rows
+from sas.domain.wire import Priority, rejected_row_key, room_rows, room_rows_besides
 
 
 def _one_operation_per_marker(order_ids: list[str]) -> None:
@@ -268,6 +268,15 @@ class InMemoryStore:
     def list_waiting(self, workflow: str, up_to: int) -> list[WaitingSubmission]:
         first, after = room_rows(workflow)
         return [self.room[k] for k in sorted(self.room) if first <= k < after][:up_to]
+
+    def list_stranded(self, known: tuple[str, ...], up_to: int) -> list[WaitingSubmission]:
+        gaps = room_rows_besides(known)
+        found = [
+            self.room[k]
+            for k in sorted(self.room)
+            if any((f is None or k >= f) and (a is None or k < a) for f, a in gaps)
+        ]
+        return found[:up_to]
 
     def drop_waiting(self, waiting: WaitingSubmission) -> bool:
         current = self.room.get(waiting.row_key)

@@ -247,6 +247,10 @@ def test_the_waiting_room_returns_a_workflows_rows_in_turn_and_drops_each_once(t
     assert [(w.order_id, w.body) for w in found] == [("n1", b"first"), ("n2", big), ("l1", b"low")]
     assert [w.order_id for w in store.list_waiting("order", 2)] == ["n1", "n2"]
     assert [w.order_id for w in store.list_waiting("orderx", 10)] == ["x1"]
+    stranded = store.list_stranded(("order",), 10)  # what waits for workflows not deployed
+    assert [w.order_id for w in stranded] == ["x1", "o1"]  # "orderx~" sorts before "ord~"
+    assert [w.order_id for w in store.list_stranded(("ord", "orderx"), 10)] == ["n1", "n2", "l1"]
+    assert store.list_stranded(("order", "orderx", "ord"), 10) == []
     assert store.drop_waiting(found[0]) is True
     assert store.drop_waiting(found[0]) is False  # gone: a second mover is told
     assert [w.order_id for w in store.list_waiting("order", 10)] == ["n2", "l1"]

@@ -11,6 +11,7 @@ from datetime import timedelta
 
 import pytest
 
+from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted, encode
 from sas.domain.model import ProcessState
 from sas.domain.priority import InFlightPolicy
@@ -138,6 +139,37 @@ def test_a_let_in_sent_twice_is_a_redelivery_and_a_lost_drop_only_sends_it_again
     world.settle_with_supervision(ticks=5)
     assert waiting(world) == []
     assert_effects_once(world, "o2", *ALL_STEPS)
+
+
+def test_a_let_in_delivered_twice_gives_back_no_place_it_did_not_take():
+    world = World(workflows=LIMITED)
+    gate = InFlight(world.store, world.clock, ttl=timedelta(seconds=1))  # counts cached 1 s
+    world.app = world.app.named("scheduler-1", in_flight=gate)
+    for n in range(3):
+        world.submit(submitted(f"o{n}"))
+    world.run()
+    world.clock.advance(2)
+    assert world.tick(20)["let_in"] == 1  # o2 holds its place by its marker
+    assert world.app.submit(submitted("o3")) is SubmissionOutcome.ACCEPTED
+    outcomes = world.deliver("orders", twice=True)
+    assert outcomes == [SubmissionOutcome.ACCEPTED, SubmissionOutcome.DUPLICATE]
+    assert world.app.submit(submitted("o4")) is SubmissionOutcome.WAITING  # still full
+
+
+def test_what_waits_for_a_workflow_a_deploy_removed_is_sent_back_and_refused():
+    world = limited_world()
+    for n in range(3):
+        world.submit(submitted(f"o{n}"))
+    world.run()
+    without_shop = Registry(workflows=(replace(STRICT, max_in_flight=LIMIT),))
+    world.app = world.app.named("scheduler-2", workflows=without_shop)
+    world.supervisor = world.app.named("supervisor-2")
+    assert world.tick(20)["let_in"] == 1
+    assert waiting(world) == []
+    [back] = world.bus.take("orders")
+    assert isinstance(back, OrderSubmitted) and back.order_id == "o2"
+    with pytest.raises(InvalidMessage, match="unknown workflow"):  # its trigger parks it
+        world.app.submit(back)
 
 
 def test_a_row_the_room_cannot_read_is_parked_and_does_not_block_the_rest():

@@ -263,6 +263,9 @@ class AuditingStore:
     def list_waiting(self, workflow: str, up_to: int) -> list[WaitingSubmission]:
         return self.inner.list_waiting(workflow, up_to)
 
+    def list_stranded(self, known: tuple[str, ...], up_to: int) -> list[WaitingSubmission]:
+        return self.inner.list_stranded(known, up_to)
+
     def drop_waiting(self, waiting: WaitingSubmission) -> bool:
         return self.inner.drop_waiting(waiting)
 

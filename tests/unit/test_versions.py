@@ -8,6 +8,7 @@ charges (HTTP). Ten orders are stopped in flight, mid-step, then the app is depl
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -17,10 +18,12 @@ from sas.actions import ActionContext
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import ProcessState
+from sas.domain.wire import missing_definition_key
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
 from sas.services.operator import Operator
 from sas.testing import Harness, crash_before_reply, refuse, too_slow
-from tests.harness import ReadThenYield
+from tests.harness import CLAIMED, ReadThenYield, World
+from tests.unit.test_failure_modes import order
 from tests.workflows import REGISTRY as SHOP_REGISTRY
 from tests.workflows import SHOP, basket
 
@@ -360,3 +363,34 @@ def test_a_purged_id_submitted_again_gets_new_effects_under_new_keys() -> None:
     assert {harness.key("o1", s.name) for s in SHOP.steps} < keys
     ships = [c for c in harness.calls if c.action == "ship"]
     assert [c.data["address"] for c in ships] == ["1 First St", "2 Second St"]
+
+
+def test_a_pending_order_claimed_once_its_definition_is_back_forgets_the_absence() -> None:
+    """The held schedule request can claim it before any sweep resumes it: the claim says it
+    resumed and forgets the absence, so the next one is alerted again."""
+    world = World()
+    oid = order(world)
+    world.drop("agent-inventory")
+    world.tick(CLAIMED + 1)  # expired: Pending, its schedule request after a backoff
+    original = world.app
+    edited = replace(SHOP, steps=(replace(SHOP.steps[0], name="reserved"), *SHOP.steps[1:]))
+    world.app = original.named("edited", workflows=Registry(workflows=(edited,)))
+    world.supervisor = world.app.named("supervisor-edited")  # v1 edited in place
+    for _ in range(200):
+        world.clock.advance(1)
+        world.run()
+        world.tick()
+        if world.state(oid).waiting is not None:
+            break
+    state = world.state(oid)
+    assert state.waiting is not None and state.process_state is ProcessState.PENDING
+    key = missing_definition_key(state.workflow, state.version, state.definition)
+    assert world.store.get_missing(key) is not None
+    world.app = original  # v1 as it was; no sweep meanwhile
+    for _ in range(400):
+        world.clock.advance(1)
+        world.run()
+        if world.state(oid).waiting is None:
+            break
+    assert "resumed" in world.history(oid)
+    assert world.store.get_missing(key) is None
