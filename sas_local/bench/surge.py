@@ -42,7 +42,7 @@ from azure.storage.queue import QueueClient
 
 from sas import settings as settings_module
 from sas.adapters.storage_queues import first_calls_alone, sent
-from sas.domain.wire import LIVE_PARTITION, idempotency_key, live_table_name, start_row_key
+from sas.domain.wire import LIVE_PARTITION, idempotency_key, live_table_name
 from sas_local.bench import cpu
 from sas_local.bench.e2e import _body, _percentile, spinning
 from sas_local.processes import REPO_ROOT
@@ -157,7 +157,8 @@ def run(surge: Surge, plan: Plan, *, log_dir: Path) -> dict[str, Any]:
         cpu_used = cpu.per_order_ms(cpu_before, cpu.snapshot(processes), count + len(probes.sent))
         states = _states(table, [*surge_ids, *probes.sent])
         stats = httpx.get(f"{stack.simulator_url}/stats", timeout=60).json()
-        expiries = _expiries(table, states)
+        calls = httpx.get(f"{stack.simulator_url}/calls", timeout=60).json()
+        expiries = _expiries(table, states, calls)
     return {
         **asdict(surge),
         "calibrated_per_minute": round(per_minute, 1),
@@ -279,13 +280,16 @@ def _states(table: TableClient, ids: Iterable[str]) -> dict[str, dict[str, Any]]
         return {i: state for i, state in pool.map(one, ids) if state is not None}
 
 
-def _expiries(table: TableClient, states: dict[str, dict[str, Any]]) -> dict[str, int]:
+def _expiries(
+    table: TableClient, states: dict[str, dict[str, Any]], calls: dict[str, list[str]]
+) -> dict[str, int]:
     """The expiries of the surge's and the probes' orders: counted, taken as the load's, and
-    of an attempt no agent started (no start row, or the one a Supervisor inserts to give an
-    unstarted attempt up)."""
+    of an attempt that made no remote call between its claim and its expiry (``calls``: when
+    the simulator saw each idempotency key): its time went in queues, not in the call. An
+    agent that starts within the claim's slack writes no start row, so the rows cannot say."""
     found: Counter[str] = Counter()
     query = "Kind ge 'expired_' and Kind lt 'expired`'"
-    columns = ["PartitionKey", "Kind", "Step", "Attempt", "Mode", "Detail"]
+    columns = ["PartitionKey", "Kind", "Step", "Attempt", "Mode", "Detail", "At"]
     for row in table.query_entities(query, select=columns):
         state = states.get(row["PartitionKey"])
         if state is None:  # a calibration order's
@@ -300,12 +304,15 @@ def _expiries(table: TableClient, states: dict[str, dict[str, Any]]) -> dict[str
             row["Step"],
             row.get("Mode") or "do",
         )
-        try:
-            start = table.get_entity(row["PartitionKey"], start_row_key(key, int(row["Attempt"])))
-        except ResourceNotFoundError:
-            found["never_started"] += 1
-            continue
-        found["never_started"] += bool(start.get("Abandoned"))
+        claimed = table.query_entities(
+            "PartitionKey eq @pk and Kind eq 'claimed' and Attempt eq @attempt",
+            parameters={"pk": row["PartitionKey"], "attempt": int(row["Attempt"])},
+            select=["At"],
+        )
+        since = min((c["At"] for c in claimed), default=None)
+        made = [datetime.fromisoformat(at) for at in calls.get(key, [])]
+        called = since is not None and any(since <= at <= row["At"] for at in made)
+        found["never_started"] += not called
     return {kind: found[kind] for kind in ("all", "counted", "not_counted", "never_started")}
 
 

@@ -106,7 +106,7 @@ class _Simulator:
         faults = self.faults.for_service(service)
         seed = faults.seed
         ident: Key = (service, action, key)
-        call = self.books.next_call(ident)
+        call = self.books.next_call(ident, self.clock.now())
         # Dice fixed by the order and step, not the incarnation: the same orders meet the same
         # faults from run to run.
         dice = (service, action, without_incarnation(key))
@@ -210,6 +210,11 @@ def create_app(
     @app.get("/stats", response_model=dict[str, ServiceStats])
     async def stats() -> dict[str, ServiceStats]:
         return sim.books.all_stats()
+
+    @app.get("/calls")
+    async def calls() -> dict[str, list[datetime]]:
+        """When each idempotency key was called."""
+        return sim.books.called_at()
 
     @app.get("/endpoints", response_model=dict[str, EndpointStats])
     async def endpoints() -> dict[str, EndpointStats]:

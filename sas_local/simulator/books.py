@@ -82,6 +82,7 @@ class Books:
         self._entries: dict[Key, Entry] = {}
         self._closed: dict[Key, str] = {}
         self._calls: Counter[Key] = Counter()
+        self._called_at: dict[str, list[datetime]] = {}
         self._stats: dict[str, ServiceStats] = {}
 
     def stats(self, service: str) -> ServiceStats:
@@ -93,11 +94,16 @@ class Books:
     def entries(self) -> list[Entry]:
         return list(self._entries.values())
 
-    def next_call(self, key: Key) -> int:
+    def next_call(self, key: Key, at: datetime) -> int:
         """How many calls this key had before this one (a per-key dice index)."""
         seen = self._calls[key]
         self._calls[key] = seen + 1
+        self._called_at.setdefault(key[2], []).append(at)
         return seen
+
+    def called_at(self) -> dict[str, list[datetime]]:
+        """When each idempotency key was called: whether an attempt reached the remote."""
+        return {key: list(times) for key, times in self._called_at.items()}
 
     def find(self, key: Key) -> Entry | None:
         return self._entries.get(key)
