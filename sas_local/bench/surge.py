@@ -42,7 +42,7 @@ from azure.storage.queue import QueueClient
 
 from sas import settings as settings_module
 from sas.adapters.storage_queues import first_calls_alone, sent
-from sas.domain.wire import LIVE_PARTITION, idempotency_key, live_table_name
+from sas.domain.wire import LIVE_PARTITION, idempotency_key, live_table_name, start_row_key
 from sas_local.bench import cpu
 from sas_local.bench.e2e import _body, _percentile, spinning
 from sas_local.processes import REPO_ROOT
@@ -284,9 +284,9 @@ def _expiries(
     table: TableClient, states: dict[str, dict[str, Any]], calls: dict[str, list[str]]
 ) -> dict[str, int]:
     """The expiries of the surge's and the probes' orders: counted, taken as the load's, and
-    of an attempt that made no remote call between its claim and its expiry (``calls``: when
-    the simulator saw each idempotency key): its time went in queues, not in the call. An
-    agent that starts within the claim's slack writes no start row, so the rows cannot say."""
+    of an attempt no agent started: no start recorded (an agent that starts within the claim's
+    slack writes none) and no call of its key between its claim and its expiry (``calls``: when
+    the simulator saw each idempotency key). Its time went in queues."""
     found: Counter[str] = Counter()
     query = "Kind ge 'expired_' and Kind lt 'expired`'"
     columns = ["PartitionKey", "Kind", "Step", "Attempt", "Mode", "Detail", "At"]
@@ -312,7 +312,12 @@ def _expiries(
         since = min((c["At"] for c in claimed), default=None)
         made = [datetime.fromisoformat(at) for at in calls.get(key, [])]
         called = since is not None and any(since <= at <= row["At"] for at in made)
-        found["never_started"] += not called
+        try:  # a start recorded: an agent took it (and maybe found the breaker open)
+            start = table.get_entity(row["PartitionKey"], start_row_key(key, int(row["Attempt"])))
+            recorded = not start.get("Abandoned")
+        except ResourceNotFoundError:
+            recorded = False
+        found["never_started"] += not (called or recorded)
     return {kind: found[kind] for kind in ("all", "counted", "not_counted", "never_started")}
 
 
