@@ -17,7 +17,7 @@ from azure.core.exceptions import (
     ResourceModifiedError,
     ResourceNotFoundError,
 )
-from azure.data.tables import TableTransactionError, UpdateMode
+from azure.data.tables import TableClient, TableTransactionError, UpdateMode
 
 from sas.adapters.tables import (
     OrderTables,
@@ -134,16 +134,8 @@ class TableStateStore(OrderTables):
         return found
 
     def drop_waiting(self, waiting: WaitingSubmission) -> bool:
-        # A transaction, not delete_entity, which takes a 404 for success.
         key = {"PartitionKey": ROOM_PARTITION, "RowKey": waiting.row_key}
-        condition = {"etag": waiting.etag, "match_condition": MatchConditions.IfNotModified}
-        try:
-            self._live.submit_transaction([("delete", key, condition)])
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 412):
-                return False
-            raise
-        return True
+        return _delete_if_unchanged(self._live, key, waiting.etag)
 
     def list_due(self, at: datetime) -> list[LiveMarker]:
         entities = self._live.query_entities(
@@ -351,17 +343,7 @@ class TableStateStore(OrderTables):
         entity = self._get(REJECTED_PARTITION, parked_id)
         if entity is None:
             return False
-        conditional = {
-            "etag": entity.metadata["etag"],
-            "match_condition": MatchConditions.IfNotModified,
-        }
-        try:
-            self._table.submit_transaction([("delete", entity, conditional)])
-        except TableTransactionError as exc:
-            if exc.status_code in (404, 412):
-                return False
-            raise
-        return True
+        return _delete_if_unchanged(self._table, entity, entity.metadata["etag"])
 
     # --- workflow versions orders wait for ----------------------------------------------
 
@@ -383,6 +365,19 @@ class TableStateStore(OrderTables):
 
     def forget_missing(self, key: str) -> None:
         self._live.delete_entity(MISSING_PARTITION, key)  # absent already: no error
+
+
+def _delete_if_unchanged(table: TableClient, key: Mapping[str, Any], etag: str | None) -> bool:
+    """Delete the entity unless it changed since read; False if it did (or is gone). A
+    one-operation transaction, not ``delete_entity``, which takes a 404 for success."""
+    condition = {"etag": etag, "match_condition": MatchConditions.IfNotModified}
+    try:
+        table.submit_transaction([("delete", key, condition)])
+    except TableTransactionError as exc:
+        if exc.status_code in (404, 412):
+            return False
+        raise
+    return True
 
 
 def _body_chunks(body: bytes) -> dict[str, bytes]:
