@@ -88,6 +88,12 @@ def parser() -> argparse.ArgumentParser:
         default=1,
         help="runs of each end-to-end configuration (the report shows the median)",
     )
+    p.add_argument(
+        "--keep-surges",
+        action="store_true",
+        help="keep the surges of the JSON at --out, not run them (python -m sas_local.bench.surge "
+        "runs them alone)",
+    )
     p.add_argument("--out", type=Path, default=REPO_ROOT / "docs", help="where to write")
     p.add_argument("--name", default="benchmarks", help="file stem of the outputs")
     p.add_argument(
@@ -237,6 +243,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workers = [int(w) for w in (args.workers or size.workers).split(",")]
     batches = [int(n) for n in (args.orders or size.batches).split(",")]
     finished = args.finished if args.finished is not None else size.finished
+    kept = _kept_surges(args.out / f"{args.name}.json") if args.keep_surges else None
     started = time.monotonic()
     logs = Path(tempfile.mkdtemp(prefix="sas-bench-logs-"))
     results: dict[str, Any] = {
@@ -324,11 +331,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     results["endpoints"] = scenarios.endpoints(
         orders=size.endpoint_orders, log_dir=logs / "endpoints", timeout=size.timeout
     )
-    results["surges"] = surge.run_plan(
-        surge.PLANS[kind],
-        log_dir=logs / "surges",
-        log=lambda message: progress(f"{head}: {message}", started),
-    )
+    if kept is not None:
+        results["surges"] = kept
+    else:
+        results["surges"] = surge.run_plan(
+            surge.PLANS[kind],
+            log_dir=logs / "surges",
+            log=lambda message: progress(f"{head}: {message}", started),
+        )
 
     # The store's speed on this shared machine drifts within a run (one run's raw rates came
     # out a third lower than the next run's while its end-to-end runs were faster): measured
@@ -362,6 +372,14 @@ def write(results: dict[str, Any], out: Path, name: str) -> str:
         document.write_text(f"# Benchmark results\n\n{report.BEGIN}\n{report.END}\n")
     report.into_document(document, markdown)
     return markdown
+
+
+def _kept_surges(path: Path) -> list[dict[str, Any]]:
+    try:
+        kept: list[dict[str, Any]] = json.loads(path.read_text()).get("surges", [])
+    except FileNotFoundError:
+        raise SystemExit(f"--keep-surges: no {path} to keep them from") from None
+    return kept
 
 
 def _cpus() -> int:

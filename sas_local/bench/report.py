@@ -271,7 +271,24 @@ def _costs(results: dict[str, Any]) -> list[str]:
             "of each function invocation); run `make bench`.",
             "",
         ]
-    return cost.invocation_lines(counts) + cost.cost_lines(counts)
+    return cost.invocation_lines(counts) + cost.cost_lines(counts, busy=busy_cpu(results))
+
+
+def busy_cpu(results: dict[str, Any]) -> cost.EndToEndCpu | None:
+    """The dev host's CPU per order in the measured commit's largest one-worker burst."""
+    runs = next(iter(results["commits"].values())).get("e2e", [])
+    alone = [
+        r
+        for r in runs
+        if r["workers"] == 1
+        and r.get("layout", "shared") == "shared"
+        and (r.get("cpu_ms_per_order") or {}).get("devhost") is not None
+    ]
+    if not alone:
+        return None
+    largest = max(r["orders"] for r in alone)
+    figures = sorted(r["cpu_ms_per_order"]["devhost"] for r in alone if r["orders"] == largest)
+    return cost.EndToEndCpu(figures[len(figures) // 2], largest)
 
 
 def chart(results: dict[str, Any], path: Path) -> Path | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sas_local.bench import cost, count
+from sas_local.bench import cost, count, report
 
 pytestmark = pytest.mark.unit
 
@@ -239,3 +239,23 @@ def test_the_counter_counts_a_transaction_s_entities_and_a_query_s_results() -> 
     assert counter.counts["entity.order"] == 2
     assert counter.counts["entity.live"] == 3
     assert counter.counts["table.transaction"] == 1 and counter.counts["table.query"] == 1
+
+
+def test_a_busy_instance_is_billed_the_end_to_end_cpu_when_measured(prices: Path) -> None:
+    lines = cost.cost_lines(COUNTS, prices, busy=cost.EndToEndCpu(ms_per_order=120, orders=1000))
+    busy = row(lines, "Flex compute, busy")
+    assert "a burst of 1,000, end to end" in busy[0]
+    # 120 ms CPU x 2 GB x $0.00001 per GB-s, a million times (not the functions' own 55 ms).
+    assert busy[1:4:2] == ["120 ms CPU", "$2.40"]
+
+
+def test_the_busy_cpu_is_the_largest_one_worker_bursts_median() -> None:
+    def run(orders: int, workers: int, ms: float, layout: str = "shared") -> dict[str, object]:
+        cpu = {"devhost": ms}
+        return {"orders": orders, "workers": workers, "layout": layout, "cpu_ms_per_order": cpu}
+
+    e2e = [run(100, 1, 90), run(1000, 1, 130), run(1000, 1, 120), run(1000, 1, 150)]
+    e2e += [run(1000, 2, 500), run(5000, 1, 999, layout="flex")]
+    results = {"commits": {"abc1234": {"e2e": e2e}}}
+    assert report.busy_cpu(results) == cost.EndToEndCpu(ms_per_order=130, orders=1000)
+    assert report.busy_cpu({"commits": {"abc1234": {"e2e": []}}}) is None
