@@ -91,13 +91,22 @@ def choose_endpoint(
 
 @dataclass(frozen=True)
 class DeferralPolicy:
-    """How long a step waits when no endpoint can take it: doubling, capped. A deferral is not
-    a failure (nothing was called), so it never counts toward compensation."""
+    """How long a step waits when no endpoint can take it or its circuit is open: doubling,
+    capped, and never before the circuit may close. A deferral is not a failure (nothing was
+    called), so it never counts toward compensation; but a step deferred ``most`` times in a row
+    is deferred no more: its attempt runs to its deadline, whose expiry counts, so a remote that
+    stays down still fails the order in the end."""
 
     base: timedelta = timedelta(seconds=1)
     cap: timedelta = timedelta(seconds=10)
+    most: int = 20
 
-    def delay(self, deferrals: int) -> timedelta:
-        """Wait before asking again, after ``deferrals`` deferrals in a row (1 for the first)."""
+    def delay(self, deferrals: int, *, at_least: float | None = None) -> timedelta:
+        """Wait before asking again, after ``deferrals`` deferrals in a row (1 for the first);
+        ``at_least``: the seconds until the circuit may let a call through."""
         doubled: timedelta = self.base * (2 ** min(max(deferrals - 1, 0), 16))
-        return min(doubled, self.cap)
+        return max(min(doubled, self.cap), timedelta(seconds=at_least or 0))
+
+    def allows(self, deferrals: int) -> bool:
+        """Whether a step deferred ``deferrals`` times in a row may be deferred again."""
+        return deferrals < self.most

@@ -192,6 +192,8 @@ class StepRequest(Message):
 
 
 ReplyKind = Literal["ok", "error", "deferred"]
+MAX_RETRY_AFTER_SECONDS = 60.0
+"""The longest wait a deferred reply may ask for."""
 
 
 class StepReply(Message):
@@ -204,7 +206,8 @@ class StepReply(Message):
     attempt: int = Field(ge=1, le=MAX_ATTEMPT)
     mode: Mode = "do"
     outcome: ReplyKind
-    """``deferred``: no endpoint had room, nothing was called; the step is asked again later."""
+    """``deferred``: no endpoint had room or the circuit was open, nothing was called; the step
+    is asked again later."""
     result: dict[str, Any] = Field(default_factory=dict)
     endpoint: EndpointName | None = None
     """The remote endpoint that was called (None: not known, or nothing was called)."""
@@ -214,6 +217,8 @@ class StepReply(Message):
     id never moves the new one."""
     held_since: AwareDatetime | None = None
     holds: int | None = Field(default=None, ge=1, le=MAX_HOLDS)
+    retry_after: float | None = Field(default=None, ge=0, le=MAX_RETRY_AFTER_SECONDS)
+    """``deferred`` by an open circuit: the seconds until it may let a call through."""
 
     @field_validator("result")
     @classmethod

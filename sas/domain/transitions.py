@@ -232,7 +232,12 @@ def decide_reply(
             incarnation=reply.incarnation or "",
         )
         return ReplyDecision(
-            defer(state, now=now, delay=deferral.delay(state.deferrals + 1), workflow=workflow),
+            defer(
+                state,
+                now=now,
+                delay=deferral.delay(state.deferrals + 1, at_least=reply.retry_after),
+                workflow=workflow,
+            ),
             Then.DEFER,
             "deferred",
         )

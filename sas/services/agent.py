@@ -9,9 +9,12 @@ allows. Past it, it stops and sends nothing: the Supervisor will schedule anothe
 Every attempt calls with the step's one idempotency key, so the remote applies the effect once
 whichever attempt's call gets through.
 
-A circuit breaker per remote target, shared by every agent instance, is asked before each try:
-an open one refuses with a TransientRemoteError carrying the seconds until it may close, so the
-same backoff waits for it and the same deadline check gives up in time. With several endpoints
+A circuit breaker per remote target, shared by every agent instance, is asked before each try.
+If it is open before the attempt has called anything, the step is deferred (a ``deferred``
+reply carrying the seconds until the circuit may close): other orders' failures opened it, so
+it costs this one no failure and no wait for its deadline. Once a call was made, an open circuit
+is one more transient fault: the backoff waits for it and the deadline check gives up in time.
+With several endpoints
 (sas/services/routing.py) each try goes to one with room, the healthy ones first; a try that
 fails transiently moves the next one elsewhere; when none has room, nothing is called and a
 ``deferred`` reply sends the step back to the Scheduler for a later attempt (no failure counted).
@@ -30,7 +33,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_exp
 
 from sas.domain.endpoints import Endpoint
 from sas.domain.errors import PermanentRemoteError, TransientRemoteError
-from sas.domain.messages import StepReply, StepRequest, result_problem
+from sas.domain.messages import MAX_RETRY_AFTER_SECONDS, StepReply, StepRequest, result_problem
 from sas.domain.model import StepStart
 from sas.domain.wire import step_reply_message_id, step_request_message_id
 from sas.services import metrics, telemetry, versions
@@ -54,7 +57,7 @@ class AgentOutcome(StrEnum):
     LATE = "late"
     """The call finished past its start's budget (``run_by``): the reply was suppressed."""
     DEFERRED = "deferred"
-    """No endpoint had room: nothing called, a deferred reply sent."""
+    """No endpoint had room, or the circuit was open: nothing called, a deferred reply sent."""
     HELD = "held"
     """The Python action is not deployed here (a newer version's): left for a host with it."""
 
@@ -68,6 +71,18 @@ class _DeadlineReached(Exception):
 
 class _NoRoom(Exception):
     """No endpoint has room for the next try: the step is deferred, not failed."""
+
+
+class _CircuitOpen(TransientRemoteError):
+    """The breaker refused the try: nothing was called."""
+
+
+class _Refused(Exception):
+    """The breaker refused the attempt before it called anything: the step is deferred."""
+
+    def __init__(self, retry_after: float | None) -> None:
+        super().__init__(retry_after)
+        self.retry_after = retry_after
 
 
 @dataclass
@@ -84,6 +99,8 @@ class _Attempt:
     """The endpoint whose try just failed transiently: the next one goes elsewhere."""
     used: Endpoint | None = None
     """The endpoint that answered (the reply says which)."""
+    called: bool = False
+    """Whether any try reached the action (a remote call, or the app's Python function)."""
 
 
 def run_step(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
@@ -147,6 +164,8 @@ def _run(ctx: Context, agent: str, request: StepRequest) -> AgentOutcome:
         return AgentOutcome.GAVE_UP
     except _NoRoom:
         return _reply(ctx, attempt, "deferred")
+    except _Refused as refused:
+        return _reply(ctx, attempt, "deferred", retry_after=refused.retry_after)
     return _reply(ctx, attempt, "ok", result=result)
 
 
@@ -219,6 +238,8 @@ def _try_once(ctx: Context, agents: Agents, attempt: _Attempt) -> dict[str, Any]
         return _call(ctx, agents, attempt, endpoint)
     except TransientRemoteError as exc:
         if endpoint is None or len(agents.endpoints(attempt.agent)) < 2:
+            if isinstance(exc, _CircuitOpen) and not attempt.called:
+                raise _Refused(exc.retry_after) from None
             raise
         # Fail over: the next try goes to another endpoint if one has room, without waiting
         # for this one's breaker (endpoints share the provider's ledger: no effect twice).
@@ -236,10 +257,14 @@ def _call(
     target = attempt.agent if endpoint is None else endpoint.target
     breaker = agents.breaker_of(target)
     if breaker is not None:
-        breaker.before_call()  # an open circuit raises TransientRemoteError(retry_after)
+        try:
+            breaker.before_call()
+        except TransientRemoteError as refused:  # open: no call now
+            raise _CircuitOpen(refused.reason, refused.retry_after) from None
     remaining = (attempt.deadline - ctx.clock.now()).total_seconds()
     if remaining <= 0:
         raise _DeadlineReached
+    attempt.called = True
     try:
         with telemetry.child_span(
             telemetry.REMOTE_CALL,
@@ -298,6 +323,7 @@ def _reply(
     *,
     result: dict[str, Any] | None = None,
     error: str | None = None,
+    retry_after: float | None = None,
 ) -> AgentOutcome:
     request = attempt.request
     extra = {"order_id": request.order_id, "step": request.step, "attempt": request.attempt}
@@ -315,6 +341,7 @@ def _reply(
         error=None if error is None else _printable(error),
         endpoint=None if attempt.used is None else attempt.used.name,
         incarnation=request.incarnation,
+        retry_after=None if retry_after is None else min(retry_after, MAX_RETRY_AFTER_SECONDS),
     )
     ctx.transport.send(
         ctx.routes.lane(ctx.routes.replies, request.priority),
@@ -323,7 +350,8 @@ def _reply(
         correlation_id=request.order_id,
     )
     if outcome == "deferred":
-        log.info("sas.step_deferred_no_room", extra=extra)
+        event = "sas.step_deferred_no_room" if retry_after is None else "sas.step_deferred_open"
+        log.info(event, extra=extra)
         return AgentOutcome.DEFERRED
     if error is None:
         log.info("sas.step_replied", extra=extra)

@@ -16,7 +16,16 @@ from enum import StrEnum
 from sas.domain.errors import ConcurrencyConflict, DefinitionMissing, IllegalTransition
 from sas.domain.messages import ScheduleRequest, StatusKind, StepReply, encode
 from sas.domain.model import HistoryEntry, OrderState, StepRecord, Versioned
-from sas.domain.transitions import Fence, NotYet, ReplyDecision, Then, claim, decide_reply, fence
+from sas.domain.transitions import (
+    DEFERRAL,
+    Fence,
+    NotYet,
+    ReplyDecision,
+    Then,
+    claim,
+    decide_reply,
+    fence,
+)
 from sas.domain.wire import idempotency_key, schedule_message_id, step_reply_message_id
 from sas.domain.workflow import Workflow
 from sas.services import alerts, telemetry, versions
@@ -46,6 +55,8 @@ class ReplyOutcome(StrEnum):
     COMPENSATING = "compensating"
     DEFERRED = "deferred"
     STALE = "stale"
+    LEFT_TO_EXPIRE = "left_to_expire"
+    """A deferral past the limit: the attempt runs to its deadline, and its expiry counts."""
     UNKNOWN_ORDER = "unknown_order"
     HELD = "held"
 
@@ -149,18 +160,7 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
     try:
         workflow = ctx.definition(state)
     except DefinitionMissing as missing:
-        if incarnation != state.incarnation:
-            return _drop(ctx, reply, state, Fence.OTHER_INCARNATION)
-        if state.is_terminal:
-            return _drop(ctx, reply, state, Fence.NOT_RUNNING)
-        key = idempotency_key(reply.order_id, incarnation, reply.step, reply.mode)
-        message_id = step_reply_message_id(key, reply.attempt)
-        queue = ctx.routes.lane(ctx.routes.replies, state.priority)
-        # Mid-deploy, back while the step's deadline runs; otherwise ever more rarely.
-        left = (state.complete_by or state.updated_at) - ctx.clock.now()
-        within = left if missing.newer and left > timedelta(0) else None
-        versions.hold(ctx, queue, reply, message_id, missing.reason, within=within)
-        return ReplyOutcome.HELD
+        return _without_definition(ctx, reply, state, missing)
     verdict = fence(
         state,
         workflow,
@@ -173,6 +173,8 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
     )
     if not verdict.applies:
         return _drop(ctx, reply, state, verdict)
+    if reply.outcome == "deferred" and not DEFERRAL.allows(state.deferrals):
+        return _deferred_enough(ctx, reply, state)
     now = ctx.clock.now()
     decision = decide_reply(state, reply, instance_id=ctx.instance_id, now=now, workflow=workflow)
     new = decision.state
@@ -290,6 +292,53 @@ def _drop(ctx: Context, reply: StepReply, state: OrderState, verdict: Fence) -> 
         )
     )
     return ReplyOutcome.STALE
+
+
+def _without_definition(
+    ctx: Context, reply: StepReply, state: OrderState, missing: DefinitionMissing
+) -> ReplyOutcome:
+    """A reply for an order whose workflow version this host lacks: dropped if it cannot
+    apply whatever the version, else held for a host that has it."""
+    incarnation = reply.incarnation or ""
+    if incarnation != state.incarnation:
+        return _drop(ctx, reply, state, Fence.OTHER_INCARNATION)
+    if state.is_terminal:
+        return _drop(ctx, reply, state, Fence.NOT_RUNNING)
+    key = idempotency_key(reply.order_id, incarnation, reply.step, reply.mode)
+    message_id = step_reply_message_id(key, reply.attempt)
+    queue = ctx.routes.lane(ctx.routes.replies, state.priority)
+    # Mid-deploy, back while the step's deadline runs; otherwise ever more rarely.
+    left = (state.complete_by or state.updated_at) - ctx.clock.now()
+    within = left if missing.newer and left > timedelta(0) else None
+    versions.hold(ctx, queue, reply, message_id, missing.reason, within=within)
+    return ReplyOutcome.HELD
+
+
+def _deferred_enough(ctx: Context, reply: StepReply, state: OrderState) -> ReplyOutcome:
+    """A step deferred ``DEFERRAL.most`` times in a row: its attempt is left to its deadline,
+    so a remote that stays down fails the order (the Supervisor counts the expiry)."""
+    log.warning(
+        "sas.deferral_limit_reached",
+        extra={
+            "order_id": reply.order_id,
+            "step": reply.step,
+            "attempt": reply.attempt,
+            "deferrals": state.deferrals,
+        },
+    )
+    ctx.store.add_history(
+        HistoryEntry(
+            order_id=reply.order_id,
+            at=ctx.clock.now(),
+            kind="reply_dropped",  # it moves nothing: the attempt's expiry will
+            attempt=reply.attempt,
+            step=reply.step,
+            mode=reply.mode,
+            actor=ctx.instance_id,
+            detail=f"deferred: {state.deferrals} times in a row already, left to expire",
+        )
+    )
+    return ReplyOutcome.LEFT_TO_EXPIRE
 
 
 def _park(ctx: Context, queue: str, reason: str, message: ScheduleRequest | StepReply) -> None:

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -23,8 +23,8 @@ from sas.domain.breaker import (
     on_success,
 )
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, TransientRemoteError
-from sas.domain.messages import StepRequest
-from sas.domain.model import Versioned
+from sas.domain.messages import OrderSubmitted, StepReply, StepRequest
+from sas.domain.model import ProcessState, Versioned
 from sas.services.agent import AgentOutcome
 from sas.services.breaker import CircuitBreaker
 from sas.services.context import Routes
@@ -39,7 +39,8 @@ from sas.testing import (
     ok,
     refuse,
 )
-from tests.workflows import REGISTRY
+from tests.harness import World
+from tests.workflows import REGISTRY, basket
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -531,27 +532,32 @@ def agent(
     return partial(with_remote.run_step, "payment")
 
 
-def test_an_open_breaker_outlasting_the_deadline_means_no_call_and_nothing_sent():
+def test_an_open_breaker_before_any_call_defers_the_step_at_once():
     store, clock = FakeBreakerStore(), FakeClock(T0)
-    b = open_breaker(store, clock)  # open for 10 s
-    remote, transport = InMemoryRemote(clock), InMemoryQueues(clock)
-    req = request(clock, budget_seconds=5)
-    assert agent(remote, transport, clock, b)(req) is AgentOutcome.GAVE_UP
-    assert remote.calls == []
-    assert transport.sent == []
-    assert clock.now() < req.complete_by
-
-
-def test_an_open_breaker_within_the_deadline_is_waited_for_then_probed():
-    store, clock = FakeBreakerStore(), FakeClock(T0)
-    b = open_breaker(store, clock)
+    b = open_breaker(store, clock)  # open for 10 s: other orders' failures
     reopens = store.state().opened_until
     assert reopens is not None
-    remote, transport = scripted(clock, ok({"effect_id": "e"})), InMemoryQueues(clock)
+    remote, transport = InMemoryRemote(clock), InMemoryQueues(clock)
+    for budget in (5, 30):  # whether or not the circuit closes within the budget
+        started = clock.now()
+        assert agent(remote, transport, clock, b)(request(clock, budget)) is AgentOutcome.DEFERRED
+        assert clock.now() == started  # no thread sleeps through the open window
+    assert remote.calls == []
+    replies = [cast(StepReply, sent.message) for sent in transport.sent]
+    assert [r.outcome for r in replies] == ["deferred", "deferred"]
+    wait = (reopens - clock.now()).total_seconds()
+    assert all(r.retry_after == pytest.approx(wait, abs=0.01) for r in replies)
+
+
+def test_an_open_breaker_after_a_failed_call_is_waited_for_then_probed():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock, policy=BreakerPolicy(failure_threshold=1))
+    remote = scripted(clock, fault("503"), ok({"effect_id": "e"}))
+    transport = InMemoryQueues(clock)
     at = times_of_calls(remote, clock)
     assert agent(remote, transport, clock, b)(request(clock, 30)) is AgentOutcome.REPLIED
-    assert len(at) == 1 and at[0] >= reopens
-    assert len(transport.sent) == 1
+    assert len(at) == 2 and at[1] - at[0] >= POLICY.open_for  # its own failure opened it
+    assert [cast(StepReply, sent.message).outcome for sent in transport.sent] == ["ok"]
     assert store.state().status is BreakerStatus.CLOSED
 
 
@@ -622,3 +628,61 @@ def test_for_routing_an_open_breaker_is_unhealthy_until_its_probe_is_due():
     breaker.before_call()  # that call takes the probe: the others stay away meanwhile
     other = CircuitBreaker(store, clock, "payment@west", policy, cache_ttl=0)
     assert not other.healthy()
+
+
+# --- an open circuit, order by order --------------------------------------------------------
+
+
+def world_with_breaker(remote: Any = None) -> tuple[World, FakeBreakerStore]:
+    """The shop, its payment calls behind one breaker (opened by other orders' failures)."""
+    world = World(remote=remote)
+    store = FakeBreakerStore()
+    b = breaker(store, world.clock, cache_ttl=0)
+    world.app = world.app.with_remote(
+        world.remote,
+        breaker=lambda target: b if target == "payment" else None,
+        sleep=world.clock.sleep,
+    )
+    for _ in range(POLICY.failure_threshold):
+        b.record_failure()
+    return world, store
+
+
+def test_an_order_deferred_by_an_open_circuit_waits_for_it_uncounted_then_finishes():
+    world, store = world_with_breaker()
+    reopens = store.state().opened_until
+    assert reopens is not None
+    world.submit(OrderSubmitted(order_id="d1", details=basket(sku="s1")))
+    world.run()  # reserve done; charge deferred; its schedule request not due yet
+    state = world.state("d1")
+    assert (state.process_state, state.step_index) == (ProcessState.PENDING, 1)
+    assert (state.failure_count, state.deferrals) == (0, 1)
+    assert state.not_before is not None
+    assert abs(state.not_before - reopens) < timedelta(seconds=0.1)  # when it may close
+    assert [c for c in world.remote.calls if c[0] == "payment"] == []
+    world.clock.advance((state.not_before - world.clock.now()).total_seconds())
+    world.run()  # the probe goes through and closes the circuit
+    state = world.state("d1")
+    assert (state.process_state, state.failure_count) == (ProcessState.PROCESSED, 0)
+    assert store.state().status is BreakerStatus.CLOSED
+    assert "deferred" in world.history("d1")
+
+
+def test_an_order_alone_with_a_service_down_fails_by_its_own_calls():
+    """Deferred once (the circuit others opened), then it takes the probe itself: its own
+    calls fail, and those failures count, so it is compensated as before."""
+    world, _ = world_with_breaker(remote=lambda clock: scripted(clock, *[fault("503")] * 99))
+    world.submit(OrderSubmitted(order_id="d2", details=basket(sku="s1")))
+    for _ in range(100):
+        world.run()
+        if world.state("d2").is_terminal:
+            break
+        world.tick(5)
+    history = world.history("d2")
+    assert world.state("d2").process_state is ProcessState.COMPENSATED
+    assert history.count("deferred") == 1
+    assert [k for k in history if k.startswith("expired_")] == [
+        "expired_retry",
+        "expired_retry",
+        "expired_compensate",
+    ]  # each counted: the default threshold of 3

@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from pydantic import ValidationError
 
 from sas import settings
 from sas.domain.endpoints import (
@@ -15,6 +16,7 @@ from sas.domain.endpoints import (
     single_endpoint,
 )
 from sas.domain.errors import ConfigurationError
+from sas.domain.messages import StepReply
 from sas.services.routing import Router
 from sas.testing import FakeClock, InMemoryLoads
 
@@ -67,6 +69,30 @@ def test_deferral_backoff_doubles_up_to_its_cap():
         10,
         10,
     ]
+
+
+def test_a_deferral_waits_at_least_until_the_circuit_may_close_and_is_bounded():
+    policy = DeferralPolicy(base=timedelta(seconds=1), cap=timedelta(seconds=10), most=3)
+    assert policy.delay(1, at_least=7.5) == timedelta(seconds=7.5)
+    assert policy.delay(5, at_least=3) == timedelta(seconds=10)  # the backoff, when longer
+    assert [policy.allows(n) for n in (0, 2, 3, 4)] == [True, True, False, False]
+
+
+def test_a_deferred_reply_asks_for_a_bounded_wait():
+    def deferred(retry_after: float) -> StepReply:
+        return StepReply(
+            order_id="o1",
+            step="charge",
+            step_index=1,
+            attempt=1,
+            outcome="deferred",
+            retry_after=retry_after,
+        )
+
+    assert deferred(60).retry_after == 60
+    for wrong in (-1, 60.5):
+        with pytest.raises(ValidationError):
+            deferred(wrong)
 
 
 def router(clock: FakeClock, loads: InMemoryLoads, endpoints=(A, B)) -> Router:
