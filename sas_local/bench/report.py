@@ -233,8 +233,11 @@ def _surges(runs: list[dict[str, Any]]) -> list[str]:
         "full run), with a probe order every few seconds throughout; in the "
         "slow-payment run every payment call answers 3 step budgets late during the surge; "
         "goodput is Processed orders per minute from the surge's start, the minute after the "
-        "surge counted only while work was still queued; expiries are counted / taken as the "
-        "load's / of an attempt no agent had started):",
+        "surge counted only while work was still queued; probes are normal again, counted from "
+        "the last surge order's finish, once the median of every five in a row is within 1.5 "
+        "times the calm median (or a second more); expiries are counted / taken as the "
+        "load's / of an attempt that called nothing (no agent started it, or its circuit was "
+        "open)):",
         "",
         "| Surge | Workers | CPU hogs | Per minute calibrated | Orders offered | Goodput per "
         "minute | Best / minute after | p50 / p95 s | Drained after s | Probes normal again "

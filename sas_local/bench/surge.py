@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import tempfile
@@ -52,6 +53,8 @@ STEP_BUDGET_S = 15.0
 """The order workflow's step budget (workflows/order.py): the slow remote answers 3x late."""
 SLOW_SERVICE = "payment"
 CALM_RATIO = 1.5
+PROBE_WINDOW = 5
+"""Probes in a row whose median says whether latency is normal (10 s at one every 2 s)."""
 """A probe is back to normal within this multiple of the calm median (or a second more)."""
 
 
@@ -381,18 +384,29 @@ def _per_minute(finishes: list[datetime], start: datetime) -> list[int]:
 
 
 def _normal_again(
-    probes: list[tuple[datetime, float | None]], calm_p50: float | None, drained: datetime | None
+    probes: Sequence[tuple[datetime, float | None]],
+    calm_p50: float | None,
+    drained: datetime | None,
 ) -> float | None:
-    """Seconds from ``drained`` (the last surge order finished) until every probe sent from
-    then on finished within ``CALM_RATIO`` of the calm median (or a second more); None when the
-    run cannot tell."""
+    """Seconds from ``drained`` (the last surge order finished) until the probes' latency is
+    normal again: from then on, the median of every ``PROBE_WINDOW`` probes sent in a row is
+    within ``CALM_RATIO`` of the calm median (or a second more). One probe alone varies with
+    the hosts' polling (up to 2 s a hop), which the median of a few absorbs; a probe that never
+    finished counts as slow. None when the run cannot tell."""
     if calm_p50 is None or drained is None:
         return None
     limit = max(calm_p50 * CALM_RATIO, calm_p50 + 1.0)
-    slow = [at for at, took in probes if took is None or took > limit]
-    if not slow or max(slow) < drained:
+    ordered = sorted(probes, key=lambda probe: probe[0])
+    size = min(PROBE_WINDOW, len(ordered))
+    slow_until = None
+    for first in range(len(ordered) - size + 1):
+        window = ordered[first : first + size]
+        took = statistics.median(math.inf if t is None else t for _, t in window)
+        if took > limit:
+            slow_until = window[-1][0]
+    if slow_until is None or slow_until < drained:
         return 0.0
-    return round((max(slow) - drained).total_seconds(), 1)
+    return round((slow_until - drained).total_seconds(), 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,13 +23,20 @@ def test_goodput_is_counted_per_whole_minute_from_the_start_up_to_the_last():
     assert _per_minute([], T0) == []
 
 
-def test_probes_are_normal_again_after_the_last_slow_one_sent_after_the_drain():
+def test_probes_are_normal_again_once_the_median_of_five_in_a_row_stays_normal():
     calm = 1.0  # limit: 2 s (a second more than the median beats 1.5x)
-    probes = [(at(0), 1.0), (at(10), 30.0), (at(20), 5.0), (at(30), 1.2), (at(40), None)]
-    assert _normal_again(probes[:4], calm, drained=at(25)) == 0.0  # slow ones came before
-    assert _normal_again(probes[:4], calm, drained=at(15)) == 5.0
-    assert _normal_again(probes, calm, drained=at(15)) == 25.0  # one never finished
-    assert _normal_again(probes, None, drained=at(15)) is None
+    quick = [(at(2 * n), 0.5) for n in range(20)]
+    assert _normal_again(quick, calm, drained=at(0)) == 0.0
+    # One probe at 2.5 s (polling) after the drain is no slowness; three in a row are.
+    outlier = [(t, 2.5 if t == at(20) else took) for t, took in quick]
+    assert _normal_again(outlier, calm, drained=at(10)) == 0.0
+    slow = [(t, 9.0 if at(20) <= t <= at(24) else took) for t, took in quick]
+    assert _normal_again(slow, calm, drained=at(10)) == 18.0  # the last slow window ends at 28
+    assert _normal_again(slow, calm, drained=at(30)) == 0.0  # slow ones came before
+    lost = [(t, None if at(30) <= t <= at(34) else took) for t, took in quick]
+    assert _normal_again(lost, calm, drained=at(10)) == 28.0  # never finished: slow
+    assert _normal_again(quick, None, drained=at(0)) is None
+    assert _normal_again(quick[:2] + [(at(4), 9.0)] * 2, calm, drained=at(0)) == 4.0  # few
 
 
 def test_a_run_reports_how_orders_ended_and_the_minute_after_only_while_work_was_queued():
