@@ -93,9 +93,9 @@ def choose_endpoint(
 class DeferralPolicy:
     """How long a step waits when no endpoint can take it or its circuit is open: doubling,
     capped, and never before the circuit may close. A deferral is not a failure (nothing was
-    called), so it never counts toward compensation; but a step deferred ``most`` times in a row
-    is deferred no more: its attempt runs to its deadline, whose expiry counts, so a remote that
-    stays down still fails the order in the end."""
+    called), so it never counts toward compensation; but an open circuit defers a step that
+    has been deferred ``most`` times no more (the scheduler drops that reply): its attempt runs
+    to its deadline, whose expiry counts, so a remote that stays down still fails the order."""
 
     base: timedelta = timedelta(seconds=1)
     cap: timedelta = timedelta(seconds=10)
@@ -108,5 +108,5 @@ class DeferralPolicy:
         return max(min(doubled, self.cap), timedelta(seconds=at_least or 0))
 
     def allows(self, deferrals: int) -> bool:
-        """Whether a step deferred ``deferrals`` times in a row may be deferred again."""
+        """Whether a step deferred ``deferrals`` times may be deferred again by its circuit."""
         return deferrals < self.most

@@ -73,8 +73,9 @@ class OrderState:
     priority: Priority = DEFAULT_PRIORITY
     """Which lane the order's messages take at every hop (fixed at submission)."""
     deferrals: int = 0
-    """Times the current step was deferred because no endpoint had room (sets the backoff;
-    back to 0 when the next step starts)."""
+    """Times the current step (in its direction) was deferred: no endpoint had room, or its
+    circuit was open. Sets the backoff and bounds a circuit's deferrals; back to 0 when the next
+    step, the compensation or a resubmit starts."""
     traceparent: str | None = None
     """The W3C context of the order's trace (its submission's span): what a Supervisor's
     recovery or an operator's resubmit continues. None when the order was not traced."""

@@ -266,6 +266,7 @@ def resubmit(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderSt
         locked_by=None,
         failure_count=0,
         load_expiries=0,
+        deferrals=0,
         not_before=None,
         complete_by=now + workflow.pickup_budget,
         updated_at=now,

@@ -373,6 +373,8 @@ def begin_compensation(
         first_attempt=state.attempt + 1,
         locked_by=None,
         failure_count=0,
+        deferrals=0,
+        load_expiries=0,
         not_before=None,
         complete_by=now + workflow.pickup_budget,
         updated_at=now,

@@ -137,7 +137,7 @@ class StateView(BaseModel):
     last_error: str | None
     priority: str = Field(description="high, normal or low: the lane its messages take")
     deferrals: int = Field(
-        description="times in a row the current step waited for an endpoint with room"
+        description="times the current step waited for an endpoint with room or an open circuit"
     )
     trace_id: str | None = Field(
         default=None, description="the order's OpenTelemetry trace id (None: not traced)"

@@ -10,11 +10,11 @@ Every attempt calls with the step's one idempotency key, so the remote applies t
 whichever attempt's call gets through.
 
 A circuit breaker per remote target, shared by every agent instance, is asked before each try.
-If it is open before the attempt has called anything, the step is deferred (a ``deferred``
-reply carrying the seconds until the circuit may close): other orders' failures opened it, so
-it costs this one no failure and no wait for its deadline. Once a call was made, an open circuit
-is one more transient fault: the backoff waits for it and the deadline check gives up in time.
-With several endpoints
+If a target with one endpoint has it open before the attempt has called anything, the step is
+deferred (a ``deferred`` reply carrying the seconds until the circuit may close): other orders'
+failures opened it, so it costs this one no failure and no wait for its deadline. Once a call
+was made, an open circuit is one more transient fault: the backoff waits for it and the
+deadline check gives up in time. With several endpoints
 (sas/services/routing.py) each try goes to one with room, the healthy ones first; a try that
 fails transiently moves the next one elsewhere; when none has room, nothing is called and a
 ``deferred`` reply sends the step back to the Scheduler for a later attempt (no failure counted).

@@ -173,8 +173,8 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
     )
     if not verdict.applies:
         return _drop(ctx, reply, state, verdict)
-    if reply.outcome == "deferred" and not DEFERRAL.allows(state.deferrals):
-        return _deferred_enough(ctx, reply, state)
+    if reply.retry_after is not None and not DEFERRAL.allows(state.deferrals):
+        return _deferred_enough(ctx, reply, state)  # an open circuit's, past the bound
     now = ctx.clock.now()
     decision = decide_reply(state, reply, instance_id=ctx.instance_id, now=now, workflow=workflow)
     new = decision.state
@@ -315,8 +315,10 @@ def _without_definition(
 
 
 def _deferred_enough(ctx: Context, reply: StepReply, state: OrderState) -> ReplyOutcome:
-    """A step deferred ``DEFERRAL.most`` times in a row: its attempt is left to its deadline,
-    so a remote that stays down fails the order (the Supervisor counts the expiry)."""
+    """A circuit's deferral of a step already deferred ``DEFERRAL.most`` times: its attempt is
+    left to its deadline, so a remote that stays down fails the order in the end (the
+    Supervisor counts the expiry, as any). Deferrals for want of room are not bounded: the
+    endpoints' calls in flight free it."""
     log.warning(
         "sas.deferral_limit_reached",
         extra={
@@ -335,7 +337,7 @@ def _deferred_enough(ctx: Context, reply: StepReply, state: OrderState) -> Reply
             step=reply.step,
             mode=reply.mode,
             actor=ctx.instance_id,
-            detail=f"deferred: {state.deferrals} times in a row already, left to expire",
+            detail=f"deferred: {state.deferrals} times for this step already, left to expire",
         )
     )
     return ReplyOutcome.LEFT_TO_EXPIRE

@@ -7,6 +7,7 @@ import itertools
 import logging
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, cast
@@ -25,9 +26,11 @@ from sas.domain.breaker import (
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, TransientRemoteError
 from sas.domain.messages import OrderSubmitted, StepReply, StepRequest
 from sas.domain.model import ProcessState, Versioned
+from sas.domain.transitions import DEFERRAL
 from sas.services.agent import AgentOutcome
 from sas.services.breaker import CircuitBreaker
 from sas.services.context import Routes
+from sas.services.scheduler import ReplyOutcome
 from sas.testing import (
     FakeClock,
     InMemoryQueues,
@@ -686,3 +689,41 @@ def test_an_order_alone_with_a_service_down_fails_by_its_own_calls():
         "expired_retry",
         "expired_compensate",
     ]  # each counted: the default threshold of 3
+
+
+def test_a_step_its_circuit_deferred_too_often_is_left_to_expire_and_that_expiry_counts():
+    """Other orders keep the circuit open: the step is deferred ``DEFERRAL.most`` times, then
+    the next deferred reply leaves its attempt to its deadline, and the Supervisor counts it."""
+    world, store = world_with_breaker()
+
+    def hold_open() -> None:  # other instances' failures, just now
+        state, etag = store.rows["payment"]
+        until = world.clock.now() + POLICY.open_for
+        store.put(replace(state, status=BreakerStatus.OPEN, opened_until=until), etag)
+
+    world.submit(OrderSubmitted(order_id="d3", details=basket(sku="s1")))
+    world.run()  # the first deferral
+    for _ in range(DEFERRAL.most):
+        state = world.state("d3")
+        assert state.not_before is not None
+        world.clock.advance((state.not_before - world.clock.now()).total_seconds() + 0.1)
+        world.deliver("scheduler")
+        hold_open()
+        world.deliver("agent-payment")
+        outcomes = world.deliver("replies")
+    assert outcomes == [ReplyOutcome.LEFT_TO_EXPIRE]
+    state = world.state("d3")
+    assert (state.process_state, state.step_index) == (ProcessState.PROCESSING, 1)
+    assert (state.deferrals, state.failure_count) == (DEFERRAL.most, 0)
+    (last,) = world.store.get_history("d3")[-1:]
+    assert (last.kind, last.detail) == (
+        "reply_dropped",
+        f"deferred: {DEFERRAL.most} times for this step already, left to expire",
+    )
+    assert state.complete_by is not None
+    world.clock.advance((state.complete_by - world.clock.now()).total_seconds() + 5)
+    world.make_due("d3")
+    world.tick()
+    state = world.state("d3")
+    assert (state.process_state, state.failure_count) == (ProcessState.PENDING, 1)
+    assert [c for c in world.remote.calls if c[0] == "payment"] == []

@@ -19,6 +19,7 @@ from sas.domain.transitions import (
     initial_state,
     look_again_at,
     refuse_step,
+    to_error,
 )
 from sas.domain.wire import Mode
 from sas.domain.workflow import START_SLACK, StepDefinition, Workflow
@@ -191,6 +192,20 @@ def test_a_refused_step_starts_compensation_below_it():
     assert state.locked_by is None and state.failure_count == 0
     assert state.complete_by == NOW + WF.pickup_budget
     assert state.last_error == "no courier"
+
+
+def test_compensation_and_resubmit_start_the_step_with_no_deferrals_or_load_expiries():
+    """The forward step's counts bound that step: the undo (or the operator's second run)
+    starts with its own."""
+    worn = replace(running_at(2), deferrals=20, load_expiries=5)
+    undo = refuse_step(
+        worn, attempt=worn.attempt, step_index=2, now=NOW, reason="no courier", workflow=WF
+    )
+    claimed = claim(undo, instance_id="s1", now=NOW, workflow=WF)
+    assert (claimed.mode, claimed.deferrals, claimed.load_expiries) == ("undo", 0, 0)
+    failed = replace(to_error(worn, now=NOW, reason="stuck"), alert_pending=False)
+    again = claim(resubmit(failed, now=NOW, workflow=WF), instance_id="s1", now=NOW, workflow=WF)
+    assert (again.step_index, again.deferrals, again.load_expiries) == (2, 0, 0)
 
 
 def test_a_refused_first_step_has_nothing_to_undo_and_is_compensated_at_once():
