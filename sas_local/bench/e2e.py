@@ -31,7 +31,7 @@ from azure.storage.queue import QueueClient
 
 from sas.adapters.storage_queues import first_calls_alone, sent
 from sas.domain.model import TERMINAL_STATES
-from sas.domain.wire import live_table_name
+from sas.domain.wire import ROOM_PARTITION, live_table_name
 from sas_local.bench import cpu
 from sas_local.stack import Layout, LocalStack
 
@@ -96,6 +96,17 @@ def _body(order_id: str, priority: str = "normal") -> str:
     return base64.b64encode(json.dumps(order).encode()).decode()
 
 
+def _waiting(live: TableClient) -> bool:
+    """Whether any submission waits in the waiting room (none before it existed)."""
+    rows = live.query_entities(
+        "PartitionKey eq @pk", parameters={"pk": ROOM_PARTITION}, select=["RowKey"]
+    )
+    try:
+        return next(iter(rows), None) is not None
+    except ResourceNotFoundError:
+        return False
+
+
 def _percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -140,18 +151,20 @@ def run(
         with ThreadPoolExecutor(8) as pool:
             list(pool.map(lambda order_id: _send(queue, _body(order_id)), ids))
         # Done when every queue the app consumes is empty twice in a row (the count includes
-        # invisible and delayed messages): it holds for any commit, whatever its index.
+        # invisible and delayed messages) and no submission waits in the waiting room for a
+        # sweep to let it in: it holds for any commit, whatever its index.
         consumed = [
             QueueClient.from_connection_string(conn, name)
             for key, name in settings.queues.items()
             if key != "SAS_QUEUE_ALERTS"
         ]
+        room = TableClient.from_connection_string(conn, live_table_name(settings.table_name))
         deadline = time.monotonic() + timeout
         time.sleep(1.0)
         quiet = 0
         while time.monotonic() < deadline and quiet < 2:
             queued = sum(q.get_queue_properties().approximate_message_count or 0 for q in consumed)
-            quiet = quiet + 1 if queued == 0 else 0
+            quiet = quiet + 1 if queued == 0 and not _waiting(room) else 0
             time.sleep(1.0)
         cpu_used = _dev_hosts_summed(cpu.per_order_ms(cpu_before, cpu.snapshot(processes), orders))
         latencies, first, last, processed = [], None, None, 0
