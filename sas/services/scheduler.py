@@ -278,6 +278,16 @@ def _drop(ctx: Context, reply: StepReply, state: OrderState, verdict: Fence) -> 
             "state": state.process_state,
         },
     )
+    detail = (
+        f"{reply.outcome} {verdict.value}: current attempt {state.attempt}, {state.process_state}"
+    )
+    _record_dropped(ctx, reply, detail)
+    return ReplyOutcome.STALE
+
+
+def _record_dropped(ctx: Context, reply: StepReply, detail: str) -> None:
+    """A reply that moves nothing, kept in the order's history (``reply_dropped``: history
+    replay skips it)."""
     ctx.store.add_history(
         HistoryEntry(
             order_id=reply.order_id,
@@ -287,11 +297,9 @@ def _drop(ctx: Context, reply: StepReply, state: OrderState, verdict: Fence) -> 
             step=reply.step,
             mode=reply.mode,
             actor=ctx.instance_id,
-            detail=f"{reply.outcome} {verdict.value}: current attempt {state.attempt}, "
-            f"{state.process_state}",
+            detail=detail,
         )
     )
-    return ReplyOutcome.STALE
 
 
 def _without_definition(
@@ -328,18 +336,8 @@ def _deferred_enough(ctx: Context, reply: StepReply, state: OrderState) -> Reply
             "deferrals": state.deferrals,
         },
     )
-    ctx.store.add_history(
-        HistoryEntry(
-            order_id=reply.order_id,
-            at=ctx.clock.now(),
-            kind="reply_dropped",  # it moves nothing: the attempt's expiry will
-            attempt=reply.attempt,
-            step=reply.step,
-            mode=reply.mode,
-            actor=ctx.instance_id,
-            detail=f"deferred: {state.deferrals} times for this step already, left to expire",
-        )
-    )
+    detail = f"deferred: {state.deferrals} times for this step already, left to expire"
+    _record_dropped(ctx, reply, detail)  # it moves nothing: the attempt's expiry will
     return ReplyOutcome.LEFT_TO_EXPIRE
 
 
