@@ -412,7 +412,9 @@ def _marker_write(marker: LiveMarker, due_at: datetime | None) -> tuple[Any, ...
     if due_at is None:
         condition = {"etag": marker.etag, "match_condition": MatchConditions.IfNotModified}
         return ("delete", _marker_key(marker.order_id), condition)
-    entity = marker_entity(marker.order_id, marker.touched_at, due_at, marker.workflow)
+    entity = marker_entity(
+        marker.order_id, marker.touched_at, due_at, marker.workflow, finished=marker.finished
+    )
     return ("update", entity, if_unchanged(marker.etag))
 
 
@@ -423,7 +425,8 @@ def _marker_key(order_id: str) -> dict[str, Any]:
 def _marker_from(entity: Any) -> LiveMarker:
     touched = utc(entity["TouchedAt"])
     etag, due = str(entity.metadata["etag"]), utc(entity["DueAt"])
-    return LiveMarker(entity["RowKey"], touched, etag, due, str(entity.get("Workflow") or ""))
+    workflow, finished = str(entity.get("Workflow") or ""), bool(entity.get("Finished"))
+    return LiveMarker(entity["RowKey"], touched, etag, due, workflow, finished)
 
 
 def _named_index(error: TableTransactionError) -> int | None:

@@ -178,6 +178,13 @@ class OrderTables:
         )
         return str(written["etag"])
 
+    def finish_live(self, order_id: str, at: datetime) -> None:
+        """An upsert too: it replaces whatever marker there is (a sweep's later conditional
+        write of an older read then fails), and it carries no workflow, so no count sees it."""
+        self._live.upsert_entity(
+            marker_entity(order_id, at, at, finished=True), mode=UpdateMode.REPLACE
+        )
+
     # --- steps ------------------------------------------------------------------------
 
     def get_steps(self, order_id: str) -> list[StepRecord]:
@@ -255,7 +262,12 @@ def optional_utc(value: Any) -> datetime | None:
 
 
 def marker_entity(
-    order_id: str, touched_at: datetime, due_at: datetime, workflow: str = ""
+    order_id: str,
+    touched_at: datetime,
+    due_at: datetime,
+    workflow: str = "",
+    *,
+    finished: bool = False,
 ) -> dict[str, Any]:
     return {
         "PartitionKey": LIVE_PARTITION,
@@ -263,6 +275,7 @@ def marker_entity(
         "TouchedAt": touched_at,
         "DueAt": due_at,
         **({"Workflow": workflow} if workflow else {}),
+        **({"Finished": True} if finished else {}),
     }
 
 

@@ -186,6 +186,9 @@ class LiveMarker:
     due_at: datetime
     workflow: str = ""
     """The order's workflow, which in-flight limits count by ("" in markers from before)."""
+    finished: bool = False
+    """Its order finished well (Processed or Compensated, which nothing revives): no longer
+    in flight, the sweep only drops it (``StateStore.finish_live``)."""
 
 
 @dataclass(frozen=True)

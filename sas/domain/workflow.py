@@ -94,9 +94,9 @@ class Workflow:
     max_in_flight: int | None = None
     """Orders of this workflow (every version) in flight at once; more wait in the waiting
     room until a sweep finds room (high priority excepted). None: no limit. An order holds its
-    place from its submission until a sweep drops its marker (docs/architecture.md, "Bounded
-    work in flight"), so it allows about max_in_flight / (latency + shortest budget + a sweep
-    period) orders/s."""
+    place from its submission until it finishes well, or until a sweep drops its marker after
+    an Error (docs/architecture.md, "Bounded work in flight"), so it allows about
+    max_in_flight / (latency + a sweep period) orders/s."""
 
     def __post_init__(self) -> None:
         if not STEP_NAME.matches(self.name):

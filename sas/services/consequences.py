@@ -13,7 +13,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sas.domain.errors import IllegalTransition, NotFound
+from sas.domain.errors import DefinitionMissing, IllegalTransition, NotFound
 from sas.domain.messages import (
     ScheduleRequest,
     StatusEvent,
@@ -181,6 +181,8 @@ def finished(ctx: Context, state: OrderState, etag: str) -> None:
     now = state.updated_at
     metrics.instruments.orders_finished.add(1, {telemetry.OUTCOME: state.process_state.value})
     log.info("sas.order_finished", extra={"order_id": state.order_id, "state": state.process_state})
+    if state.process_state in (ProcessState.PROCESSED, ProcessState.COMPENSATED):
+        _unindex(ctx, state)
     if state.process_state is ProcessState.PROCESSED:
         notify(ctx, state, "completed", now)
     elif state.process_state is ProcessState.COMPENSATED:
@@ -188,6 +190,21 @@ def finished(ctx: Context, state: OrderState, etag: str) -> None:
     elif state.process_state is ProcessState.ERROR:
         alerts.settle_alert(ctx, state, etag, wrote_claim=True)
         notify(ctx, state, "failed", now, detail=state.last_error)
+
+
+def _unindex(ctx: Context, state: OrderState) -> None:
+    """Frees the order's place under its workflow's ``max_in_flight`` now, not at the next due
+    sweep, a step budget away, while submissions wait for it; a workflow with no limit is not
+    counted and leaves its marker to that sweep (a request fewer on the in-flight partition).
+    Best effort: a marker left as it was is dropped by that sweep too."""
+    try:
+        if ctx.definition(state).max_in_flight is None:
+            return
+        ctx.store.finish_live(state.order_id, state.updated_at)
+    except DefinitionMissing:
+        return
+    except Exception:
+        log.warning("sas.marker_finish_failed", extra={"order_id": state.order_id}, exc_info=True)
 
 
 # --- status events to the submitter ------------------------------------------------------

@@ -65,7 +65,14 @@ class StateStore(Protocol):
         ...
 
     def count_live(self, workflow: str, up_to: int) -> int:
-        """Markers of ``workflow``, counted up to ``up_to`` at most (one query)."""
+        """Markers of ``workflow``, counted up to ``up_to`` at most (one query); finished
+        ones are not counted."""
+        ...
+
+    def finish_live(self, order_id: str, at: datetime) -> None:
+        """Mark the order's marker finished and due at ``at``: out of its workflow's count at
+        once, dropped by the next sweep without reading the order. Only for an order that
+        finished well (no one touches its marker after)."""
         ...
 
     def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:

@@ -111,6 +111,10 @@ def publish_budget(ctx: Context, budgets: BudgetStore) -> None:
 
 
 def _examine(ctx: Context, marker: LiveMarker, markers: MarkerWrites, lanes: BusyLanes) -> str:
+    if marker.finished:  # its order finished well: nothing to read
+        markers.drop(marker)
+        ctx.retry_budget.finished()
+        return "unindexed"
     now = ctx.clock.now()
     current = ctx.store.get_state(marker.order_id)
     if current is None:

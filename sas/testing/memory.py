@@ -259,7 +259,11 @@ class InMemoryStore:
         return marker.etag
 
     def count_live(self, workflow: str, up_to: int) -> int:
-        return len([m for m in self.live.values() if m.workflow == workflow][:up_to])
+        counted = [m for m in self.live.values() if m.workflow == workflow and not m.finished]
+        return len(counted[:up_to])
+
+    def finish_live(self, order_id: str, at: datetime) -> None:
+        self.live[order_id] = LiveMarker(order_id, at, next(self._etags), at, finished=True)
 
     def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:
         if row_key not in self.room:

@@ -1,8 +1,8 @@
 """The Supervisor's in-flight index on Azurite: only due markers are read (the real table's
 query on DueAt), a healthy order's marker is re-armed to its next deadline and a finished one's
-dropped (conditional writes on the in-flight table), and a parallel sweep shares one store's
-clients across threads. When a step expires and what a late reply does, decided by the domain,
-run in memory (tests/unit/test_expiry_and_late_replies.py)."""
+dropped (unread under ``max_in_flight``; conditional writes on the in-flight table), and a
+parallel sweep shares one store's clients across threads. When a step expires and what a late
+reply does, decided by the domain, run in memory (tests/unit/test_expiry_and_late_replies.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from typing import Any
 import pytest
 
 from sas.domain.model import ProcessState
-from tests.harness import BUDGET, CLAIMED
+from tests.harness import BUDGET, CLAIMED, World
 from tests.unit.test_failure_modes import order
+from tests.unit.test_in_flight_limit import LIMITED
+from tests.unit.test_services import submitted
+from tests.workflows import SHOP
 
 pytestmark = pytest.mark.integration
 
@@ -69,8 +72,8 @@ def test_a_parallel_sweep_examines_every_due_order_once(world):
 
 
 def test_a_finished_orders_marker_goes_with_the_first_sweep_it_is_due_for(world):
-    """Nothing touches the marker when the order finishes: the sweep that finds it due reads
-    the finished order once and drops the marker (with the sweep's other writes)."""
+    """A workflow with no ``max_in_flight``: nothing touches the marker when the order
+    finishes; the sweep that finds it due reads the finished order once and drops it."""
     oid = order(world)
     world.run()
     assert world.state(oid).process_state is ProcessState.PROCESSED
@@ -80,4 +83,20 @@ def test_a_finished_orders_marker_goes_with_the_first_sweep_it_is_due_for(world)
     assert supervisor.sweep().total() == 0  # not due yet: nothing read
     world.clock.advance((marker.due_at - world.clock.now()).total_seconds())
     assert supervisor.sweep() == {"unindexed": 1} and counting.state_reads == 1
+    assert world.store.list_live() == []
+
+
+def test_a_limited_workflows_finished_marker_leaves_the_count_and_goes_unread(table):
+    """Under ``max_in_flight`` the order's finish marks its marker finished: due at once and
+    counted by no workflow; the next sweep drops it (with its other writes) reading nothing."""
+    world = World(table, workflows=LIMITED)
+    world.submit(submitted("o1"))
+    world.run()
+    assert world.state("o1").process_state is ProcessState.PROCESSED
+    (marker,) = world.store.list_live()
+    assert marker.finished and marker.due_at <= world.clock.now()
+    assert world.store.count_live(SHOP.name, 10) == 0
+    counting = CountingStore(world.store)
+    supervisor = world.new_supervisor("supervisor-2", store=counting)
+    assert supervisor.sweep() == {"unindexed": 1} and counting.state_reads == 0
     assert world.store.list_live() == []

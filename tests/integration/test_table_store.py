@@ -229,6 +229,23 @@ def test_markers_are_counted_by_workflow_up_to_a_bound_and_keep_it_when_rearmed(
     assert {m.workflow for m in store.list_live()} == {"order", "workspace", ""}
 
 
+def test_a_finished_marker_is_due_at_once_counted_by_no_workflow_and_beats_older_reads(table):
+    store = store_on(table)
+    store.touch_live("o1", NOW, NOW + timedelta(minutes=5), "order")
+    store.touch_live("o2", NOW, NOW + timedelta(minutes=5), "order")
+    [read_before] = [m for m in store.list_live() if m.order_id == "o1"]
+    store.finish_live("o1", NOW)
+    assert store.count_live("order", 100) == 1
+    [due] = store.list_due(NOW)
+    assert (due.order_id, due.finished, due.due_at) == ("o1", True, NOW)
+    assert store.rearm_live([(read_before, NOW + timedelta(minutes=1))]) == 0  # stale: refused
+    assert store.rearm_live([(due, NOW + timedelta(seconds=1))]) == 1
+    [rearmed] = store.list_due(NOW + timedelta(seconds=1))
+    assert rearmed.finished and store.count_live("order", 100) == 1  # a re-arm keeps the flag
+    assert store.rearm_live([], [rearmed]) == 1
+    assert [m.order_id for m in store.list_live()] == ["o2"]
+
+
 def test_the_waiting_room_returns_a_workflows_rows_in_turn_and_drops_each_once(table):
     store = store_on(table)
     later = NOW + timedelta(seconds=1)

@@ -20,6 +20,7 @@ from sas.domain.workflow import Registry, Workflow
 from sas.services.in_flight import InFlight
 from sas.services.ports import StateStore
 from sas.services.submission import SubmissionOutcome
+from sas.testing import refuse
 from sas.testing.memory import InMemoryStore
 from tests.harness import World
 from tests.unit.test_failure_modes import ALL_STEPS, assert_effects_once
@@ -54,13 +55,92 @@ def test_past_the_limit_a_submission_waits_in_the_room_until_a_sweep_lets_it_in(
     assert world.store.get_state("o2") is None and "o2" not in live  # nothing else written
     assert waiting(world) == ["o2"] and world.bus.to("orders") == []
     world.run()
-    assert world.tick()["let_in"] == 0  # the two finished, but their markers still count
-    assert world.tick(20)["let_in"] == 1  # due now: dropped first, then the third let in
+    # The two finished: their markers count no more, and the next sweep lets the third in
+    # without waiting for them to fall due.
+    assert world.store.count_live(SHOP.name, 10) == 0
+    assert world.tick()["let_in"] == 1
     assert waiting(world) == []
     world.settle_with_supervision(ticks=5)
     for n in range(3):
         assert world.state(f"o{n}").process_state is ProcessState.PROCESSED
         assert_effects_once(world, f"o{n}", *ALL_STEPS)
+
+
+class ReadsCounted:
+    """The store, recording which orders a sweep reads."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner = inner
+        self.read: list[str] = []
+
+    def get_state(self, order_id: str):
+        self.read.append(order_id)
+        return self.inner.get_state(order_id)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_an_order_that_finishes_well_leaves_the_count_at_once_and_its_marker_goes_unread():
+    world = limited_world()
+    world.remote.script("shipping", "ship", refuse("HTTP 422 no courier"))
+    world.submit(submitted("undone"))
+    world.run()
+    world.submit(submitted("done"))
+    world.run()
+    assert world.state("undone").process_state is ProcessState.COMPENSATED
+    assert world.state("done").process_state is ProcessState.PROCESSED
+    assert world.store.count_live(SHOP.name, 10) == 0
+    markers = world.store.list_live()
+    assert sorted(m.order_id for m in markers if m.finished) == ["done", "undone"]
+    assert all(m.due_at <= world.clock.now() for m in markers)  # the next sweep drops them
+    reads = ReadsCounted(world.store)
+    world.supervisor = world.new_supervisor("supervisor-2", store=reads)
+    budget = world.supervisor.ctx.retry_budget
+    now = world.clock.now()
+    while budget.take(now, expired_at=now):  # spent: what the two give back shows
+        pass
+    assert world.tick()["unindexed"] == 2
+    assert reads.read == [] and world.store.list_live() == []
+    assert budget.tokens(now) == pytest.approx(2 * budget.policy.per_finished)
+
+
+def test_a_workflow_with_no_limit_leaves_its_finished_markers_to_their_due_sweep():
+    world = World()
+    world.submit(submitted("o1"))
+    world.run()
+    assert world.state("o1").process_state is ProcessState.PROCESSED
+    [marker] = world.store.list_live()
+    assert not marker.finished and marker.due_at > world.clock.now()
+
+
+def test_an_order_in_error_keeps_its_place_until_a_sweep_has_sent_its_alert():
+    world = World(workflows=Registry(workflows=(replace(STRICT, max_in_flight=LIMIT),)))
+    world.remote.script("payment", "charge", refuse("HTTP 402 card declined"))
+    world.submit(submitted("failed").model_copy(update={"workflow": STRICT.name}))
+    world.run()
+    assert world.state("failed").process_state is ProcessState.ERROR
+    assert world.store.count_live(STRICT.name, 10) == 1
+    world.make_due("failed")
+    world.tick()
+    assert world.store.list_live() == [] and len(world.alerts()) == 1
+
+
+def test_a_marker_the_store_did_not_finish_is_dropped_by_its_due_sweep_as_before():
+    world = limited_world()
+    store = world.store
+    assert isinstance(store, InMemoryStore)
+
+    def down(order_id, at):
+        raise ConnectionError("the store is down")
+
+    store.finish_live = down  # type: ignore[method-assign]
+    world.submit(submitted("o1"))
+    world.run()
+    assert world.state("o1").process_state is ProcessState.PROCESSED  # finished all the same
+    assert store.count_live(SHOP.name, 10) == 1
+    world.tick(20)
+    assert store.list_live() == []
 
 
 def test_the_room_lets_in_first_come_first_and_normal_before_low():

@@ -257,6 +257,13 @@ class AuditingStore:
     def count_live(self, workflow: str, up_to: int) -> int:
         return self.inner.count_live(workflow, up_to)
 
+    def finish_live(self, order_id: str, at: datetime) -> None:
+        found = self.inner.get_state(order_id)
+        finished_well = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
+        if found is None or found.value.process_state not in finished_well:
+            self.violations.append(f"a marker finished for an order not finished well: {found}")
+        self.inner.finish_live(order_id, at)
+
     def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:
         self.inner.wait_for_room(row_key, order_id, body)
 
