@@ -66,6 +66,14 @@ class TableStateStore(OrderTables):
         )
         return [_marker_from(e) for e in entities]
 
+    def touch_live_all(self, markers: Sequence[tuple[str, datetime, datetime, str]]) -> None:
+        """Upserts, a hundred to a transaction (one partition): unconditional, as one is."""
+        for start in range(0, len(markers), _MAX_BATCH):
+            chunk = markers[start : start + _MAX_BATCH]
+            self._live.submit_transaction(
+                [("upsert", marker_entity(*m), {"mode": UpdateMode.REPLACE}) for m in chunk]
+            )
+
     def count_live(self, workflow: str, up_to: int) -> int:
         entities = self._live.query_entities(
             "PartitionKey eq @pk and Workflow eq @workflow",
@@ -137,6 +145,19 @@ class TableStateStore(OrderTables):
         key = {"PartitionKey": ROOM_PARTITION, "RowKey": waiting.row_key}
         return _delete_if_unchanged(self._live, key, waiting.etag)
 
+    def drop_waiting_all(self, rows: Sequence[WaitingSubmission]) -> int:
+        """Deletes conditional on the ETag each row was read with, a hundred to a transaction;
+        a row changed or gone since is left out and the rest sent again (as ``rearm_live``)."""
+        done = 0
+        for start in range(0, len(rows), _MAX_BATCH):
+            chunk = [
+                ("delete", {"PartitionKey": ROOM_PARTITION, "RowKey": row.row_key},
+                 {"etag": row.etag, "match_condition": MatchConditions.IfNotModified})
+                for row in rows[start : start + _MAX_BATCH]
+            ]  # fmt: skip
+            done += self._submit_leaving_out_failed(chunk)
+        return done
+
     def list_due(self, at: datetime) -> list[LiveMarker]:
         entities = self._live.query_entities(
             "PartitionKey eq @pk and DueAt le @at",
@@ -164,10 +185,16 @@ class TableStateStore(OrderTables):
         return done
 
     def _write_markers(self, writes: Sequence[tuple[LiveMarker, datetime | None]]) -> int:
-        chunk = list(writes)
+        return self._submit_leaving_out_failed([_marker_write(*write) for write in writes])
+
+    def _submit_leaving_out_failed(self, operations: Sequence[tuple[Any, ...]]) -> int:
+        """One transaction of conditional ``operations``; one the service names as failed (its
+        row changed or went since read: its new owner decides) is left out and the rest sent
+        again, a few times at most. Returns how many went."""
+        chunk = list(operations)
         for _ in range(_FAILED_RETRIES + 1):
             try:
-                self._live.submit_transaction([_marker_write(*write) for write in chunk])
+                self._live.submit_transaction(chunk)
             except TableTransactionError as exc:
                 if exc.status_code not in (404, 412):
                     raise
@@ -179,7 +206,7 @@ class TableStateStore(OrderTables):
                     return 0
                 continue
             return len(chunk)
-        log.info("sas.marker_writes_left", extra={"count": len(chunk)})
+        log.info("sas.index_writes_left", extra={"count": len(chunk)})
         return 0
 
     def drop_live(self, marker: LiveMarker) -> bool:

@@ -64,6 +64,10 @@ class StateStore(Protocol):
         due by ``due_at``; returns the marker's new ETag."""
         ...
 
+    def touch_live_all(self, markers: Sequence[tuple[str, datetime, datetime, str]]) -> None:
+        """``touch_live`` for each (order id, at, due at, workflow), a hundred to a request."""
+        ...
+
     def count_live(self, workflow: str, up_to: int) -> int:
         """Markers of ``workflow``, counted up to ``up_to`` at most (one query); finished
         ones are not counted."""
@@ -91,6 +95,10 @@ class StateStore(Protocol):
     def drop_waiting(self, waiting: WaitingSubmission) -> bool:
         """Remove a waiting submission unless changed since read; False if it was (or is
         gone)."""
+        ...
+
+    def drop_waiting_all(self, rows: Sequence[WaitingSubmission]) -> int:
+        """``drop_waiting`` for each, a hundred to a request; returns how many went."""
         ...
 
     def list_live(self) -> list[LiveMarker]:

@@ -2,10 +2,11 @@
 its workflow's ``max_in_flight`` places taken is kept in a table partition, nothing else
 written (sas/services/submission.py), and each Supervisor sweep, once it has dropped the
 markers of finished orders, lets in as many as there is room for: normal before low, first come
-first. Letting one in writes its marker first, so it holds its place from then on, then sends it
-back to its orders lane marked (``room_turn``) to go in without being counted again, then takes
-it out of the room. A crash between the send and the removal sends it twice: the second is a
-redelivery, which changes nothing."""
+first, reading no more rows than there are places. Letting them in writes their markers first
+(a hundred to a transaction), so each holds its place from then on, then sends each back to its
+orders lane marked (``room_turn``) to go in without being counted again, then takes the sent
+ones out of the room (a hundred to a transaction). A crash between a send and the removal sends
+it twice: the second is a redelivery, which changes nothing."""
 
 from __future__ import annotations
 
@@ -64,13 +65,54 @@ def _send_back_stranded(ctx: Context) -> int:
 
 def _let_in(ctx: Context, name: str, parallelism: int) -> int:
     limit = ctx.workflows.named(name).max_in_flight
-    waiting = ctx.store.list_waiting(name, limit or UNLIMITED_BATCH)
-    if not waiting:
+    in_flight = 0 if limit is None else ctx.store.count_live(name, limit)
+    # No more rows are read than could go in: a full workflow reads none.
+    places = UNLIMITED_BATCH if limit is None else limit - in_flight
+    if places <= 0:
         return 0
     now = ctx.clock.now()
+    chosen = _choose(ctx, ctx.store.list_waiting(name, places), limit, in_flight, now)
+    if not chosen:
+        return 0
+    # Each one's marker holds its place until its submission writes the order (or, if it never
+    # does, until the Supervisor drops it as an orphan): all written before any is sent.
+    due = now + ctx.workflows.shortest_budget
+    markers = {row.order_id: (row.order_id, now, due, m.workflow) for row, m in chosen}
+    ctx.store.touch_live_all(list(markers.values()))  # an id sent twice: one marker
+    sent: list[WaitingSubmission] = []
+
+    def one(item: tuple[WaitingSubmission, OrderSubmitted]) -> None:
+        row, message = item
+        ctx.transport.send(
+            ctx.routes.lane(ctx.routes.orders, message.priority),
+            message.model_copy(update={"room_turn": now}),
+            message_id=deferred_submission_message_id(row.order_id, now),
+            correlation_id=row.order_id,
+        )
+        sent.append(row)
+
+    try:
+        if parallelism == 1 or len(chosen) < 2:
+            for item in chosen:
+                one(item)
+        else:
+            with ThreadPoolExecutor(min(parallelism, len(chosen))) as pool:
+                tasks = [pool.submit(contextvars.copy_context().run, one, i) for i in chosen]
+                for task in tasks:
+                    task.result()
+    finally:  # what was sent leaves the room, whatever failed after it
+        ctx.store.drop_waiting_all(sent)
+    log.info("sas.room_let_in", extra={"workflow": name, "count": len(chosen)})
+    return len(chosen)
+
+
+def _choose(
+    ctx: Context, waiting: list[WaitingSubmission], limit: int | None, in_flight: int, now: datetime
+) -> list[tuple[WaitingSubmission, OrderSubmitted]]:
+    """The rows that go in, in turn: normal before low, so once one has no room, none after it
+    has."""
     chosen: list[tuple[WaitingSubmission, OrderSubmitted]] = []
-    in_flight = 0 if limit is None else ctx.store.count_live(name, limit)
-    for row in waiting:  # normal before low: once one has no room, none after it has
+    for row in waiting:
         message = _read(ctx, row, now)
         if message is None:
             continue
@@ -79,21 +121,7 @@ def _let_in(ctx: Context, name: str, parallelism: int) -> int:
             break
         chosen.append((row, message))
         in_flight += 1
-
-    def one(item: tuple[WaitingSubmission, OrderSubmitted]) -> None:
-        _let_in_one(ctx, *item, now=now)
-
-    if parallelism == 1 or len(chosen) < 2:
-        for item in chosen:
-            one(item)
-    else:
-        with ThreadPoolExecutor(min(parallelism, len(chosen))) as pool:
-            tasks = [pool.submit(contextvars.copy_context().run, one, item) for item in chosen]
-            for task in tasks:
-                task.result()
-    if chosen:
-        log.info("sas.room_let_in", extra={"workflow": name, "count": len(chosen)})
-    return len(chosen)
+    return chosen
 
 
 def _read(ctx: Context, row: WaitingSubmission, now: datetime) -> OrderSubmitted | None:
@@ -109,18 +137,3 @@ def _read(ctx: Context, row: WaitingSubmission, now: datetime) -> OrderSubmitted
     ctx.store.drop_waiting(row)
     log.warning("sas.room_row_unreadable", extra={"row_key": row.row_key})
     return None
-
-
-def _let_in_one(
-    ctx: Context, row: WaitingSubmission, message: OrderSubmitted, *, now: datetime
-) -> None:
-    # The marker holds its place until the submission writes the order (or, if it never does,
-    # until the Supervisor drops it as an orphan).
-    ctx.store.touch_live(row.order_id, now, now + ctx.workflows.shortest_budget, message.workflow)
-    ctx.transport.send(
-        ctx.routes.lane(ctx.routes.orders, message.priority),
-        message.model_copy(update={"room_turn": now}),
-        message_id=deferred_submission_message_id(row.order_id, now),
-        correlation_id=row.order_id,
-    )
-    ctx.store.drop_waiting(row)

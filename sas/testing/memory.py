@@ -258,6 +258,11 @@ class InMemoryStore:
         self.live[order_id] = marker
         return marker.etag
 
+    def touch_live_all(self, markers: Sequence[tuple[str, datetime, datetime, str]]) -> None:
+        _one_operation_per_marker([order_id for order_id, *_ in markers])
+        for marker in markers:
+            self.touch_live(*marker)
+
     def count_live(self, workflow: str, up_to: int) -> int:
         counted = [m for m in self.live.values() if m.workflow == workflow and not m.finished]
         return len(counted[:up_to])
@@ -288,6 +293,10 @@ class InMemoryStore:
             return False
         del self.room[waiting.row_key]
         return True
+
+    def drop_waiting_all(self, rows: Sequence[WaitingSubmission]) -> int:
+        _one_operation_per_marker([row.row_key for row in rows])
+        return sum(self.drop_waiting(row) for row in rows)
 
     def list_live(self) -> list[LiveMarker]:
         return list(self.live.values())

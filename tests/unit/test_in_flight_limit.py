@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -176,6 +177,74 @@ def test_a_submission_let_in_holds_its_place_before_it_arrives_and_is_not_counte
     [o2] = [m for m in world.bus.to("orders") if isinstance(m, OrderSubmitted)]
     assert o2.order_id == "o2" and o2.room_turn == world.clock.now()
     assert world.app.submit(o2) is SubmissionOutcome.ACCEPTED  # full, yet it goes in
+
+
+class RoomReads:
+    """The store, recording how many rows each look into SHOP's room asked for."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner = inner
+        self.asked: list[int] = []
+
+    def list_waiting(self, workflow: str, up_to: int):
+        if workflow == SHOP.name:
+            self.asked.append(up_to)
+        return self.inner.list_waiting(workflow, up_to)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def test_a_sweep_reads_no_more_of_the_room_than_there_are_places():
+    world = limited_world()
+    for n in range(6):
+        world.submit(submitted(f"o{n}"))
+    reads = RoomReads(world.store)
+    world.supervisor = world.new_supervisor("supervisor-2", store=reads)
+    assert world.tick()["let_in"] == 0 and reads.asked == []  # full: the room is not read
+    world.run()  # the two finish
+    assert world.tick()["let_in"] == LIMIT and reads.asked == [LIMIT]
+    assert waiting(world) == ["o4", "o5"]
+
+
+def test_a_send_that_fails_leaves_its_row_and_those_sent_leave_the_room():
+    world = limited_world()
+    for n in range(4):
+        world.submit(submitted(f"o{n}"))
+    world.run()
+    send = world.bus.send
+
+    def o3_fails(queue: str, message: Any, **kwargs: Any) -> None:
+        if getattr(message, "order_id", None) == "o3":
+            raise ConnectionError("crash before sending")
+        send(queue, message, **kwargs)
+
+    world.bus.send = o3_fails  # type: ignore[method-assign]
+    assert world.tick()["let_in"] == 0  # the sweep's let-in failed (and was logged)
+    world.bus.send = send  # type: ignore[method-assign]
+    assert waiting(world) == ["o3"]  # o2 was sent: it left the room
+    assert world.store.count_live(SHOP.name, 10) == LIMIT  # both places held by markers
+    world.tick(20)
+    world.settle_with_supervision(ticks=20, step_seconds=30)  # orphans dropped after 5 min
+    assert waiting(world) == []
+    for n in range(4):
+        assert world.state(f"o{n}").process_state is ProcessState.PROCESSED
+
+
+def test_an_order_sent_twice_into_the_room_gets_one_marker_and_runs_once():
+    world = limited_world()
+    for n in range(2):
+        world.submit(submitted(f"o{n}"))
+    world.submit(submitted("twice"))
+    world.clock.advance(1)
+    world.submit(submitted("twice"))  # the submitter sent it again: a second row
+    assert waiting(world) == ["twice", "twice"]
+    world.run()
+    assert world.tick()["let_in"] == 2
+    assert world.deliver("orders") == [SubmissionOutcome.ACCEPTED, SubmissionOutcome.DUPLICATE]
+    world.settle_with_supervision(ticks=5)
+    assert waiting(world) == []
+    assert_effects_once(world, "twice", *ALL_STEPS)
 
 
 def test_each_workflow_is_counted_on_its_own():
