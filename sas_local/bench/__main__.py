@@ -64,7 +64,7 @@ class Size:
 
 
 SIZES = {
-    "full": Size("1,2,4", "100,1000", 100_000, 5.0, 3, 5, 1_000, 20, 300, 600, full=True),
+    "full": Size("1,2,4", "100,1000", 20_000, 5.0, 3, 5, 1_000, 20, 300, 600, full=True),
     "quick": Size("1,2", "40", 2_000, 1.5, 2, 2, 60, 5, 30, 120, full=False),
     # The Flex layout is exercised by the end-to-end tests (tests/e2e/flex/test_pipeline.py).
     "smoke": Size(
