@@ -53,7 +53,6 @@ log = logging.getLogger(__name__)
 _BODY_CHUNK = 60 * 1024  # a Table property holds at most 64 KiB
 _MAX_BODY_CHUNKS = 14  # an entity holds at most 1 MiB
 _MAX_BATCH = 100  # operations in one entity-group transaction
-_FAILED_RETRIES = 3  # a batch of re-arms and drops sent again without the one that failed
 _SLACK = timedelta(seconds=1)
 
 
@@ -174,9 +173,9 @@ class TableStateStore(OrderTables):
         """In transactions of up to 100 (one partition), each operation conditional on the
         ETag the marker was read with: a re-arm replaces the marker with its new due time, a
         drop deletes it. A marker that changed (or went) since read fails its transaction,
-        which is sent again without it (the service names the failed operation), a few times
-        at most; then, or on a failure that names no operation, the rest of that transaction
-        is given up: each marker left is due already, so the next sweep looks at it again.
+        which is sent again without it (the service names the failed operation) until the
+        rest go; on a failure that names no operation, the rest of that transaction is given
+        up: each marker left is due already, so the next sweep looks at it again.
         Returns how many markers moved or went."""
         writes: list[tuple[LiveMarker, datetime | None]] = [*rearms, *((m, None) for m in drops)]
         done = 0
@@ -190,9 +189,13 @@ class TableStateStore(OrderTables):
     def _submit_leaving_out_failed(self, operations: Sequence[tuple[Any, ...]]) -> int:
         """One transaction of conditional ``operations``; one the service names as failed (its
         row changed or went since read: its new owner decides) is left out and the rest sent
-        again, a few times at most. Returns how many went."""
+        again, until they go. Under load many orders finish during a sweep, each changing its
+        marker: giving the rest up would have the next sweep read all of those orders again.
+        Returns how many went."""
         chunk = list(operations)
-        for _ in range(_FAILED_RETRIES + 1):
+        if not chunk:
+            return 0
+        for _ in range(len(operations)):  # each failure leaves one out: no more tries than that
             try:
                 self._live.submit_transaction(chunk)
             except TableTransactionError as exc:
