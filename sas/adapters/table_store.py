@@ -87,6 +87,23 @@ class TableStateStore(OrderTables):
                 break
         return counted
 
+    def count_held(self, workflow: str, up_to: int) -> int:
+        held = self.count_live(workflow, up_to)
+        if held >= up_to:
+            return held
+        first, after = room_rows(workflow)
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk and RowKey ge @first and RowKey lt @after",
+            parameters={"pk": ROOM_PARTITION, "first": first, "after": after},
+            select=["RowKey"],
+            results_per_page=min(max(up_to - held, 1), 1000),
+        )
+        for _ in entities:  # pages are fetched as they are read: no more than needed
+            held += 1
+            if held >= up_to:
+                break
+        return held
+
     # --- the waiting room -------------------------------------------------------------
 
     def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:

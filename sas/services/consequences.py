@@ -192,17 +192,23 @@ def finished(ctx: Context, state: OrderState, etag: str) -> None:
         notify(ctx, state, "failed", now, detail=state.last_error)
 
 
-def _unindex(ctx: Context, state: OrderState) -> None:
-    """Frees the order's place under its workflow's ``max_in_flight`` now, not at the next due
-    sweep, a step budget away, while submissions wait for it; a workflow with no limit is not
-    counted and leaves its marker to that sweep (a request fewer on the in-flight partition).
-    Best effort: a marker left as it was is dropped by that sweep too."""
+def flags_its_marker(ctx: Context, state: OrderState) -> bool:
+    """Whether the order's finish flags its marker (``StateStore.finish_live``): under a
+    ``max_in_flight``, whose count must not wait a step budget for the due sweep to free the
+    place while submissions wait for it. A workflow with no limit is not counted and leaves
+    its marker to that sweep (a request fewer on the in-flight partition)."""
     try:
-        if ctx.definition(state).max_in_flight is None:
-            return
-        ctx.store.finish_live(state.order_id, state.updated_at)
+        return ctx.definition(state).max_in_flight is not None
     except DefinitionMissing:
+        return False
+
+
+def _unindex(ctx: Context, state: OrderState) -> None:
+    """Best effort: a marker left as it was is dropped by its due sweep."""
+    if not flags_its_marker(ctx, state):
         return
+    try:
+        ctx.store.finish_live(state.order_id, state.updated_at)
     except Exception:
         log.warning("sas.marker_finish_failed", extra={"order_id": state.order_id}, exc_info=True)
 

@@ -1,5 +1,7 @@
-"""How many orders of each workflow are in flight, as this process last counted them in the
-in-flight index: what holds submissions back past a workflow's ``max_in_flight``
+"""How many places of each workflow are held, as this process last counted them: orders in
+flight in the in-flight index, and submissions waiting in the room, which come first (a place
+freed goes to them at the next sweep, not to whoever arrives before it). What holds submissions
+back past a workflow's ``max_in_flight``
 (docs/architecture.md, "Bounded work in flight"). Counted at most once per ``ttl`` per
 workflow (ten times less often while under half the limit); a submission reserves its place in
 the count as it reads it (and gives it back if it does not go in), so concurrent submissions of
@@ -21,9 +23,9 @@ FAR_TTLS = 10
 
 
 class Counts(Protocol):
-    """What the gate needs of the store (``StateStore.count_live``)."""
+    """What the gate needs of the store (``StateStore.count_held``)."""
 
-    def count_live(self, workflow: str, up_to: int) -> int: ...
+    def count_held(self, workflow: str, up_to: int) -> int: ...
 
 
 class InFlight:
@@ -45,7 +47,7 @@ class InFlight:
         if not fresh:
             counted: int | None
             try:
-                counted = self._store.count_live(workflow, up_to)
+                counted = self._store.count_held(workflow, up_to)
             except Exception:
                 log.warning(
                     "sas.in_flight_count_failed", extra={"workflow": workflow}, exc_info=True

@@ -73,6 +73,11 @@ class StateStore(Protocol):
         ones are not counted."""
         ...
 
+    def count_held(self, workflow: str, up_to: int) -> int:
+        """``count_live`` plus ``workflow``'s submissions waiting in the room, up to ``up_to``
+        at most (a query each; the second only while the first is below it)."""
+        ...
+
     def finish_live(self, order_id: str, at: datetime) -> None:
         """Mark the order's marker finished and due at ``at``: out of its workflow's count at
         once, dropped by the next sweep without reading the order. Only for an order that

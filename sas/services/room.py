@@ -2,11 +2,13 @@
 its workflow's ``max_in_flight`` places taken is kept in a table partition, nothing else
 written (sas/services/submission.py), and each Supervisor sweep, once it has dropped the
 markers of finished orders, lets in as many as there is room for: normal before low, first come
-first, reading no more rows than there are places. Letting them in writes their markers first
-(a hundred to a transaction), so each holds its place from then on, then sends each back to its
-orders lane marked (``room_turn``) to go in without being counted again, then takes the sent
-ones out of the room (a hundred to a transaction). A crash between a send and the removal sends
-it twice: the second is a redelivery, which changes nothing."""
+first, reading no more rows than there are places. A waiting row holds a place too (a
+submission counts them, ``InFlight``), so letting them in sends each back to its orders lane
+marked (``room_turn``) to go in without being counted again, then writes the sent ones' markers
+and takes their rows out of the room (a hundred to a transaction each): a place is held by the
+row, then the marker, never by neither, and a send that fails holds nothing but its row. A
+crash between a send and the removal sends it twice: the second is a redelivery, which changes
+nothing."""
 
 from __future__ import annotations
 
@@ -74,12 +76,7 @@ def _let_in(ctx: Context, name: str, parallelism: int) -> int:
     chosen = _choose(ctx, ctx.store.list_waiting(name, places), limit, in_flight, now)
     if not chosen:
         return 0
-    # Each one's marker holds its place until its submission writes the order (or, if it never
-    # does, until the Supervisor drops it as an orphan): all written before any is sent.
-    due = now + ctx.workflows.shortest_budget
-    markers = {row.order_id: (row.order_id, now, due, m.workflow) for row, m in chosen}
-    ctx.store.touch_live_all(list(markers.values()))  # an id sent twice: one marker
-    sent: list[WaitingSubmission] = []
+    sent: list[tuple[WaitingSubmission, OrderSubmitted]] = []
 
     def one(item: tuple[WaitingSubmission, OrderSubmitted]) -> None:
         row, message = item
@@ -89,7 +86,7 @@ def _let_in(ctx: Context, name: str, parallelism: int) -> int:
             message_id=deferred_submission_message_id(row.order_id, now),
             correlation_id=row.order_id,
         )
-        sent.append(row)
+        sent.append(item)
 
     try:
         if parallelism == 1 or len(chosen) < 2:
@@ -101,9 +98,23 @@ def _let_in(ctx: Context, name: str, parallelism: int) -> int:
                 for task in tasks:
                     task.result()
     finally:  # what was sent leaves the room, whatever failed after it
-        ctx.store.drop_waiting_all(sent)
+        _hand_over(ctx, sent, now)
     log.info("sas.room_let_in", extra={"workflow": name, "count": len(chosen)})
     return len(chosen)
+
+
+def _hand_over(
+    ctx: Context, sent: list[tuple[WaitingSubmission, OrderSubmitted]], now: datetime
+) -> None:
+    """Each sent row's place passes from its row to its marker, which holds it until the
+    submission writes the order (or the Supervisor drops it as an orphan): the marker first,
+    so the place is counted throughout. One never sent keeps its row and takes no place."""
+    if not sent:
+        return
+    due = now + ctx.workflows.shortest_budget
+    markers = {row.order_id: (row.order_id, now, due, m.workflow) for row, m in sent}
+    ctx.store.touch_live_all(list(markers.values()))  # an id sent twice: one marker
+    ctx.store.drop_waiting_all([row for row, _ in sent])
 
 
 def _choose(

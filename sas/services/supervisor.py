@@ -221,7 +221,8 @@ def _finished(
         markers.rearm(marker, max(lapses, now))
         return "alert_claimed_elsewhere"
     markers.drop(marker)  # unless touched since: then its toucher's order decides
-    if state.process_state in FINISHED_WELL:
+    # A marker the finish flags (or will: maybe after this drop) gives the share when dropped.
+    if state.process_state in FINISHED_WELL and not then.flags_its_marker(ctx, state):
         ctx.retry_budget.finished()
     return "alert_resent" if alert is AlertOutcome.SENT else "unindexed"
 

@@ -267,6 +267,10 @@ class InMemoryStore:
         counted = [m for m in self.live.values() if m.workflow == workflow and not m.finished]
         return len(counted[:up_to])
 
+    def count_held(self, workflow: str, up_to: int) -> int:
+        held = self.count_live(workflow, up_to)
+        return held if held >= up_to else held + len(self.list_waiting(workflow, up_to - held))
+
     def finish_live(self, order_id: str, at: datetime) -> None:
         self.live[order_id] = LiveMarker(order_id, at, next(self._etags), at, finished=True)
 

@@ -286,6 +286,20 @@ def test_let_ins_write_markers_and_leave_the_room_a_hundred_to_a_request(table):
     assert store.list_waiting("order", 200) == []
 
 
+def test_places_held_are_the_workflows_markers_and_its_waiting_rows_up_to_a_bound(table):
+    store = store_on(table)
+    for n in range(3):
+        store.touch_live(f"o{n}", NOW, NOW, "order")
+    store.finish_live("o0", NOW)
+    for order_id in ("w1", "w2"):
+        store.wait_for_room(room_row_key("order", "low", NOW, order_id), order_id, b"{}")
+    store.wait_for_room(room_row_key("orderx", "normal", NOW, "x1"), "x1", b"{}")
+    assert store.count_held("order", 100) == 4  # two in flight, two waiting
+    assert store.count_held("order", 3) == 3
+    assert store.count_held("order", 2) == 2  # the markers alone: the room is not asked
+    assert store.count_held("orderx", 100) == 1
+
+
 def test_the_in_flight_index_is_a_table_of_its_own(table):
     """Finished history never lies in the way of the Supervisor's query."""
     store = store_on(table)

@@ -7,7 +7,7 @@ tests/integration/test_table_store.py."""
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -223,7 +223,10 @@ def test_a_send_that_fails_leaves_its_row_and_those_sent_leave_the_room():
     assert world.tick()["let_in"] == 0  # the sweep's let-in failed (and was logged)
     world.bus.send = send  # type: ignore[method-assign]
     assert waiting(world) == ["o3"]  # o2 was sent: it left the room
-    assert world.store.count_live(SHOP.name, 10) == LIMIT  # both places held by markers
+    # o2's place is held by its marker, o3's by its row alone: it takes none besides
+    assert world.store.count_live(SHOP.name, 10) == 1
+    assert world.store.count_held(SHOP.name, 10) == LIMIT
+    assert world.tick()["let_in"] == 1  # the next sweep sends it
     world.tick(20)
     world.settle_with_supervision(ticks=20, step_seconds=30)  # orphans dropped after 5 min
     assert waiting(world) == []
@@ -245,6 +248,60 @@ def test_an_order_sent_twice_into_the_room_gets_one_marker_and_runs_once():
     world.settle_with_supervision(ticks=5)
     assert waiting(world) == []
     assert_effects_once(world, "twice", *ALL_STEPS)
+
+
+def test_one_send_that_fails_holds_no_place_and_the_next_sweep_lets_the_rest_in():
+    world = limited_world()
+    for n in range(2 * LIMIT):
+        world.submit(submitted(f"o{n}"))
+    world.run()  # o0, o1 finish: both places free, o2 and o3 wait
+    world.bus.fail_next_send_to.add("orders")  # the queue blinks on o2's send
+    world.tick(20)
+    assert waiting(world) == ["o2", "o3"] and world.store.count_live(SHOP.name, 10) == 0
+    assert world.tick(20)["let_in"] == LIMIT  # not held for an orphan's five minutes
+    world.run()
+    assert waiting(world) == []
+
+
+def test_a_place_freed_goes_to_a_waiting_submission_before_later_arrivals():
+    """Waiting rows hold places in a submission's count: a finish frees its place at once,
+    but newcomers take only places no waiting submission needs, so none waits past the next
+    sweep however many keep arriving."""
+    world = limited_world()
+    for n in range(LIMIT):
+        world.submit(submitted(f"o{n}"))
+    world.clock.advance(1)
+    assert world.app.submit(submitted("early")) is SubmissionOutcome.WAITING
+    world.run()  # both finish: two places free, one of them early's
+    outcomes = [world.app.submit(submitted(f"late{n}")) for n in range(LIMIT)]
+    assert outcomes == [SubmissionOutcome.ACCEPTED, SubmissionOutcome.WAITING]
+    assert world.tick(20)["let_in"] == 1  # the next sweep: early's place was kept for it
+    assert waiting(world) == ["late1"]
+    world.deliver("orders")
+    assert world.state("early").process_state is ProcessState.PROCESSING
+
+
+def test_an_order_that_finishes_while_a_sweep_reads_it_gives_the_budget_one_share():
+    world = limited_world()
+    store = world.store
+    assert isinstance(store, InMemoryStore)
+    budget = world.supervisor.ctx.retry_budget
+    finish_live = store.finish_live
+
+    def sweep_between_the_write_and_the_flag(order_id: str, at: datetime) -> None:
+        assert world.supervisor.sweep()["unindexed"] == 1  # read Processed: dropped
+        finish_live(order_id, at)
+
+    store.finish_live = sweep_between_the_write_and_the_flag  # type: ignore[method-assign]
+    world.submit(submitted("o1"))
+    world.clock.advance(120)  # its marker falls due, no sweep yet
+    now = world.clock.now()
+    while budget.take(now, expired_at=now):  # spent: what o1 gives back shows
+        pass
+    world.run()
+    assert world.tick()["unindexed"] == 1  # the flag written after that drop
+    assert store.list_live() == []
+    assert budget.tokens(now) == pytest.approx(budget.policy.per_finished)
 
 
 def test_each_workflow_is_counted_on_its_own():
@@ -380,16 +437,16 @@ class CountingStore:
     def __init__(self, inner: StateStore) -> None:
         self.inner, self.asked = inner, 0
 
-    def count_live(self, workflow: str, up_to: int) -> int:
+    def count_held(self, workflow: str, up_to: int) -> int:
         self.asked += 1
-        return self.inner.count_live(workflow, up_to)
+        return self.inner.count_held(workflow, up_to)
 
 
 class Unanswering:
     def __init__(self) -> None:
         self.asked = 0
 
-    def count_live(self, workflow: str, up_to: int) -> int:
+    def count_held(self, workflow: str, up_to: int) -> int:
         self.asked += 1
         raise ConnectionError("the store is down")
 

@@ -257,6 +257,9 @@ class AuditingStore:
     def count_live(self, workflow: str, up_to: int) -> int:
         return self.inner.count_live(workflow, up_to)
 
+    def count_held(self, workflow: str, up_to: int) -> int:
+        return self.inner.count_held(workflow, up_to)
+
     def finish_live(self, order_id: str, at: datetime) -> None:
         found = self.inner.get_state(order_id)
         finished_well = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
