@@ -65,13 +65,25 @@ class TableStateStore(OrderTables):
         )
         return [_marker_from(e) for e in entities]
 
-    def touch_live_all(self, markers: Sequence[tuple[str, datetime, datetime, str]]) -> None:
-        """Upserts, a hundred to a transaction (one partition): unconditional, as one is."""
+    def create_live_all(
+        self, markers: Sequence[tuple[str, datetime, datetime, str]]
+    ) -> dict[str, LiveMarker]:
+        """Inserts, a hundred to a transaction (one partition); one whose marker exists already
+        fails its transaction, which is sent again without it (as ``rearm_live``)."""
+        created: dict[str, LiveMarker] = {}
         for start in range(0, len(markers), _MAX_BATCH):
             chunk = markers[start : start + _MAX_BATCH]
-            self._live.submit_transaction(
-                [("upsert", marker_entity(*m), {"mode": UpdateMode.REPLACE}) for m in chunk]
-            )
+            went = self._submit_leaving_out_failed([("create", marker_entity(*m)) for m in chunk])
+            for operation, response in went:
+                entity = operation[1]
+                created[entity["RowKey"]] = LiveMarker(
+                    entity["RowKey"],
+                    entity["TouchedAt"],
+                    str(response["etag"]),
+                    entity["DueAt"],
+                    entity.get("Workflow", ""),
+                )
+        return created
 
     def count_live(self, workflow: str, up_to: int) -> int:
         entities = self._live.query_entities(
@@ -171,7 +183,7 @@ class TableStateStore(OrderTables):
                  {"etag": row.etag, "match_condition": MatchConditions.IfNotModified})
                 for row in rows[start : start + _MAX_BATCH]
             ]  # fmt: skip
-            done += self._submit_leaving_out_failed(chunk)
+            done += len(self._submit_leaving_out_failed(chunk))
         return done
 
     def list_due(self, at: datetime) -> list[LiveMarker]:
@@ -201,33 +213,33 @@ class TableStateStore(OrderTables):
         return done
 
     def _write_markers(self, writes: Sequence[tuple[LiveMarker, datetime | None]]) -> int:
-        return self._submit_leaving_out_failed([_marker_write(*write) for write in writes])
+        return len(self._submit_leaving_out_failed([_marker_write(*w) for w in writes]))
 
-    def _submit_leaving_out_failed(self, operations: Sequence[tuple[Any, ...]]) -> int:
+    def _submit_leaving_out_failed(
+        self, operations: Sequence[tuple[Any, ...]]
+    ) -> list[tuple[tuple[Any, ...], Mapping[str, Any]]]:
         """One transaction of conditional ``operations``; one the service names as failed (its
-        row changed or went since read: its new owner decides) is left out and the rest sent
-        again, until they go. Under load many orders finish during a sweep, each changing its
-        marker: giving the rest up would have the next sweep read all of those orders again.
-        Returns how many went."""
+        row changed, went or came since read: its new owner decides) is left out and the rest
+        sent again, until they go. Under load many orders finish during a sweep, each changing
+        its marker: giving the rest up would have the next sweep read all of those orders again.
+        Returns the operations that went, each with its response."""
         chunk = list(operations)
-        if not chunk:
-            return 0
         for _ in range(len(operations)):  # each failure leaves one out: no more tries than that
             try:
-                self._live.submit_transaction(chunk)
+                responses = self._live.submit_transaction(chunk)
             except TableTransactionError as exc:
-                if exc.status_code not in (404, 412):
+                if exc.status_code not in (404, 409, 412):
                     raise
                 index = _named_index(exc)
                 if index is None or index >= len(chunk):
                     break
-                del chunk[index]  # touched or dropped since: its new owner decides
+                del chunk[index]  # touched, dropped or made since: its new owner decides
                 if not chunk:
-                    return 0
+                    return []
                 continue
-            return len(chunk)
+            return list(zip(chunk, responses, strict=True))
         log.info("sas.index_writes_left", extra={"count": len(chunk)})
-        return 0
+        return []
 
     def drop_live(self, marker: LiveMarker) -> bool:
         """Remove a marker unless it was touched since read; False if it was (or is gone)."""

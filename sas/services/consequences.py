@@ -36,6 +36,9 @@ from sas.services.context import Context
 
 log = logging.getLogger(__name__)
 
+FINISHED_WELL = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
+"""Ends no operator action revives (a resubmit takes an Error only)."""
+
 QUEUE_ALLOWANCE_BUDGETS = 4
 """The most a claimed step's deadline is lengthened for its queue's backlog, in step budgets."""
 
@@ -181,8 +184,7 @@ def finished(ctx: Context, state: OrderState, etag: str) -> None:
     now = state.updated_at
     metrics.instruments.orders_finished.add(1, {telemetry.OUTCOME: state.process_state.value})
     log.info("sas.order_finished", extra={"order_id": state.order_id, "state": state.process_state})
-    if state.process_state in (ProcessState.PROCESSED, ProcessState.COMPENSATED):
-        _unindex(ctx, state)
+    _unindex(ctx, state)
     if state.process_state is ProcessState.PROCESSED:
         notify(ctx, state, "completed", now)
     elif state.process_state is ProcessState.COMPENSATED:
@@ -193,10 +195,12 @@ def finished(ctx: Context, state: OrderState, etag: str) -> None:
 
 
 def flags_its_marker(ctx: Context, state: OrderState) -> bool:
-    """Whether the order's finish flags its marker (``StateStore.finish_live``): under a
-    ``max_in_flight``, whose count must not wait a step budget for the due sweep to free the
-    place while submissions wait for it. A workflow with no limit is not counted and leaves
-    its marker to that sweep (a request fewer on the in-flight partition)."""
+    """Whether the order finished well and its marker is flagged so (``StateStore.finish_live``):
+    under a ``max_in_flight``, whose count must not wait a step budget for the due sweep to
+    free the place while submissions wait for it. A workflow with no limit is not counted and
+    leaves its marker to that sweep (a request fewer on the in-flight partition)."""
+    if state.process_state not in FINISHED_WELL:
+        return False
     try:
         return ctx.definition(state).max_in_flight is not None
     except DefinitionMissing:

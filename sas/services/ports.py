@@ -64,8 +64,11 @@ class StateStore(Protocol):
         due by ``due_at``; returns the marker's new ETag."""
         ...
 
-    def touch_live_all(self, markers: Sequence[tuple[str, datetime, datetime, str]]) -> None:
-        """``touch_live`` for each (order id, at, due at, workflow), a hundred to a request."""
+    def create_live_all(
+        self, markers: Sequence[tuple[str, datetime, datetime, str]]
+    ) -> dict[str, LiveMarker]:
+        """A marker for each (order id, at, due at, workflow) that has none, a hundred to a
+        request; one already there is left as it is. Returns those created, by order id."""
         ...
 
     def count_live(self, workflow: str, up_to: int) -> int:

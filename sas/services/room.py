@@ -2,13 +2,13 @@
 its workflow's ``max_in_flight`` places taken is kept in a table partition, nothing else
 written (sas/services/submission.py), and each Supervisor sweep, once it has dropped the
 markers of finished orders, lets in as many as there is room for: normal before low, first come
-first, reading no more rows than there are places. A waiting row holds a place too (a
-submission counts them, ``InFlight``), so letting them in sends each back to its orders lane
-marked (``room_turn``) to go in without being counted again, then writes the sent ones' markers
-and takes their rows out of the room (a hundred to a transaction each): a place is held by the
-row, then the marker, never by neither, and a send that fails holds nothing but its row. A
-crash between a send and the removal sends it twice: the second is a redelivery, which changes
-nothing."""
+first, reading no more rows than there are places. Letting them in creates their markers first
+(a hundred to a transaction), so each holds its place from then on, then sends each back to its
+orders lane marked (``room_turn``) to go in without being counted again, then takes the sent
+ones out of the room (a hundred to a transaction) and the markers of any never sent back. A
+waiting row holds a place too, in a submission's count (``InFlight``), so a place freed goes to
+it, not to whoever arrives before the next sweep. A crash between a send and the removal sends
+it twice: the second is a redelivery, which changes nothing."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from datetime import datetime
 
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted, decode
-from sas.domain.model import WaitingSubmission
+from sas.domain.model import LiveMarker, WaitingSubmission
 from sas.domain.wire import deferred_submission_message_id
 from sas.services.context import Context
 
@@ -76,6 +76,12 @@ def _let_in(ctx: Context, name: str, parallelism: int) -> int:
     chosen = _choose(ctx, ctx.store.list_waiting(name, places), limit, in_flight, now)
     if not chosen:
         return 0
+    # Each one's marker holds its place from before its send until its submission writes the
+    # order (or the Supervisor drops it as an orphan); an order id with a marker already (an
+    # order live or just finished under it) keeps the one it has.
+    due = now + ctx.workflows.shortest_budget
+    markers = {row.order_id: (row.order_id, now, due, m.workflow) for row, m in chosen}
+    created = ctx.store.create_live_all(list(markers.values()))  # an id sent twice: one
     sent: list[tuple[WaitingSubmission, OrderSubmitted]] = []
 
     def one(item: tuple[WaitingSubmission, OrderSubmitted]) -> None:
@@ -97,24 +103,27 @@ def _let_in(ctx: Context, name: str, parallelism: int) -> int:
                 tasks = [pool.submit(contextvars.copy_context().run, one, i) for i in chosen]
                 for task in tasks:
                     task.result()
-    finally:  # what was sent leaves the room, whatever failed after it
-        _hand_over(ctx, sent, now)
+    finally:
+        _settle(ctx, sent, created)
     log.info("sas.room_let_in", extra={"workflow": name, "count": len(chosen)})
     return len(chosen)
 
 
-def _hand_over(
-    ctx: Context, sent: list[tuple[WaitingSubmission, OrderSubmitted]], now: datetime
+def _settle(
+    ctx: Context,
+    sent: list[tuple[WaitingSubmission, OrderSubmitted]],
+    created: dict[str, LiveMarker],
 ) -> None:
-    """Each sent row's place passes from its row to its marker, which holds it until the
-    submission writes the order (or the Supervisor drops it as an orphan): the marker first,
-    so the place is counted throughout. One never sent keeps its row and takes no place."""
-    if not sent:
-        return
-    due = now + ctx.workflows.shortest_budget
-    markers = {row.order_id: (row.order_id, now, due, m.workflow) for row, m in sent}
-    ctx.store.touch_live_all(list(markers.values()))  # an id sent twice: one marker
-    ctx.store.drop_waiting_all([row for row, _ in sent])
+    """What was sent leaves the room, whatever failed after it; a marker made for a row that
+    was never sent is taken back (unless touched since), so that row holds no place but its
+    own until the next sweep sends it."""
+    went = {row.order_id for row, _ in sent}
+    unsent = [marker for order_id, marker in created.items() if order_id not in went]
+    try:
+        if unsent:
+            ctx.store.rearm_live([], unsent)
+    finally:
+        ctx.store.drop_waiting_all([row for row, _ in sent])
 
 
 def _choose(

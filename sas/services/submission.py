@@ -262,7 +262,10 @@ def _redelivered(ctx: Context, order: OrderRecord, message: OrderSubmitted) -> S
     extra = {"order_id": order.order_id}
     current = ctx.store.get_state(order.order_id)
     workflow: Workflow | None = None
-    if current is not None:
+    if current is not None and then.flags_its_marker(ctx, current.value):
+        # This delivery's index touch counted a finished order again: flag it once more.
+        ctx.store.finish_live(order.order_id, ctx.clock.now())
+    elif current is not None:
         # This delivery's index touch moved the marker's due time to its own clock; put it
         # back where the existing order needs it (never after its deadline).
         now = ctx.clock.now()

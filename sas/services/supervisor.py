@@ -32,7 +32,6 @@ from sas.domain.model import (
     HistoryEntry,
     LiveMarker,
     OrderState,
-    ProcessState,
     StepStart,
     Versioned,
 )
@@ -50,7 +49,6 @@ log = logging.getLogger(__name__)
 
 HELD_RETRY_RECHECK = timedelta(seconds=5)
 """How soon an expired step whose retry the budget held back is looked at again."""
-FINISHED_WELL = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
 """Orders whose unindexing gives the retry budget back its share."""
 NOT_COUNTED = "not counted: saturated"
 """In the history of an expiry retried without counting a failure (the load's deadline)."""
@@ -222,7 +220,7 @@ def _finished(
         return "alert_claimed_elsewhere"
     markers.drop(marker)  # unless touched since: then its toucher's order decides
     # A marker the finish flags (or will: maybe after this drop) gives the share when dropped.
-    if state.process_state in FINISHED_WELL and not then.flags_its_marker(ctx, state):
+    if state.process_state in then.FINISHED_WELL and not then.flags_its_marker(ctx, state):
         ctx.retry_budget.finished()
     return "alert_resent" if alert is AlertOutcome.SENT else "unindexed"
 

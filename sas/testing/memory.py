@@ -258,10 +258,16 @@ class InMemoryStore:
         self.live[order_id] = marker
         return marker.etag
 
-    def touch_live_all(self, markers: Sequence[tuple[str, datetime, datetime, str]]) -> None:
+    def create_live_all(
+        self, markers: Sequence[tuple[str, datetime, datetime, str]]
+    ) -> dict[str, LiveMarker]:
         _one_operation_per_marker([order_id for order_id, *_ in markers])
-        for marker in markers:
-            self.touch_live(*marker)
+        created = {}
+        for order_id, at, due_at, workflow in markers:
+            if order_id not in self.live:
+                self.touch_live(order_id, at, due_at, workflow)
+                created[order_id] = self.live[order_id]
+        return created
 
     def count_live(self, workflow: str, up_to: int) -> int:
         counted = [m for m in self.live.values() if m.workflow == workflow and not m.finished]

@@ -273,14 +273,17 @@ def test_the_waiting_room_returns_a_workflows_rows_in_turn_and_drops_each_once(t
     assert [w.order_id for w in store.list_waiting("order", 10)] == ["n2", "l1"]
 
 
-def test_let_ins_write_markers_and_leave_the_room_a_hundred_to_a_request(table):
+def test_let_ins_create_markers_and_leave_the_room_a_hundred_to_a_request(table):
     store = store_on(table)
     ids = [f"o{n:03d}" for n in range(130)]  # two transactions each way
     for order_id in ids:
         store.wait_for_room(room_row_key("order", "normal", NOW, order_id), order_id, b"{}")
     rows = store.list_waiting("order", 200)
-    store.touch_live_all([(order_id, NOW, NOW, "order") for order_id in ids])
+    store.touch_live("o007", NOW, NOW, "order")  # e.g. an order live under that id
+    created = store.create_live_all([(order_id, NOW, NOW, "order") for order_id in ids])
+    assert sorted(created) == [i for i in ids if i != "o007"]  # the one there left as it is
     assert store.count_live("order", 200) == 130
+    assert store.rearm_live([], [created["o001"], created["o002"]]) == 2  # by their ETags
     assert store.drop_waiting(rows[5]) is True  # gone since read: left out, the rest go
     assert store.drop_waiting_all(rows) == 129
     assert store.list_waiting("order", 200) == []

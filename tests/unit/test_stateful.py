@@ -270,8 +270,10 @@ class AuditingStore:
     def wait_for_room(self, row_key: str, order_id: str, body: bytes) -> None:
         self.inner.wait_for_room(row_key, order_id, body)
 
-    def touch_live_all(self, markers: Sequence[tuple[str, datetime, datetime, str]]) -> None:
-        self.inner.touch_live_all(markers)
+    def create_live_all(
+        self, markers: Sequence[tuple[str, datetime, datetime, str]]
+    ) -> dict[str, LiveMarker]:
+        return self.inner.create_live_all(markers)
 
     def drop_waiting_all(self, rows: Sequence[WaitingSubmission]) -> int:
         return self.inner.drop_waiting_all(rows)
