@@ -233,16 +233,18 @@ def _surges(runs: list[dict[str, Any]]) -> list[str]:
         "full run), with a probe order every few seconds throughout; in the "
         "slow-payment run every payment call answers 3 step budgets late during the surge; "
         "goodput is Processed orders per minute from the surge's start, the minute after the "
-        "surge counted only while work was still queued; probes are normal again, counted from "
+        "surge counted only while work was still queued; taken in: when the hosts had received "
+        "every surge order from the orders queue; probes are normal again, counted from "
         "the last surge order's finish, once the median of every five in a row is within 1.5 "
         "times the calm median (or a second more); expiries are counted / taken as the "
         "load's / of an attempt that called nothing (no agent started it, or its circuit was "
         "open)):",
         "",
         "| Surge | Workers | CPU hogs | Per minute calibrated | Orders offered | Goodput per "
-        "minute | Best / minute after | p50 / p95 s | Drained after s | Probes normal again "
+        "minute | Best / minute after | p50 / p95 s | Taken in after s | Drained after s | "
+        "Probes normal again "
         "s after | Expiries | Extra remote calls | Ended |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         e = run["expiries"]
@@ -254,7 +256,8 @@ def _surges(runs: list[dict[str, Any]]) -> list[str]:
             f"| {run['calibrated_per_minute']:g} | {run['offered']:,} in {run['window_s']:g} s "
             f"| {' '.join(str(n) for n in run['goodput_per_minute'])} "
             f"| {run['best_minute']} / {ratio} | {run['p50_s']} / {run['p95_s']} "
-            f"| {_or_dash(run['drained_after_s'])} | {_or_dash(run['normal_again_s'])} "
+            f"| {_or_dash(run.get('taken_in_after_s'))} | {_or_dash(run['drained_after_s'])} "
+            f"| {_or_dash(run['normal_again_s'])} "
             f"| {e['all']} ({e['counted']} / {e['not_counted']} / {e['never_started']}) "
             f"| {run['extra_remote_calls']} | {ended} |"
         )

@@ -20,6 +20,7 @@ Figures are reported, never asserted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -146,7 +147,7 @@ def run(surge: Surge, plan: Plan, *, log_dir: Path) -> dict[str, Any]:
         surge_ids = [f"s-{n:05d}" for n in range(count)]
         processes = {"devhost": stack.hosts[0].pid} if len(stack.hosts) == 1 else {}
         cpu_before = cpu.snapshot(processes)
-        with _Probes(orders, plan.probe_every_s) as probes:
+        with _Probes(orders, plan.probe_every_s) as probes, _Backlog(orders) as backlog:
             time.sleep(plan.calm_before_s)
             surge_start = datetime.now(UTC)
             slow = _slow_remote(stack.simulator_url, plan.window_s) if surge.slow_remote else None
@@ -172,6 +173,7 @@ def run(surge: Surge, plan: Plan, *, log_dir: Path) -> dict[str, Any]:
         "extra_remote_calls": sum(int(s["replays"]) for s in stats.values()),
         "slow_calls": sum(int(s["slow"]) for s in stats.values()),
         "devhost_cpu_ms_per_order": cpu_used.get("devhost"),
+        "taken_in_after_s": backlog.taken_in_after(surge_start),
     }
 
 
@@ -195,6 +197,44 @@ class _Done:
                 continue
             finished = _finished(self._table, left)
             left = [i for i in left if i not in finished]
+
+
+class _Backlog:
+    """The orders queue's length every few seconds while the block runs: when the surge was
+    all taken in (the hosts had received every order sent to the queue)."""
+
+    EVERY_S = 2.0
+    TAKEN_IN = 2
+    """At most this many queued (the probes') counts as taken in."""
+
+    def __init__(self, queue: QueueClient) -> None:
+        self._queue = queue
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.lengths: list[tuple[datetime, int]] = []
+
+    def __enter__(self) -> _Backlog:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.EVERY_S):
+            with contextlib.suppress(Exception):  # a missed sample is a gap, not a failure
+                length = self._queue.get_queue_properties().approximate_message_count
+                self.lengths.append((datetime.now(UTC), length or 0))
+
+    def taken_in_after(self, start: datetime) -> float | None:
+        """Seconds from ``start`` until the queue was short again after its longest."""
+        after = [(at, n) for at, n in self.lengths if at >= start]
+        if not after:
+            return None
+        peak = max(range(len(after)), key=lambda i: after[i][1])
+        short = next((at for at, n in after[peak:] if n <= self.TAKEN_IN), None)
+        return None if short is None else round((short - start).total_seconds())
 
 
 class _Probes:

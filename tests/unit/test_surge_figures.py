@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sas_local.bench.surge import _normal_again, _outcome, _per_minute
+from sas_local.bench.surge import _Backlog, _normal_again, _outcome, _per_minute
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -65,3 +65,12 @@ def test_a_run_reports_how_orders_ended_and_the_minute_after_only_while_work_was
     assert (
         _outcome(surge, ["p-0"], states, sent, surge_start=T0, window_s=60)["minute_after"] is None
     )  # drained within the minute after: nothing was left to do
+
+
+def test_a_surge_is_taken_in_once_the_orders_queue_is_short_again_after_its_longest():
+    backlog = _Backlog(queue=None)  # type: ignore[arg-type]  # samples set by hand, no thread
+    backlog.lengths = [(at(-4), 0), (at(2), 1), (at(10), 400), (at(30), 900), (at(40), 3)]
+    assert backlog.taken_in_after(T0) is None  # still queued at the last sample
+    backlog.lengths += [(at(50), 2), (at(60), 0)]
+    assert backlog.taken_in_after(T0) == 50  # the probes' one or two are no backlog
+    assert _Backlog(queue=None).taken_in_after(T0) is None  # type: ignore[arg-type]
