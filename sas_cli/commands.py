@@ -10,7 +10,8 @@ app's own services, with the app's settings (see sas_cli/appsettings.py).
   sas parked list [--by app|host] [--queue Q] [--reason TEXT] [--older-than 1h] [--limit N]
   sas parked replay ID | discard ID
   sas parked replay|discard --all [the list's filters] [--yes]
-  sas purge --older-than 30d [--yes]
+  sas purge [ORDER_ID ...] [--older-than 30d] [--state S] [--yes]
+  sas audit [--action A] [--actor NAME] [--target ID] [--limit N]
   sas watch [--interval S] [--iterations N]
   sas health [--minutes N] [--alerts N]
 
@@ -46,12 +47,12 @@ from sas.domain.errors import (
     NotFound,
 )
 from sas.domain.messages import OrderSubmitted
-from sas.domain.model import OrderState, ProcessState
+from sas.domain.model import AUDIT_ACTIONS, OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
 from sas.entrypoints.params import MAX_OFFSET
 from sas.entrypoints.parked_api import bulk_parked_view
 from sas.services.health import MAX_WINDOW
-from sas.services.operator import MAX_QUERY_LIMIT, Operator, OrderQuery
+from sas.services.operator import MAX_QUERY_LIMIT, PURGEABLE_STATES, Operator, OrderQuery
 from sas.services.parked_messages import ParkedQuery
 from sas_cli import appsettings, views
 from sas_cli.parsing import UsageError, duration, instant, json_object
@@ -132,6 +133,11 @@ def _order_id(text: str) -> str:
     return text
 
 
+STATES = ", ".join(state.value for state in ProcessState)
+LIMIT_HELP = f"at most this many, 1 to {MAX_QUERY_LIMIT}"
+AGE_HELP = "a whole number and s, m, h or d, like 90s, 15m, 2h, 7d"
+
+
 def _actor() -> str:
     return os.environ.get("USER") or os.environ.get("USERNAME") or "operator"
 
@@ -151,8 +157,14 @@ def parser() -> argparse.ArgumentParser:
     top.add_argument("--json", action="store_true", help="print JSON instead of tables")
     # The same options after the command; SUPPRESS keeps them from undoing one given before it.
     common = _Parser(add_help=False)
-    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS)
-    common.add_argument("--settings", type=Path, metavar="FILE", default=argparse.SUPPRESS)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS,
+        help="print JSON instead of tables",
+    )  # fmt: skip
+    common.add_argument(
+        "--settings", type=Path, metavar="FILE", default=argparse.SUPPRESS,
+        help="the app's settings (see sas --help)",
+    )  # fmt: skip
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, handler: Handler, help: str, parent: Any = commands) -> Any:
@@ -167,6 +179,7 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--priority", choices=PRIORITIES, default=DEFAULT_PRIORITY)
     submit.add_argument("--reply-to", metavar="QUEUE", help="your status queue")
     submit.add_argument("--status-events", choices=("outcome", "steps"), default="outcome")
+    submit.add_argument("--actor", default=_actor(), help="who, for the audit log")
 
     command("status", _status, "one order's state").add_argument("order_id", type=_arg(_order_id))
     command("history", _history, "one order's timeline: history and completed steps").add_argument(
@@ -174,28 +187,51 @@ def parser() -> argparse.ArgumentParser:
     )
 
     listing = command("list", _list, "orders, most recently updated first")
-    listing.add_argument("--state", type=_arg(_state))
+    listing.add_argument("--state", type=_arg(_state), help=f"in this state: {STATES}")
     _order_filters(listing)
-    listing.add_argument("--limit", type=_arg(_limit), default=100)
+    listing.add_argument("--limit", type=_arg(_limit), default=100, help=LIMIT_HELP)
     listing.add_argument("--offset", type=_arg(_offset), default=0, help="skip N (next page)")
 
     _resubmit_command(command)
 
     _parked_commands(commands, command)
 
-    purge = command(
-        "purge",
-        _purge,
-        "delete Processed, Compensated and Closed orders finished longer ago than "
-        "--older-than (a dry run unless --yes; Error orders are never purged)",
-    )
-    purge.add_argument("--older-than", type=_arg(duration), metavar="AGE", required=True)
-    purge.add_argument("--yes", action="store_true", help="delete them (default: only list)")
-    purge.add_argument("--limit", type=_arg(_limit), default=MAX_QUERY_LIMIT)
-
+    _keeping_commands(command)
     _looking_commands(command)
     _alias_commands(commands, command)
     return top
+
+
+def _keeping_commands(command: Command) -> None:
+    """``purge`` and ``audit``: what is kept, and the record of who changed what."""
+    purge = command(
+        "purge",
+        _purge,
+        "delete finished orders (Processed, Compensated, Closed): the ids given, or those "
+        "finished longer ago than --older-than, of --state (each purge audited; a dry run "
+        "unless --yes; Error orders are never purged)",
+    )
+    purge.add_argument("order_id", nargs="*", type=_arg(_order_id), help="only these orders")
+    purge.add_argument(
+        "--older-than", type=_arg(duration), metavar="AGE",
+        help=f"finished more than AGE ago: {AGE_HELP}",
+    )  # fmt: skip
+    purge.add_argument(
+        "--state", type=_arg(_state), action="append", metavar="STATE",
+        help="only in this state: Processed, Compensated or Closed (again for more; default: "
+        "all three)",
+    )  # fmt: skip
+    purge.add_argument("--actor", default=_actor(), help="who, for the audit log")
+    purge.add_argument("--yes", action="store_true", help="delete them (default: only list)")
+    purge.add_argument(
+        "--limit", type=_arg(_limit), default=MAX_QUERY_LIMIT, help=f"{LIMIT_HELP} per run"
+    )
+
+    audit = command("audit", _audit, "operators' actions, newest first (kept after a purge)")
+    audit.add_argument("--action", choices=AUDIT_ACTIONS, help="this action only")
+    audit.add_argument("--actor", dest="by", metavar="NAME", help="by this actor only")
+    audit.add_argument("--target", metavar="ID", help="on this order or parked message only")
+    audit.add_argument("--limit", type=_arg(_limit), default=100, help=LIMIT_HELP)
 
 
 def _looking_commands(command: Command) -> None:
@@ -213,8 +249,13 @@ def _looking_commands(command: Command) -> None:
     )
     longest = MAX_WINDOW // timedelta(minutes=1)
     minutes = _between(1, longest, "a window in minutes")
-    health.add_argument("--minutes", type=_arg(minutes), default=60, help="the window")
-    health.add_argument("--alerts", type=_arg(_between(1, 100, "a count")), default=20)
+    health.add_argument(
+        "--minutes", type=_arg(minutes), default=60, help=f"the window, 1 to {longest} (60)"
+    )
+    health.add_argument(
+        "--alerts", type=_arg(_between(1, 100, "a count")), default=20,
+        help="list at most this many waiting alerts, 1 to 100 (20)",
+    )  # fmt: skip
 
 
 def _resubmit_command(command: Any) -> None:
@@ -248,7 +289,7 @@ def _parked_commands(commands: Any, command: Command) -> None:
     )
     listing = command("list", _parked_list, f"{about}, oldest first", verbs)
     _parked_filters(listing)
-    listing.add_argument("--limit", type=_arg(_limit), default=100)
+    listing.add_argument("--limit", type=_arg(_limit), default=100, help=LIMIT_HELP)
     for verb, handler, help in (
         ("replay", _parked_replay, "send one back to the queue it was meant for, as it was"),
         ("discard", _parked_discard, "delete one for good"),
@@ -269,9 +310,15 @@ def _parked_commands(commands: Any, command: Command) -> None:
 
 def _order_filters(command: Any) -> None:
     """What ``list`` and ``resubmit --all`` filter on alike (``_query`` reads them)."""
-    command.add_argument("--priority", choices=PRIORITIES)
-    command.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="submitted")
-    command.add_argument("--newer-than", type=_arg(duration), metavar="AGE", help="submitted")
+    command.add_argument("--priority", choices=PRIORITIES, help="of this priority")
+    command.add_argument("--workflow", metavar="NAME", help="of this workflow (one deployed)")
+    command.add_argument(
+        "--older-than", type=_arg(duration), metavar="AGE",
+        help=f"submitted more than AGE ago: {AGE_HELP}",
+    )  # fmt: skip
+    command.add_argument(
+        "--newer-than", type=_arg(duration), metavar="AGE", help="submitted at most AGE ago"
+    )
     command.add_argument(
         "--from", dest="since", type=_arg(instant), metavar="TIME",
         help="submitted at or after TIME (ISO 8601; UTC unless it says)",
@@ -287,7 +334,12 @@ def _parked_filters(command: Any) -> None:
     command.add_argument("--by", choices=("app", "host"), help="who parked it")
     command.add_argument("--queue", help="the queue it was meant for")
     command.add_argument("--reason", metavar="TEXT", help="its reason contains TEXT, any case")
-    command.add_argument("--older-than", type=_arg(duration), metavar="AGE", help="parked")
+    command.add_argument(
+        "--older-than",
+        type=_arg(duration),
+        metavar="AGE",
+        help=f"parked more than AGE ago: {AGE_HELP}",
+    )
 
 
 def _alias_commands(commands: Any, command: Command) -> None:
@@ -296,10 +348,10 @@ def _alias_commands(commands: Any, command: Command) -> None:
     old = orders.add_subparsers(dest="verb", required=True, metavar="VERB")
     by_state = command("list", _list, "= sas list --state", old)
     by_state.add_argument("--state", type=_arg(_state), required=True)
-    by_state.add_argument("--limit", type=_arg(_limit), default=100)
+    by_state.add_argument("--limit", type=_arg(_limit), default=100, help=LIMIT_HELP)
     by_state.set_defaults(
-        priority=None, older_than=None, newer_than=None, since=None, until=None, step=None,
-        error=None, offset=0,
+        priority=None, workflow=None, older_than=None, newer_than=None, since=None, until=None,
+        step=None, error=None, offset=0,
     )  # fmt: skip
     command("show", _history, "= sas history", old).add_argument("order_id", type=_arg(_order_id))
     old_resubmit = command("resubmit", _resubmit, "= sas resubmit", old)
@@ -309,6 +361,7 @@ def _alias_commands(commands: Any, command: Command) -> None:
         all=False,
         yes=False,
         priority=None,
+        workflow=None,
         older_than=None,
         newer_than=None,
         since=None,
@@ -371,7 +424,7 @@ def _submit(operator: Operator, args: argparse.Namespace) -> int:
         first = exc.errors()[0]
         where = ".".join(str(part) for part in first["loc"])
         raise UsageError(f"the order is not valid: {where}: {first['msg']}") from None
-    message_id = operator.submit(order)
+    message_id = operator.submit(order, actor=args.actor)
     if args.json:
         _print_json({"order_id": order.order_id, "message_id": message_id})
     else:
@@ -404,6 +457,7 @@ def _query(args: argparse.Namespace, state: ProcessState | None, limit: int) -> 
     return OrderQuery(
         state=state,
         priority=args.priority,
+        workflow=args.workflow or None,
         older_than=args.older_than,
         newer_than=args.newer_than,
         step=args.step or None,
@@ -438,6 +492,8 @@ def _described(query: OrderQuery) -> str:
     said = [query.state.value if query.state else "all", "orders"]
     if query.priority:
         said.append(f"of priority {query.priority}")
+    if query.workflow:
+        said.append(f"of workflow {query.workflow}")
     if query.older_than is not None:
         said.append(f"submitted over {query.older_than} ago")
     if query.newer_than is not None:
@@ -626,7 +682,16 @@ def _done(args: argparse.Namespace, status: str) -> int:
 
 
 def _purge(operator: Operator, args: argparse.Namespace) -> int:
-    report = operator.purge(args.older_than, dry_run=not args.yes, limit=args.limit)
+    if not args.order_id and args.older_than is None:
+        raise UsageError("give order ids, or --older-than: purge takes one of the two at least")
+    report = operator.purge(
+        args.older_than,
+        states=set(args.state) if args.state else PURGEABLE_STATES,
+        order_ids=args.order_id or None,
+        actor=args.actor,
+        dry_run=not args.yes,
+        limit=args.limit,
+    )
     missed = 0 if report.dry_run else len(report.candidates) - report.purged
     if args.json:
         _print_json(
@@ -635,6 +700,7 @@ def _purge(operator: Operator, args: argparse.Namespace) -> int:
                 "dry_run": report.dry_run,
                 "candidates": [views.state_document(state) for state in report.candidates],
                 "purged": report.purged,
+                "not_purged": report.unmatched,
             }
         )
     else:
@@ -653,8 +719,25 @@ def _purge(operator: Operator, args: argparse.Namespace) -> int:
             )
         else:
             print(f"purged {report.purged} of {found} order(s) finished before {cutoff}")
+        if report.unmatched:
+            print(
+                "not purged (no such order, not finished for good, another state, or too "
+                f"recent): {', '.join(report.unmatched)}"
+            )
     if missed:
         return _fail(1, f"{missed} order(s) changed while being purged and were kept")
+    return 1 if report.unmatched else 0
+
+
+def _audit(operator: Operator, args: argparse.Namespace) -> int:
+    found = operator.audit(args.limit, action=args.action, actor=args.by, target=args.target)
+    if args.json:
+        _print_json([views.audit_document(entry) for entry in found])
+        return 0
+    columns = ("at", "actor", "action", "target", "reason", "detail")
+    rows = [(e.at, e.actor, e.action, e.target, e.reason, e.detail) for e in found]
+    console.print(views.table("operators' actions, newest first", columns, rows))
+    print(f"{len(found)} action(s)")
     return 0
 
 
@@ -690,7 +773,15 @@ def main() -> None:
     # The app's own warnings (a retried read, a clock estimate) are its logs, not the
     # command's output: the command reports its own outcome.
     logging.basicConfig(level=logging.ERROR, format="sas: %(levelname)s: %(message)s")
-    sys.exit(run())
+    try:
+        code = run()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # The reader stopped reading (`sas list --json | head`): what it wanted, it got.
+        # Python flushes stdout again at exit; pointing it at devnull keeps that quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = 0
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -62,6 +62,8 @@ def json_object(text: str, what: str) -> dict[str, Any]:
         value = json.loads(source)
     except ValueError as exc:
         raise UsageError(f"{what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise UsageError(f"{what} is nested too deeply to read") from None
     if not isinstance(value, dict):
         raise UsageError(f"{what} must be a JSON object")
     return value

@@ -13,10 +13,10 @@ from rich.table import Table
 from rich.text import Text
 
 from sas.domain.breaker import BreakerStatus
-from sas.domain.model import OrderState, ProcessState
+from sas.domain.model import AuditEntry, OrderState, ProcessState
 from sas.domain.parked import ParkedMessage
 from sas.entrypoints.health_api import HealthView
-from sas.entrypoints.http_api import HistoryView, OrderView, StateView, StepView
+from sas.entrypoints.http_api import AuditView, HistoryView, OrderView, StateView, StepView
 from sas.entrypoints.parked_api import ParkedView
 from sas.services.health import HealthReport
 from sas.services.operator import OrderDetail
@@ -24,6 +24,10 @@ from sas.services.operator import OrderDetail
 
 def print_json(console: Console, document: Any) -> None:
     console.print_json(json.dumps(document, default=str), indent=2)
+
+
+def audit_document(entry: AuditEntry) -> dict[str, Any]:
+    return AuditView(**vars(entry)).model_dump(mode="json")
 
 
 def state_document(state: OrderState) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from sas.adapters.tables import (
     utc,
 )
 from sas.domain.model import (
+    AuditEntry,
     LiveMarker,
     MissingDefinition,
     OrderState,
@@ -43,6 +44,9 @@ from sas.domain.wire import (
     ROOM_PARTITION,
     STATE_ROW,
     Priority,
+    audit_partition,
+    audit_partition_range,
+    audit_row_key,
     rejected_row_key,
     room_rows,
     room_rows_besides,
@@ -404,6 +408,47 @@ class TableStateStore(OrderTables):
             return False
         return _delete_if_unchanged(self._table, entity, entity.metadata["etag"])
 
+    # --- operators' actions -------------------------------------------------------------
+
+    def append_audit(self, entries: Sequence[AuditEntry]) -> None:
+        """Inserts, a hundred to a transaction, in the in-flight table (purge never reads it)."""
+        rows = [_audit_entity(entry) for entry in entries]
+        by_partition: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            by_partition.setdefault(row["PartitionKey"], []).append(row)
+        for partition in by_partition.values():
+            for start in range(0, len(partition), _MAX_BATCH):
+                chunk = partition[start : start + _MAX_BATCH]
+                if len(chunk) == 1:
+                    self._live.create_entity(chunk[0])
+                else:
+                    self._live.submit_transaction([("create", row) for row in chunk])
+
+    def list_audit(
+        self,
+        limit: int,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+    ) -> list[AuditEntry]:
+        first, after = audit_partition_range()
+        clauses = ["PartitionKey ge @first and PartitionKey lt @after"]
+        parameters: dict[str, Any] = {"first": first, "after": after}
+        for name, value in (("Action", action), ("Actor", actor), ("Target", target)):
+            if value is not None:
+                clauses.append(f"{name} eq @{name.lower()}")
+                parameters[name.lower()] = value
+        entities = self._live.query_entities(
+            " and ".join(clauses), parameters=parameters, results_per_page=min(limit, 1000)
+        )
+        found: list[AuditEntry] = []
+        for entity in entities:  # pages are fetched as they are read: no more than needed
+            found.append(_audit_from(entity))
+            if len(found) >= limit:
+                break
+        return found
+
     # --- workflow versions orders wait for ----------------------------------------------
 
     def get_missing(self, key: str) -> MissingDefinition | None:
@@ -493,3 +538,28 @@ def _named_index(error: TableTransactionError) -> int | None:
     ``index`` is 0 also when the service names none, which would blame the first operation."""
     head, colon, _ = (error.message or "").partition(":")
     return int(head) if colon and head.strip().isdigit() else None
+
+
+def _audit_entity(entry: AuditEntry) -> dict[str, Any]:
+    row = {
+        "PartitionKey": audit_partition(entry.at),
+        "RowKey": audit_row_key(entry.at, uuid.uuid4().hex[:8]),
+        "At": entry.at,
+        "Actor": entry.actor[:100],
+        "Action": entry.action,
+        "Target": entry.target[:300],
+        "Reason": (entry.reason or "")[:1000] or None,
+        "Detail": (entry.detail or "")[:1000] or None,
+    }
+    return {name: value for name, value in row.items() if value is not None}
+
+
+def _audit_from(entity: Mapping[str, Any]) -> AuditEntry:
+    return AuditEntry(
+        at=utc(entity["At"]),
+        actor=entity["Actor"],
+        action=entity["Action"],
+        target=entity["Target"],
+        reason=entity.get("Reason"),
+        detail=entity.get("Detail"),
+    )

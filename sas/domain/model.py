@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar, get_args
 
 from sas.domain.wire import DEFAULT_PRIORITY, Mode, Priority, StatusLevel, step_row_key
 
@@ -159,6 +159,26 @@ class HistoryEntry:
     detail: str | None = None
     endpoint: str | None = None
     """The remote endpoint a reply's call went to."""
+
+
+AuditAction = Literal[
+    "submit", "resubmit", "close", "purge", "parked_replay", "parked_discard",
+]  # fmt: skip
+AUDIT_ACTIONS: tuple[AuditAction, ...] = get_args(AuditAction)
+
+
+@dataclass(frozen=True)
+class AuditEntry:
+    """One operator action, kept apart from what it acted on, so that it outlives a purge."""
+
+    at: datetime
+    actor: str
+    action: AuditAction
+    target: str
+    """The order id or parked message id acted on."""
+    reason: str | None = None
+    detail: str | None = None
+    """What came of it, or what else it acted with (a state, a queue)."""
 
 
 @dataclass(frozen=True)

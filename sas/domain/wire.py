@@ -12,8 +12,10 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Literal
+
+from sas.domain.clock import require_utc
 
 # --- names and ids ----------------------------------------------------------------------
 
@@ -273,6 +275,34 @@ LIVE_TABLE_SUFFIX = "live"
 def live_table_name(table_name: str) -> str:
     """The in-flight table that goes with the orders table ``table_name``."""
     return f"{TABLE_NAME_RULE.check(table_name)}{LIVE_TABLE_SUFFIX}"
+
+
+AUDIT_PARTITION_PREFIX = "~audit."
+"""Operators' actions (in the in-flight table, which purge never touches), one partition a
+month: ``audit_partition``, RowKey = ``audit_row_key``. Both count down, so one range query
+reads the newest first."""
+_LAST_MONTH = 9999 * 12 + 11
+
+
+def audit_partition(at: datetime) -> str:
+    at = require_utc(at, "at")
+    return f"{AUDIT_PARTITION_PREFIX}{_LAST_MONTH - (at.year * 12 + at.month - 1):06d}"
+
+
+def audit_partition_range() -> tuple[str, str]:
+    """``[first, after)``: every audit partition's key."""
+    return AUDIT_PARTITION_PREFIX, AUDIT_PARTITION_PREFIX[:-1] + chr(ord(".") + 1)
+
+
+def audit_row_key(at: datetime, tail: str) -> str:
+    """Microseconds before the end of year 9999, then a tail that keeps rows of one instant
+    apart: within a partition, newest first."""
+    at = require_utc(at, "at")
+    left = (_END_OF_TIME - at) // timedelta(microseconds=1)
+    return f"{left:019d}-{tail}"
+
+
+_END_OF_TIME = datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC)
 
 
 MISSING_PARTITION = "~missing"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Path, Query, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
@@ -32,12 +32,14 @@ from sas.entrypoints.invocation import attributed
 from sas.entrypoints.params import (
     MAX_AGE_SECONDS,
     MAX_OFFSET,
+    ActorQuery,
     Instant,
     Limit,
     SignedIn,
     actor_of,
     seconds,
 )
+from sas.entrypoints.request_limits import BodyLimit, known_query_only
 from sas.services import telemetry
 from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery, step_name
 
@@ -54,6 +56,7 @@ api = FastAPI(
     ),
     docs_url=None,  # served below, rendered here: Swagger UI would load from a CDN
     openapi_url="/api/openapi.json",
+    dependencies=[Depends(known_query_only)],
 )
 
 
@@ -75,6 +78,7 @@ class _Attributed:
 
 
 api.add_middleware(_Attributed)
+api.add_middleware(BodyLimit)
 api.include_router(health_api.router)
 api.include_router(parked_api.router)
 
@@ -210,6 +214,10 @@ def health() -> dict[str, str]:
 
 
 AgeSeconds = Annotated[float | None, Query(ge=0, le=MAX_AGE_SECONDS)]
+WorkflowName = Annotated[
+    str | None,
+    Query(max_length=100, description="of this workflow (one the app deploys); any when left out"),
+]
 
 
 @api.get("/api/orders", response_model=list[StateView])
@@ -217,6 +225,7 @@ def list_orders(
     response: Response,
     state: Annotated[ProcessState | None, Query(description="any state when left out")] = None,
     priority: Annotated[Priority | None, Query(description="any priority when left out")] = None,
+    workflow: WorkflowName = None,
     older_than_seconds: Annotated[
         AgeSeconds, Query(description="submitted more than this many seconds ago")
     ] = None,
@@ -248,6 +257,7 @@ def list_orders(
     query = OrderQuery(
         state=state,
         priority=priority,
+        workflow=workflow or None,
         older_than=seconds(older_than_seconds),
         newer_than=seconds(newer_than_seconds),
         step=step or None,
@@ -353,6 +363,7 @@ class BulkResubmitRequest(BaseModel):
     actor: Annotated[str, Field(min_length=1, max_length=100)] = "operator"
     dry_run: bool = True
     priority: Priority | None = None
+    workflow: Annotated[str | None, Field(max_length=100)] = None
     older_than_seconds: Annotated[float | None, Field(ge=0, le=MAX_AGE_SECONDS)] = None
     newer_than_seconds: Annotated[float | None, Field(ge=0, le=MAX_AGE_SECONDS)] = None
     step: Annotated[str | None, Field(max_length=100)] = None
@@ -378,6 +389,10 @@ class BulkReportView(BaseModel):
     total: int
     """How many Error orders the filters match in all."""
     orders: list[BulkOutcome]
+    not_matched: list[str] = Field(
+        default_factory=list,
+        description="ids in ``order_ids`` the filters no longer match: nothing was done to them",
+    )
 
 
 @api.post("/api/orders/resubmit", response_model=BulkReportView)
@@ -394,6 +409,7 @@ def resubmit_orders(request: BulkResubmitRequest, signed_in: SignedIn = None) ->
     query = OrderQuery(
         state=ProcessState.ERROR,
         priority=request.priority,
+        workflow=request.workflow or None,
         older_than=seconds(request.older_than_seconds),
         newer_than=seconds(request.newer_than_seconds),
         step=request.step or None,
@@ -419,6 +435,7 @@ def resubmit_orders(request: BulkResubmitRequest, signed_in: SignedIn = None) ->
             )
             for state in report.matched
         ],
+        not_matched=report.unmatched,
     )
 
 
@@ -450,11 +467,14 @@ def close_order(
 
 
 @api.post("/api/orders", status_code=status.HTTP_202_ACCEPTED)
-def submit_order(order: OrderSubmitted) -> dict[str, str]:
+def submit_order(
+    order: OrderSubmitted, actor: ActorQuery = "operator", signed_in: SignedIn = None
+) -> dict[str, str]:
     """Convenience: posts the order to the orders queue of its priority lane, exactly as an
-    application would, after the submission function's checks (422 with the reason)."""
+    application would, after the submission function's checks (422 with the reason); audited
+    as submitted on behalf by ``actor``."""
     try:
-        message_id = bootstrap.operator().submit(order)
+        message_id = bootstrap.operator().submit(order, actor=actor_of(signed_in, actor))
     except InvalidMessage as exc:
         raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, exc.reason) from None
     except AlreadyExists as exc:
@@ -464,3 +484,27 @@ def submit_order(order: OrderSubmitted) -> dict[str, str]:
         "message_id": message_id,
         "status": f"/api/orders/{order.order_id}",
     }
+
+
+class AuditView(BaseModel):
+    at: datetime
+    actor: str
+    action: str
+    target: str = Field(description="the order id or parked message id acted on")
+    reason: str | None
+    detail: str | None
+
+
+@api.get("/api/audit", response_model=list[AuditView])
+def list_audit(
+    limit: Limit = 100,
+    action: Annotated[str | None, Query(max_length=40, description="this action only")] = None,
+    actor: Annotated[str | None, Query(max_length=100, description="by this actor only")] = None,
+    target: Annotated[
+        str | None, Query(max_length=300, description="on this order or parked message only")
+    ] = None,
+) -> list[AuditView]:
+    """Operators' actions, newest first: submit on behalf, resubmit, close, purge, parked
+    replay and discard. They outlive a purge of the orders they acted on."""
+    found = bootstrap.operator().audit(limit, action=action, actor=actor, target=target)
+    return [AuditView(**vars(entry)) for entry in found]

@@ -17,6 +17,10 @@ SignedIn = Annotated[
 ]
 
 Limit = Annotated[int, Query(ge=1, le=MAX_QUERY_LIMIT, description="at most this many")]
+ActorQuery = Annotated[
+    str,
+    Query(min_length=1, max_length=100, description="who acts (a signed-in user overrides it)"),
+]
 MAX_OFFSET = 1_000_000
 """How far a page may start: every match is read to sort them anyway."""
 MAX_AGE_SECONDS = 10 * 366 * 86400

@@ -12,7 +12,14 @@ from pydantic import BaseModel, Field
 
 from sas import bootstrap
 from sas.domain.parked import ParkedBy, ParkedMessage, PoisonTransport
-from sas.entrypoints.params import MAX_AGE_SECONDS, Limit, SignedIn, actor_of, seconds
+from sas.entrypoints.params import (
+    MAX_AGE_SECONDS,
+    ActorQuery,
+    Limit,
+    SignedIn,
+    actor_of,
+    seconds,
+)
 from sas.services.operator import MAX_QUERY_LIMIT
 from sas.services.parked_messages import ParkedQuery, ParkedReport
 
@@ -104,21 +111,25 @@ def list_parked(
 
 
 @router.post("/api/parked/{parked_id}/replay")
-def replay_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[str, str]:
+def replay_parked(
+    parked_id: ParkedIdPath, actor: ActorQuery = "operator", signed_in: SignedIn = None
+) -> dict[str, str]:
     """Send it back to the queue it was meant for, and remove it from parked: the original body
     as an application would send it (parked by the app), or the very message, unchanged
     (parked by the host).
 
     409 if the app kept the body only in part, the queue is not one the app consumes, or
     (Service Bus) duplicate detection would still drop the copy."""
-    bootstrap.parked_messages().replay(parked_id, actor=actor_of(signed_in, "operator"))
+    bootstrap.parked_messages().replay(parked_id, actor=actor_of(signed_in, actor))
     return {"id": parked_id, "status": "replayed"}
 
 
 @router.delete("/api/parked/{parked_id}")
-def discard_parked(parked_id: ParkedIdPath, signed_in: SignedIn = None) -> dict[str, str]:
+def discard_parked(
+    parked_id: ParkedIdPath, actor: ActorQuery = "operator", signed_in: SignedIn = None
+) -> dict[str, str]:
     """Remove a parked message for good."""
-    bootstrap.parked_messages().discard(parked_id, actor=actor_of(signed_in, "operator"))
+    bootstrap.parked_messages().discard(parked_id, actor=actor_of(signed_in, actor))
     return {"id": parked_id, "status": "discarded"}
 
 
@@ -156,6 +167,10 @@ class BulkParkedReport(BaseModel):
         "first 32): run again once these are settled"
     )
     messages: list[BulkParkedOutcome]
+    not_matched: list[str] = Field(
+        default_factory=list,
+        description="ids in ``ids`` the filters no longer match: nothing was done to them",
+    )
 
 
 @router.post("/api/parked/replay", response_model=BulkParkedReport)
@@ -209,4 +224,5 @@ def bulk_parked_view(report: ParkedReport, verb: str) -> BulkParkedReport:
             )
             for message in report.matched
         ],
+        not_matched=report.unmatched,
     )

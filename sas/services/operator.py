@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from sas.domain.clock import require_utc
@@ -20,11 +20,21 @@ from sas.domain.errors import (
     NotFound,
 )
 from sas.domain.messages import APP_SET_FIELDS, OrderSubmitted
-from sas.domain.model import HistoryEntry, OrderRecord, OrderState, ProcessState, StepRecord
+from sas.domain.model import (
+    AUDIT_ACTIONS,
+    AuditEntry,
+    HistoryEntry,
+    OrderRecord,
+    OrderState,
+    ProcessState,
+    StepRecord,
+    Versioned,
+)
 from sas.domain.recovery import close, resubmit
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import Priority, submission_message_id
 from sas.domain.workflow import Registry
+from sas.services import audit
 from sas.services import consequences as then
 from sas.services.context import Context
 from sas.services.submission import check
@@ -49,6 +59,8 @@ class OrderQuery:
 
     state: ProcessState | None = None
     priority: Priority | None = None
+    workflow: str | None = None
+    """The workflow's name: one this app deploys."""
     older_than: timedelta | None = None
     newer_than: timedelta | None = None
     step: str | None = None
@@ -97,6 +109,9 @@ class BulkReport:
     """How many Error orders match in all."""
     outcomes: dict[str, str]
     """Per order id: ``done``, or why not (someone moved it meanwhile, ...)."""
+    unmatched: list[str] = field(default_factory=list)
+    """Ids it was told to act on only (``only``) that the query no longer matches: nothing
+    was done to them."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,9 @@ class PurgeReport:
     candidates: list[OrderState]
     purged: int
     """Orders whose rows were all deleted: 0 on a dry run."""
+    unmatched: list[str] = field(default_factory=list)
+    """Ids asked for that are not purged: no such order, not finished for good, not in the
+    states asked for, or too recent."""
 
 
 @dataclass(frozen=True)
@@ -125,6 +143,24 @@ class Operator:
         self._routes = ctx.routes
         self._clock = ctx.clock
 
+    def audit(
+        self,
+        limit: int = 100,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+    ) -> list[AuditEntry]:
+        """Operators' actions, newest first; they outlive the orders they acted on."""
+        if not 1 <= limit <= MAX_QUERY_LIMIT:
+            raise InvalidMessage(f"limit must be 1..{MAX_QUERY_LIMIT}")
+        if action is not None and action not in AUDIT_ACTIONS:
+            raise InvalidMessage(f"no action {action!r}: one of {', '.join(AUDIT_ACTIONS)}")
+        return self._store.list_audit(limit, action=action, actor=actor, target=target)
+
+    def _audited(self, *entries: AuditEntry) -> None:
+        audit.record(self._store, *entries)
+
     def detail(self, order_id: str) -> OrderDetail:
         current, order = self._store.get_state(order_id), self._store.get_order(order_id)
         if current is None or order is None:
@@ -141,7 +177,13 @@ class Operator:
         return self.find_page(query)[0]
 
     def find_page(self, query: OrderQuery) -> tuple[list[OrderState], int]:
-        """``query.limit`` matching orders from ``query.offset`` on, and how many match in all."""
+        """``query.limit`` matching orders from ``query.offset`` on, and how many match in all.
+        InvalidMessage for a workflow this app does not deploy (a typo would match nothing)."""
+        known = self._ctx.workflows.names
+        if query.workflow is not None and query.workflow not in known:
+            raise InvalidMessage(
+                f"no workflow {query.workflow!r} is deployed: one of {', '.join(sorted(known))}"
+            )
         after, before = query.submitted_between(self._clock.now())
         found = [
             versioned.value
@@ -160,7 +202,9 @@ class Operator:
         return step_name(self._ctx.workflows, state)
 
     def _matches(self, state: OrderState, query: OrderQuery) -> bool:
-        """The filters the table cannot apply: the step's name and the error's text."""
+        """The filters the table cannot apply: the workflow, the step's name, the error's text."""
+        if query.workflow is not None and state.workflow != query.workflow:
+            return False
         if (
             query.error is not None
             and query.error.casefold() not in (state.last_error or "").casefold()
@@ -169,50 +213,93 @@ class Operator:
         return query.step is None or self._step_name(state) == query.step
 
     def purge(
-        self, retention: timedelta, *, dry_run: bool = True, limit: int = MAX_QUERY_LIMIT
+        self,
+        retention: timedelta | None,
+        *,
+        states: Collection[ProcessState] = PURGEABLE_STATES,
+        order_ids: Collection[str] | None = None,
+        actor: str = "operator",
+        dry_run: bool = True,
+        limit: int = MAX_QUERY_LIMIT,
     ) -> PurgeReport:
-        """Delete Processed, Compensated and Closed orders finished more than ``retention`` ago
-        (at most ``limit`` per call, oldest first); a dry run only lists them.
+        """Delete orders finished more than ``retention`` ago (None: any time before now) in
+        one of ``states`` (Processed, Compensated, Closed) and, given ``order_ids``, only
+        those, oldest first, at most ``limit``; a dry run only lists them. Each purged order
+        is audited. InvalidMessage for a state that is not finished for good (Error orders
+        wait for an operator and are never purged).
 
         Once purged, an order's id is forgotten: a submission that arrives again with the same
         id runs as a new order, so the retention must outlast any redelivery of submissions."""
-        if retention < timedelta(0):
+        if retention is not None and retention < timedelta(0):
             raise ValueError("retention must not be negative")
         if limit < 1:
             raise ValueError("limit must be positive")
-        cutoff = self._clock.now() - retention
-        candidates = sorted(
-            (
-                versioned
-                for state in sorted(PURGEABLE_STATES)
-                for versioned in self._store.query_states(
-                    process_state=state, finished_before=cutoff
-                )
-                if versioned.value.finished_at is not None and versioned.value.finished_at < cutoff
-            ),
-            key=lambda versioned: (versioned.value.finished_at or cutoff, versioned.value.order_id),
-        )[:limit]
+        unfinished = sorted(state.value for state in set(states) - PURGEABLE_STATES)
+        if unfinished or not states:
+            raise InvalidMessage(
+                f"only {', '.join(sorted(s.value for s in PURGEABLE_STATES))} orders are "
+                f"purged, not {', '.join(unfinished) or 'none'}"
+            )
+        now = self._clock.now()
+        cutoff = now - (retention or timedelta(0))
+        candidates = self._purgeable(cutoff, states, order_ids)[:limit]
+        unmatched = unlisted(order_ids or (), {v.value.order_id for v in candidates})
         purged = 0
         if not dry_run:
+            audit: list[AuditEntry] = []
             for versioned in candidates:
                 if self._store.purge_order(versioned):
                     purged += 1
+                    state = versioned.value
+                    detail = f"{state.process_state.value} {state.workflow} order"
+                    audit.append(AuditEntry(now, actor, "purge", state.order_id, None, detail))
+            self._audited(*audit)
             log.warning(
                 "sas.orders_purged count=%d",
                 purged,
-                extra={"purged": purged, "cutoff": cutoff.isoformat()},
+                extra={"purged": purged, "cutoff": cutoff.isoformat(), "actor": actor[:100]},
             )
-        return PurgeReport(cutoff, dry_run, [v.value for v in candidates], purged)
+        return PurgeReport(cutoff, dry_run, [v.value for v in candidates], purged, unmatched)
 
-    def submit(self, order: OrderSubmitted) -> str:
+    def _purgeable(
+        self,
+        cutoff: datetime,
+        states: Collection[ProcessState],
+        order_ids: Collection[str] | None,
+    ) -> list[Versioned[OrderState]]:
+        """The orders of ``states`` (and ``order_ids``) finished before ``cutoff``, oldest
+        first."""
+        if order_ids is not None:
+            read = (self._store.get_state(order_id) for order_id in dict.fromkeys(order_ids))
+            found = [versioned for versioned in read if versioned is not None]
+        else:
+            found = [
+                versioned
+                for state in sorted(states)
+                for versioned in self._store.query_states(
+                    process_state=state, finished_before=cutoff
+                )
+            ]
+        return sorted(
+            (
+                versioned
+                for versioned in found
+                if versioned.value.process_state in states
+                and versioned.value.finished_at is not None
+                and versioned.value.finished_at < cutoff
+            ),
+            key=lambda versioned: (versioned.value.finished_at or cutoff, versioned.value.order_id),
+        )
+
+    def submit(self, order: OrderSubmitted, *, actor: str = "operator") -> str:
         """Send an order to its lane's orders queue, exactly as an application would, after
         the checks the submission function makes (InvalidMessage, with the reason, and nothing
         sent). Returns the message id (the duplicate-detection key). AlreadyExists, nothing
         sent, if the id is taken by a different order (the submission function would park it;
         one still queued is not seen). The same order again is sent: the app absorbs it."""
-        for field in APP_SET_FIELDS:
-            if getattr(order, field) is not None:
-                raise InvalidMessage(f"{field} is set by the app, not by you")
+        for name in APP_SET_FIELDS:
+            if getattr(order, name) is not None:
+                raise InvalidMessage(f"{name} is set by the app, not by you")
         try:
             check(self._ctx, order)
         except DefinitionMissing as missing:
@@ -227,6 +314,8 @@ class Operator:
             message_id=message_id,
             correlation_id=order.order_id,
         )
+        detail = f"{order.workflow}, {order.priority} priority"
+        self._audited(AuditEntry(self._clock.now(), actor, "submit", order.order_id, None, detail))
         return message_id
 
     def resubmit_matching(
@@ -244,9 +333,11 @@ class Operator:
         if query.state not in (None, ProcessState.ERROR):
             raise InvalidMessage("only Error orders are resubmitted")
         matched, total = self.find_page(replace(query, state=ProcessState.ERROR))
+        unmatched: list[str] = []
         if only is not None:
             chosen = set(only)
             matched = [state for state in matched if state.order_id in chosen]
+            unmatched = unlisted(only, {state.order_id for state in matched})
         outcomes: dict[str, str] = {}
         if not dry_run:
             for state in matched:
@@ -255,7 +346,7 @@ class Operator:
                 "sas.orders_resubmitted",
                 extra={"matched": len(matched), "actor": actor[:100]},
             )
-        return BulkReport(dry_run, matched, total, outcomes)
+        return BulkReport(dry_run, matched, total, outcomes, unmatched)
 
     def _resubmit_one(self, order_id: str, actor: str) -> str:
         return outcome_of(lambda: self.resubmit(order_id, actor=actor), "resubmitted")
@@ -282,6 +373,7 @@ class Operator:
             detail=reason.strip()[:500],
         )
         self._store.update_state(closed, current.etag, entry)
+        self._audited(AuditEntry(now, actor, "close", order_id, reason.strip()[:500]))
         log.warning("sas.order_closed", extra={"order_id": order_id, "actor": actor[:100]})
         then.notify(self._ctx, closed, "closed", now)
         return closed
@@ -315,6 +407,9 @@ class Operator:
         # Again after the write: a sweep that listed the first touch and saw Error may have
         # dropped the marker in between; this re-creates it (or makes that drop fail).
         self._store.touch_live(order_id, now, due, workflow.name)
+        self._audited(
+            AuditEntry(now, actor, "resubmit", order_id, detail=entry.detail and entry.detail[:500])
+        )
         log.warning("sas.order_resubmitted", extra={"order_id": order_id, "actor": actor[:100]})
         then.request_schedule(self._ctx, again)
         then.notify(self._ctx, again, "resubmitted", now)
@@ -330,6 +425,11 @@ def step_name(workflows: Registry, state: OrderState) -> str | None:
         return workflows.named(state.workflow, state.version).step(state.step_index).name
     except (ValueError, IndexError):
         return None
+
+
+def unlisted(asked: Collection[str], matched: Collection[str]) -> list[str]:
+    """The ids asked for, in their order and once each, that are not among those matched."""
+    return [name for name in dict.fromkeys(asked) if name not in matched]
 
 
 def outcome_of(act: Callable[[], object], verb: str) -> str:

@@ -8,12 +8,13 @@ from __future__ import annotations
 import builtins
 import logging
 from collections.abc import Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import partial
 
 from sas.domain.errors import ConfigurationError, IllegalTransition, NotFound
 from sas.domain.messages import MAX_MESSAGE_BYTES
+from sas.domain.model import AuditEntry
 from sas.domain.parked import (
     ParkedBy,
     ParkedMessage,
@@ -23,8 +24,9 @@ from sas.domain.parked import (
     parked_by,
     poison_queue,
 )
+from sas.services import audit
 from sas.services.context import Context
-from sas.services.operator import MAX_QUERY_LIMIT, outcome_of
+from sas.services.operator import MAX_QUERY_LIMIT, outcome_of, unlisted
 from sas.services.ports import PoisonStore
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,9 @@ class ParkedReport:
     """Per parked id: ``done``, or why not."""
     more_unlisted: bool = False
     """More may be parked than were listed (ParkedPage.more_unlisted): act again after."""
+    unmatched: list[str] = field(default_factory=list)
+    """Ids it was told to act on only (``only``) that the query no longer matches: nothing
+    was done to them."""
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,10 @@ class ParkedMessages:
             queue = poison_queue(parked_id)
         else:
             raise NotFound(NO_SUCH_PARKED)
+        audit.record(
+            self._store,
+            AuditEntry(self._clock.now(), actor, "parked_replay", parked_id, None, f"to {queue}"),
+        )
         log.warning(
             "sas.parked_replayed parked_id=%s parked_by=%s queue=%s",
             parked_id,
@@ -155,6 +164,10 @@ class ParkedMessages:
             gone = False
         if not gone:
             raise NotFound(NO_SUCH_PARKED)
+        audit.record(
+            self._store,
+            AuditEntry(self._clock.now(), actor, "parked_discard", parked_id, None, f"by {by}"),
+        )
         log.warning(
             "sas.parked_discarded parked_id=%s parked_by=%s",
             parked_id,
@@ -218,13 +231,15 @@ class ParkedMessages:
         others go on."""
         page = self.find(query)
         matched = page.messages
+        unmatched: list[str] = []
         if only is not None:
             chosen = set(only)
             matched = [message for message in matched if message.id in chosen]
+            unmatched = unlisted(only, {message.id for message in matched})
         outcomes: dict[str, str] = {}
         if not dry_run:
             act = self.replay if replay else self.discard
             verb = "replayed" if replay else "discarded"
             for message in matched:
                 outcomes[message.id] = outcome_of(partial(act, message.id, actor=actor), verb)
-        return ParkedReport(dry_run, matched, page.total, outcomes, page.more_unlisted)
+        return ParkedReport(dry_run, matched, page.total, outcomes, page.more_unlisted, unmatched)

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.messages import Message
 from sas.domain.model import (
+    AuditEntry,
     HistoryEntry,
     LiveMarker,
     MissingDefinition,
@@ -175,6 +176,23 @@ class StateStore(Protocol):
     def drop_parked(self, parked_id: str) -> bool:
         """Remove a parked message for good (conditionally on the version read); False if
         there is no such message (any more)."""
+        ...
+
+    def append_audit(self, entries: Sequence[AuditEntry]) -> None:
+        """Keep operators' actions, inserted (never changed), apart from the orders they acted
+        on: a purge leaves them."""
+        ...
+
+    def list_audit(
+        self,
+        limit: int,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+    ) -> list[AuditEntry]:
+        """At most ``limit`` actions, newest first, of this action, actor and target (each
+        when given)."""
         ...
 
     def record_start(self, start: StepStart) -> StepStart:

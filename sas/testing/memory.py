@@ -14,6 +14,7 @@ from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.messages import Message, decode, encode
 from sas.domain.model import (
+    AuditEntry,
     HistoryEntry,
     LiveMarker,
     MissingDefinition,
@@ -195,6 +196,8 @@ class InMemoryStore:
         self.states: dict[str, tuple[OrderState, str]] = {}
         self.steps: dict[tuple[str, int], StepRecord] = {}
         self.parked: dict[str, ParkedMessage] = {}
+        self.audit: list[AuditEntry] = []
+        """Operators' actions, in the order they were appended."""
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
         self.room: dict[str, WaitingSubmission] = {}
@@ -398,6 +401,28 @@ class InMemoryStore:
 
     def drop_parked(self, parked_id: str) -> bool:
         return self.parked.pop(parked_id, None) is not None
+
+    def append_audit(self, entries: Sequence[AuditEntry]) -> None:
+        self.audit.extend(entries)
+
+    def list_audit(
+        self,
+        limit: int,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+    ) -> list[AuditEntry]:
+        found = [
+            entry
+            for _, entry in sorted(
+                enumerate(self.audit), key=lambda n: (n[1].at, n[0]), reverse=True
+            )
+            if (action is None or entry.action == action)
+            and (actor is None or entry.actor == actor)
+            and (target is None or entry.target == target)
+        ]
+        return found[:limit]
 
     def record_start(self, start: StepStart) -> StepStart:
         return self.starts.setdefault((start.order_id, start.key, start.attempt), start)

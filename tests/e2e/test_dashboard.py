@@ -109,6 +109,20 @@ def error_order(stack: LocalStack, store: TableStateStore, index: int) -> str:
     return failed
 
 
+def park_one(stack: LocalStack, store: TableStateStore) -> None:
+    """A bad message on the orders queue, parked by the app."""
+    parked = len(store.list_parked(100))
+    orders_queue = queue_service_client(stack.settings.storage).get_queue_client(
+        stack.settings.lane(QUEUE_ORDERS, "normal"),
+        message_encode_policy=TextBase64EncodePolicy(),
+    )
+    orders_queue.send_message("this is not an order")
+    wait_until(
+        lambda: len(store.list_parked(100)) > parked, timeout=30, interval=0.3,
+        what="a parked message",
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def failed_order(stack, store) -> str:
     """PROCESSED orders Processed, one in Error (its alert sent), one bad message parked by the
@@ -121,12 +135,7 @@ def failed_order(stack, store) -> str:
         what=f"{PROCESSED} orders Processed",
     )
     failed = error_order(stack, store, PROCESSED)
-    orders_queue = queue_service_client(stack.settings.storage).get_queue_client(
-        stack.settings.lane(QUEUE_ORDERS, "normal"),
-        message_encode_policy=TextBase64EncodePolicy(),
-    )
-    orders_queue.send_message("this is not an order")
-    wait_until(lambda: store.list_parked(10), timeout=30, interval=0.3, what="a parked message")
+    park_one(stack, store)
     return failed
 
 
@@ -140,11 +149,15 @@ def patient_expectations() -> Iterator[None]:
     expect.set_options(timeout=5_000)
 
 
+ACTOR = "Dana on call"
+
+
 @pytest.fixture
 def page(stack, browser, failed_order) -> Iterator[Page]:
     opened = browser.new_page()
     opened.goto(f"{stack.api_url}/api/dashboard")
     expect(opened.locator("#updated-at")).not_to_have_attribute("data-refreshes", "0")
+    opened.fill("#actor", ACTOR)  # no sign-in here: who acts is asked for
     yield opened
     opened.close()
 
@@ -183,6 +196,17 @@ def test_the_filters_narrow_the_orders_table(page, failed_order):
     page.fill("#filter-older", "60")  # nothing here is an hour old
     page.dispatch_event("#filter-older", "change")
     expect(page.locator("#orders-empty")).to_be_visible()
+    page.fill("#filter-older", "")
+    page.fill("#filter-workflow", "order")  # every order here is one
+    page.dispatch_event("#filter-workflow", "change")
+    expect(rows).to_have_count(PROCESSED + 1)
+    expect(rows.first.locator("td").nth(1)).to_have_text("order")
+    page.fill("#filter-workflow", "ordr")
+    page.dispatch_event("#filter-workflow", "change")
+    expect(page.locator("#problem")).to_contain_text("no workflow 'ordr' is deployed")
+    page.fill("#filter-workflow", "")
+    page.dispatch_event("#filter-workflow", "change")
+    expect(page.locator("#problem")).to_be_hidden()
 
 
 def test_orders_page_through_and_narrow_to_absolute_times(page, store):
@@ -203,11 +227,11 @@ def test_orders_page_through_and_narrow_to_absolute_times(page, store):
     expect(shown).to_have_text(f"showing 2 of {total}")
     # Absolute times, in UTC: every order was submitted before now, none before 2000.
     page.fill("#filter-limit", "50")
-    page.fill("#filter-until", "2000-01-01T00:00")
+    page.fill("#filter-until", "2000-01-01 00:00")  # 24-hour UTC, as the page shows times
     page.dispatch_event("#filter-until", "change")
     expect(shown).to_have_text("showing 0 of 0")
     page.fill("#filter-until", "")
-    page.fill("#filter-from", "2000-01-01T00:00")
+    page.fill("#filter-from", "2000-01-01 13:00:00")
     page.dispatch_event("#filter-from", "change")
     expect(shown).to_have_text(f"showing {total} of {total}")
 
@@ -274,7 +298,7 @@ def test_an_error_order_is_resubmitted_from_its_timeline_and_finishes(
     resubmitted = page.locator("#history tbody tr[data-kind='resubmitted']")
     expect(resubmitted).to_have_count(2)  # before the cause was fixed, and after
     for entry in resubmitted.all():
-        expect(entry).to_contain_text("dashboard")
+        expect(entry).to_contain_text(ACTOR)
     expect(page.locator("[data-state-count='Error']")).to_have_text("0")
 
 
@@ -312,10 +336,11 @@ def test_the_api_reference_renders_with_no_network(stack, browser):
 
 
 def test_an_order_opens_from_its_link_and_by_its_id(stack, browser, failed_order):
-    opened = browser.new_page()
+    opened = browser.new_page(viewport={"width": 1366, "height": 768})
     try:
         opened.goto(f"{stack.api_url}/api/dashboard#order={failed_order}")
         expect(opened.locator("#timeline-order")).to_have_text(failed_order)
+        expect(opened.locator("#timeline h2")).to_be_in_viewport()  # brought into view
         opened.click("#timeline-close")
         expect(opened.locator("#timeline")).to_be_hidden()
         assert "#order=" not in opened.url
@@ -350,7 +375,7 @@ def test_the_error_orders_the_filters_match_are_resubmitted_after_a_dry_run(page
         what="the resubmitted order undone",
     )
     actors = [e.actor for e in store.get_history(failed) if e.kind == "resubmitted"]
-    assert actors == ["dashboard"]
+    assert actors == [ACTOR]
 
 
 def test_a_parked_message_is_replayed_then_discarded_from_the_page(page, store):
@@ -450,6 +475,11 @@ def test_the_health_view_shows_an_open_breaker_and_the_unread_alert(
     expect(page.locator("#health-summary")).to_contain_text("failure rate")
     assert int(page.locator("#health-summary").get_attribute("data-failed") or 0) >= 1
     expect(page.locator("#throughput svg rect[data-series='processed']").first).to_be_visible()
+    axis = page.locator("#throughput .axis")  # when, and how tall a bar is
+    expect(axis.locator("time")).to_have_count(2)
+    expect(axis.locator(".scale")).to_have_text(
+        re.compile(r"^tallest bar: \d+ order\(s\) per \d+ min$")
+    )
     alert.locator("a").click()  # a link to the order's timeline
     expect(page.locator("#timeline")).to_have_attribute("data-order-id", failed_order)
 
@@ -468,7 +498,7 @@ def test_the_health_view_says_when_the_supervisor_holds_retries_back(page, stack
 
 
 def test_an_error_order_settled_by_hand_is_closed_then_purged(page, stack, store):
-    """Last in this module: the purge removes every finished order of the stack."""
+    """Last in this module: the purge takes the Closed orders of the stack."""
     settled = error_order(stack, store, PROCESSED + 2)
     page.goto(f"{stack.api_url}/api/dashboard#order={settled}")
     expect(page.locator("#timeline-state")).to_have_text("Error")
@@ -480,18 +510,72 @@ def test_an_error_order_settled_by_hand_is_closed_then_purged(page, stack, store
     expect(page.locator("#resubmit-box")).to_be_hidden()
     expect(page.locator("#resubmit-outcome")).to_have_text("closed: now Closed")
     closing = [(e.actor, e.detail) for e in store.get_history(settled) if e.kind == "closed"]
-    assert closing == [("dashboard", "refunded by hand")]
+    assert closing == [(ACTOR, "refunded by hand")]
 
     # The operator's CLI, a process of its own, on the settings the stack wrote.
     settings = str(stack.devhost.log_dir.parent / "local.settings.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SAS_", "SasStorage"))}
     done = subprocess.run(
         [sys.executable, "-m", "sas_cli", "--settings", settings, "purge", "--older-than", "0s",
-         "--yes"],
+         "--state", "Closed", "--actor", "purger", "--yes"],
         capture_output=True, text=True, timeout=120, env=env, check=False,
     )  # fmt: skip
-    assert done.returncode == 0 and "purged" in done.stdout, done.stderr
+    assert done.returncode == 0 and "purged 1 of 1" in done.stdout, done.stderr
     assert store.get_state(settled) is None
     page.fill("#find-order", settled)
     page.press("#find-order", "Enter")
     expect(page.locator("#find-outcome")).to_contain_text(f"order {settled}: 404")
+    # The audit keeps both acts on the order the purge removed, newest first.
+    acts = page.locator(f"#audit tbody tr[data-target='{settled}']")
+    expect(acts).to_have_count(2)
+    expect(acts.nth(0)).to_contain_text("purger")
+    expect(acts.nth(0)).to_have_attribute("data-action", "purge")
+    expect(acts.nth(1)).to_have_attribute("data-action", "close")
+    expect(acts.nth(1)).to_contain_text(ACTOR)
+    expect(acts.nth(1)).to_contain_text("refunded by hand")
+
+
+def test_nothing_is_done_without_a_name_for_the_audit_trail(stack, browser, store):
+    failed_order = error_order(stack, store, PROCESSED + 4)
+    opened = browser.new_page()
+    try:
+        opened.goto(f"{stack.api_url}/api/dashboard#order={failed_order}")
+        expect(opened.locator("#resubmit")).to_be_visible()
+        expect(opened.locator("#actor")).to_have_value("")
+        opened.click("#resubmit")
+        expect(opened.locator("#resubmit-outcome")).to_contain_text("say who is acting first")
+        expect(opened.locator("#actor")).to_be_focused()
+        assert state_of(store, failed_order) is ProcessState.ERROR
+    finally:
+        opened.close()
+
+
+def test_at_800_px_times_errors_and_actions_stay_in_view(stack, browser, store, failed_order):
+    park_one(stack, store)
+    opened = browser.new_page(viewport={"width": 800, "height": 900})
+    try:
+        opened.goto(f"{stack.api_url}/api/dashboard")
+        expect(opened.locator("#orders tbody tr").first).to_be_visible()
+        expect(opened.locator("#parked tbody tr").first).to_be_visible()
+        assert opened.evaluate("document.documentElement.scrollWidth") <= 800
+        for cell in (
+            "#orders th:has-text('Submitted')",
+            "#orders th:has-text('Updated')",
+            "#orders th:has-text('Last error')",
+            "#parked .replay",
+            "#parked .discard",
+        ):
+            box = opened.locator(cell).first.bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 800, cell
+            # inside its scrolling table too, not hidden past its right edge
+            visible = opened.locator(cell).first.evaluate(
+                "n => { const s = n.closest('.scroll'); if (!s) return true;"
+                " const a = n.getBoundingClientRect(), b = s.getBoundingClientRect();"
+                " return a.right <= b.right + 1; }"
+            )
+            assert visible, cell
+        opened.goto(f"{stack.api_url}/api/dashboard#order={failed_order}")  # results wrap
+        expect(opened.locator("#steps tbody tr").first).to_be_visible()
+        assert opened.evaluate("document.documentElement.scrollWidth") <= 800
+    finally:
+        opened.close()

@@ -5,12 +5,12 @@ decides alone (a bad query refused, a submission's lane): tests/unit/test_operat
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from sas.adapters.table_store import TableStateStore
-from sas.domain.model import HistoryEntry, ProcessState
+from sas.domain.model import AuditEntry, HistoryEntry, ProcessState
 from sas.services.operator import OrderQuery
 from sas.testing import refuse
 from tests.harness import World
@@ -159,3 +159,43 @@ def test_orders_updated_since_a_time_are_found_and_older_ones_not(mixed: World) 
     assert found == {"broken", "waiting"}
     everything = mixed.store.query_states(updated_after=now - timedelta(hours=2))
     assert {v.value.order_id for v in everything} == {"done-a", "done-b", "broken", "waiting"}
+
+
+def test_purge_by_state_and_id_audits_each_and_the_audit_outlives_the_order(mixed: World):
+    mixed.operator.close("broken", actor="alice", reason="refunded by hand")
+    mixed.clock.advance(1)
+    report = mixed.operator.purge(
+        timedelta(0), states={ProcessState.CLOSED}, actor="bob", dry_run=False
+    )
+    assert [s.order_id for s in report.candidates] == ["broken"] and report.purged == 1
+    assert _rows(mixed, "broken") == [] and mixed.store.get_state("done-a") is not None
+    mixed.clock.advance(1)
+    report = mixed.operator.purge(
+        None, order_ids=["done-a", "nosuch", "waiting", "done-a"], actor="bob", dry_run=False
+    )
+    assert [s.order_id for s in report.candidates] == ["done-a"] and report.purged == 1
+    assert report.unmatched == ["nosuch", "waiting"]  # no such order; not finished
+    assert mixed.store.get_state("done-b") is not None
+    entries = mixed.operator.audit(10)
+    assert [(e.action, e.target, e.actor) for e in entries] == [
+        ("purge", "done-a", "bob"),
+        ("purge", "broken", "bob"),
+        ("close", "broken", "alice"),
+    ]
+    assert entries[2].reason == "refunded by hand" and entries[1].detail == "Closed strict order"
+    assert [e.action for e in mixed.operator.audit(10, target="broken")] == ["purge", "close"]
+    assert [e.target for e in mixed.operator.audit(10, actor="alice")] == ["broken"]
+    assert [e.target for e in mixed.operator.audit(1, action="purge")] == ["done-a"]
+
+
+def test_the_audit_is_newest_first_across_months_and_many_rows(world: World) -> None:
+    late_november = datetime(2026, 11, 30, 23, 59, tzinfo=UTC)
+    entries = [
+        AuditEntry(late_november + timedelta(seconds=n), "ops", "purge", f"o{n:03d}")
+        for n in range(150)  # two transactions in November, the rest in December
+    ]
+    world.store.append_audit(entries)
+    listed = world.store.list_audit(1000)
+    assert [e.target for e in listed] == [f"o{n:03d}" for n in reversed(range(150))]
+    assert listed[0].at == entries[-1].at and listed[-1].at.month == 11
+    assert [e.target for e in world.store.list_audit(2, target="o000")] == ["o000"]

@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 from sas.domain.errors import ConcurrencyConflict
 from sas.domain.model import OrderState, ProcessState
 from sas.entrypoints.http_api import api
+from sas.entrypoints.request_limits import MAX_BODY_BYTES
 from sas.services.operator import Operator
 from sas.testing import refuse
 from tests.harness import World
@@ -158,3 +159,79 @@ def test_the_api_refuses_details_its_workflow_refuses_and_sends_nothing(
     assert response.status_code == 422, response.text
     assert reason in response.text and "SECRET" not in response.text
     assert empty.bus.sent == []
+
+
+def test_orders_are_filtered_by_workflow_and_an_unknown_one_is_refused(client, orders):
+    assert ids(client.get("/api/orders", params={"workflow": STRICT.name})) == {"failed"}
+    assert "failed" not in ids(client.get("/api/orders", params={"workflow": "order"}))
+    refused = client.get("/api/orders", params={"workflow": "ordr"})
+    assert refused.status_code == 422 and "no workflow 'ordr' is deployed" in refused.text
+    report = client.post("/api/orders/resubmit", json={"workflow": "order"}).json()
+    assert report["orders"] == []  # the Error order is of the other workflow
+
+
+@pytest.mark.parametrize(
+    ("path", "params"),
+    [
+        ("/api/orders", {"workflw": "order"}),
+        ("/api/orders", {"state": "Error", "sate": "Error"}),
+        ("/api/parked", {"by": "app"}),
+        ("/api/orders/failed", {"verbose": "1"}),
+        ("/api/health", {"x": "1"}),
+    ],
+)
+def test_an_unknown_query_parameter_is_refused_by_name(client, orders, path, params):
+    response = client.get(path, params=params)
+    assert response.status_code == 422, response.text
+    unknown = set(params) - {"state"}
+    assert {tuple(e["loc"]) for e in response.json()["detail"]} == {
+        ("query", name) for name in unknown
+    }
+    assert "this route takes" in response.text
+
+
+def test_the_function_key_parameter_goes_with_every_route(client, orders):
+    assert ids(client.get("/api/orders", params={"code": "k", "state": "Error"})) == {"failed"}
+    assert client.get("/api/health", params={"code": "k"}).status_code == 200
+
+
+def test_a_body_over_the_limit_is_refused_unread(client, empty):
+    huge = b'{"order_id": "' + b"x" * (MAX_BODY_BYTES + 1) + b'"}'
+    response = client.post(
+        "/api/orders", content=huge, headers={"content-type": "application/json"}
+    )
+    assert response.status_code == 413 and "over 1048576 bytes" in response.text
+    assert empty.bus.sent == []
+
+    def streamed() -> Any:  # no content-length (chunked): counted as it comes
+        for _ in range(17):
+            yield b"x" * 65536
+
+    response = client.post("/api/orders", content=streamed())
+    assert response.status_code == 413
+    assert empty.bus.sent == []
+
+
+def test_bulk_resubmit_names_the_ids_it_was_given_that_no_longer_match(client, orders):
+    report = client.post(
+        "/api/orders/resubmit",
+        json={"dry_run": False, "order_ids": ["failed", "new-normal", "nosuch", "failed"]},
+    ).json()
+    assert {e["order_id"]: e["outcome"] for e in report["orders"]} == {"failed": "done"}
+    assert report["not_matched"] == ["new-normal", "nosuch"]
+    assert orders.state("new-normal").process_state is ProcessState.PROCESSED
+
+
+def test_the_audit_log_lists_operators_actions_newest_first(client, orders):
+    assert client.post("/api/orders/failed/resubmit", json={"actor": "alice"}).status_code == 200
+    answer = client.post("/api/orders", params={"actor": "carol"}, json={**VALID_ORDER})
+    assert answer.status_code == 202, answer.text
+    log = client.get("/api/audit").json()
+    assert [(e["action"], e["target"], e["actor"]) for e in log] == [
+        ("submit", "o1", "carol"),
+        ("resubmit", "failed", "alice"),
+    ]
+    signed = client.get("/api/audit", params={"actor": "alice", "action": "resubmit"}).json()
+    assert [e["target"] for e in signed] == ["failed"]
+    refused = client.get("/api/audit", params={"action": "frobnicate"})
+    assert refused.status_code == 422 and "no action 'frobnicate'" in refused.text

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -115,6 +118,8 @@ def listed(capsys: pytest.CaptureFixture[str]) -> list[str]:
         (["submit", "order", DETAILS, "--reply-to", "sas-orders"], "reply_to"),
         (["submit", "order", DETAILS, "--priority", "urgent"], "invalid choice: 'urgent'"),
         (["submit", "order", DETAILS, "--order-id", "a/b"], "not an order id"),
+        (["submit", "order", "[" * 3000 + "]" * 3000], "nested too deeply"),
+        (["submit", "order", '{"a": ' * 3000 + "1" + "}" * 3000], "nested too deeply"),
     ],
 )
 def test_a_bad_submission_is_refused_and_sends_nothing(mixed, capsys, argv, said):
@@ -133,6 +138,8 @@ def test_a_bad_submission_is_refused_and_sends_nothing(mixed, capsys, argv, said
         (["list", "--newer-than=-5m"], "not a duration"),
         (["list", "--limit", "0"], "not a limit"),
         (["list", "--limit", "1001"], "not a limit"),
+        (["list", "--workflow", "ordr"], "no workflow 'ordr' is deployed: one of"),
+        (["resubmit", "--all", "--workflow", "ordr"], "no workflow 'ordr' is deployed"),
         (["status"], "required: order_id"),
         (["status", "no#such"], "not an order id"),
         (["frobnicate"], "invalid choice"),
@@ -178,7 +185,9 @@ def test_an_order_id_with_more_after_it_never_reaches_that_order(mixed, capsys, 
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (["purge"], "required: --older-than"),
+        (["purge"], "give order ids, or --older-than"),
+        (["purge", "--older-than", "1d", "--state", "Error"], "not Error"),
+        (["purge", "a/b"], "not an order id"),
         (["purge", "--older-than", "thirty days"], "not a duration"),
         (["purge", "--older-than", "30d", "--limit", "x"], "not a limit"),
     ],
@@ -234,3 +243,71 @@ def test_help_lists_every_command(monkeypatch, environment, capsys):
     for gone in ("rejected", "poison"):  # one noun for parked messages now
         code, out, err = sas(capsys, gone, "list")
         assert code == 2 and out == "" and "invalid choice" in err
+
+
+def test_list_and_resubmit_all_filter_by_workflow(mixed, capsys):
+    assert set(listed(capsys)) == {"done-a", "broken", "running"}
+    of_order = sas_json(capsys, "list", "--workflow", "order")
+    assert {state["order_id"] for state in of_order} == {"done-a", "running"}
+    assert [s["order_id"] for s in sas_json(capsys, "list", "--workflow", STRICT.name)] == [
+        "broken"
+    ]
+    code, out, _ = sas(capsys, "resubmit", "--all", "--workflow", "order")
+    assert code == 0 and "broken" not in out and "of workflow order" in out
+    assert mixed.state("broken").process_state is ProcessState.ERROR  # a dry run, elsewhere
+
+
+@pytest.mark.parametrize(
+    ("argv", "explained"),
+    [
+        (["list"], ["--json", "print JSON", "--settings", "Pending, Processing", "1 to 1000"]),
+        (["list"], ["like 90s, 15m, 2h, 7d", "--workflow"]),
+        (["health"], ["1 to 10080", "waiting alerts, 1 to 100"]),
+        (["purge"], ["finished more than AGE ago", "per run"]),
+        (["parked", "list"], ["parked more than AGE ago", "1 to 1000"]),
+    ],
+)
+def test_every_option_says_what_it_takes(monkeypatch, environment, capsys, argv, explained):
+    on_memory(monkeypatch, None)
+    assert run([*argv, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in explained:
+        assert text in out, text
+
+
+def test_a_reader_that_stops_early_is_no_error():
+    """`sas list --json | head -1`: the rest goes nowhere, no traceback, exit 0 (a megabyte
+    printed, past any pipe's buffer, by a stand-in for the command)."""
+    program = (
+        "from sas_cli import commands\n"
+        "commands.run = lambda: print('x' * 1_000_000) or 0\n"
+        "commands.main()\n"
+    )
+    shell = f"{shlex.quote(sys.executable)} -c {shlex.quote(program)} | head -c 1"
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, check=False
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "x", "")
+
+
+def test_submit_close_and_purge_are_in_the_audit_log_which_outlives_the_purge(mixed, capsys):
+    code, _, err = sas(
+        capsys, "submit", "order", DETAILS, "--order-id", "fresh", "--actor", "carol"
+    )
+    assert code == 0, err
+    code, _, err = sas(capsys, "close", "broken", "--reason", "refunded", "--actor", "alice")
+    assert code == 0, err
+    mixed.clock.advance(60)
+    code, out, _ = sas(capsys, "purge", "broken", "running", "nosuch", "--yes", "--actor", "bob")
+    assert code == 1 and "purged 1 of 1" in out and "running, nosuch" in out
+    assert mixed.store.get_state("broken") is None and mixed.store.get_state("running")
+    log = sas_json(capsys, "audit")
+    assert [(e["action"], e["target"], e["actor"]) for e in log] == [
+        ("purge", "broken", "bob"),
+        ("close", "broken", "alice"),
+        ("submit", "fresh", "carol"),
+    ]
+    assert log[1]["reason"] == "refunded"
+    assert [e["action"] for e in sas_json(capsys, "audit", "--actor", "alice")] == ["close"]
+    code, out, err = sas(capsys, "audit", "--action", "cancel")
+    assert code == 2 and "invalid choice" in err

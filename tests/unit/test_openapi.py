@@ -35,8 +35,8 @@ def test_every_route_the_dashboard_calls_is_documented_with_a_description() -> N
         assert paths[path][method]["description"], f"{method.upper()} {path}"
     filters = {p["name"] for p in paths["/api/orders"]["get"]["parameters"]}
     assert filters == {
-        "state", "priority", "older_than_seconds", "newer_than_seconds", "submitted_from",
-        "submitted_until", "step", "error", "limit", "offset",
+        "state", "priority", "workflow", "older_than_seconds", "newer_than_seconds",
+        "submitted_from", "submitted_until", "step", "error", "limit", "offset",
     }  # fmt: skip
     parked = {p["name"] for p in paths["/api/parked"]["get"]["parameters"]}
     assert parked == {"parked_by", "queue", "reason", "older_than_seconds", "limit"}

@@ -45,6 +45,7 @@ from sas.domain.messages import (
     StepRequest,
 )
 from sas.domain.model import (
+    AuditEntry,
     HistoryEntry,
     LiveMarker,
     MissingDefinition,
@@ -324,6 +325,19 @@ class AuditingStore:
 
     def drop_parked(self, parked_id: str) -> bool:
         return self.inner.drop_parked(parked_id)
+
+    def append_audit(self, entries: Sequence[AuditEntry]) -> None:
+        self.inner.append_audit(entries)
+
+    def list_audit(
+        self,
+        limit: int,
+        *,
+        action: str | None = None,
+        actor: str | None = None,
+        target: str | None = None,
+    ) -> list[AuditEntry]:
+        return self.inner.list_audit(limit, action=action, actor=actor, target=target)
 
     def get_missing(self, key: str) -> MissingDefinition | None:
         return self.inner.get_missing(key)

@@ -3,6 +3,7 @@
 // so nothing an order or a message carries can become markup.
 (() => {
   const REFRESH_MS = 2000;
+  const ACTOR_KEY = "sas.actor";
   const HEALTH_EVERY = 5;  // refreshes: the health view reads every order of its window
   const STATES = [
     "Pending", "Processing", "Compensating", "Processed", "Compensated", "Error", "Closed",
@@ -132,14 +133,16 @@
     if (priority) query.set("priority", priority);
     if (older !== "") query.set("older_than_seconds", String(Number(older) * 60));
     if (newer !== "") query.set("newer_than_seconds", String(Number(newer) * 60));
-    for (const name of ["step", "error"]) {
+    for (const name of ["workflow", "step", "error"]) {
       const value = $(`filter-${name}`).value.trim();
       if (value) query.set(name, value);
     }
-    // The inputs hold UTC wall time, as the page shows every time.
+    // The inputs hold UTC wall time, as the page shows every time, 24-hour, seconds optional.
     for (const [name, id] of [["submitted_from", "filter-from"], ["submitted_until", "filter-until"]]) {
-      const value = $(id).value;
-      if (value) query.set(name, `${value.length === 16 ? `${value}:00` : value}Z`);
+      const value = $(id).value.trim().replace(" ", "T");
+      if (!value) continue;
+      const full = value.length === 10 ? `${value}T00:00:00` : value.length === 16 ? `${value}:00` : value;
+      query.set(name, `${full}Z`);
     }
     query.set("limit", $("filter-limit").value || "50");
     return query.toString();
@@ -165,9 +168,11 @@
 
   function bulkRequest(dryRun) {
     const query = new URLSearchParams(ordersQuery());
-    const request = { actor: "dashboard", dry_run: dryRun, limit: Number(query.get("limit")) };
+    const request = {
+      actor: actorName() ?? "dashboard", dry_run: dryRun, limit: Number(query.get("limit")),
+    };
     if (!dryRun) request.order_ids = bulkIds;
-    for (const name of ["priority", "step", "error"]) {
+    for (const name of ["priority", "workflow", "step", "error"]) {
       if (query.get(name)) request[name] = query.get(name);
     }
     for (const name of ["older_than_seconds", "newer_than_seconds"]) {
@@ -196,14 +201,17 @@
   }
 
   async function bulkRun() {
+    if (actor($("bulk-outcome")) === null) return;
     $("bulk-confirm").hidden = true;
     try {
       const report = await bulkRequest(false);
       const done = report.orders.filter((entry) => entry.outcome === "done").length;
       const refused = report.orders.filter((entry) => entry.outcome !== "done")
         .map((entry) => `${entry.order_id} (${entry.outcome})`);
+      const gone = report.not_matched ?? [];
       $("bulk-outcome").textContent = `resubmitted ${done} of ${report.matched}`
-        + (refused.length ? `; ${refused.join("; ")}` : "");
+        + (refused.length ? `; ${refused.join("; ")}` : "")
+        + (gone.length ? `; no longer matched, left alone: ${gone.join(", ")}` : "");
       $("bulk-outcome").dataset.done = String(done);
     } catch (error) {
       $("bulk-outcome").textContent = `not resubmitted: ${error.message}`;
@@ -215,7 +223,8 @@
     const rows = orders.map((order) => {
       const tr = row(
         [
-          el("code", order.order_id), stateBadge(order.process_state, order.mode), order.priority,
+          el("code", order.order_id), order.workflow, stateBadge(order.process_state, order.mode),
+          order.priority,
           stepLabel(order), order.attempt, order.failure_count,
           when(order.submitted_at), when(order.updated_at),
           el("span", order.last_error ?? "", { class: "error" }),
@@ -327,7 +336,24 @@
       }
       chart.append(group);
     });
-    $("throughput").replaceChildren(chart);
+    // The scale: the first interval's start, the tallest bar's count, the window's end.
+    const buckets = report.buckets;
+    const size = buckets.length > 1 ? new Date(buckets[1].start) - new Date(buckets[0].start) : 0;
+    const end = buckets.length ? new Date(new Date(buckets[buckets.length - 1].start).getTime() + size) : null;
+    const axis = el("div", null, { class: "axis" });
+    axis.append(
+      buckets.length ? when(buckets[0].start) : el("span", "—"),
+      el("span", `tallest bar: ${top} order(s) per ${Math.round(size / 60000)} min`, { class: "scale" }),
+      end ? when(end.toISOString()) : el("span", "—"),
+    );
+    $("throughput").replaceChildren(chart, axis);
+  }
+
+  // A breaker whose time is up lets a probe through: "until" a past time would mislead.
+  function openUntil(endpoint) {
+    if (endpoint.breaker === "closed" || !endpoint.opened_until) return "—";
+    if (new Date(endpoint.opened_until) <= new Date()) return "probing now";
+    return when(endpoint.opened_until);
   }
 
   function renderHealth(report) {
@@ -335,8 +361,10 @@
     const rate = report.failure_rate === null ? "no order finished"
       : `failure rate ${(report.failure_rate * 100).toFixed(1)}%`;
     const submitted = report.buckets.reduce((sum, b) => sum + b.submitted, 0);
-    $("health-summary").textContent = `${submitted} submitted, ${report.finished} finished, `
-      + `${report.failed} failed (${rate}) since ${when(report.since).textContent}`
+    const closed = report.buckets.reduce((sum, b) => sum + b.closed, 0);
+    $("health-summary").textContent = `${submitted} submitted, ${report.finished} finished`
+      + (closed ? `, ${closed} closed by an operator` : "")
+      + `, ${report.failed} failed (${rate}) since ${when(report.since).textContent}`
       + (report.problems.length ? ` · not read: ${report.problems.join("; ")}` : "")
       + (report.waiting || []).map((w) => ` · ${w.orders} order(s) wait: ${w.reason}`).join("")
       + (report.saturated
@@ -347,7 +375,7 @@
     fill($("endpoints").tBodies[0], report.endpoints.map((e) => row(
       [el("code", e.target),
         el("span", e.breaker.replace("_", " "), { class: "breaker", "data-breaker": e.breaker }),
-        e.consecutive_failures, e.breaker === "closed" ? "—" : when(e.opened_until),
+        e.consecutive_failures, openUntil(e),
         e.capacity === null ? e.in_flight : `${e.in_flight} of ${e.capacity}`, e.processes],
       { "data-target": e.target, "data-breaker": e.breaker },
     )));
@@ -364,12 +392,21 @@
     $("alerts-empty").hidden = report.alerts.length > 0;
   }
 
+  function renderAudit(entries) {
+    fill($("audit").tBodies[0], entries.map((entry) => row(
+      [when(entry.at), entry.actor, entry.action, el("code", shortId(entry.target), { title: entry.target }),
+        entry.reason, entry.detail],
+      { "data-action": entry.action, "data-target": entry.target },
+    )));
+    $("audit-empty").hidden = entries.length > 0;
+  }
+
   // One table for both kinds: "app" (bad input the app refused) and "host" (what the
   // Functions host gave up on, in a poison or dead-letter queue).
   function renderParked(parked) {
     fill($("parked").tBodies[0], parked.map((message) => row(
       [el("span", message.parked_by, { class: "by", "data-by": message.parked_by }),
-        el("code", message.id, { class: "id" }), message.queue, message.function,
+        el("code", shortId(message.id), { class: "id", title: message.id }), message.queue, message.function,
         age(message.age_seconds), message.delivery_count,
         el("span", message.reason, { class: "error" }),
         el("span", message.body_text ?? `(binary) ${message.body_base64}`, { class: "body" }),
@@ -382,6 +419,12 @@
     $("parked-shown").title = parked.more
       ? "a Storage poison queue shows its first 32: settle these, then more appear" : "";
     $("parked-empty").hidden = parked.length > 0;
+  }
+
+  // Host-parked ids are long Base64 (60 characters): the start and the end tell them apart;
+  // the title, the actions and `sas parked` take the whole id. The app's ids are shown whole.
+  function shortId(id) {
+    return id.length <= 40 ? id : `${id.slice(0, 12)}…${id.slice(-10)}`;
   }
 
   function parkedFilters() {
@@ -412,7 +455,7 @@
     confirm.hidden = true;
     try {
       const report = await call("POST", `/api/parked/${verb}`,
-        { ...parkedFilters(), actor: "dashboard", dry_run: true, limit: 100 });
+        { ...parkedFilters(), actor: actorName() ?? "dashboard", dry_run: true, limit: 100 });
       const ids = report.messages.map((m) => m.id);
       parkedBulk = { verb, ids };
       const done = verb === "replay" ? "replayed" : "discarded";
@@ -430,16 +473,20 @@
   async function parkedBulkRun() {
     const { verb, ids } = parkedBulk;
     const outcome = $("parked-bulk-outcome");
+    const who = actor(outcome);
+    if (who === null) return;
     $("parked-bulk-confirm").hidden = true;
     const done = verb === "replay" ? "replayed" : "discarded";
     try {
       const report = await call("POST", `/api/parked/${verb}`,
-        { ...parkedFilters(), actor: "dashboard", dry_run: false, limit: 100, ids });
+        { ...parkedFilters(), actor: who, dry_run: false, limit: 100, ids });
       const ok = report.messages.filter((m) => m.outcome === "done").length;
       const refused = report.messages.filter((m) => m.outcome !== "done")
         .map((m) => `${m.id} (${m.outcome})`);
       outcome.textContent = `${done} ${ok} of ${report.matched}`
         + (refused.length ? `; ${refused.join("; ")}` : "")
+        + ((report.not_matched ?? []).length
+          ? `; no longer matched, left alone: ${report.not_matched.join(", ")}` : "")
         + (report.more_unlisted ? "; more may be parked than were listed: check again" : "");
       outcome.dataset.done = String(ok);
     } catch (error) {
@@ -484,8 +531,10 @@
 
   async function parkedAction(id, done, method, suffix) {
     const outcome = $("parked-outcome");
+    const who = actor(outcome);
+    if (who === null) return;
     try {
-      await call(method, `/api/parked/${encodeURIComponent(id)}${suffix}`);
+      await call(method, `/api/parked/${encodeURIComponent(id)}${suffix}?actor=${encodeURIComponent(who)}`);
       outcome.textContent = `${done} ${id}`;
       outcome.dataset.outcome = "ok";
     } catch (error) {
@@ -520,6 +569,7 @@
       }),
       !health ? null : attempt("health", () => call("GET", `/api/health/report?minutes=${minutes}`),
         (report) => { if ($("health-minutes").value === minutes) renderHealth(report); }),
+      attempt("audit", () => call("GET", "/api/audit?limit=20"), renderAudit),
       openOrder === null ? null : attempt(
         "order", () => call("GET", `/api/orders/${encodeURIComponent(openOrder)}`), renderTimeline,
       ),
@@ -567,6 +617,7 @@
     }
     try {
       renderTimeline(await call("GET", `/api/orders/${encodeURIComponent(orderId)}`));
+      $("timeline").scrollIntoView({ block: "start" });
     } catch (error) {
       closeTimeline();
       $("find-outcome").textContent = `order ${orderId}: ${error.message}`;
@@ -583,6 +634,8 @@
     const orderId = openOrder;
     const outcome = $("resubmit-outcome");
     const reason = $("close-reason").value.trim();
+    const who = actor(outcome);
+    if (who === null) return;
     if (!reason) {
       outcome.textContent = "not closed: say how it was settled";
       outcome.dataset.outcome = "refused";
@@ -590,7 +643,7 @@
     }
     try {
       const state = await call(
-        "POST", `/api/orders/${encodeURIComponent(orderId)}/close`, { reason, actor: "dashboard" },
+        "POST", `/api/orders/${encodeURIComponent(orderId)}/close`, { reason, actor: who },
       );
       outcome.textContent = `closed: now ${state.process_state}`;
       outcome.dataset.outcome = "closed";
@@ -606,10 +659,12 @@
     const orderId = openOrder;
     const button = $("resubmit");
     const outcome = $("resubmit-outcome");
+    const who = actor(outcome);
+    if (who === null) return;
     button.disabled = true;
     try {
       const state = await call(
-        "POST", `/api/orders/${encodeURIComponent(orderId)}/resubmit`, { actor: "dashboard" },
+        "POST", `/api/orders/${encodeURIComponent(orderId)}/resubmit`, { actor: who },
       );
       outcome.textContent = `resubmitted: now ${state.process_state}`;
       outcome.dataset.outcome = "ok";
@@ -622,7 +677,45 @@
     await refresh();
   }
 
+  // Who acts: the signed-in user where App Service sign-in is on (the API takes that name
+  // whatever the page sends), else the name typed in "Acting as", kept in this browser.
+  let signedIn = null;
+
+  function actorName() {
+    return signedIn ?? ($("actor").value.trim() || null);
+  }
+
+  function actor(outcome) {
+    const name = actorName();
+    if (name !== null) {
+      if (signedIn === null) localStorage.setItem(ACTOR_KEY, name);
+      return name;
+    }
+    outcome.textContent = "say who is acting first: your name in “Acting as”, at the top";
+    outcome.dataset.outcome = "refused";
+    $("actor").focus();
+    return null;
+  }
+
+  async function whoIsSignedIn() {
+    try {
+      const response = await fetch("/.auth/me", { credentials: "same-origin", cache: "no-store" });
+      if (!response.ok) return;
+      const me = await response.json();
+      const name = Array.isArray(me) && me[0] ? me[0].user_id : null;
+      if (!name) return;
+      signedIn = String(name);
+      $("actor-box").hidden = true;
+      $("signed-in").textContent = `signed in as ${signedIn}`;
+      $("signed-in").hidden = false;
+    } catch {
+      // no App Service sign-in here: the typed name it is
+    }
+  }
+
   function init() {
+    $("actor").value = localStorage.getItem(ACTOR_KEY) ?? "";
+    whoIsSignedIn();
     const select = $("filter-state");
     for (const state of STATES) select.append(el("option", state));
     if (key) {
