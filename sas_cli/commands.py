@@ -138,6 +138,19 @@ LIMIT_HELP = f"at most this many, 1 to {MAX_QUERY_LIMIT}"
 AGE_HELP = "a whole number and s, m, h or d, like 90s, 15m, 2h, 7d"
 
 
+def _actor_name(text: str) -> str:
+    name = text.strip()
+    if not 1 <= len(name) <= 100:
+        raise UsageError("an actor is a name of 1 to 100 characters")
+    return name
+
+
+def _actor_option(command: Any) -> None:
+    command.add_argument(
+        "--actor", type=_arg(_actor_name), default=_actor(), help="who, for the audit log"
+    )
+
+
 def _actor() -> str:
     return os.environ.get("USER") or os.environ.get("USERNAME") or "operator"
 
@@ -179,7 +192,7 @@ def parser() -> argparse.ArgumentParser:
     submit.add_argument("--priority", choices=PRIORITIES, default=DEFAULT_PRIORITY)
     submit.add_argument("--reply-to", metavar="QUEUE", help="your status queue")
     submit.add_argument("--status-events", choices=("outcome", "steps"), default="outcome")
-    submit.add_argument("--actor", default=_actor(), help="who, for the audit log")
+    _actor_option(submit)
 
     command("status", _status, "one order's state").add_argument("order_id", type=_arg(_order_id))
     command("history", _history, "one order's timeline: history and completed steps").add_argument(
@@ -221,7 +234,7 @@ def _keeping_commands(command: Command) -> None:
         help="only in this state: Processed, Compensated or Closed (again for more; default: "
         "all three)",
     )  # fmt: skip
-    purge.add_argument("--actor", default=_actor(), help="who, for the audit log")
+    _actor_option(purge)
     purge.add_argument("--yes", action="store_true", help="delete them (default: only list)")
     purge.add_argument(
         "--limit", type=_arg(_limit), default=MAX_QUERY_LIMIT, help=f"{LIMIT_HELP} per run"
@@ -268,7 +281,7 @@ def _resubmit_command(command: Any) -> None:
         "filters (a dry run unless --yes)",
     )
     again.add_argument("order_id", nargs="?", type=_arg(_order_id))
-    again.add_argument("--actor", default=_actor(), help="who, for the audit trail")
+    _actor_option(again)
     again.add_argument("--all", action="store_true", help="every Error order the filters match")
     _order_filters(again)
     again.add_argument("--limit", type=_arg(_limit), help="with --all: at most (default 100)")
@@ -276,7 +289,7 @@ def _resubmit_command(command: Any) -> None:
     closing = command("close", _close, "close an Error order settled by hand, with the reason")
     closing.add_argument("order_id", type=_arg(_order_id))
     closing.add_argument("--reason", required=True, help="how it was settled (kept in history)")
-    closing.add_argument("--actor", default=_actor(), help="who, for the audit trail")
+    _actor_option(closing)
 
 
 def _parked_commands(commands: Any, command: Command) -> None:
@@ -301,7 +314,7 @@ def _parked_commands(commands: Any, command: Command) -> None:
         one.add_argument(
             "message_id", nargs="?", metavar="ID", help="the id `sas parked list` shows, whole"
         )
-        one.add_argument("--actor", default=_actor(), help="who, for the log")
+        _actor_option(one)
         one.add_argument("--all", action="store_true", help="every one the filters match")
         _parked_filters(one)
         one.add_argument("--limit", type=_arg(_limit), help="with --all: at most (default 100)")
@@ -356,7 +369,7 @@ def _alias_commands(commands: Any, command: Command) -> None:
     command("show", _history, "= sas history", old).add_argument("order_id", type=_arg(_order_id))
     old_resubmit = command("resubmit", _resubmit, "= sas resubmit", old)
     old_resubmit.add_argument("order_id", type=_arg(_order_id))
-    old_resubmit.add_argument("--actor", default=_actor())
+    _actor_option(old_resubmit)
     old_resubmit.set_defaults(
         all=False,
         yes=False,
@@ -721,8 +734,8 @@ def _purge(operator: Operator, args: argparse.Namespace) -> int:
             print(f"purged {report.purged} of {found} order(s) finished before {cutoff}")
         if report.unmatched:
             print(
-                "not purged (no such order, not finished for good, another state, or too "
-                f"recent): {', '.join(report.unmatched)}"
+                "not purged (no such order, not finished for good, another state, too recent, "
+                f"or past --limit): {', '.join(report.unmatched)}"
             )
     if missed:
         return _fail(1, f"{missed} order(s) changed while being purged and were kept")
@@ -773,15 +786,42 @@ def main() -> None:
     # The app's own warnings (a retried read, a clock estimate) are its logs, not the
     # command's output: the command reports its own outcome.
     logging.basicConfig(level=logging.ERROR, format="sas: %(levelname)s: %(message)s")
-    try:
-        code = run()
-        sys.stdout.flush()
-    except BrokenPipeError:
-        # The reader stopped reading (`sas list --json | head`): what it wanted, it got.
-        # Python flushes stdout again at exit; pointing it at devnull keeps that quiet.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = 0
+    sys.stdout = ReaderSafe(sys.stdout)
+    code = run()
+    sys.stdout.flush()
     sys.exit(code)
+
+
+class ReaderSafe:
+    """stdout that, once its reader has gone (`sas list --json | head`), drops the rest: no
+    traceback, and the command ends with its own exit code and its own stderr lines."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return int(self._stream.write(text))
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        # What is still buffered would fail again when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 if __name__ == "__main__":

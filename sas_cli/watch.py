@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ def watch(
     line per refresh, for scripts, instead of the live view."""
     if as_json:
         done = 0
-        while iterations is None or done < iterations:
+        while (iterations is None or done < iterations) and not _reader_gone():
             if done:
                 sleep(interval)
             print(json.dumps(snapshot(operator, clock(), failures).document()), flush=True)
@@ -76,7 +77,12 @@ def watch(
     first = snapshot(operator, clock(), failures)
     with Live(first.render(heading), console=console, auto_refresh=False) as live:
         done = 1
-        while iterations is None or done < iterations:
+        while (iterations is None or done < iterations) and not _reader_gone():
             sleep(interval)
             live.update(snapshot(operator, clock(), failures).render(heading), refresh=True)
             done += 1
+
+
+def _reader_gone() -> bool:
+    """Nobody reads the output any more (sas_cli.commands.ReaderSafe): stop refreshing it."""
+    return bool(getattr(sys.stdout, "gone", False))

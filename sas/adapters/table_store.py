@@ -543,7 +543,7 @@ def _named_index(error: TableTransactionError) -> int | None:
 def _audit_entity(entry: AuditEntry) -> dict[str, Any]:
     row = {
         "PartitionKey": audit_partition(entry.at),
-        "RowKey": audit_row_key(entry.at, uuid.uuid4().hex[:8]),
+        "RowKey": audit_row_key(entry.at, uuid.uuid4().hex[:16]),
         "At": entry.at,
         "Actor": entry.actor[:100],
         "Action": entry.action,

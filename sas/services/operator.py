@@ -124,7 +124,7 @@ class PurgeReport:
     """Orders whose rows were all deleted: 0 on a dry run."""
     unmatched: list[str] = field(default_factory=list)
     """Ids asked for that are not purged: no such order, not finished for good, not in the
-    states asked for, or too recent."""
+    states asked for, too recent, or past the limit."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,12 @@ class Operator:
             raise InvalidMessage(f"limit must be 1..{MAX_QUERY_LIMIT}")
         if action is not None and action not in AUDIT_ACTIONS:
             raise InvalidMessage(f"no action {action!r}: one of {', '.join(AUDIT_ACTIONS)}")
-        return self._store.list_audit(limit, action=action, actor=actor, target=target)
+        return self._store.list_audit(
+            limit,
+            action=action,
+            actor=None if actor is None else actor[: audit.MAX_ACTOR],
+            target=None if target is None else target[: audit.MAX_TARGET],
+        )
 
     def _audited(self, *entries: AuditEntry) -> None:
         audit.record(self._store, *entries)
@@ -246,19 +251,21 @@ class Operator:
         unmatched = unlisted(order_ids or (), {v.value.order_id for v in candidates})
         purged = 0
         if not dry_run:
-            audit: list[AuditEntry] = []
-            for versioned in candidates:
-                if self._store.purge_order(versioned):
-                    purged += 1
-                    state = versioned.value
-                    detail = f"{state.process_state.value} {state.workflow} order"
-                    audit.append(AuditEntry(now, actor, "purge", state.order_id, None, detail))
-            self._audited(*audit)
-            log.warning(
-                "sas.orders_purged count=%d",
-                purged,
-                extra={"purged": purged, "cutoff": cutoff.isoformat(), "actor": actor[:100]},
-            )
+            done: list[AuditEntry] = []
+            try:
+                for versioned in candidates:
+                    if self._store.purge_order(versioned):
+                        purged += 1
+                        state = versioned.value
+                        detail = f"{state.process_state.value} {state.workflow} order"
+                        done.append(AuditEntry(now, actor, "purge", state.order_id, None, detail))
+            finally:  # a store failure midway: what was purged is audited all the same
+                self._audited(*done)
+                log.warning(
+                    "sas.orders_purged count=%d",
+                    purged,
+                    extra={"purged": purged, "cutoff": cutoff.isoformat(), "actor": actor[:100]},
+                )
         return PurgeReport(cutoff, dry_run, [v.value for v in candidates], purged, unmatched)
 
     def _purgeable(
@@ -332,11 +339,14 @@ class Operator:
         makes; an order that fails is reported and the others go on."""
         if query.state not in (None, ProcessState.ERROR):
             raise InvalidMessage("only Error orders are resubmitted")
-        matched, total = self.find_page(replace(query, state=ProcessState.ERROR))
+        errors = replace(query, state=ProcessState.ERROR)
+        if only is not None:  # chosen among every match: a newer one must not push them out
+            errors = replace(errors, limit=MAX_QUERY_LIMIT, offset=0)
+        matched, total = self.find_page(errors)
         unmatched: list[str] = []
         if only is not None:
             chosen = set(only)
-            matched = [state for state in matched if state.order_id in chosen]
+            matched = [state for state in matched if state.order_id in chosen][: query.limit]
             unmatched = unlisted(only, {state.order_id for state in matched})
         outcomes: dict[str, str] = {}
         if not dry_run:
@@ -404,12 +414,10 @@ class Operator:
             detail=f"previous error: {current.value.last_error or '-'}",
         )
         self._store.update_state(again, current.etag, entry)
+        self._audited(AuditEntry(now, actor, "resubmit", order_id, detail=entry.detail))
         # Again after the write: a sweep that listed the first touch and saw Error may have
         # dropped the marker in between; this re-creates it (or makes that drop fail).
         self._store.touch_live(order_id, now, due, workflow.name)
-        self._audited(
-            AuditEntry(now, actor, "resubmit", order_id, detail=entry.detail and entry.detail[:500])
-        )
         log.warning("sas.order_resubmitted", extra={"order_id": order_id, "actor": actor[:100]})
         then.request_schedule(self._ctx, again)
         then.notify(self._ctx, again, "resubmitted", now)

@@ -229,12 +229,13 @@ class ParkedMessages:
         ``query.limit``, oldest first) and, given ``only`` (the ids a dry run showed), among
         those only these; a dry run only lists them. One that fails is reported and the
         others go on."""
-        page = self.find(query)
+        # Given ``only``, chosen among every match: a newer one must not push them out.
+        page = self.find(query if only is None else replace(query, limit=MAX_QUERY_LIMIT))
         matched = page.messages
         unmatched: list[str] = []
         if only is not None:
             chosen = set(only)
-            matched = [message for message in matched if message.id in chosen]
+            matched = [message for message in matched if message.id in chosen][: query.limit]
             unmatched = unlisted(only, {message.id for message in matched})
         outcomes: dict[str, str] = {}
         if not dry_run:

@@ -235,3 +235,35 @@ def test_the_audit_log_lists_operators_actions_newest_first(client, orders):
     assert [e["target"] for e in signed] == ["failed"]
     refused = client.get("/api/audit", params={"action": "frobnicate"})
     assert refused.status_code == 422 and "no action 'frobnicate'" in refused.text
+
+
+def test_a_bulk_run_acts_on_the_ids_its_dry_run_showed_though_newer_ones_match(client, orders):
+    """The dashboard's dry run (limit 1) shows `failed`; a newer Error order comes; the run
+    with the same limit and `failed`'s id still resubmits it."""
+    dry = client.post("/api/orders/resubmit", json={"limit": 1}).json()
+    assert [o["order_id"] for o in dry["orders"]] == ["failed"]
+    orders.remote.script("payment", "charge", refuse("HTTP 402 card declined"))
+    orders.submit(submitted("failed-2").model_copy(update={"workflow": STRICT.name}))
+    orders.run()
+    run = client.post(
+        "/api/orders/resubmit", json={"limit": 1, "dry_run": False, "order_ids": ["failed"]}
+    ).json()
+    assert [(o["order_id"], o["outcome"]) for o in run["orders"]] == [("failed", "done")]
+    assert run["not_matched"] == []
+    assert orders.state("failed-2").process_state is ProcessState.ERROR  # not shown: left
+
+
+def test_a_resubmit_is_audited_once_it_took_effect_whatever_fails_after(orders, monkeypatch):
+    touch, calls = orders.store.touch_live, []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        if len(calls) == 2:  # the touch after the write
+            raise ConcurrencyConflict("transient")
+        return touch(*args, **kwargs)
+
+    monkeypatch.setattr(orders.store, "touch_live", flaky)
+    with pytest.raises(ConcurrencyConflict):
+        orders.operator.resubmit("failed", actor="alice")
+    assert orders.state("failed").process_state is not ProcessState.ERROR
+    assert [(e.action, e.actor) for e in orders.operator.audit(10)] == [("resubmit", "alice")]

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
+from azure.core.exceptions import ServiceRequestError
 from rich.console import Console
 
 from sas import bootstrap
@@ -119,6 +120,7 @@ def listed(capsys: pytest.CaptureFixture[str]) -> list[str]:
         (["submit", "order", DETAILS, "--priority", "urgent"], "invalid choice: 'urgent'"),
         (["submit", "order", DETAILS, "--order-id", "a/b"], "not an order id"),
         (["submit", "order", "[" * 3000 + "]" * 3000], "nested too deeply"),
+        (["submit", "order", DETAILS, "--actor", " "], "an actor is a name of 1 to 100"),
         (["submit", "order", '{"a": ' * 3000 + "1" + "}" * 3000], "nested too deeply"),
     ],
 )
@@ -275,19 +277,26 @@ def test_every_option_says_what_it_takes(monkeypatch, environment, capsys, argv,
         assert text in out, text
 
 
-def test_a_reader_that_stops_early_is_no_error():
-    """`sas list --json | head -1`: the rest goes nowhere, no traceback, exit 0 (a megabyte
-    printed, past any pipe's buffer, by a stand-in for the command)."""
+@pytest.mark.parametrize(("code", "said"), [(0, ""), (1, "sas: error: 2 order(s) changed")])
+def test_a_reader_that_stops_early_changes_neither_the_exit_code_nor_stderr(code, said):
+    """`sas list --json | head -c 1`, `sas purge --yes | head -c 1`: the rest of the output goes
+    nowhere, with no traceback; the command's own exit code and error line still come (a
+    megabyte printed, past any pipe's buffer, by a stand-in for the command)."""
     program = (
+        "import sys\n"
         "from sas_cli import commands\n"
-        "commands.run = lambda: print('x' * 1_000_000) or 0\n"
+        "def run():\n"
+        "    print('x' * 1_000_000)\n"
+        f"    if {code}: print({said!r}, file=sys.stderr)\n"
+        f"    return {code}\n"
+        "commands.run = run\n"
         "commands.main()\n"
     )
     shell = f"{shlex.quote(sys.executable)} -c {shlex.quote(program)} | head -c 1"
     done = subprocess.run(
         ["bash", "-o", "pipefail", "-c", shell], capture_output=True, text=True, check=False
     )
-    assert (done.returncode, done.stdout, done.stderr) == (0, "x", "")
+    assert (done.returncode, done.stdout, done.stderr.strip()) == (code, "x", said)
 
 
 def test_submit_close_and_purge_are_in_the_audit_log_which_outlives_the_purge(mixed, capsys):
@@ -311,3 +320,28 @@ def test_submit_close_and_purge_are_in_the_audit_log_which_outlives_the_purge(mi
     assert [e["action"] for e in sas_json(capsys, "audit", "--actor", "alice")] == ["close"]
     code, out, err = sas(capsys, "audit", "--action", "cancel")
     assert code == 2 and "invalid choice" in err
+
+
+def test_a_purge_cut_short_by_the_store_audits_what_it_did_purge(monkeypatch, environment, capsys):
+    """The second of three deletes fails (the table times out): the first order is gone for
+    good, and the audit says so."""
+    world = World()
+    for order_id in ("done-a", "done-b", "done-c"):
+        finish(world, order_id)
+        world.clock.advance(10)
+    on_memory(monkeypatch, world)
+    purge, calls = world.store.purge_order, []
+
+    def flaky(versioned: Any) -> bool:
+        calls.append(versioned.value.order_id)
+        if len(calls) == 2:
+            raise ServiceRequestError("connection reset")
+        return purge(versioned)
+
+    monkeypatch.setattr(world.store, "purge_order", flaky)
+    code, _, err = sas(capsys, "purge", "done-a", "done-b", "done-c", "--yes", "--actor", "bob")
+    assert code == 1 and "ServiceRequestError" in err
+    assert world.store.get_state("done-a") is None and world.store.get_state("done-c")
+    assert [(e.action, e.target, e.actor) for e in world.operator.audit(10)] == [
+        ("purge", "done-a", "bob")
+    ]
