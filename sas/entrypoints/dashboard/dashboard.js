@@ -18,6 +18,7 @@
   let openOrder = null;
   let alertsWaiting = null;  // from the last health view, for its card
   let healthDue = true;  // read the health view on the next refresh, whatever its count
+  let auditDue = true;  // read the audit on the next refresh: an operator acted from this page
 
   async function call(method, path, body) {
     const headers = { accept: "application/json" };
@@ -213,6 +214,7 @@
         + (refused.length ? `; ${refused.join("; ")}` : "")
         + (gone.length ? `; no longer matched, left alone: ${gone.join(", ")}` : "");
       $("bulk-outcome").dataset.done = String(done);
+      auditDue = true;
     } catch (error) {
       $("bulk-outcome").textContent = `not resubmitted: ${error.message}`;
     }
@@ -489,6 +491,7 @@
           ? `; no longer matched, left alone: ${report.not_matched.join(", ")}` : "")
         + (report.more_unlisted ? "; more may be parked than were listed: check again" : "");
       outcome.dataset.done = String(ok);
+      auditDue = true;
     } catch (error) {
       outcome.textContent = `not ${done}: ${error.message}`;
     }
@@ -536,6 +539,7 @@
     try {
       await call(method, `/api/parked/${encodeURIComponent(id)}${suffix}?actor=${encodeURIComponent(who)}`);
       outcome.textContent = `${done} ${id}`;
+      auditDue = true;
       outcome.dataset.outcome = "ok";
     } catch (error) {
       outcome.textContent = `not ${done}: ${error.message}`;
@@ -554,10 +558,12 @@
       }
     };
     const health = healthDue || refreshes % HEALTH_EVERY === 0;
+    const audited = auditDue;
     const orders = pageQuery();
     const minutes = $("health-minutes").value;
     const parked = parkedQuery();
     healthDue = false;
+    auditDue = false;
     await Promise.all([
       attempt("counts", () => call("GET", "/api/stats"), renderCounts),
       // A page asked for before the filters or the page changed is not shown.
@@ -569,7 +575,8 @@
       }),
       !health ? null : attempt("health", () => call("GET", `/api/health/report?minutes=${minutes}`),
         (report) => { if ($("health-minutes").value === minutes) renderHealth(report); }),
-      attempt("audit", () => call("GET", "/api/audit?limit=20"), renderAudit),
+      !(health || audited) ? null
+        : attempt("audit", () => call("GET", "/api/audit?limit=20"), renderAudit),
       openOrder === null ? null : attempt(
         "order", () => call("GET", `/api/orders/${encodeURIComponent(openOrder)}`), renderTimeline,
       ),
@@ -646,6 +653,7 @@
         "POST", `/api/orders/${encodeURIComponent(orderId)}/close`, { reason, actor: who },
       );
       outcome.textContent = `closed: now ${state.process_state}`;
+      auditDue = true;
       outcome.dataset.outcome = "closed";
       $("close-reason").value = "";
     } catch (error) {
@@ -667,6 +675,7 @@
         "POST", `/api/orders/${encodeURIComponent(orderId)}/resubmit`, { actor: who },
       );
       outcome.textContent = `resubmitted: now ${state.process_state}`;
+      auditDue = true;
       outcome.dataset.outcome = "ok";
     } catch (error) {
       outcome.textContent = `not resubmitted: ${error.message}`;
