@@ -28,6 +28,7 @@ from sas.adapters.tables import (
 )
 from sas.domain.model import (
     AuditEntry,
+    AuditQuery,
     LiveMarker,
     MissingDefinition,
     OrderState,
@@ -424,28 +425,22 @@ class TableStateStore(OrderTables):
                 else:
                     self._live.submit_transaction([("create", row) for row in chunk])
 
-    def list_audit(
-        self,
-        limit: int,
-        *,
-        action: str | None = None,
-        actor: str | None = None,
-        target: str | None = None,
-    ) -> list[AuditEntry]:
+    def list_audit(self, query: AuditQuery) -> list[AuditEntry]:
         first, after = audit_partition_range()
         clauses = ["PartitionKey ge @first and PartitionKey lt @after"]
         parameters: dict[str, Any] = {"first": first, "after": after}
-        for name, value in (("Action", action), ("Actor", actor), ("Target", target)):
+        wanted = (("Action", query.action), ("Actor", query.actor), ("Target", query.target))
+        for name, value in wanted:
             if value is not None:
                 clauses.append(f"{name} eq @{name.lower()}")
                 parameters[name.lower()] = value
         entities = self._live.query_entities(
-            " and ".join(clauses), parameters=parameters, results_per_page=min(limit, 1000)
+            " and ".join(clauses), parameters=parameters, results_per_page=min(query.limit, 1000)
         )
         found: list[AuditEntry] = []
         for entity in entities:  # pages are fetched as they are read: no more than needed
             found.append(_audit_from(entity))
-            if len(found) >= limit:
+            if len(found) >= query.limit:
                 break
         return found
 

@@ -182,6 +182,26 @@ class AuditEntry:
 
 
 @dataclass(frozen=True)
+class AuditQuery:
+    """Which operators' actions to list, newest first; None means any."""
+
+    limit: int
+    action: str | None = None
+    actor: str | None = None
+    target: str | None = None
+
+    def matches(self, entry: AuditEntry) -> bool:
+        return all(
+            wanted is None or wanted == found
+            for wanted, found in (
+                (self.action, entry.action),
+                (self.actor, entry.actor),
+                (self.target, entry.target),
+            )
+        )
+
+
+@dataclass(frozen=True)
 class WaitingSubmission:
     """A submission kept in the waiting room until its workflow has room in flight."""
 

@@ -23,6 +23,7 @@ from sas.domain.messages import APP_SET_FIELDS, OrderSubmitted
 from sas.domain.model import (
     AUDIT_ACTIONS,
     AuditEntry,
+    AuditQuery,
     HistoryEntry,
     OrderRecord,
     OrderState,
@@ -157,10 +158,12 @@ class Operator:
         if action is not None and action not in AUDIT_ACTIONS:
             raise InvalidMessage(f"no action {action!r}: one of {', '.join(AUDIT_ACTIONS)}")
         return self._store.list_audit(
-            limit,
-            action=action,
-            actor=None if actor is None else actor[: audit.MAX_ACTOR],
-            target=None if target is None else target[: audit.MAX_TARGET],
+            AuditQuery(
+                limit,
+                action=action,
+                actor=None if actor is None else actor[: audit.MAX_ACTOR],
+                target=None if target is None else target[: audit.MAX_TARGET],
+            )
         )
 
     def _audited(self, *entries: AuditEntry) -> None:

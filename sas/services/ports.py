@@ -11,6 +11,7 @@ from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.messages import Message
 from sas.domain.model import (
     AuditEntry,
+    AuditQuery,
     HistoryEntry,
     LiveMarker,
     MissingDefinition,
@@ -183,16 +184,8 @@ class StateStore(Protocol):
         on: a purge leaves them."""
         ...
 
-    def list_audit(
-        self,
-        limit: int,
-        *,
-        action: str | None = None,
-        actor: str | None = None,
-        target: str | None = None,
-    ) -> list[AuditEntry]:
-        """At most ``limit`` actions, newest first, of this action, actor and target (each
-        when given)."""
+    def list_audit(self, query: AuditQuery) -> list[AuditEntry]:
+        """At most ``query.limit`` actions, newest first, that ``query`` matches."""
         ...
 
     def record_start(self, start: StepStart) -> StepStart:

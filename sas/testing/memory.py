@@ -15,6 +15,7 @@ from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.messages import Message, decode, encode
 from sas.domain.model import (
     AuditEntry,
+    AuditQuery,
     HistoryEntry,
     LiveMarker,
     MissingDefinition,
@@ -405,24 +406,9 @@ class InMemoryStore:
     def append_audit(self, entries: Sequence[AuditEntry]) -> None:
         self.audit.extend(entries)
 
-    def list_audit(
-        self,
-        limit: int,
-        *,
-        action: str | None = None,
-        actor: str | None = None,
-        target: str | None = None,
-    ) -> list[AuditEntry]:
-        found = [
-            entry
-            for _, entry in sorted(
-                enumerate(self.audit), key=lambda n: (n[1].at, n[0]), reverse=True
-            )
-            if (action is None or entry.action == action)
-            and (actor is None or entry.actor == actor)
-            and (target is None or entry.target == target)
-        ]
-        return found[:limit]
+    def list_audit(self, query: AuditQuery) -> list[AuditEntry]:
+        newest_first = sorted(enumerate(self.audit), key=lambda n: (n[1].at, n[0]), reverse=True)
+        return [entry for _, entry in newest_first if query.matches(entry)][: query.limit]
 
     def record_start(self, start: StepStart) -> StepStart:
         return self.starts.setdefault((start.order_id, start.key, start.attempt), start)

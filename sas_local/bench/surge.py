@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 from azure.core.exceptions import ResourceNotFoundError
@@ -199,7 +199,26 @@ class _Done:
             left = [i for i in left if i not in finished]
 
 
-class _Backlog:
+class _Background:
+    """``_loop`` on a thread of its own while the block runs (it stops once ``_stop`` is set)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+
+class _Backlog(_Background):
     """The orders queue's length every few seconds while the block runs: when the surge was
     all taken in (the hosts had received every order sent to the queue)."""
 
@@ -208,18 +227,9 @@ class _Backlog:
     """At most this many queued (the probes') counts as taken in."""
 
     def __init__(self, queue: QueueClient) -> None:
+        super().__init__()
         self._queue = queue
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
         self.lengths: list[tuple[datetime, int]] = []
-
-    def __enter__(self) -> _Backlog:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.EVERY_S):
@@ -237,22 +247,13 @@ class _Backlog:
         return None if short is None else round((short - start).total_seconds())
 
 
-class _Probes:
+class _Probes(_Background):
     """One order every ``every`` seconds while the block runs; when each was sent."""
 
     def __init__(self, queue: QueueClient, every: float) -> None:
+        super().__init__()
         self._queue, self._every = queue, every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, daemon=True)
         self.sent: dict[str, datetime] = {}
-
-    def __enter__(self) -> _Probes:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
 
     def _loop(self) -> None:
         number = 0

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from sas.adapters.table_store import TableStateStore
-from sas.domain.model import AuditEntry, HistoryEntry, ProcessState
+from sas.domain.model import AuditEntry, AuditQuery, HistoryEntry, ProcessState
 from sas.services.operator import OrderQuery
 from sas.testing import refuse
 from tests.harness import World
@@ -195,7 +195,7 @@ def test_the_audit_is_newest_first_across_months_and_many_rows(world: World) -> 
         for n in range(150)  # two transactions in November, the rest in December
     ]
     world.store.append_audit(entries)
-    listed = world.store.list_audit(1000)
+    listed = world.store.list_audit(AuditQuery(1000))
     assert [e.target for e in listed] == [f"o{n:03d}" for n in reversed(range(150))]
     assert listed[0].at == entries[-1].at and listed[-1].at.month == 11
-    assert [e.target for e in world.store.list_audit(2, target="o000")] == ["o000"]
+    assert [e.target for e in world.store.list_audit(AuditQuery(2, target="o000"))] == ["o000"]

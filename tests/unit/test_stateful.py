@@ -46,6 +46,7 @@ from sas.domain.messages import (
 )
 from sas.domain.model import (
     AuditEntry,
+    AuditQuery,
     HistoryEntry,
     LiveMarker,
     MissingDefinition,
@@ -329,15 +330,8 @@ class AuditingStore:
     def append_audit(self, entries: Sequence[AuditEntry]) -> None:
         self.inner.append_audit(entries)
 
-    def list_audit(
-        self,
-        limit: int,
-        *,
-        action: str | None = None,
-        actor: str | None = None,
-        target: str | None = None,
-    ) -> list[AuditEntry]:
-        return self.inner.list_audit(limit, action=action, actor=actor, target=target)
+    def list_audit(self, query: AuditQuery) -> list[AuditEntry]:
+        return self.inner.list_audit(query)
 
     def get_missing(self, key: str) -> MissingDefinition | None:
         return self.inner.get_missing(key)
