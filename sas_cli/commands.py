@@ -7,6 +7,8 @@ app's own services, with the app's settings (see sas_cli/appsettings.py).
   sas resubmit ORDER_ID [--actor NAME]
   sas resubmit --all [--priority P] [--step S] [--error TEXT] [--older-than 2h] [--yes]
   sas close ORDER_ID --reason TEXT [--actor NAME]
+  sas cancel|terminate ORDER_ID --reason TEXT [--actor NAME]
+  sas suspend|resume ORDER_ID [--reason TEXT] [--actor NAME]
   sas parked list [--by app|host] [--queue Q] [--reason TEXT] [--older-than 1h] [--limit N]
   sas parked replay ID | discard ID
   sas parked replay|discard --all [the list's filters] [--yes]
@@ -206,6 +208,7 @@ def parser() -> argparse.ArgumentParser:
     listing.add_argument("--offset", type=_arg(_offset), default=0, help="skip N (next page)")
 
     _resubmit_command(command)
+    _steering_commands(command)
 
     _parked_commands(commands, command)
 
@@ -290,6 +293,46 @@ def _resubmit_command(command: Any) -> None:
     closing.add_argument("order_id", type=_arg(_order_id))
     closing.add_argument("--reason", required=True, help="how it was settled (kept in history)")
     _actor_option(closing)
+
+
+def _steering_commands(command: Any) -> None:
+    """What an operator does with a live order."""
+    for name, act, about, reason_help in (
+        ("cancel", _cancel, "cancel a live (or Error) order: what it did is undone in reverse, "
+         "a step still running first finishes; it ends Cancelled", "why (kept in history)"),
+        ("terminate", _terminate, "end a live order now and undo nothing (what cancel cannot "
+         "settle); a step still running is fenced off", "why (kept in history)"),
+        ("suspend", _suspend, "suspend a live order: nothing new is dispatched and no deadline "
+         "expires it until resumed", "why (optional, kept in history)"),
+        ("resume", _resume, "resume a suspended order from where it stood",
+         "why (optional, kept in history)"),
+    ):  # fmt: skip
+        steer = command(name, act, about)
+        steer.add_argument("order_id", type=_arg(_order_id))
+        required = name in ("cancel", "terminate")
+        steer.add_argument("--reason", required=required, help=reason_help)
+        _actor_option(steer)
+
+
+def _cancel(operator: Operator, args: argparse.Namespace) -> int:
+    state = operator.cancel(args.order_id, actor=args.actor, reason=args.reason)
+    then = "being undone" if not state.is_terminal else state.process_state.value
+    return _changed(args, state, f"cancelled {state.order_id}: {then}")
+
+
+def _terminate(operator: Operator, args: argparse.Namespace) -> int:
+    state = operator.terminate(args.order_id, actor=args.actor, reason=args.reason)
+    return _changed(args, state, f"terminated {state.order_id}: nothing undone")
+
+
+def _suspend(operator: Operator, args: argparse.Namespace) -> int:
+    state = operator.suspend(args.order_id, actor=args.actor, reason=args.reason)
+    return _changed(args, state, f"suspended {state.order_id} at step {state.step}")
+
+
+def _resume(operator: Operator, args: argparse.Namespace) -> int:
+    state = operator.resume(args.order_id, actor=args.actor, reason=args.reason)
+    return _changed(args, state, f"resumed {state.order_id}: now {state.process_state.value}")
 
 
 def _parked_commands(commands: Any, command: Command) -> None:

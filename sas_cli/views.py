@@ -16,7 +16,8 @@ from sas.domain.breaker import BreakerStatus
 from sas.domain.model import AuditEntry, OrderState, ProcessState
 from sas.domain.parked import ParkedMessage
 from sas.entrypoints.health_api import HealthView
-from sas.entrypoints.http_api import AuditView, HistoryView, OrderView, StateView, StepView
+from sas.entrypoints.http_api import AuditView
+from sas.entrypoints.order_views import HistoryView, OrderView, StateView, StepView
 from sas.entrypoints.parked_api import ParkedView
 from sas.services.health import HealthReport
 from sas.services.operator import OrderDetail
@@ -232,7 +233,10 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
         f"{report.failed} failed (failure rate {rate})"
     )
     busy = [b for b in report.buckets if b.submitted or b.finished]
-    columns = ("from", "submitted", "processed", "compensated", "error", "closed")
+    columns = (
+        "from", "submitted", "processed", "compensated", "error", "closed", "cancelled",
+        "terminated",
+    )  # fmt: skip
     rows = [(b.start, b.submitted, *(b.finished.get(s, 0) for s in _FINISHED)) for b in busy]
     endpoints = [
         (
@@ -285,4 +289,6 @@ _FINISHED = (
     ProcessState.COMPENSATED,
     ProcessState.ERROR,
     ProcessState.CLOSED,
+    ProcessState.CANCELLED,
+    ProcessState.TERMINATED,
 )

@@ -6,7 +6,7 @@ undo-entries (`original_action`/`original_key`, outcome `undone` or `noop`). The
 
 - no do-effect applied twice for one (order, service, action), none undone twice;
 - a Processed order has exactly one do-effect per workflow step, and none of them undone;
-- a Compensated order has every applied do-effect undone;
+- a Compensated or Cancelled order has every applied do-effect undone;
 - an Error order is reported with its applied-and-not-undone count, not failed: an operator
   owns it now (resubmit or compensate by hand);
 - an entry for an order that is not in the outcomes is a problem.
@@ -127,9 +127,9 @@ def check_effects(
         if name == "Processed":
             steps_of = workflow if isinstance(workflow, Workflow) else workflow[order_id]
             problems += _processed_problems(order_id, applied, steps_of)
-        elif name == "Compensated":
+        elif name in ("Compensated", "Cancelled"):
             problems += [
-                f"{order_id}: {_label(e)} applied but not undone (order Compensated)"
+                f"{order_id}: {_label(e)} applied but not undone (order {name})"
                 for e in applied
                 if not _undone(e)
             ]

@@ -351,6 +351,8 @@ def _state_entity(state: OrderState) -> dict[str, Any]:
             "Step": state.step or None,
             "FirstAttempt": state.first_attempt or None,
             "Waiting": state.waiting,
+            "Cancelled": state.cancelled,
+            "Suspended": state.suspended or None,
             "Details": json.dumps(state.details, separators=(",", ":")),
             **_results_columns(state.results),
         }
@@ -392,6 +394,8 @@ def state_from(entity: Mapping[str, Any]) -> OrderState:
         step=entity.get("Step") or "",
         first_attempt=int(entity.get("FirstAttempt") or 0),
         waiting=entity.get("Waiting"),
+        cancelled=entity.get("Cancelled"),
+        suspended=bool(entity.get("Suspended", False)),
     )
 
 

@@ -273,6 +273,10 @@ StatusKind = Literal[
     "compensated",
     "resubmitted",
     "closed",
+    "cancelled",
+    "terminated",
+    "suspended",
+    "resumed",
 ]
 
 STEP_EVENTS: frozenset[str] = frozenset(

@@ -25,10 +25,21 @@ class ProcessState(StrEnum):
     """Needs an operator (who can resubmit, or close it once settled by hand)."""
     CLOSED = "Closed"
     """An Error order an operator settled by hand and closed, with a reason: no more work."""
+    CANCELLED = "Cancelled"
+    """An operator cancelled the order: every effect it had was undone."""
+    TERMINATED = "Terminated"
+    """An operator ended the order where it stood, with a reason: nothing was undone."""
 
 
 TERMINAL_STATES = frozenset(
-    {ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.ERROR, ProcessState.CLOSED}
+    {
+        ProcessState.PROCESSED,
+        ProcessState.COMPENSATED,
+        ProcessState.ERROR,
+        ProcessState.CLOSED,
+        ProcessState.CANCELLED,
+        ProcessState.TERMINATED,
+    }
 )
 RUNNING_STATES = frozenset({ProcessState.PROCESSING, ProcessState.COMPENSATING})
 
@@ -103,6 +114,12 @@ class OrderState:
     load_expiries: int = 0
     """Expiries of the current step while the Supervisor was saturated: retried without
     counting as failures (``RetryPolicy.max_load_expiries`` at most); 0 when a step starts."""
+    cancelled: str | None = None
+    """Who cancelled the order and why: from then no step goes forward, what was done is
+    undone, and the order ends Cancelled (``steering.cancel``)."""
+    suspended: bool = False
+    """An operator suspended the order: nothing new is dispatched and no deadline expires it
+    until it is resumed; a step already running may finish (``steering.suspend``)."""
 
     @property
     def is_terminal(self) -> bool:
@@ -163,6 +180,7 @@ class HistoryEntry:
 
 AuditAction = Literal[
     "submit", "resubmit", "close", "purge", "parked_replay", "parked_discard",
+    "cancel", "suspend", "resume", "terminate",
 ]  # fmt: skip
 AUDIT_ACTIONS: tuple[AuditAction, ...] = get_args(AuditAction)
 

@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from sas.domain.errors import IllegalTransition
 from sas.domain.model import OrderState, ProcessState, StepStart
-from sas.domain.transitions import begin_compensation, to_error
+from sas.domain.transitions import begin_compensation, hold, to_error
 from sas.domain.workflow import Workflow
 
 
@@ -130,6 +130,8 @@ class ExpiryAction(StrEnum):
     """Past the threshold with nothing to undo: finished as Compensated."""
     ERROR = "error"
     """Past the threshold and no compensation possible: Error, an operator alert owed."""
+    HELD = "held"
+    """Suspended: the step waits, uncounted and with no deadline, for the resume."""
 
 
 @dataclass(frozen=True)
@@ -160,8 +162,9 @@ def expire(
     expiry retried uncounted, ``max_load_expiries`` times per step at most."""
     if not policy.expired(state, now):
         raise IllegalTransition(f"order {state.order_id} has not expired")
-    failures = state.failure_count + 1
-    step = workflow.step(state.step_index).name
+    if steered := _steered(state, now=now, workflow=workflow):
+        return steered
+    failures, step = state.failure_count + 1, workflow.step(state.step_index).name
     spared = saturated and state.load_expiries < policy.max_load_expiries
     if spared or failures < policy.threshold(workflow.step(state.step_index).max_failures):
         delay = policy.backoff(failures)
@@ -192,6 +195,20 @@ def expire(
         return Expiry(compensating, action)
     error = to_error(replace(state, failure_count=failures), now=now, reason=reason)
     return Expiry(error, ExpiryAction.ERROR)
+
+
+def _steered(state: OrderState, *, now: datetime, workflow: Workflow) -> Expiry | None:
+    """An operator's say first: a cancelled order is undone from the expired step (it may have
+    been applied); a suspended one waits. Neither counts as the step's failure."""
+    if state.cancelled is not None and state.mode == "do":
+        undo = begin_compensation(
+            state, from_index=state.step_index, now=now, workflow=workflow, reason=state.cancelled
+        )
+        action = ExpiryAction.COMPENSATED if undo.is_terminal else ExpiryAction.COMPENSATE
+        return Expiry(undo, action, counted=False)
+    if state.suspended:
+        return Expiry(hold(state, now=now, workflow=workflow), ExpiryAction.HELD, counted=False)
+    return None
 
 
 def claim_alert(

@@ -82,6 +82,10 @@ def claim(state: OrderState, *, instance_id: str, now: datetime, workflow: Workf
         raise IllegalTransition(
             f"order {state.order_id} is {state.process_state} locked by {state.locked_by!r}"
         )
+    if state.suspended:
+        raise IllegalTransition(f"order {state.order_id} is suspended")
+    if state.cancelled is not None and state.mode == "do":
+        raise IllegalTransition(f"order {state.order_id} is cancelled: no step goes forward")
     if state.not_before is not None and now < state.not_before:
         raise NotYet(f"order {state.order_id} backs off until {readable(state.not_before)}")
     return _start(
@@ -199,6 +203,8 @@ class Then(StrEnum):
     """The order is terminal: status to the submitter, the alert an Error owes."""
     DEFER = "defer"
     """The step waits for an endpoint with room: ask a Scheduler again after ``not_before``."""
+    HOLD = "hold"
+    """The order is suspended: nothing is asked for until it is resumed."""
 
 
 @dataclass(frozen=True)
@@ -231,16 +237,14 @@ def decide_reply(
             outcome="deferred",
             incarnation=reply.incarnation or "",
         )
-        return ReplyDecision(
-            defer(
-                state,
-                now=now,
-                delay=deferral.delay(state.deferrals + 1, at_least=reply.retry_after),
-                workflow=workflow,
-            ),
-            Then.DEFER,
-            "deferred",
+        deferred = defer(
+            state,
+            now=now,
+            delay=deferral.delay(state.deferrals + 1, at_least=reply.retry_after),
+            workflow=workflow,
         )
+        moved = deferred.is_terminal or deferred.mode != state.mode or deferred.suspended
+        return ReplyDecision(deferred, _then(deferred) if moved else Then.DEFER, "deferred")
     if reply.outcome == "error":
         reason = f"{reply.step} ({reply.mode}): {reply.error or 'remote refused'}"
         next_state = refuse_step(
@@ -282,9 +286,16 @@ def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workf
 
     Nothing was called, so it is no failure: the failure count stays, the deferral count
     grows (it sets the next delay). The attempt it was claimed with is never sent again: the
-    next claim takes a new one."""
+    next claim takes a new one. A cancelled order is undone instead (from this step: an
+    earlier attempt of it may have been applied); a suspended one waits with no deadline."""
     if not state.is_running:
         raise IllegalTransition(f"order {state.order_id} runs no step to defer")
+    if state.cancelled is not None and state.mode == "do":
+        return begin_compensation(
+            state, from_index=state.step_index, now=now, workflow=workflow, reason=state.cancelled
+        )
+    if state.suspended:
+        return replace(hold(state, now=now, workflow=workflow), deferrals=state.deferrals + 1)
     return replace(
         state,
         process_state=ProcessState.PENDING,
@@ -298,9 +309,11 @@ def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workf
 
 
 def _then(state: OrderState) -> Then:
-    # After a current reply the only way back to Pending is begin_compensation.
+    # After a current reply the only ways back to Pending are begin_compensation and a hold.
     if state.is_terminal:
         return Then.FINISH
+    if state.suspended and state.process_state is ProcessState.PENDING:
+        return Then.HOLD
     if state.process_state is ProcessState.PENDING:
         return Then.COMPENSATE
     return Then.DISPATCH
@@ -316,14 +329,25 @@ def complete_step(
     workflow: Workflow,
     mode: Mode = "do",
 ) -> OrderState:
-    """The current step (or undo) succeeded: claim the next one at once, or finish."""
+    """The current step (or undo) succeeded: claim the next one at once, or finish.
+
+    A cancelled order undoes from this step down instead of going on; a suspended one holds
+    the next step unclaimed until it is resumed."""
     check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode)
     if mode == "undo":
         following = workflow.next_undo(step_index - 1)
         if following is None:
-            return _finish(state, ProcessState.COMPENSATED, now, last_error=state.last_error)
+            return _finish(state, _undone(state), now, last_error=state.last_error)
+        if state.suspended:
+            return _held(state, following, "undo", now=now, workflow=workflow)
         return _start(state, following, "undo", instance_id=instance_id, now=now, workflow=workflow)
+    if state.cancelled is not None:
+        return begin_compensation(
+            state, from_index=step_index, now=now, workflow=workflow, reason=state.cancelled
+        )
     if step_index + 1 < len(workflow.steps):
+        if state.suspended:
+            return _held(state, step_index + 1, "do", now=now, workflow=workflow)
         return _start(
             state, step_index + 1, "do", instance_id=instance_id, now=now, workflow=workflow
         )
@@ -349,7 +373,7 @@ def refuse_step(
     operator must look.
     """
     check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode, outcome="error")
-    if mode == "do" and workflow.on_failure == "compensate":
+    if mode == "do" and (workflow.on_failure == "compensate" or state.cancelled is not None):
         start = step_index if state.failure_count > 0 else step_index - 1
         return begin_compensation(
             state, from_index=start, now=now, workflow=workflow, reason=reason
@@ -360,10 +384,11 @@ def refuse_step(
 def begin_compensation(
     state: OrderState, *, from_index: int, now: datetime, workflow: Workflow, reason: str
 ) -> OrderState:
-    """Queue the undo of ``from_index`` and every step below it (those with an undo action)."""
+    """Queue the undo of ``from_index`` and every step below it (those with an undo action);
+    a suspended order's undo waits for its resume."""
     first = workflow.next_undo(from_index)
     if first is None:
-        return _finish(state, ProcessState.COMPENSATED, now, last_error=_bounded(reason))
+        return _finish(state, _undone(state), now, last_error=_bounded(reason))
     return replace(
         state,
         process_state=ProcessState.PENDING,
@@ -376,10 +401,10 @@ def begin_compensation(
         deferrals=0,
         load_expiries=0,
         not_before=None,
-        complete_by=now + workflow.pickup_budget,
         updated_at=now,
         last_error=_bounded(reason),
         waiting=None,
+        complete_by=None if state.suspended else now + workflow.pickup_budget,
     )
 
 
@@ -420,11 +445,45 @@ def _start(
     )
 
 
+def hold(state: OrderState, *, now: datetime, workflow: Workflow) -> OrderState:
+    """A suspended order's current step (given up, or not claimed yet) waits for the resume."""
+    return _held(state, state.step_index, state.mode, now=now, workflow=workflow)
+
+
+def _held(
+    state: OrderState, index: int, mode: Mode, *, now: datetime, workflow: Workflow
+) -> OrderState:
+    """Suspended: the step at ``index`` waits unclaimed, with no deadline, for the resume."""
+    advancing = index != state.step_index or mode != state.mode
+    return replace(
+        state,
+        process_state=ProcessState.PENDING,
+        mode=mode,
+        locked_by=None,
+        step_index=index,
+        step=workflow.step(index).name,
+        first_attempt=state.attempt + 1 if advancing else state.first_attempt,
+        failure_count=0 if advancing else state.failure_count,
+        deferrals=0 if advancing else state.deferrals,
+        load_expiries=0 if advancing else state.load_expiries,
+        not_before=None,
+        complete_by=None,
+        updated_at=now,
+        waiting=None,
+    )
+
+
+def _undone(state: OrderState) -> ProcessState:
+    """How an order whose every effect was undone ends: as its operator asked, or failed."""
+    return ProcessState.COMPENSATED if state.cancelled is None else ProcessState.CANCELLED
+
+
 def _finish(
     state: OrderState, final: ProcessState, now: datetime, *, last_error: str | None
 ) -> OrderState:
     return replace(
         state,
+        suspended=False,
         process_state=final,
         locked_by=None,
         complete_by=None,

@@ -23,6 +23,8 @@ class BucketView(BaseModel):
     compensated: int
     error: int
     closed: int = Field(description="Error orders an operator closed in this bucket: apart")
+    cancelled: int = Field(default=0, description="orders operators cancelled (undone): apart")
+    terminated: int = Field(default=0, description="orders operators terminated: apart")
     failed: int = Field(description="compensated + error")
 
     @classmethod
@@ -35,6 +37,8 @@ class BucketView(BaseModel):
             compensated=done.get(ProcessState.COMPENSATED, 0),
             error=done.get(ProcessState.ERROR, 0),
             closed=done.get(ProcessState.CLOSED, 0),
+            cancelled=done.get(ProcessState.CANCELLED, 0),
+            terminated=done.get(ProcessState.TERMINATED, 0),
             failed=bucket.failed,
         )
 

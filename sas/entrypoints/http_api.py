@@ -8,9 +8,9 @@ the operators' dashboard (GET /api/dashboard) included.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, status
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
@@ -25,10 +25,17 @@ from sas.domain.errors import (
     NotFound,
 )
 from sas.domain.messages import OrderSubmitted
-from sas.domain.model import OrderState, ProcessState
-from sas.domain.wire import ORDER_ID, Priority
-from sas.entrypoints import api_docs, dashboard, health_api, parked_api
+from sas.domain.model import ProcessState
+from sas.domain.wire import Priority
+from sas.entrypoints import api_docs, dashboard, health_api, parked_api, steering_api
 from sas.entrypoints.invocation import attributed
+from sas.entrypoints.order_views import (
+    HistoryView,
+    OrderIdPath,
+    OrderView,
+    StateView,
+    StepView,
+)
 from sas.entrypoints.params import (
     MAX_AGE_SECONDS,
     MAX_OFFSET,
@@ -40,8 +47,7 @@ from sas.entrypoints.params import (
     seconds,
 )
 from sas.entrypoints.request_limits import BodyLimit, known_query_only
-from sas.services import telemetry
-from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery, step_name
+from sas.services.operator import MAX_QUERY_LIMIT, OrderQuery
 
 api = FastAPI(
     title="sas",
@@ -81,6 +87,7 @@ api.add_middleware(_Attributed)
 api.add_middleware(BodyLimit)
 api.include_router(health_api.router)
 api.include_router(parked_api.router)
+api.include_router(steering_api.router)
 
 
 # Domain errors mean the same on every route: no such thing (404), or not now / not in this
@@ -118,89 +125,6 @@ def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
 
 def _printable(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
-
-
-class StateView(BaseModel):
-    order_id: str
-    workflow: str
-    process_state: str
-    step_index: int
-    step: str
-    mode: str
-    attempt: int
-    failure_count: int
-    locked_by: str | None
-    complete_by: datetime | None
-    not_before: datetime | None
-    submitted_at: datetime
-    updated_at: datetime
-    finished_at: datetime | None
-    last_error: str | None
-    priority: str = Field(description="high, normal or low: the lane its messages take")
-    deferrals: int = Field(
-        description="times the current step waited for an endpoint with room or an open circuit"
-    )
-    trace_id: str | None = Field(
-        default=None, description="the order's OpenTelemetry trace id (None: not traced)"
-    )
-    version: int = Field(default=1, description="the workflow version the order is bound to")
-    waiting: str | None = Field(
-        default=None,
-        description="why it waits instead of running: its workflow version is not deployed",
-    )
-
-    @classmethod
-    def of(cls, state: OrderState) -> StateView:
-        return cls(
-            order_id=state.order_id,
-            workflow=state.workflow,
-            process_state=state.process_state.value,
-            step_index=state.step_index,
-            step=step_name(bootstrap.workflows(), state) or "?",
-            mode=state.mode,
-            attempt=state.attempt,
-            failure_count=state.failure_count,
-            locked_by=state.locked_by,
-            complete_by=state.complete_by,
-            not_before=state.not_before,
-            submitted_at=state.submitted_at,
-            updated_at=state.updated_at,
-            finished_at=state.finished_at,
-            last_error=state.last_error,
-            priority=state.priority,
-            deferrals=state.deferrals,
-            trace_id=telemetry.trace_id_of(state.traceparent),
-            version=state.version,
-            waiting=state.waiting,
-        )
-
-
-class StepView(BaseModel):
-    index: int
-    name: str
-    attempt: int
-    completed_at: datetime
-    result: dict[str, Any]
-
-
-class HistoryView(BaseModel):
-    at: datetime
-    kind: str
-    attempt: int
-    step: str | None
-    mode: str
-    actor: str | None
-    detail: str | None
-    endpoint: str | None = Field(description="the remote endpoint a reply's call went to")
-
-
-class OrderView(StateView):
-    details: dict[str, Any]
-    steps: list[StepView]
-    history: list[HistoryView]
 
 
 class ResubmitRequest(BaseModel):

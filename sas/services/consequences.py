@@ -36,7 +36,12 @@ from sas.services.context import Context
 
 log = logging.getLogger(__name__)
 
-FINISHED_WELL = (ProcessState.PROCESSED, ProcessState.COMPENSATED)
+FINISHED_WELL = (
+    ProcessState.PROCESSED,
+    ProcessState.COMPENSATED,
+    ProcessState.CANCELLED,
+    ProcessState.TERMINATED,
+)
 """Ends no operator action revives (a resubmit takes an Error only)."""
 
 QUEUE_ALLOWANCE_BUDGETS = 4
@@ -189,6 +194,10 @@ def finished(ctx: Context, state: OrderState, etag: str) -> None:
         notify(ctx, state, "completed", now)
     elif state.process_state is ProcessState.COMPENSATED:
         notify(ctx, state, "compensated", now, detail=state.last_error)
+    elif state.process_state is ProcessState.CANCELLED:
+        notify(ctx, state, "cancelled", now, detail=state.cancelled)
+    elif state.process_state is ProcessState.TERMINATED:
+        notify(ctx, state, "terminated", now, detail=state.last_error)
     elif state.process_state is ProcessState.ERROR:
         alerts.settle_alert(ctx, state, etag, wrote_claim=True)
         notify(ctx, state, "failed", now, detail=state.last_error)

@@ -42,8 +42,8 @@ retry was held back within the last minute, and once more when none was."""
 FAILED = frozenset({ProcessState.ERROR, ProcessState.COMPENSATED})
 """Finished without doing the work: the failure rate's numerator."""
 OUTCOMES = frozenset({ProcessState.PROCESSED, *FAILED})
-"""What the app finished with. Closed is an operator's act on an Error order, at the time of
-closing (its failure was counted when it failed): counted apart, never as finished."""
+"""What the app finished with. Closed, Cancelled and Terminated are operators' acts (an Error
+order's failure was counted when it failed): counted apart, never as finished."""
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """What an operator can do with orders: submit, look at, find and count them, resubmit or close
-Error orders (one, or every one a query matches), purge finished orders past their retention.
+Error orders (one, or every one a query matches), steer live ones (sas/services/steering.py),
+purge finished orders past their retention.
 Parked messages are sas/services/parked_messages.py's. The HTTP API, the dashboard and the
 `sas` CLI all go through here."""
 
@@ -35,7 +36,7 @@ from sas.domain.recovery import close, resubmit
 from sas.domain.transitions import look_again_at
 from sas.domain.wire import Priority, submission_message_id
 from sas.domain.workflow import Registry
-from sas.services import audit
+from sas.services import audit, steering
 from sas.services import consequences as then
 from sas.services.context import Context
 from sas.services.submission import check
@@ -43,7 +44,13 @@ from sas.services.submission import check
 log = logging.getLogger(__name__)
 
 PURGEABLE_STATES = frozenset(
-    {ProcessState.PROCESSED, ProcessState.COMPENSATED, ProcessState.CLOSED}
+    {
+        ProcessState.PROCESSED,
+        ProcessState.COMPENSATED,
+        ProcessState.CLOSED,
+        ProcessState.CANCELLED,
+        ProcessState.TERMINATED,
+    }
 )
 """Finished for good. Error orders wait for an operator and are never purged."""
 MAX_QUERY_LIMIT = 1000
@@ -390,6 +397,20 @@ class Operator:
         log.warning("sas.order_closed", extra={"order_id": order_id, "actor": actor[:100]})
         then.notify(self._ctx, closed, "closed", now)
         return closed
+
+    def cancel(self, order_id: str, *, actor: str, reason: str) -> OrderState:
+        """Undo what a live (or Error) order did and end it Cancelled (``steering.cancel``)."""
+        return steering.cancel(self._ctx, order_id, actor=actor, reason=reason)
+
+    def suspend(self, order_id: str, *, actor: str, reason: str | None = None) -> OrderState:
+        return steering.suspend(self._ctx, order_id, actor=actor, reason=reason)
+
+    def resume(self, order_id: str, *, actor: str, reason: str | None = None) -> OrderState:
+        return steering.resume(self._ctx, order_id, actor=actor, reason=reason)
+
+    def terminate(self, order_id: str, *, actor: str, reason: str) -> OrderState:
+        """End a live order where it stands, undoing nothing (``steering.terminate``)."""
+        return steering.terminate(self._ctx, order_id, actor=actor, reason=reason)
 
     def resubmit(self, order_id: str, *, actor: str) -> OrderState:
         """Error -> Pending (failure count reset), audited; IllegalTransition if not Error.

@@ -59,6 +59,8 @@ class ReplyOutcome(StrEnum):
     """A deferral past the limit: the attempt runs to its deadline, and its expiry counts."""
     UNKNOWN_ORDER = "unknown_order"
     HELD = "held"
+    SUSPENDED = "suspended"
+    """The order is suspended: the step is recorded, and what follows waits for the resume."""
 
 
 # --- a schedule request: claim a Pending order ------------------------------------------
@@ -248,7 +250,7 @@ def _follow(
         then.request_schedule(ctx, state, delay_seconds=wait)
     elif decision.then is Then.COMPENSATE:
         log.warning("sas.compensation_started", extra={"order_id": state.order_id})
-        then.compensate(ctx, state, reason="refused")
+        then.compensate(ctx, state, reason="refused" if state.cancelled is None else "cancelled")
     if reply.outcome == "ok":
         progress: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
         then.notify(ctx, before, progress, state.updated_at, step=reply.step)
@@ -260,6 +262,9 @@ def _follow(
     if decision.then is Then.COMPENSATE:
         then.notify(ctx, state, "compensating", state.updated_at, detail=state.last_error)
         return ReplyOutcome.COMPENSATING
+    if decision.then is Then.HOLD:
+        log.info("sas.order_held", extra={"order_id": state.order_id, "step": state.step})
+        return ReplyOutcome.SUSPENDED
     then.finished(ctx, state, etag)
     return ReplyOutcome.FINISHED
 

@@ -52,6 +52,8 @@ HELD_RETRY_RECHECK = timedelta(seconds=5)
 """Orders whose unindexing gives the retry budget back its share."""
 NOT_COUNTED = "not counted: saturated"
 """In the history of an expiry retried without counting a failure (the load's deadline)."""
+STEERED = "not counted: an operator's"
+"""In the history of an expiry of a cancelled or suspended order: undone, or held."""
 ORPHAN_GRACE = timedelta(minutes=5)
 """How long a marker without an order is kept: its submission's insert may still commit."""
 
@@ -294,7 +296,11 @@ def _expiry_history(
 ) -> HistoryEntry:
     step = ctx.definition(state).step(state.step_index)
     detail = None
-    if state.complete_by is not None and not decided.counted:
+    cancelled = state.cancelled is not None and state.mode == "do"
+    if state.complete_by is not None and (cancelled or state.suspended):
+        why = "cancelled" if cancelled else "suspended"
+        detail = f"{state.process_state} past {readable(state.complete_by)}, {STEERED} ({why})"
+    elif state.complete_by is not None and not decided.counted:
         detail = (
             f"{state.process_state} past {readable(state.complete_by)}, {NOT_COUNTED} "
             f"({decided.state.load_expiries} of {ctx.policy.max_load_expiries})"
@@ -327,6 +333,8 @@ def _request_recovery(ctx: Context, decided: Expiry, step: str, etag: str, now: 
     elif decided.action is ExpiryAction.COMPENSATE:
         then.compensate(ctx, new, reason="expired")
         then.notify(ctx, new, "compensating", now, detail=new.last_error)
+    elif decided.action is ExpiryAction.HELD:
+        log.info("sas.order_held", extra={"order_id": new.order_id, "step": step})
     else:
         then.finished(ctx, new, etag)
 

@@ -77,6 +77,8 @@ FAULT_KINDS = (
     "python_refusal",
     "deploy",
     "surge",
+    "operator_cancel",
+    "operator_suspend",
 )
 
 
@@ -106,6 +108,13 @@ class Profile:
     outage_seconds: tuple[float, float] = (3.0, 8.0)
     resubmit_share: float = 0.5
     resubmit_max: int = 2
+    steer_every: float = 2.0
+    """Every so many seconds of the storm an operator picks a recent order and, if it is still
+    running forward, cancels it or suspends it (by turns, seeded)..."""
+    steer_share: float = 0.05
+    """...at most this share of the orders in all..."""
+    suspend_seconds: tuple[float, float] = (2.0, 8.0)
+    """...and resumes a suspended one after this long (at the latest when the storm ends)."""
     submit_duplicate_rate: float = 0.02
     window: int = 150
     """Most orders in flight (in-flight index + orders queue) while submitting."""
@@ -571,6 +580,58 @@ class Campaign:
             return True
         return all(code in (404, 409) for code in results)  # someone else moved it on
 
+    def steer(self, ids: list[str]) -> None:
+        """Cancels and suspends a seeded share of the orders while they run forward, through
+        the HTTP API as an operator would; every suspended order is resumed, its time up or
+        the storm over. A 409 (the order moved on: finished, undoing) is no fault of the app."""
+        stack, p = self.running, self.profile
+        rng = random.Random(self.options.seed * 104729 + 3)  # noqa: S311
+        table = TableClient.from_connection_string(
+            stack.azurite.connection_string, self.design.table_name
+        )
+        budget = max(2, int(len(ids) * p.steer_share))
+        suspended: dict[str, float] = {}
+        while not self.storm_over.wait(p.steer_every) and budget > 0:
+            for order_id, due in list(suspended.items()):
+                if time.monotonic() >= due and self._steer_call(order_id, "resume"):
+                    del suspended[order_id]
+            recent = ids[max(0, self.submitted - p.window) : self.submitted]
+            if not recent:
+                continue
+            order_id = rng.choice(recent)
+            state: Mapping[str, Any] = {}
+            with contextlib.suppress(Exception):  # not inserted yet, or Azurite paused
+                state = table.get_entity(order_id, self.design.state_row)
+            running = state.get("ProcessState") in ("Pending", "Processing")
+            if not running or state.get("Mode") == "undo" or order_id in suspended:
+                continue
+            cancel = self.shared.faults["operator_cancel"] <= self.shared.faults["operator_suspend"]
+            if cancel and self._steer_call(order_id, "cancel", "chaos: the customer asked"):
+                self.shared.count("operator_cancel")
+                budget -= 1
+            elif not cancel and self._steer_call(order_id, "suspend"):
+                self.shared.count("operator_suspend")
+                suspended[order_id] = time.monotonic() + rng.uniform(*p.suspend_seconds)
+                budget -= 1
+        for order_id in suspended:
+            for _ in range(10):
+                if self._steer_call(order_id, "resume", conflict_done=True):
+                    break
+                time.sleep(1)
+
+    def _steer_call(
+        self, order_id: str, verb: str, reason: str | None = None, *, conflict_done: bool = False
+    ) -> bool:
+        body: dict[str, str] = {"actor": "chaos-operator"}
+        if reason is not None:
+            body["reason"] = reason
+        url = f"{self.running.api_url}/api/orders/{order_id}/{verb}"
+        try:
+            code = httpx.post(url, json=body, timeout=30).status_code
+        except httpx.HTTPError:
+            return False
+        return code == 200 or (conflict_done and code == 409)
+
     # --- the run -----------------------------------------------------------------------
 
     def in_flight(self, table: TableClient, orders: QueueClient) -> int:
@@ -602,6 +663,11 @@ class Campaign:
         live = TableClient.from_connection_string(conn, self.design.live_table)
         ids = [f"c{o.seed}-{i:05d}" for i in range(o.orders)]
         threads = [threading.Thread(target=self.operator, name="chaos-operator", daemon=True)]
+        if o.faults:
+            steering = threading.Thread(
+                target=self._noted(lambda: self.steer(ids)), name="chaos-steer", daemon=True
+            )
+            threads.append(steering)
         if o.faults and p.runner_faults:
             threads.append(threading.Thread(target=self.storm, name="chaos-storm", daemon=True))
         deploying = threading.Thread(

@@ -14,7 +14,7 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
 - ``lost_order``: submitted, but neither a state row nor parked in the rejected partition;
 - ``stuck_order``: not terminal, or still in the in-flight index, or still owing its alert;
 - ``effect_applied_twice``: one (order, service, action) applied (or one effect undone) twice;
-- ``compensation_incomplete``: a Compensated order with an effect left applied;
+- ``compensation_incomplete``: a Compensated (or Cancelled) order with an effect left applied;
 - ``processed_effect_missing``: a Processed order without a step's effect, or with it undone;
 - ``error_alerts``: an Error episode with no alert, several distinct alert ids, more raw copies
   than 1 + its ``alert_claimed`` entries, or a claim re-taken before the lease lapsed;
@@ -89,6 +89,12 @@ _RANK = {"submitted": 0, "claimed": 2, "deferred": 2}
 """Within one transaction: the reply or expiry first, then the claim it made (default 1)."""
 PENDING, PROCESSING, COMPENSATING = "Pending", "Processing", "Compensating"
 PROCESSED, COMPENSATED, ERROR, CLOSED = "Processed", "Compensated", "Error", "Closed"
+CANCELLED, TERMINATED = "Cancelled", "Terminated"
+UNDONE = frozenset({COMPENSATED, CANCELLED})
+"""Ends in which every applied effect must have been undone."""
+STEERING_KINDS = frozenset({"cancelled", "suspended", "unsuspended", "terminated"})
+"""Operators' rows (sas/services/steering.py)."""
+_STEERED = "not counted: an operator's"
 _FAILURE = re.compile(r"failure (\d+) of (\d+)")
 _UNCOUNTED = re.compile(r"not counted: saturated \((\d+) of (\d+)\)")
 """An expiry the Supervisor took as the load's: retried with the failure count unchanged."""
@@ -389,6 +395,10 @@ class _State:
     waiting: bool = False
     """A host without the order's workflow version keeps it waiting: only a resume (or a
     transition of a host that has the version) ends that; an expiry must follow a resume."""
+    cancelled: bool = False
+    """An operator cancelled it: no step goes forward; it ends Cancelled once undone."""
+    suspended: bool = False
+    """An operator suspended it: nothing is claimed until it is resumed."""
 
     def with_claim(self, attempt: int) -> _State:
         return replace(self, claimed=self.claimed | {(self.step, self.mode, attempt)})
@@ -637,7 +647,85 @@ def _failure_counts(
 
 
 def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
-    """The state after row ``r`` if it is a legal transition from ``s``; otherwise why not."""
+    """The state after row ``r`` if it is a legal transition from ``s``; otherwise why not.
+    An operator's cancel or suspend changes what some rows mean (``_steered``); the flags
+    carry over every other transition, and an undone cancelled order ends Cancelled."""
+    if s is not None and (s.cancelled or s.suspended or r.kind in STEERING_KINDS):
+        steered = _steered(s, r, design)
+        if steered is not None:
+            return steered
+    new = _plain(s, r, design)
+    if isinstance(new, str) or s is None:
+        return new
+    if new.ps in design.terminal:
+        return replace(new, ps=CANCELLED if s.cancelled and new.ps == COMPENSATED else new.ps)
+    return replace(new, cancelled=s.cancelled, suspended=s.suspended)
+
+
+def _steered(s: _State, r: _Row, design: Design) -> _State | str | None:
+    """The rows an operator's cancel or suspend decides; None: as without them."""
+    here = design.step_name(s.step)
+    same_step = r.step == here and r.mode == s.mode
+    running = PROCESSING if s.mode == "do" else COMPENSATING
+    live = s.ps in (PENDING, running)
+    if r.kind == "cancelled":
+        if s.cancelled or s.mode != "do" or not (live or s.ps == ERROR):
+            return "cancel of an order being undone already, or finished"
+        if s.ps == PROCESSING:  # left to answer
+            return replace(s, cancelled=True, suspended=False)
+        # A step claimed at least once may have been applied: the undo starts there.
+        tried = any(step == s.step and mode == "do" for step, mode, _ in s.claimed)
+        unflagged = replace(s, cancelled=True, suspended=False)
+        return _undo_from(unflagged, s.step if tried else s.step - 1, design, r)
+    if r.kind == "suspended":
+        return replace(s, suspended=True) if live and not s.suspended else "suspend of " + s.ps
+    if r.kind == "unsuspended":
+        return replace(s, suspended=False) if s.suspended else "resume of an unsuspended order"
+    if r.kind == "terminated":
+        return _State(TERMINATED, s.step, s.mode, s.attempt) if live else "terminate of " + s.ps
+    if r.kind == "claimed" and (s.suspended or (s.cancelled and s.mode == "do")):
+        if not (s.ps == running and s.unrecorded_claim):
+            return "claim of a suspended order, or of a cancelled order's next step"
+        return None
+    forward = s.cancelled and s.mode == "do"
+    if forward and r.kind in ("completed", "deferred", "refused") and same_step:
+        current = s.ps == running and r.attempt == s.attempt
+        if r.kind != "completed" and not current:
+            return f"{r.kind} applied for an attempt that is not the one running"
+        if (s.step, s.mode, r.attempt) not in s.claimed:
+            return f"reply for attempt {r.attempt}, which was never claimed"
+        # ok: the step is done, undo it too; a refusal: below it unless an earlier attempt
+        # expired; a deferral called nothing, but an earlier attempt may have.
+        refused_clean = r.kind == "refused" and not s.failures
+        return _undo_from(s, s.step - 1 if refused_clean else s.step, design, r)
+    if forward and r.kind.startswith("expired_") and _STEERED in r.detail:
+        if s.ps not in (PENDING, running) or r.attempt != s.attempt or not same_step:
+            return "expiry of a record that is not live at that attempt and step"
+        return _undo_from(s, s.step, design, r)
+    if s.suspended and r.kind == "expired_held":
+        if s.ps != running or r.attempt != s.attempt or not same_step:
+            return "hold of a step that was not running"
+        return replace(s, ps=PENDING)
+    if s.suspended and r.kind in ("completed", "undone") and same_step:
+        new = _plain(s, r, design)
+        if isinstance(new, str) or new.ps in design.terminal:
+            return new
+        if new.unrecorded_claim:  # the next step waits, unclaimed
+            held = replace(new, ps=PENDING, attempt=s.attempt, unrecorded_claim=False)
+            return replace(held, claimed=s.claimed, cancelled=s.cancelled, suspended=True)
+        return replace(new, cancelled=s.cancelled, suspended=True)
+    return None
+
+
+def _undo_from(s: _State, index: int, design: Design, r: _Row) -> _State:
+    first = design.next_undo(index) if index >= 0 else None
+    if first is None:
+        return _State(CANCELLED, s.step, s.mode, s.attempt)
+    return _State(PENDING, first, "undo", s.attempt, claimed=s.claimed, cancelled=True,
+                  suspended=s.suspended)  # fmt: skip
+
+
+def _plain(s: _State | None, r: _Row, design: Design) -> _State | str:
     if r.kind == "submitted":
         if s is not None or r.attempt != 0:
             return "a second submission, or one not at attempt 0"
@@ -969,14 +1057,14 @@ def _ledger(
                             {"undone_by": [e.get("undone_by") for e in mine]},
                         )
                     )
-        elif ps == COMPENSATED:
+        elif ps in UNDONE:
             left = [_label(e) for e in applied if not e.get("undone_at")]
             if left:
                 found.append(
                     Violation(
                         "compensation_incomplete",
                         order_id,
-                        f"Compensated, but {', '.join(left)} still applied",
+                        f"{ps}, but {', '.join(left)} still applied",
                         {"applied_not_undone": left},
                     )
                 )
@@ -1045,14 +1133,14 @@ def _orphaned(
         if state is None or flow is None:
             continue
         ps = state.get("ProcessState")
-        if ps not in design.terminal or ps == COMPENSATED:
+        if ps not in design.terminal or ps in UNDONE:
             continue
         completed = {
             str(row.get("Name") or key.rsplit(":", 1)[-1])
             for key, row in rows.items()
             if key.startswith(design.step_row_prefix)
         }
-        stopped_on = int(state.get("StepIndex", -1)) if ps in (ERROR, CLOSED) else None
+        stopped_on = int(state.get("StepIndex", -1)) if ps in (ERROR, CLOSED, TERMINATED) else None
         for entry in applied:
             if entry.get("undone_at") or _why_unexpected(order_id, entry, state, flow):
                 continue

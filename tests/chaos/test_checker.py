@@ -665,3 +665,83 @@ def test_every_class_has_a_test_here() -> None:
     }
     assert set(tested) == set(KINDS)
     assert all(f"{fragment}" in source for fragment in tested.values())
+
+
+def cancelled_while_charging(world: World, order: str) -> None:
+    """Cancelled while charge ran: charge's ok recorded, then charge and reserve undone."""
+    world.submitted.append(order)
+    world.history(order, "submitted", 0, None)
+    world.history(order, "claimed", 1, "reserve")
+    world.history(order, "completed", 1, "reserve")
+    world.history(order, "cancelled", 2, "charge", detail="customer asked")
+    world.history(order, "completed", 2, "charge")
+    world.history(order, "claimed", 3, "charge", "undo")
+    world.history(order, "undone", 3, "charge", "undo")
+    world.history(order, "undone", 4, "reserve", "undo")
+    world.do(order, 0, undone=True)
+    world.do(order, 1, undone=True)
+    world.state(order, "Cancelled", 4, 0, "undo")
+
+
+def suspended_then_resumed(world: World, order: str) -> None:
+    """Suspended while reserve ran: charge waited unclaimed until the resume."""
+    world.submitted.append(order)
+    world.history(order, "submitted", 0, None)
+    world.history(order, "claimed", 1, "reserve")
+    world.history(order, "suspended", 1, "reserve")
+    world.history(order, "completed", 1, "reserve")
+    world.history(order, "unsuspended", 1, "charge")
+    world.history(order, "claimed", 2, "charge")
+    world.history(order, "completed", 2, "charge")
+    world.history(order, "completed", 3, "ship")
+    for index in range(3):
+        world.do(order, index)
+    world.state(order, "Processed", 3, 2)
+
+
+def test_cancelled_suspended_and_terminated_orders_run_legally() -> None:
+    world = clean()
+    cancelled_while_charging(world, "x1")
+    suspended_then_resumed(world, "s1")
+    world.submitted.append("t1")
+    world.history("t1", "submitted", 0, None)
+    world.history("t1", "claimed", 1, "reserve")
+    world.history("t1", "terminated", 1, "reserve", detail="settled by hand")
+    world.history("t1", "reply_dropped", 1, "reserve")
+    world.do("t1", 0)  # the running step's effect stays: terminate undoes nothing
+    world.state("t1", "Terminated", 1, 0)
+    assert check(world.evidence(), DESIGN).violations == []
+
+
+def test_a_cancelled_order_with_an_effect_left_applied_is_reported() -> None:
+    world = clean()
+    cancelled_while_charging(world, "x1")
+    world.do("x1", 2)  # ship applied: never undone
+    assert "compensation_incomplete" in kinds(world)
+
+
+def test_a_claim_while_suspended_or_a_step_forward_after_a_cancel_is_illegal() -> None:
+    world = clean()
+    world.submitted.append("s1")
+    world.history("s1", "submitted", 0, None)
+    world.history("s1", "claimed", 1, "reserve")
+    world.history("s1", "suspended", 1, "reserve")
+    world.history("s1", "completed", 1, "reserve")
+    world.history("s1", "claimed", 2, "charge")  # nobody resumed it
+    world.do("s1", 0)
+    world.state("s1", "Processing", 2, 1)
+    world.submitted.append("x1")
+    world.history("x1", "submitted", 0, None)
+    world.history("x1", "claimed", 1, "reserve")
+    world.history("x1", "cancelled", 1, "reserve", detail="customer asked")
+    world.history("x1", "completed", 1, "reserve")
+    world.history("x1", "claimed", 2, "charge")  # forward after the cancel
+    world.do("x1", 0)
+    world.state("x1", "Processing", 2, 1)
+    verdict = check(world.evidence(), DESIGN)
+    assert sorted(
+        {str(v.order_id) for v in verdict.violations if v.kind == "illegal_transition"}
+    ) == [
+        "s1",
+        "x1",
+    ]

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -33,10 +34,11 @@ from sas.settings import QUEUE_ORDERS
 from sas_local.browser import launch
 from sas_local.demo import demo_order
 from sas_local.devhost.worker import PRELOAD_ENV
-from sas_local.ledger import configure_faults
+from sas_local.ledger import check_effects, configure_faults, fetch_ledger
 from sas_local.processes import wait_until
 from sas_local.span_capture import CAPTURE_DIR_ENV
 from sas_local.stack import LocalStack
+from workflows.order import ORDER_WORKFLOW
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -155,11 +157,44 @@ ACTOR = "Dana on call"
 @pytest.fixture
 def page(stack, browser, failed_order) -> Iterator[Page]:
     opened = browser.new_page()
+    calls = _CallLog(opened)
     opened.goto(f"{stack.api_url}/api/dashboard")
     expect(opened.locator("#updated-at")).not_to_have_attribute("data-refreshes", "0")
     opened.fill("#actor", ACTOR)  # no sign-in here: who acts is asked for
     yield opened
+    print(calls.summary(opened))  # shown only when the test failed: what the page waited on
     opened.close()
+
+
+class _CallLog:
+    """The page's API calls: how long each kind took, which never finished."""
+
+    def __init__(self, page: Page) -> None:
+        self.started: dict[Any, float] = {}
+        self.took: dict[str, list[float]] = {}
+        self.failed: list[str] = []
+        page.on("request", lambda r: self.started.__setitem__(r, time.monotonic()))
+        page.on("requestfinished", self._finished)
+        page.on("requestfailed", lambda r: self.failed.append(f"{r.url}: {r.failure}"))
+
+    def _finished(self, request: Any) -> None:
+        began = self.started.pop(request, None)
+        if began is not None:
+            kind = request.url.split("?")[0].rsplit("/api/", 1)[-1]
+            self.took.setdefault(kind, []).append(time.monotonic() - began)
+
+    def summary(self, page: Page) -> str:
+        lines = [
+            f"{kind}: {len(t)} call(s), longest {max(t):.1f} s, mean {sum(t) / len(t):.1f} s"
+            for kind, t in sorted(self.took.items())
+        ]
+        now = time.monotonic()
+        lines += [f"unfinished {r.url} after {now - t:.1f} s" for r, t in self.started.items()]
+        lines += [f"failed {line}" for line in self.failed]
+        problem = page.locator("#problem")
+        lines.append(f"refreshes {page.locator('#updated-at').get_attribute('data-refreshes')}")
+        lines.append(f"problem shown: {problem.text_content()!r}")
+        return "\n".join(lines)
 
 
 def test_the_counts_match_the_store(page, store):
@@ -579,3 +614,73 @@ def test_at_800_px_times_errors_and_actions_stay_in_view(stack, browser, store, 
         assert opened.evaluate("document.documentElement.scrollWidth") <= 800
     finally:
         opened.close()
+
+
+def running_at(store: TableStateStore, order_id: str, step: str) -> bool:
+    found = store.get_state(order_id)
+    return (
+        found is not None
+        and found.value.step == step
+        and found.value.process_state is ProcessState.PROCESSING
+    )
+
+
+def test_a_running_order_is_cancelled_from_its_timeline_and_every_effect_undone(page, stack, store):
+    """Shipping answers late: the order is cancelled while ship runs; ship's late ok is
+    recorded and undone with the rest, as the simulator's ledger shows."""
+    slow_ship = {"per_service": {"shipping": {"slow_rate": 1.0, "slow_seconds": 12}}}
+    configure_faults(stack.simulator_url, slow_ship)
+    try:
+        running = send(stack, 20)
+        wait_until(lambda: running_at(store, running, "ship"), timeout=60, interval=0.2,
+                   what="the order shipping")  # fmt: skip
+        page.goto(f"{stack.api_url}/api/dashboard#order={running}")
+        expect(page.locator("#timeline-state")).to_have_text("Processing")
+        page.click("#cancel-order")  # no reason: refused, nothing changes
+        expect(page.locator("#resubmit-outcome")).to_have_text("not cancelled: say why first")
+        page.fill("#steer-reason", "the customer changed their mind")
+        page.click("#cancel-order")
+        expect(page.locator("#resubmit-outcome")).to_contain_text("cancelled: now ")
+    finally:
+        configure_faults(stack.simulator_url, {})
+    expect(page.locator("#timeline-state")).to_have_text("Cancelled", timeout=WAIT_MS)
+    expect(page.locator("#cancel-order")).to_be_hidden()
+    expect(page.locator("#history tbody tr[data-kind='cancelled']")).to_contain_text(ACTOR)
+    ledger = fetch_ledger(stack.simulator_url)
+    effects = ledger["effects"]
+    assert isinstance(effects, list)
+    mine = {"effects": [e for e in effects if e.get("order_id") == running]}
+    report = check_effects(mine, {running: ProcessState.CANCELLED}, ORDER_WORKFLOW)
+    assert report.problems == [] and report.undone == 3  # reserve, charge, and ship's late ok
+    acts = page.locator(f"#audit tbody tr[data-target='{running}']")
+    expect(acts).to_have_attribute("data-action", "cancel")
+
+
+def test_a_suspended_order_runs_nothing_new_until_it_is_resumed(page, stack, store):
+    """Every call answers 4 s late: the order is suspended while reserve runs; reserve
+    finishes, and charge is not claimed over three Supervisor periods; resumed, it ends
+    Processed."""
+    configure_faults(stack.simulator_url, {"slow_rate": 1.0, "slow_seconds": 4})
+    try:
+        held = send(stack, 21)
+        wait_until(lambda: running_at(store, held, "reserve"), timeout=60, interval=0.2,
+                   what="the order reserving")  # fmt: skip
+        page.goto(f"{stack.api_url}/api/dashboard#order={held}")
+        page.click("#suspend-order")
+        expect(page.locator("#resubmit-outcome")).to_contain_text("suspended: now ")
+    finally:
+        configure_faults(stack.simulator_url, {})
+    expect(page.locator("#timeline-step")).to_contain_text("charge", timeout=WAIT_MS)
+    expect(page.locator("#timeline-step")).to_contain_text("suspended")
+    expect(page.locator("#resume-order")).to_be_visible()
+    page.wait_for_timeout(6_000)  # three Supervisor periods (every 2 s here)
+    found = store.get_state(held)
+    assert found is not None and found.value.process_state is ProcessState.PENDING
+    kinds = [entry.kind for entry in store.get_history(held)]
+    assert "claimed" in kinds and not any(k.startswith("expired") for k in kinds)
+    assert [e.step for e in store.get_history(held) if e.kind == "claimed"] == ["reserve"]
+    page.click("#resume-order")
+    expect(page.locator("#timeline-state")).to_have_text("Processed", timeout=WAIT_MS)
+    actions = page.locator(f"#audit tbody tr[data-target='{held}']")
+    expect(actions).to_have_count(2)
+    expect(actions.nth(0)).to_have_attribute("data-action", "resume")

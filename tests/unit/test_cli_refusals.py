@@ -318,7 +318,7 @@ def test_submit_close_and_purge_are_in_the_audit_log_which_outlives_the_purge(mi
     ]
     assert log[1]["reason"] == "refunded"
     assert [e["action"] for e in sas_json(capsys, "audit", "--actor", "alice")] == ["close"]
-    code, out, err = sas(capsys, "audit", "--action", "cancel")
+    code, out, err = sas(capsys, "audit", "--action", "rewind")
     assert code == 2 and "invalid choice" in err
 
 

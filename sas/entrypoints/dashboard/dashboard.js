@@ -5,9 +5,14 @@
   const REFRESH_MS = 2000;
   const ACTOR_KEY = "sas.actor";
   const HEALTH_EVERY = 5;  // refreshes: the health view reads every order of its window
+  // A read that gets no answer is given up (and shown as a problem), so one stuck call cannot
+  // stop the page refreshing; an action is waited for, as it may have been done.
+  const READ_TIMEOUT_MS = 15000;
   const STATES = [
     "Pending", "Processing", "Compensating", "Processed", "Compensated", "Error", "Closed",
+    "Cancelled", "Terminated",
   ];
+  const ENDED = ["Processed", "Compensated", "Error", "Closed", "Cancelled", "Terminated"];
   // In Azure every route needs the function key: the page is opened with ?code=<key> and sends
   // it on its own calls. Locally the dev host needs none.
   const key = new URLSearchParams(location.search).get("code");
@@ -24,10 +29,17 @@
     const headers = { accept: "application/json" };
     if (key) headers["x-functions-key"] = key;
     if (body !== undefined) headers["content-type"] = "application/json";
-    const response = await fetch(path, {
-      method, headers, body: body === undefined ? undefined : JSON.stringify(body),
-      cache: "no-store", credentials: "same-origin",
-    });
+    let response;
+    try {
+      response = await fetch(path, {
+        method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+        cache: "no-store", credentials: "same-origin",
+        signal: method === "GET" ? AbortSignal.timeout(READ_TIMEOUT_MS) : undefined,
+      });
+    } catch (error) {
+      if (error.name === "TimeoutError") throw new Error(`no answer in ${READ_TIMEOUT_MS / 1000} s`);
+      throw error;
+    }
     const payload = response.headers.get("content-type")?.includes("json")
       ? await response.json() : await response.text();
     const total = response.headers.get("x-total-count");
@@ -268,11 +280,15 @@
     $("timeline-workflow").textContent =
       `${order.workflow} v${order.version}, ${order.priority} priority`;
     $("timeline-input").textContent = JSON.stringify(order.details);
-    const ended = ["Processed", "Compensated", "Error", "Closed"].includes(order.process_state);
+    const ended = ENDED.includes(order.process_state);
     $("timeline-step-label").textContent = ended ? "Ended at" : "Now at";
     $("timeline-step").textContent =
       `${stepLabel(order)}, attempt ${order.attempt}, failures ${order.failure_count}`
-      + (order.waiting ? ` · waiting: ${order.waiting}` : "");
+      + (order.waiting ? ` · waiting: ${order.waiting}` : "")
+      + (order.suspended ? " · suspended: nothing new runs until resumed" : "")
+      + (order.cancelled && !ended ? ` · being undone: ${order.cancelled}` : "");
+    $("timeline").dataset.suspended = String(order.suspended);
+    showSteering(order, ended);
     $("timeline-error").textContent = order.last_error || "—";
     // An order waiting for its workflow version may be closed too (never resubmitted).
     $("resubmit-box").hidden = order.process_state !== "Error" && !order.waiting;
@@ -631,6 +647,46 @@
     }
   }
 
+  // What an operator may do to the open order, as its state allows (the API decides: 409).
+  function showSteering(order, ended) {
+    const forward = order.mode === "do" && !order.cancelled;
+    const cancellable = forward && (!ended || order.process_state === "Error");
+    $("cancel-order").hidden = !cancellable;
+    $("suspend-order").hidden = ended || order.suspended;
+    $("resume-order").hidden = !order.suspended;
+    $("terminate-order").hidden = ended;
+    $("steer-reason").hidden = !cancellable && ended;
+    $("steer-box").hidden = !cancellable && ended;
+  }
+
+  async function steer(verb, done, reasonRequired) {
+    const orderId = openOrder;
+    const outcome = $("resubmit-outcome");
+    const reason = $("steer-reason").value.trim();
+    const who = actor(outcome);
+    if (who === null) return;
+    if (reasonRequired && !reason) {
+      outcome.textContent = `not ${done}: say why first`;
+      outcome.dataset.outcome = "refused";
+      $("steer-reason").focus();
+      return;
+    }
+    const body = { actor: who };
+    if (reason) body.reason = reason;
+    try {
+      const state = await call("POST", `/api/orders/${encodeURIComponent(orderId)}/${verb}`, body);
+      outcome.textContent = `${done}: now ${state.process_state}`
+        + (state.suspended ? ", suspended" : "");
+      outcome.dataset.outcome = verb;
+      auditDue = true;
+      $("steer-reason").value = "";
+    } catch (error) {
+      outcome.textContent = `not ${done}: ${error.message}`;
+      outcome.dataset.outcome = "refused";
+    }
+    await refresh();
+  }
+
   function closeTimeline() {
     openOrder = null;
     linkTo(null);
@@ -757,6 +813,10 @@
     });
     $("resubmit").addEventListener("click", resubmit);
     $("close-order").addEventListener("click", closeOrder);
+    $("cancel-order").addEventListener("click", () => steer("cancel", "cancelled", true));
+    $("suspend-order").addEventListener("click", () => steer("suspend", "suspended", false));
+    $("resume-order").addEventListener("click", () => steer("resume", "resumed", false));
+    $("terminate-order").addEventListener("click", () => steer("terminate", "terminated", true));
     $("bulk-check").addEventListener("click", bulkCheck);
     $("bulk-confirm").addEventListener("click", bulkRun);
     $("parked-bulk-replay").addEventListener("click", () => parkedBulkCheck("replay"));
