@@ -14,7 +14,8 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
 - ``lost_order``: submitted, but neither a state row nor parked in the rejected partition;
 - ``stuck_order``: not terminal, or still in the in-flight index, or still owing its alert;
 - ``effect_applied_twice``: one (order, service, action) applied (or one effect undone) twice;
-- ``compensation_incomplete``: a Compensated (or Cancelled) order with an effect left applied;
+- ``compensation_incomplete``: a Compensated (or Cancelled) order with an effect left applied
+  (of a step that has an undo action: one without needs no undoing);
 - ``processed_effect_missing``: a Processed order without a step's effect, or with it undone;
 - ``error_alerts``: an Error episode with no alert, several distinct alert ids, more raw copies
   than 1 + its ``alert_claimed`` entries, or a claim re-taken before the lease lapsed;
@@ -1057,8 +1058,8 @@ def _ledger(
                             {"undone_by": [e.get("undone_by") for e in mine]},
                         )
                     )
-        elif ps in UNDONE:
-            left = [_label(e) for e in applied if not e.get("undone_at")]
+        elif ps in UNDONE:  # a step declared with no undo action needs none
+            left = [_label(e) for e in applied if not e.get("undone_at") and _has_undo(flow, e)]
             if left:
                 found.append(
                     Violation(
@@ -1151,6 +1152,11 @@ def _orphaned(
             evidence = {"completed_steps": sorted(completed), "ProcessState": ps}
             found.append(Violation("orphaned_effect", order_id, why, evidence))
     return found
+
+
+def _has_undo(flow: Any, entry: Mapping[str, Any]) -> bool:
+    index = flow.step_index(str(entry.get("service")), str(entry.get("action")))
+    return index is None or flow.steps[index].undo is not None
 
 
 def _label(entry: Mapping[str, Any]) -> str:

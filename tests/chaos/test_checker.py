@@ -745,3 +745,21 @@ def test_a_claim_while_suspended_or_a_step_forward_after_a_cancel_is_illegal() -
         "s1",
         "x1",
     ]
+
+
+def test_a_cancelled_order_keeps_the_effects_of_steps_declared_with_no_undo() -> None:
+    """The workspace's create has no undo action (it needs none, as declared): cancelled while
+    configure ran, the order ends Cancelled at once when configure answers, both left."""
+    world = World()
+    world.submitted.append("w1")
+    world.history("w1", "submitted", 0, None)
+    world.history("w1", "claimed", 1, "create")
+    world.history("w1", "completed", 1, "create")
+    world.history("w1", "cancelled", 2, "configure", detail="customer asked")
+    world.history("w1", "completed", 2, "configure")
+    world.state("w1", "Cancelled", 2, 1, Workflow="workspace")
+    for action in ("create", "configure"):
+        key = f"w1:{INCARNATION}:{action}"
+        entry = {"kind": "do", "service": "cloud", "action": action, "idempotency_key": key}
+        world.effects.append({**entry, "order_id": "w1"})
+    assert kinds(world) == []
