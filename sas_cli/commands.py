@@ -16,6 +16,7 @@ app's own services, with the app's settings (see sas_cli/appsettings.py).
   sas audit [--action A] [--actor NAME] [--target ID] [--limit N]
   sas watch [--interval S] [--iterations N]
   sas health [--minutes N] [--alerts N]
+  sas alerts | acknowledge ALERT_ID ... [--note TEXT] [--actor NAME]
 
 Exit codes: 0 done, 1 not found or refused, 2 bad input (nothing changed).
 """
@@ -51,8 +52,10 @@ from sas.domain.errors import (
 from sas.domain.messages import OrderSubmitted
 from sas.domain.model import AUDIT_ACTIONS, OrderState, ProcessState
 from sas.domain.wire import DEFAULT_PRIORITY, ORDER_ID, PRIORITIES
+from sas.entrypoints.health_api import AlertGroupView
 from sas.entrypoints.params import MAX_OFFSET
 from sas.entrypoints.parked_api import bulk_parked_view
+from sas.services import alert_book
 from sas.services.health import MAX_WINDOW
 from sas.services.operator import MAX_QUERY_LIMIT, PURGEABLE_STATES, Operator, OrderQuery
 from sas.services.parked_messages import ParkedQuery
@@ -214,6 +217,7 @@ def parser() -> argparse.ArgumentParser:
 
     _keeping_commands(command)
     _looking_commands(command)
+    _alert_commands(command)
     _alias_commands(commands, command)
     return top
 
@@ -248,6 +252,40 @@ def _keeping_commands(command: Command) -> None:
     audit.add_argument("--actor", dest="by", metavar="NAME", help="by this actor only")
     audit.add_argument("--target", metavar="ID", help="on this order or parked message only")
     audit.add_argument("--limit", type=_arg(_limit), default=100, help=LIMIT_HELP)
+
+
+def _alert_commands(command: Command) -> None:
+    """Open alerts by cause, and acknowledging them."""
+    command("alerts", _alerts, "open alerts, one group per workflow, step and reason")
+    ack = command("acknowledge", _acknowledge, "acknowledge alerts: they are no longer open")
+    ack.add_argument("alert_ids", nargs="+", metavar="ALERT_ID", help="as `sas alerts` lists")
+    ack.add_argument("--note", help="what is being done about it (kept in the audit)")
+    _actor_option(ack)
+
+
+def _alerts(operator: Operator, args: argparse.Namespace) -> int:
+    groups = alert_book.open_groups(bootstrap.store(), bootstrap.clock().now())
+    if args.json:
+        _print_json([AlertGroupView.of(group).model_dump(mode="json") for group in groups])
+    else:
+        console.print(views.alert_groups(groups))
+    return 0
+
+
+def _acknowledge(operator: Operator, args: argparse.Namespace) -> int:
+    outcomes = alert_book.acknowledge(
+        bootstrap.store(),
+        bootstrap.clock().now(),
+        args.alert_ids,
+        actor=args.actor,
+        note=args.note,
+    )
+    if args.json:
+        _print_json(outcomes)
+    else:
+        for alert_id, outcome in outcomes.items():
+            print(f"{alert_id}: {outcome}")
+    return 0 if all(o == "acknowledged" for o in outcomes.values()) else 1
 
 
 def _looking_commands(command: Command) -> None:

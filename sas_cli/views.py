@@ -19,6 +19,7 @@ from sas.entrypoints.health_api import HealthView
 from sas.entrypoints.http_api import AuditView
 from sas.entrypoints.order_views import HistoryView, OrderView, StateView, StepView
 from sas.entrypoints.parked_api import ParkedView
+from sas.services.alert_book import AlertGroup
 from sas.services.health import HealthReport
 from sas.services.operator import OrderDetail
 
@@ -250,10 +251,6 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
         for e in report.endpoints
     ]
     waiting = "?" if report.alerts_waiting is None else report.alerts_waiting
-    alerts = [
-        (a.at, a.order_id, a.order_state.value if a.order_state else "gone", a.reason)
-        for a in report.alerts
-    ]
     missing = [
         Text(f"{w.orders} order(s) wait: {w.reason}: deploy it again, or close them")
         for w in report.waiting
@@ -269,11 +266,27 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
             ("endpoint", "breaker", "failures", "open until", "in flight", "processes"),
             endpoints,
         ),
-        table(
-            f"alerts waiting in {alerts_queue}: {waiting} (oldest first; left there)",
-            ("at", "order", "order now", "reason"),
-            alerts,
-        ),
+        alert_groups(report.open_alerts, f"; {waiting} message(s) in {alerts_queue}"),
+    )
+
+
+def alert_groups(groups: Sequence[AlertGroup], more: str = "") -> Table:
+    """Open alerts, a row per cause: how many, since when, and the ids to acknowledge."""
+    rows = [
+        (
+            g.workflow or "-",
+            g.step or "-",
+            g.reason,
+            len(g.alerts),
+            g.alerts[0].at,
+            g.alerts[-1].at,
+            " ".join(a.alert_id for a in g.alerts[:5]) + (" ..." if len(g.alerts) > 5 else ""),
+        )
+        for g in groups
+    ]
+    columns = ("workflow", "step", "reason", "alerts", "first", "last", "ids")
+    return table(
+        f"open alerts, by cause: {sum(len(g.alerts) for g in groups)}{more}", columns, rows
     )
 
 

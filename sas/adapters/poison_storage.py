@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 from azure.core.exceptions import HttpResponseError, ResourceNotFoundError
@@ -46,6 +47,7 @@ DEFAULT_LEASE_SECONDS = 30
 handed back (the pop receipt must also outlast the send of a replay)."""
 DEFAULT_MAX_SCAN = 256
 DEFAULT_DEADLINE_SECONDS = 20.0
+PEEK_THREADS = 8
 
 
 class StoragePoisonQueues:
@@ -70,18 +72,22 @@ class StoragePoisonQueues:
         self._lock = threading.Lock()
 
     def list(self, limit: int = 100) -> builtins.list[ParkedMessage]:
-        found: builtins.list[ParkedMessage] = []
-        for queue, function in self._sources.items():
+        """Every poison queue peeked at once: one round trip's wait, not one per queue (an app
+        has some twenty, most of them never created)."""
+        size = min(max(limit, 1), PEEK_MAX)
+
+        def peek(source: tuple[str, str]) -> builtins.list[ParkedMessage]:
+            queue, function = source
+            client = self._client(queue + POISON_SUFFIX)
             try:
-                peeked = first_calls_alone(
-                    "peek_messages",
-                    partial(
-                        _peek, self._client(queue + POISON_SUFFIX), min(max(limit, 1), PEEK_MAX)
-                    ),
-                )
+                peeked = first_calls_alone("peek_messages", partial(_peek, client, size))
             except ResourceNotFoundError:
-                continue  # the host creates a poison queue on first use
-            found.extend(self._view(queue, function, message) for message in peeked)
+                return []  # the host creates a poison queue on first use
+            return [self._view(queue, function, message) for message in peeked]
+
+        threads = max(1, min(PEEK_THREADS, len(self._sources)))
+        with ThreadPoolExecutor(threads, thread_name_prefix="sas-poison-peek") as pool:
+            found = [m for part in pool.map(peek, self._sources.items()) for m in part]
         return oldest_first(found)[:limit]
 
     def replay(self, poison_id: str) -> bool:

@@ -23,10 +23,13 @@ from sas.adapters.tables import (
     OrderTables,
     if_unchanged,
     marker_entity,
+    optional_utc,
     state_from,
     utc,
 )
+from sas.domain.errors import ConcurrencyConflict
 from sas.domain.model import (
+    AlertRecord,
     AuditEntry,
     AuditQuery,
     LiveMarker,
@@ -38,6 +41,7 @@ from sas.domain.model import (
 )
 from sas.domain.parked import ParkedMessage
 from sas.domain.wire import (
+    ALERTS_PARTITION,
     DEFAULT_PRIORITY,
     LIVE_PARTITION,
     MISSING_PARTITION,
@@ -444,6 +448,35 @@ class TableStateStore(OrderTables):
                 break
         return found
 
+    # --- operator alerts ----------------------------------------------------------------
+
+    def record_alert(self, record: AlertRecord) -> None:
+        with contextlib.suppress(ResourceExistsError):  # the same alert sent again
+            self._live.create_entity(_alert_entity(record))
+
+    def list_alerts(self) -> list[Versioned[AlertRecord]]:
+        entities = self._live.query_entities(
+            "PartitionKey eq @pk and Open eq true",
+            parameters={"pk": ALERTS_PARTITION},
+            results_per_page=1000,
+        )
+        found = [Versioned(_alert_from(e), str(e.metadata["etag"])) for e in entities]
+        return sorted(found, key=lambda v: (v.value.at, v.value.alert_id))
+
+    def get_alert(self, alert_id: str) -> Versioned[AlertRecord] | None:
+        try:
+            entity = self._live.get_entity(ALERTS_PARTITION, alert_id)
+        except ResourceNotFoundError:
+            return None
+        return Versioned(_alert_from(entity), str(entity.metadata["etag"]))
+
+    def update_alert(self, record: AlertRecord, etag: str) -> str:
+        try:
+            written = self._live.update_entity(_alert_entity(record), **if_unchanged(etag))
+        except (ResourceModifiedError, ResourceNotFoundError) as exc:
+            raise ConcurrencyConflict(f"alert {record.alert_id} changed meanwhile") from exc
+        return str(written["etag"])
+
     # --- workflow versions orders wait for ----------------------------------------------
 
     def get_missing(self, key: str) -> MissingDefinition | None:
@@ -533,6 +566,42 @@ def _named_index(error: TableTransactionError) -> int | None:
     ``index`` is 0 also when the service names none, which would blame the first operation."""
     head, colon, _ = (error.message or "").partition(":")
     return int(head) if colon and head.strip().isdigit() else None
+
+
+def _alert_entity(record: AlertRecord) -> dict[str, Any]:
+    row = {
+        "PartitionKey": ALERTS_PARTITION,
+        "RowKey": record.alert_id,
+        "OrderId": record.order_id,
+        "At": record.at,
+        "Reason": record.reason[:1000],
+        "Workflow": record.workflow or None,
+        "Step": record.step or None,
+        "Attempt": record.attempt,
+        "AcknowledgedBy": record.acknowledged_by,
+        "AcknowledgedAt": record.acknowledged_at,
+        "Note": record.note,
+        "ClearedAt": record.cleared_at,
+        "Open": record.is_open,
+    }
+    return {name: value for name, value in row.items() if value is not None}
+
+
+def _alert_from(entity: Mapping[str, Any]) -> AlertRecord:
+    acknowledged = entity.get("AcknowledgedAt")
+    return AlertRecord(
+        alert_id=entity["RowKey"],
+        order_id=entity["OrderId"],
+        at=utc(entity["At"]),
+        reason=entity.get("Reason") or "",
+        workflow=entity.get("Workflow") or "",
+        step=entity.get("Step") or "",
+        attempt=int(entity.get("Attempt") or 0),
+        acknowledged_by=entity.get("AcknowledgedBy"),
+        acknowledged_at=None if acknowledged is None else utc(acknowledged),
+        note=entity.get("Note"),
+        cleared_at=optional_utc(entity.get("ClearedAt")),
+    )
 
 
 def _audit_entity(entry: AuditEntry) -> dict[str, Any]:

@@ -180,7 +180,7 @@ class HistoryEntry:
 
 AuditAction = Literal[
     "submit", "resubmit", "close", "purge", "parked_replay", "parked_discard",
-    "cancel", "suspend", "resume", "terminate",
+    "cancel", "suspend", "resume", "terminate", "acknowledge",
 ]  # fmt: skip
 AUDIT_ACTIONS: tuple[AuditAction, ...] = get_args(AuditAction)
 
@@ -197,6 +197,30 @@ class AuditEntry:
     reason: str | None = None
     detail: str | None = None
     """What came of it, or what else it acted with (a state, a queue)."""
+
+
+@dataclass(frozen=True)
+class AlertRecord:
+    """An operator alert as sent (the alerts queue has its message): open while its order is
+    still in Error at that attempt (or still waits for its definition) and no one acknowledged
+    it; cleared by itself once the order leaves Error."""
+
+    alert_id: str
+    order_id: str
+    at: datetime
+    reason: str
+    workflow: str = ""
+    step: str = ""
+    attempt: int = 0
+    acknowledged_by: str | None = None
+    acknowledged_at: datetime | None = None
+    note: str | None = None
+    cleared_at: datetime | None = None
+    """When it was found its order had left Error (or was gone)."""
+
+    @property
+    def is_open(self) -> bool:
+        return self.acknowledged_at is None and self.cleared_at is None
 
 
 @dataclass(frozen=True)

@@ -367,14 +367,16 @@ def refuse_step(
     """The remote refused for good (non-transient): compensate or stop in Error.
 
     The refusing attempt had no effect, so compensation starts below the step, unless an
-    earlier attempt of the step expired: its call may still have been applied (a refusal can
-    answer a retry that overlapped it), so the undo starts at the step itself, which undoes
-    nothing if nothing was applied. A refused undo cannot be retried into success: an
-    operator must look.
+    earlier attempt of the step was claimed: its call may still have been applied (a refusal
+    can answer a retry that overlapped it), so the undo starts at the step itself, which
+    undoes nothing if nothing was applied. Whether one was is the attempt, not the failure
+    count, which a resubmit, a suspension's held expiry or the load's spared one leave at 0.
+    A refused undo cannot be retried into success: an operator must look.
     """
     check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode, outcome="error")
     if mode == "do" and (workflow.on_failure == "compensate" or state.cancelled is not None):
-        start = step_index if state.failure_count > 0 else step_index - 1
+        tried_before = state.failure_count > 0 or attempt > max(state.first_attempt, 1)
+        start = step_index if tried_before else step_index - 1
         return begin_compensation(
             state, from_index=start, now=now, workflow=workflow, reason=reason
         )

@@ -314,10 +314,17 @@ def missing_definition_key(workflow: str, version: int, fingerprint: str) -> str
     return f"{workflow}.{version}.{fingerprint or '-'}"
 
 
+MISSING_ALERT_PREFIX = "definition-missing:"
+
+
 def missing_alert_id(key: str, at: datetime) -> str:
     """The alert of a missing definition: one id per definition and UTC day, whoever sends it."""
-    return _bounded(f"definition-missing:{key}:{at.astimezone(UTC):%Y-%m-%d}")
+    return _bounded(f"{MISSING_ALERT_PREFIX}{key}:{at.astimezone(UTC):%Y-%m-%d}")
 
+
+ALERTS_PARTITION = "~alerts"
+"""Operator alerts as sent (in the in-flight table), RowKey = the alert id: what an operator
+acknowledges, and what tells an open alert from one its order left behind."""
 
 LOAD_PARTITION = "~load"
 """Remote endpoints' in-flight calls as each process last published them (in the in-flight

@@ -11,6 +11,9 @@ from pydantic import BaseModel, Field
 from sas import bootstrap
 from sas.domain.breaker import BreakerStatus
 from sas.domain.model import ProcessState
+from sas.entrypoints.params import SignedIn, actor_of
+from sas.services import alert_book
+from sas.services.alert_book import AlertGroup
 from sas.services.health import MAX_WINDOW, Bucket, EndpointHealth, HealthReport, WaitingAlert
 
 router = APIRouter()
@@ -75,6 +78,38 @@ class AlertView(BaseModel):
         return cls(**vars(alert))
 
 
+class OpenAlertView(BaseModel):
+    alert_id: str
+    order_id: str
+    at: datetime
+    attempt: int
+
+
+class AlertGroupView(BaseModel):
+    workflow: str
+    step: str
+    reason: str
+    count: int
+    first_at: datetime
+    last_at: datetime
+    alerts: list[OpenAlertView] = Field(description="oldest first")
+
+    @classmethod
+    def of(cls, group: AlertGroup) -> AlertGroupView:
+        return cls(
+            workflow=group.workflow,
+            step=group.step,
+            reason=group.reason,
+            count=len(group.alerts),
+            first_at=group.alerts[0].at,
+            last_at=group.alerts[-1].at,
+            alerts=[
+                OpenAlertView(alert_id=a.alert_id, order_id=a.order_id, at=a.at, attempt=a.attempt)
+                for a in group.alerts
+            ],
+        )
+
+
 class WaitingView(BaseModel):
     reason: str = Field(description="the workflow version they wait for, and why")
     orders: int
@@ -111,6 +146,12 @@ class HealthView(BaseModel):
     saturated: bool = Field(
         default=False, description="retries are being held back: the app is past its capacity"
     )
+    open_alerts: list[AlertGroupView] = Field(
+        default_factory=list,
+        description="alerts no one acknowledged whose order is still in the trouble they were "
+        "sent for, one group per workflow, step and reason; an alert clears itself once its "
+        "order leaves Error (resubmitted, closed, cancelled, purged)",
+    )
 
     @classmethod
     def of(cls, report: HealthReport) -> HealthView:
@@ -129,6 +170,7 @@ class HealthView(BaseModel):
             waiting=[WaitingView(reason=w.reason, orders=w.orders) for w in report.waiting],
             retries_held_back=report.retries_held_back,
             saturated=report.saturated,
+            open_alerts=[AlertGroupView.of(group) for group in report.open_alerts],
         )
 
 
@@ -146,3 +188,41 @@ def health_report(
     capacity; and the alerts waiting in the alerts queue. Reads every order updated in the
     window: an operator's look, not a hot path."""
     return HealthView.of(bootstrap.health().report(timedelta(minutes=minutes), alerts=alerts))
+
+
+@router.get("/api/alerts", response_model=list[AlertGroupView])
+def open_alerts() -> list[AlertGroupView]:
+    """Open alerts, one group per workflow, step and reason (oldest first): those no one
+    acknowledged whose order is still in the trouble they were sent for."""
+    groups = alert_book.open_groups(bootstrap.store(), bootstrap.clock().now())
+    return [AlertGroupView.of(group) for group in groups]
+
+
+class AcknowledgeRequest(BaseModel):
+    alert_ids: Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=300)]],
+        Field(min_length=1, max_length=alert_book.MAX_ACKNOWLEDGE),
+    ]
+    note: Annotated[str, Field(max_length=alert_book.MAX_NOTE)] | None = None
+    actor: Annotated[str, Field(min_length=1, max_length=100)] = "operator"
+
+
+class AcknowledgeView(BaseModel):
+    outcomes: dict[str, str] = Field(
+        description="by alert id: acknowledged, acknowledged already, cleared already, not "
+        "found, or changed meanwhile: try again"
+    )
+
+
+@router.post("/api/alerts/acknowledge", response_model=AcknowledgeView)
+def acknowledge_alerts(request: AcknowledgeRequest, signed_in: SignedIn = None) -> AcknowledgeView:
+    """Acknowledge alerts (a whole group: its ids), with a note: they are no longer open.
+    Audited, one entry per alert."""
+    outcomes = alert_book.acknowledge(
+        bootstrap.store(),
+        bootstrap.clock().now(),
+        request.alert_ids,
+        actor=actor_of(signed_in, request.actor),
+        note=request.note,
+    )
+    return AcknowledgeView(outcomes=outcomes)

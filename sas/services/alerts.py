@@ -8,7 +8,7 @@ from enum import StrEnum
 
 from sas.domain.errors import ConcurrencyConflict, IllegalTransition, NotFound
 from sas.domain.messages import OperatorAlert
-from sas.domain.model import HistoryEntry, OrderState
+from sas.domain.model import AlertRecord, HistoryEntry, OrderState
 from sas.domain.recovery import alert_sent, claim_alert
 from sas.domain.wire import alert_message_id
 from sas.services import metrics
@@ -65,6 +65,7 @@ def settle_alert(
         state.last_error or "order failed",
         error_at,
         alert_id=alert_message_id(state.order_id, state.attempt, error_at),
+        about=state,
     )
     try:
         ctx.store.update_state(alert_sent(state), etag)
@@ -105,8 +106,30 @@ def _claim_alert(
         return None
 
 
-def alert(ctx: Context, order_id: str, reason: str, at: datetime, *, alert_id: str) -> None:
-    """One operator alert: a message on the alerts queue and an ERROR log event."""
+def alert(
+    ctx: Context,
+    order_id: str,
+    reason: str,
+    at: datetime,
+    *,
+    alert_id: str,
+    about: OrderState | None = None,
+) -> None:
+    """One operator alert: kept (what operators acknowledge; best effort, the message is what
+    must go out), a message on the alerts queue and an ERROR log event."""
+    record = AlertRecord(
+        alert_id=alert_id,
+        order_id=order_id,
+        at=at,
+        reason=reason[:1000],
+        workflow="" if about is None else about.workflow,
+        step="" if about is None else about.step,
+        attempt=0 if about is None else about.attempt,
+    )
+    try:
+        ctx.store.record_alert(record)
+    except Exception:
+        log.warning("sas.alert_record_failed", exc_info=True, extra={"order_id": order_id})
     metrics.instruments.alerts.add(1)
     log.error(
         "sas.operator_alert order=%s reason=%s",

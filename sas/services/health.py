@@ -24,6 +24,7 @@ from sas.domain.endpoints import Endpoint, EndpointLoad
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OperatorAlert, decode
 from sas.domain.model import ProcessState
+from sas.services.alert_book import AlertGroup, open_groups
 from sas.services.breaker import BreakerStore
 from sas.services.ports import BudgetStore, LoadStore, QueueDepth, QueuePeek, StateStore
 
@@ -113,6 +114,8 @@ class HealthReport:
     retries_held_back: int | None = 0
     """Expired steps the Supervisors' retry budgets held back in their last minute: more than
     none, the app is saturated and those orders wait, uncounted (None: could not be read)."""
+    open_alerts: list[AlertGroup] = field(default_factory=list)
+    """Alerts neither acknowledged nor left behind by their order, by cause (``alert_book``)."""
 
     @property
     def saturated(self) -> bool:
@@ -175,9 +178,11 @@ class Health:
             None,
         )
         held = _guarded("retry budget", problems, lambda: self._held_back(now))
+        groups = _guarded("open alerts", problems, lambda: open_groups(self._s.store, now))
         return HealthReport(
             now, since, bucket, buckets or [], endpoints or [], listed, alerts_waiting, problems,
             [WaitingOrders(reason, n) for reason, n in sorted(waiting.items())], held,
+            groups or [],
         )  # fmt: skip
 
     def _held_back(self, now: datetime) -> int:

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.messages import Message
 from sas.domain.model import (
+    AlertRecord,
     AuditEntry,
     AuditQuery,
     HistoryEntry,
@@ -186,6 +187,20 @@ class StateStore(Protocol):
 
     def list_audit(self, query: AuditQuery) -> list[AuditEntry]:
         """At most ``query.limit`` actions, newest first, that ``query`` matches."""
+        ...
+
+    def record_alert(self, record: AlertRecord) -> None:
+        """Keep an alert as sent; one already kept under its id is left as it is."""
+        ...
+
+    def list_alerts(self) -> list[Versioned[AlertRecord]]:
+        """The alerts kept that are open (neither acknowledged nor cleared), oldest first."""
+        ...
+
+    def get_alert(self, alert_id: str) -> Versioned[AlertRecord] | None: ...
+
+    def update_alert(self, record: AlertRecord, etag: str) -> str:
+        """Write if unchanged since ``etag`` was read; ConcurrencyConflict otherwise."""
         ...
 
     def record_start(self, start: StepStart) -> StepStart:

@@ -108,7 +108,8 @@ def _alert_once(ctx: Context, state: OrderState, missing: DefinitionMissing, now
     if noted is not None and now - noted.since < ALERT_AGAIN_AFTER:
         return
     reason = f"orders wait: {missing.reason}"
-    alerts.alert(ctx, state.order_id, reason, now, alert_id=missing_alert_id(key, now))
+    alert_id = missing_alert_id(key, now)
+    alerts.alert(ctx, state.order_id, reason, now, alert_id=alert_id, about=state)
     ctx.store.note_missing(MissingDefinition(key, missing.reason, now))
 
 

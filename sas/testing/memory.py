@@ -14,6 +14,7 @@ from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.messages import Message, decode, encode
 from sas.domain.model import (
+    AlertRecord,
     AuditEntry,
     AuditQuery,
     HistoryEntry,
@@ -198,6 +199,7 @@ class InMemoryStore:
         self.steps: dict[tuple[str, int], StepRecord] = {}
         self.parked: dict[str, ParkedMessage] = {}
         self.audit: list[AuditEntry] = []
+        self.alert_records: dict[str, Versioned[AlertRecord]] = {}
         """Operators' actions, in the order they were appended."""
         self.history: list[HistoryEntry] = []
         self.live: dict[str, LiveMarker] = {}
@@ -402,6 +404,24 @@ class InMemoryStore:
 
     def drop_parked(self, parked_id: str) -> bool:
         return self.parked.pop(parked_id, None) is not None
+
+    def record_alert(self, record: AlertRecord) -> None:
+        if record.alert_id not in self.alert_records:
+            self.alert_records[record.alert_id] = Versioned(record, next(self._etags))
+
+    def list_alerts(self) -> list[Versioned[AlertRecord]]:
+        kept = [v for v in self.alert_records.values() if v.value.is_open]
+        return sorted(kept, key=lambda v: (v.value.at, v.value.alert_id))
+
+    def get_alert(self, alert_id: str) -> Versioned[AlertRecord] | None:
+        return self.alert_records.get(alert_id)
+
+    def update_alert(self, record: AlertRecord, etag: str) -> str:
+        current = self.alert_records.get(record.alert_id)
+        if current is None or current.etag != etag:
+            raise ConcurrencyConflict(f"alert {record.alert_id} changed meanwhile")
+        self.alert_records[record.alert_id] = Versioned(record, next(self._etags))
+        return self.alert_records[record.alert_id].etag
 
     def append_audit(self, entries: Sequence[AuditEntry]) -> None:
         self.audit.extend(entries)

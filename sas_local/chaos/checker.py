@@ -697,7 +697,7 @@ def _steered(s: _State, r: _Row, design: Design) -> _State | str | None:
             return f"reply for attempt {r.attempt}, which was never claimed"
         # ok: the step is done, undo it too; a refusal: below it unless an earlier attempt
         # expired; a deferral called nothing, but an earlier attempt may have.
-        refused_clean = r.kind == "refused" and not s.failures
+        refused_clean = r.kind == "refused" and not _tried_before(s, r)
         return _undo_from(s, s.step - 1 if refused_clean else s.step, design, r)
     if forward and r.kind.startswith("expired_") and _STEERED in r.detail:
         if s.ps not in (PENDING, running) or r.attempt != s.attempt or not same_step:
@@ -716,6 +716,14 @@ def _steered(s: _State, r: _Row, design: Design) -> _State | str | None:
             return replace(held, claimed=s.claimed, cancelled=s.cancelled, suspended=True)
         return replace(new, cancelled=s.cancelled, suspended=True)
     return None
+
+
+def _tried_before(s: _State, r: _Row) -> bool:
+    """An attempt of the step (in its direction) was claimed before the one answering."""
+    return bool(s.failures) or any(
+        step == s.step and mode == s.mode and attempt < r.attempt
+        for step, mode, attempt in s.claimed
+    )
 
 
 def _undo_from(s: _State, index: int, design: Design, r: _Row) -> _State:
@@ -835,8 +843,8 @@ def _reply(s: _State, r: _Row, design: Design, *, same_step: bool, running: str)
     if r.kind == "refused":
         if s.mode == "undo" or design.on_failure != "compensate":
             return _State(ERROR, s.step, s.mode, s.attempt, s.failures, claimed=claims)
-        # The refusing attempt applied nothing; an earlier one that expired may have.
-        first = design.next_undo(s.step if s.failures else s.step - 1)
+        # The refusing attempt applied nothing; an earlier one claimed for the step may have.
+        first = design.next_undo(s.step if _tried_before(s, r) else s.step - 1)
         if first is None:
             return _State(COMPENSATED, s.step, s.mode, s.attempt)
         return _State(PENDING, first, "undo", s.attempt, claimed=claims)

@@ -448,7 +448,7 @@ def test_parked_messages_matching_a_filter_are_replayed_then_discarded_in_bulk(p
     page.select_option("#parked-by", "app")
     page.fill("#parked-queue", stack.settings.lane(QUEUE_ORDERS, "normal"))
     page.press("#parked-queue", "Enter")
-    expect(page.locator("#parked-shown")).to_have_text("showing 2 of 2")
+    expect(page.locator("#parked-shown")).to_have_text("showing 2 of 2", timeout=WAIT_MS)
 
     outcome = page.locator("#parked-bulk-outcome")
     page.click("#parked-bulk-replay")
@@ -481,11 +481,10 @@ def test_parked_messages_matching_a_filter_are_replayed_then_discarded_in_bulk(p
     assert store.list_parked(10) == []
 
 
-def test_the_health_view_shows_an_open_breaker_and_the_unread_alert(
-    page, stack, store, failed_order
-):
+def test_the_health_view_shows_an_open_breaker_and_the_open_alert(page, stack, store):
     """Inventory answers 503 to every call until its breaker opens (the agents' own doing);
-    the failed order's alert has waited, unread, in the alerts queue since the fixture."""
+    an order stopped in Error has its alert open."""
+    stopped = error_order(stack, store, 24)
     breakers = TableBreakerStore(table_client(stack.settings.storage, stack.settings.table_name))
 
     def inventory_open() -> bool:
@@ -503,9 +502,8 @@ def test_the_health_view_shows_an_open_breaker_and_the_unread_alert(
     expect(page.locator("#endpoints tbody tr[data-target='shipping']")).to_have_attribute(
         "data-breaker", "closed"
     )
-    # One alert each time it stopped in Error (it was resubmitted since, and failed again).
-    alert = page.locator("#alerts tbody tr").filter(has_text=failed_order).first
-    expect(alert.locator("td").nth(3)).to_contain_text("refused")
+    alert = page.locator("#alerts tbody tr").filter(has_text=stopped)
+    expect(alert.locator("td").nth(2)).to_contain_text("refused")
     expect(page.locator("#counts [data-count='alerts']")).not_to_have_text("—")
     expect(page.locator("#health-summary")).to_contain_text("failure rate")
     assert int(page.locator("#health-summary").get_attribute("data-failed") or 0) >= 1
@@ -515,8 +513,8 @@ def test_the_health_view_shows_an_open_breaker_and_the_unread_alert(
     expect(axis.locator(".scale")).to_have_text(
         re.compile(r"^tallest bar: \d+ order\(s\) per \d+ min$")
     )
-    alert.locator("a").click()  # a link to the order's timeline
-    expect(page.locator("#timeline")).to_have_attribute("data-order-id", failed_order)
+    alert.locator(f"a[title='{stopped}']").click()  # a link to the order's timeline
+    expect(page.locator("#timeline")).to_have_attribute("data-order-id", stopped)
 
 
 def test_the_health_view_says_when_the_supervisor_holds_retries_back(page, stack):
@@ -684,3 +682,27 @@ def test_a_suspended_order_runs_nothing_new_until_it_is_resumed(page, stack, sto
     actions = page.locator(f"#audit tbody tr[data-target='{held}']")
     expect(actions).to_have_count(2)
     expect(actions.nth(0)).to_have_attribute("data-action", "resume")
+
+
+def test_an_alert_is_acknowledged_and_another_clears_when_its_order_is_resubmitted(
+    page, stack, store
+):
+    acknowledged = error_order(stack, store, 22)
+    group = page.locator("#alerts tbody tr").filter(has_text=acknowledged)
+    expect(group).to_be_visible(timeout=WAIT_MS)
+    page.fill("#ack-note", "refunds are down: on it")
+    group.locator("button.acknowledge").click()
+    expect(page.locator("#alerts-outcome")).to_contain_text("acknowledged")
+    expect(group).to_have_count(0)
+    ack = page.locator(
+        f"#audit tbody tr[data-action='acknowledge'][data-target^='{acknowledged}:']"
+    )
+    expect(ack.first).to_contain_text("refunds are down")
+    cleared = error_order(stack, store, 23)  # same cause: a new group, of it alone
+    group = page.locator("#alerts tbody tr").filter(has_text=cleared)
+    expect(group).to_be_visible(timeout=WAIT_MS)
+    configure_faults(stack.simulator_url, {})  # the refunds work again
+    page.goto(f"{stack.api_url}/api/dashboard#order={cleared}")
+    page.click("#resubmit")
+    expect(page.locator("#timeline-state")).to_have_text("Compensated", timeout=WAIT_MS)
+    expect(page.locator("#alerts tbody tr").filter(has_text=cleared)).to_have_count(0)

@@ -5,8 +5,13 @@ decided by the domain, run in memory (tests/unit/test_alerts.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from sas.domain.errors import ConcurrencyConflict
+from sas.domain.model import ProcessState
+from sas.services import alert_book
 from sas.services.context import ALERT_LEASE
 from tests.harness import ROUTES
 from tests.unit.test_alerts import alerts_for, refused_for_good
@@ -34,3 +39,28 @@ def test_a_sender_that_died_is_replaced_after_the_lease_with_the_same_alert_id(w
     assert sent.message_id == alert.alert_id  # the id a consumer de-duplicates on
     world.tick(ALERT_LEASE.total_seconds() + 1)
     assert len(alerts_for(world, oid)) == 1
+
+
+def test_an_alert_kept_on_azurite_is_acknowledged_once_and_cleared_when_its_order_moves(
+    world, strict
+):
+    """The records through the real table: kept once however often sent, listed while open
+    (the ``Open`` column the query filters on), and written only on the ETag they were read
+    with."""
+    oid = order(world, refused_for_good(world), workflow=strict)
+    world.run()
+    (kept,) = world.store.list_alerts()
+    world.store.record_alert(replace(kept.value, reason="sent again"))  # the same id: left
+    assert [v.value.reason for v in world.store.list_alerts()] == [kept.value.reason]
+    now = world.clock.now()
+    acked = replace(kept.value, acknowledged_by="dana", acknowledged_at=now)
+    world.store.update_alert(acked, kept.etag)
+    with pytest.raises(ConcurrencyConflict):
+        world.store.update_alert(replace(kept.value, cleared_at=now), kept.etag)  # stale
+    assert world.store.list_alerts() == []
+    found = world.store.get_alert(kept.value.alert_id)
+    assert found is not None and found.value.acknowledged_by == "dana"
+    assert alert_book.acknowledge(world.store, now, [kept.value.alert_id], actor="eve") == {
+        kept.value.alert_id: "acknowledged already"
+    }
+    assert world.state(oid).process_state is ProcessState.ERROR

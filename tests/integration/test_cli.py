@@ -588,6 +588,8 @@ def test_watch_renders_counts_and_recent_failures(mixed, capsys):
         "Compensated": "1",
         "Error": "1",
         "Closed": "0",
+        "Cancelled": "0",
+        "Terminated": "0",
     }
     failures = out[out.index("recent failures") :]
     assert "broken" in failures and "card declined" in failures
@@ -637,12 +639,18 @@ def test_health_shows_throughput_an_open_breaker_the_load_and_a_waiting_alert(mi
     }
     assert [(a["alert_id"], a["order_state"]) for a in shown["alerts"]] == [("al-1", "Error")]
     assert shown["alerts_waiting"] == 1 and shown["problems"] == []
+    # Open alerts come from what was sent (the order's own), not from the queue's contents.
+    ((group, orders),) = [
+        ((g["workflow"], g["step"]), [a["order_id"] for a in g["alerts"]])
+        for g in shown["open_alerts"]
+    ]
+    assert orders == ["broken"] and group[1] == "charge"
 
     code, out, err = sas(capsys, "health", "--minutes", "90")
     assert code == 0, err
     assert "5 submitted, 4 finished, 2 failed (failure rate 50.0%)" in out
     assert re.search(r"payment\s+│\s+open\s+│\s+5\s+│", out), out
-    assert "alerts waiting in" in out and "card declined" in out and "Error" in out
+    assert "open alerts, by cause: 1; 1 message(s) in" in out and "card declined" in out
     assert "orders per 2 min" in out
 
 

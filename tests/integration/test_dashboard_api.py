@@ -72,6 +72,8 @@ def test_stats_count_every_state_and_the_parked_messages(client, orders, poisone
         "Compensated": 0,
         "Error": 1,
         "Closed": 0,
+        "Cancelled": 0,
+        "Terminated": 0,
     }
     # One count for both kinds: the message the app parked and the one the host gave up on.
     assert (body["parked"], body["parked_more"]) == (2, False)

@@ -45,6 +45,7 @@ from sas.domain.messages import (
     StepRequest,
 )
 from sas.domain.model import (
+    AlertRecord,
     AuditEntry,
     AuditQuery,
     HistoryEntry,
@@ -329,6 +330,18 @@ class AuditingStore:
 
     def append_audit(self, entries: Sequence[AuditEntry]) -> None:
         self.inner.append_audit(entries)
+
+    def record_alert(self, record: AlertRecord) -> None:
+        self.inner.record_alert(record)
+
+    def list_alerts(self) -> list[Versioned[AlertRecord]]:
+        return self.inner.list_alerts()
+
+    def get_alert(self, alert_id: str) -> Versioned[AlertRecord] | None:
+        return self.inner.get_alert(alert_id)
+
+    def update_alert(self, record: AlertRecord, etag: str) -> str:
+        return self.inner.update_alert(record, etag)
 
     def list_audit(self, query: AuditQuery) -> list[AuditEntry]:
         return self.inner.list_audit(query)

@@ -133,7 +133,7 @@ def test_a_refusal_after_an_earlier_attempt_expired_compensates_from_the_step_it
     retried = claim(pending, instance_id="s", now=late + timedelta(minutes=1), workflow=WF)
     refused = refuse_step(retried, attempt=4, step_index=1, now=late, reason="x", workflow=WF)
     assert (refused.mode, refused.step_index) == ("undo", 1)
-    first = _running(attempt=3, step_index=1)  # no attempt of charge expired before
+    first = replace(_running(attempt=3, step_index=1), first_attempt=3)  # charge's first try
     refused = refuse_step(first, attempt=3, step_index=1, now=late, reason="x", workflow=WF)
     assert (refused.mode, refused.step_index) == ("undo", 0)
 

@@ -7,7 +7,7 @@
   const HEALTH_EVERY = 5;  // refreshes: the health view reads every order of its window
   // A read that gets no answer is given up (and shown as a problem), so one stuck call cannot
   // stop the page refreshing; an action is waited for, as it may have been done.
-  const READ_TIMEOUT_MS = 15000;
+  const READ_TIMEOUT_MS = 60000;
   const STATES = [
     "Pending", "Processing", "Compensating", "Processed", "Compensated", "Error", "Closed",
     "Cancelled", "Terminated",
@@ -128,8 +128,8 @@
     const shown = stats.parked_more ? `${stats.parked}+` : stats.parked;
     parked.append(el("span", shown, { class: "count", "data-count": "parked" }));
     cards.push(parked);
-    const alerts = el("div", null, { class: "card", "data-kind": "alerts", title: "alerts waiting" });
-    alerts.append(el("span", "Alerts waiting", { class: "label" }));
+    const alerts = el("div", null, { class: "card", "data-kind": "alerts", title: "open alerts" });
+    alerts.append(el("span", "Open alerts", { class: "label" }));
     alerts.append(el("span", alertsWaiting ?? "—", { class: "count", "data-count": "alerts" }));
     alerts.addEventListener("click", () => $("health").scrollIntoView());
     cards.push(alerts);
@@ -397,17 +397,46 @@
         e.capacity === null ? e.in_flight : `${e.in_flight} of ${e.capacity}`, e.processes],
       { "data-target": e.target, "data-breaker": e.breaker },
     )));
-    fill($("alerts").tBodies[0], report.alerts.map((alert) => {
-      const link = el("a", alert.order_id, { href: `#order=${encodeURIComponent(alert.order_id)}` });
+    fill($("alerts").tBodies[0], report.open_alerts.map((group) => {
+      const orders = el("span");
+      for (const alert of group.alerts.slice(0, 5)) {
+        orders.append(el("a", shortId(alert.order_id),
+          { href: `#order=${encodeURIComponent(alert.order_id)}`, title: alert.order_id }), " ");
+      }
+      if (group.alerts.length > 5) orders.append(`and ${group.alerts.length - 5} more`);
+      const ack = el("button", "Acknowledge", { type: "button", class: "quiet acknowledge" });
+      ack.addEventListener("click", () => acknowledge(group.alerts.map((a) => a.alert_id)));
       return row(
-        [when(alert.at), link, alert.order_state ? stateBadge(alert.order_state, alert.order_mode) : "gone",
-          el("span", alert.reason, { class: "error" })],
-        { "data-alert-id": alert.alert_id },
+        [group.workflow || "—", group.step || "—", el("span", group.reason, { class: "error" }),
+          group.count, when(group.last_at), orders, ack],
+        { "data-step": group.step, "data-orders": group.alerts.map((a) => a.order_id).join(" ") },
       );
     }));
-    alertsWaiting = report.alerts_waiting;
-    $("alerts-count").textContent = alertsWaiting === null ? "(?)" : `(${alertsWaiting})`;
-    $("alerts-empty").hidden = report.alerts.length > 0;
+    alertsWaiting = report.open_alerts.reduce((sum, group) => sum + group.count, 0);
+    $("alerts-count").textContent = `(${alertsWaiting})`;
+    $("alerts-empty").hidden = report.open_alerts.length > 0;
+  }
+
+  async function acknowledge(alertIds) {
+    const outcome = $("alerts-outcome");
+    const who = actor(outcome);
+    if (who === null) return;
+    const note = $("ack-note").value.trim();
+    try {
+      const body = { alert_ids: alertIds, actor: who };
+      if (note) body.note = note;
+      const report = await call("POST", "/api/alerts/acknowledge", body);
+      const done = Object.values(report.outcomes).filter((o) => o === "acknowledged").length;
+      outcome.textContent = `acknowledged ${done} of ${alertIds.length}`;
+      outcome.dataset.outcome = "acknowledged";
+      $("ack-note").value = "";
+    } catch (error) {
+      outcome.textContent = `not acknowledged: ${error.message}`;
+      outcome.dataset.outcome = "refused";
+    }
+    healthDue = true;
+    auditDue = true;
+    await refresh();
   }
 
   function renderAudit(entries) {
@@ -573,8 +602,8 @@
         problems.push(`${what}: ${error.message}`);
       }
     };
-    const health = healthDue || refreshes % HEALTH_EVERY === 0;
-    const audited = auditDue;
+    const audited = auditDue;  // after an action: its alert may have cleared, too
+    const health = healthDue || audited || refreshes % HEALTH_EVERY === 0;
     const orders = pageQuery();
     const minutes = $("health-minutes").value;
     const parked = parkedQuery();
