@@ -2,10 +2,11 @@
 
 import azure.functions as func
 
-from sas.entrypoints.http_api import api
+from sas.entrypoints.http_function import blueprint as http_functions
 from sas.entrypoints.queues import blueprint as queue_functions
 from sas.entrypoints.timer import blueprint as timer_functions
 
-app = func.AsgiFunctionApp(app=api, http_auth_level=func.AuthLevel.FUNCTION)
+app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
+app.register_functions(http_functions)
 app.register_functions(queue_functions)
 app.register_functions(timer_functions)

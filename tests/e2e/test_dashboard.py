@@ -546,6 +546,11 @@ def test_an_error_order_settled_by_hand_is_closed_then_purged(page, stack, store
     assert closing == [(ACTOR, "refunded by hand")]
 
     # The operator's CLI, a process of its own, on the settings the stack wrote.
+    summary = page.locator("#health-summary")
+    page.reload()  # the health view read after the close
+    expect(summary).to_contain_text("failure rate")
+    rates = re.compile(r"(\d+) finished.*, (\d+) failed \(failure rate ([\d.]+)%")
+    before = rates.search(summary.text_content() or "")
     settings = str(stack.devhost.log_dir.parent / "local.settings.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SAS_", "SasStorage"))}
     done = subprocess.run(
@@ -555,6 +560,10 @@ def test_an_error_order_settled_by_hand_is_closed_then_purged(page, stack, store
     )  # fmt: skip
     assert done.returncode == 0 and "purged 1 of 1" in done.stdout, done.stderr
     assert store.get_state(settled) is None
+    page.reload()  # the rates are the app's own: purging what an operator closed leaves them
+    expect(summary).to_contain_text("failure rate")
+    after = rates.search(summary.text_content() or "")
+    assert before is not None and after is not None and before.groups() == after.groups()
     page.fill("#find-order", settled)
     page.press("#find-order", "Enter")
     expect(page.locator("#find-outcome")).to_contain_text(f"order {settled}: 404")

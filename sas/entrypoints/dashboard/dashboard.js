@@ -379,9 +379,10 @@
     const rate = report.failure_rate === null ? "no order finished"
       : `failure rate ${(report.failure_rate * 100).toFixed(1)}%`;
     const submitted = report.buckets.reduce((sum, b) => sum + b.submitted, 0);
-    const closed = report.buckets.reduce((sum, b) => sum + b.closed, 0);
+    const apart = ["closed", "cancelled", "terminated"].map((kind) => [kind,
+      report.buckets.reduce((sum, b) => sum + (b[kind] ?? 0), 0)]).filter(([, n]) => n > 0);
     $("health-summary").textContent = `${submitted} submitted, ${report.finished} finished`
-      + (closed ? `, ${closed} closed by an operator` : "")
+      + apart.map(([kind, n]) => `, ${n} ${kind} by an operator`).join("")
       + `, ${report.failed} failed (${rate}) since ${when(report.since).textContent}`
       + (report.problems.length ? ` · not read: ${report.problems.join("; ")}` : "")
       + (report.waiting || []).map((w) => ` · ${w.orders} order(s) wait: ${w.reason}`).join("")
