@@ -481,6 +481,7 @@ def test_parked_messages_matching_a_filter_are_replayed_then_discarded_in_bulk(p
     assert store.list_parked(10) == []
 
 
+@pytest.mark.timeout(420)  # an order to Error first, then a breaker to open: beside the suite
 def test_the_health_view_shows_an_open_breaker_and_the_open_alert(page, stack, store):
     """Inventory answers 503 to every call until its breaker opens (the agents' own doing);
     an order stopped in Error has its alert open."""
