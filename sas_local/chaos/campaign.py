@@ -593,7 +593,7 @@ class Campaign:
         suspended: dict[str, float] = {}
         while not self.storm_over.wait(p.steer_every) and budget > 0:
             for order_id, due in list(suspended.items()):
-                if time.monotonic() >= due and self._steer_call(order_id, "resume"):
+                if time.monotonic() >= due and self._resumed(order_id):
                     del suspended[order_id]
             recent = ids[max(0, self.submitted - p.window) : self.submitted]
             if not recent:
@@ -606,31 +606,37 @@ class Campaign:
             if not running or state.get("Mode") == "undo" or order_id in suspended:
                 continue
             cancel = self.shared.faults["operator_cancel"] <= self.shared.faults["operator_suspend"]
-            if cancel and self._steer_call(order_id, "cancel", "chaos: the customer asked"):
+            if cancel and self._steer_call(order_id, "cancel", "chaos: the customer asked") == 200:
                 self.shared.count("operator_cancel")
                 budget -= 1
-            elif not cancel and self._steer_call(order_id, "suspend"):
-                self.shared.count("operator_suspend")
+            elif not cancel and (code := self._steer_call(order_id, "suspend")) in (0, 200):
+                # 0: no answer in time, but the app may have suspended it all the same
+                self.shared.count("operator_suspend" if code else "operator_suspend.unanswered")
                 suspended[order_id] = time.monotonic() + rng.uniform(*p.suspend_seconds)
                 budget -= 1
-        for order_id in suspended:
-            for _ in range(10):
-                if self._steer_call(order_id, "resume", conflict_done=True):
-                    break
-                time.sleep(1)
+        give_up = time.monotonic() + 180
+        while suspended and time.monotonic() < give_up:
+            for order_id in list(suspended):
+                if self._resumed(order_id):
+                    del suspended[order_id]
+            time.sleep(1)
+        if suspended:
+            self.shared.notes.append(f"left suspended (resume unanswered): {sorted(suspended)}")
 
-    def _steer_call(
-        self, order_id: str, verb: str, reason: str | None = None, *, conflict_done: bool = False
-    ) -> bool:
+    def _resumed(self, order_id: str) -> bool:
+        """Resumed now, or not suspended (409): never suspended, or finished meanwhile."""
+        return self._steer_call(order_id, "resume") in (200, 404, 409)
+
+    def _steer_call(self, order_id: str, verb: str, reason: str | None = None) -> int:
+        """The answer's status; 0 when none came (the app may still have acted)."""
         body: dict[str, str] = {"actor": "chaos-operator"}
         if reason is not None:
             body["reason"] = reason
         url = f"{self.running.api_url}/api/orders/{order_id}/{verb}"
         try:
-            code = httpx.post(url, json=body, timeout=30).status_code
+            return httpx.post(url, json=body, timeout=30).status_code
         except httpx.HTTPError:
-            return False
-        return code == 200 or (conflict_done and code == 409)
+            return 0
 
     # --- the run -----------------------------------------------------------------------
 

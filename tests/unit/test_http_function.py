@@ -16,7 +16,8 @@ pytestmark = pytest.mark.unit
 
 def call(method: str, url: str) -> func.HttpResponse:
     request = func.HttpRequest(method, url, headers={}, body=b"")
-    return asyncio.run(http_app_func(request, None))  # type: ignore[arg-type]
+    response: func.HttpResponse = asyncio.run(http_app_func(request, None))
+    return response
 
 
 @pytest.mark.parametrize(
