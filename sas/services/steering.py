@@ -63,31 +63,14 @@ def cancel(ctx: Context, order_id: str, *, actor: str, reason: str) -> OrderStat
 
 def suspend(ctx: Context, order_id: str, *, actor: str, reason: str | None = None) -> OrderState:
     """Dispatch nothing new and expire nothing until resumed; a running step may finish."""
-    done = _steer(
-        ctx,
-        order_id,
-        lambda state, workflow, now: steering.suspend(state, now=now, workflow=workflow),
-        kind="suspended",
-        action="suspend",
-        actor=actor,
-        reason=reason,
-    )
-    then.notify(ctx, done.after, "suspended", done.after.updated_at, detail=reason)
-    return done.after
+    new = _hold(ctx, order_id, steering.suspend, "suspended", "suspend", actor, reason)
+    then.notify(ctx, new, "suspended", new.updated_at, detail=reason)
+    return new
 
 
 def resume(ctx: Context, order_id: str, *, actor: str, reason: str | None = None) -> OrderState:
     """Carry on from where the order stood."""
-    done = _steer(
-        ctx,
-        order_id,
-        lambda state, workflow, now: steering.resume(state, now=now, workflow=workflow),
-        kind="unsuspended",
-        action="resume",
-        actor=actor,
-        reason=reason,
-    )
-    new = done.after
+    new = _hold(ctx, order_id, steering.resume, "unsuspended", "resume", actor, reason)
     if new.process_state is ProcessState.PENDING:
         then.request_schedule(ctx, new)
     then.notify(ctx, new, "resumed", new.updated_at, detail=reason)
@@ -108,6 +91,24 @@ def terminate(ctx: Context, order_id: str, *, actor: str, reason: str) -> OrderS
     )
     then.finished(ctx, done.after, done.etag)
     return done.after
+
+
+def _hold(
+    ctx: Context,
+    order_id: str,
+    change: Callable[..., OrderState],
+    kind: str,
+    action: AuditAction,
+    actor: str,
+    reason: str | None,
+) -> OrderState:
+    """Suspend or resume: ``change(state, now=, workflow=)``, no reason required."""
+
+    def decide(state: OrderState, workflow: Workflow, now: datetime) -> OrderState:
+        return change(state, now=now, workflow=workflow)
+
+    steered = _steer(ctx, order_id, decide, kind=kind, action=action, actor=actor, reason=reason)
+    return steered.after
 
 
 def _steer(

@@ -13,6 +13,7 @@ from sas.services.scheduler import ReplyOutcome
 from sas.testing import refuse
 from tests.harness import BUDGET, World
 from tests.unit.test_failure_modes import order
+from tests.unit.test_steering import cancel, charging
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
@@ -22,20 +23,6 @@ RESERVE, CHARGE, SHIP = ("inventory", "reserve"), ("payment", "charge"), ("shipp
 @pytest.fixture
 def world() -> World:
     return World()
-
-
-def charging(world: World, workflow: str = "order") -> str:
-    """reserve done, charge claimed and its request waiting for the payment agent."""
-    oid = order(world, workflow=workflow)
-    world.deliver("orders"), world.deliver("scheduler")
-    world.deliver("agent-inventory"), world.deliver("replies")
-    assert world.state(oid).process_state is ProcessState.PROCESSING
-    assert world.state(oid).step == "charge"
-    return oid
-
-
-def cancel(world: World, oid: str, reason: str = "customer asked") -> ProcessState:
-    return world.operator.cancel(oid, actor="dana", reason=reason).process_state
 
 
 def undone_once(world: World, oid: str) -> None:

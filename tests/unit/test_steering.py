@@ -31,9 +31,9 @@ def world() -> World:
     return World()
 
 
-def charging(world: World) -> str:
+def charging(world: World, workflow: str = "order") -> str:
     """reserve done, charge claimed and its request waiting for the payment agent."""
-    oid = order(world)
+    oid = order(world, workflow=workflow)
     world.deliver("orders"), world.deliver("scheduler")
     world.deliver("agent-inventory"), world.deliver("replies")
     assert world.state(oid).process_state is ProcessState.PROCESSING
