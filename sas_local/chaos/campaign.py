@@ -44,14 +44,18 @@ from sas.domain.wire import PRIORITIES, lane_function_name
 from sas_local import python_faults
 from sas_local.azurite import free_port
 from sas_local.chaos import checker, deployed_workflows
-from sas_local.chaos.inject import CALM_FILE, CONFIG_ENV, CRASH_DIR, count_events
+from sas_local.chaos.inject import (
+    CALM_FILE,
+    CONFIG_ENV,
+    CRASH_DIR,
+    MIN_WORKER_AGE,
+    count_events,
+)
 from sas_local.processes import REPO_ROOT, DevHost, pid_alive, start_devhost, start_process
 from sas_local.stack import Layout, LocalStack
 
 STATUS_QUEUE = "status-chaos"
 PRELOAD = "sas_local.chaos.inject"
-MIN_WORKER_AGE = 20.0
-"""Kill only workers that ran this long, so the pool's crash back-off stays short."""
 NEW_CODE = {python_faults.APP_ENV: deployed_workflows.__name__}
 """What a host the ``deploy`` fault restarts runs instead of the app's ``workflows``."""
 SUBMIT_FUNCTIONS = frozenset(lane_function_name("submit", p) for p in PRIORITIES)

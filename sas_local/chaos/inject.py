@@ -11,7 +11,10 @@ and ``install()`` (run at import) then, in that worker only:
   counts raw alert copies against the alert claims;
 - crashes the worker (``os._exit``) right before a send when the campaign armed a crash token
   for that kind of send: every send of the app follows a state write (or, in an agent, the
-  remote's effect), so this is the "crash between write and send" point;
+  remote's effect), so this is the "crash between write and send" point. Only a worker that
+  has run ``MIN_WORKER_AGE`` takes a token, as only such a worker is killed: tokens armed
+  while a host restarts would otherwise crash each new worker at its first send, a crash loop
+  that takes the messages at the head of a queue to their dequeue limit;
 - shortens the dev host's receive lease so messages held by a killed worker come back within
   the campaign (the Functions host's own lease is longer; only the delay changes);
 - optionally breaks the product on purpose (``broken``), to prove the checker catches it.
@@ -35,12 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from sas_local import host_clock
+from sas_local.devhost.pool import STABLE_AFTER
 
 CONFIG_ENV = "SAS_CHAOS_CONFIG"
 CALM_FILE = "calm"
 CRASH_DIR = "crash"
 EVENTS_GLOB = "events-*.log"
 CRASH_EXIT_CODE = 137
+MIN_WORKER_AGE = STABLE_AFTER
+"""Seconds a worker runs before a kill or a crash token may end it: the dev host's crash
+back-off stays at its shortest, and each fault is one crash, not a loop of them."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +144,19 @@ class _Flags:
 class ChaosTransport:
     """Wraps the app's transport: duplicates, delays, and crashes right before a send."""
 
-    def __init__(self, inner: Any, config: ChaosConfig, events: Events, rng: random.Random) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        config: ChaosConfig,
+        events: Events,
+        rng: random.Random,
+        *,
+        started: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._inner = inner
+        self._started = started
+        self._clock = clock
         self._config = config
         self._events = events
         self._rng = rng
@@ -162,7 +180,8 @@ class ChaosTransport:
         delay_seconds: float = 0,
     ) -> None:
         target = self._target(queue)
-        if not self._flags.calm and self._flags.take_crash(target) is not None:
+        old_enough = self._clock() - self._started >= MIN_WORKER_AGE
+        if old_enough and not self._flags.calm and self._flags.take_crash(target) is not None:
             self._events.record(f"crash_before_send {target}")
             os._exit(CRASH_EXIT_CODE)
         roll, extra = 1.0, 0.0
@@ -191,6 +210,7 @@ def install(config: ChaosConfig) -> None:
     from sas import bootstrap
     from sas_local.devhost import queues as devhost_queues
 
+    started = time.monotonic()
     directory = Path(config.dir)
     (directory / CRASH_DIR).mkdir(parents=True, exist_ok=True)
     events = Events(directory)
@@ -207,7 +227,9 @@ def install(config: ChaosConfig) -> None:
     def transport() -> Any:
         with lock:
             if not wrapped:
-                wrapped.append(ChaosTransport(original_transport(), config, events, rng))
+                wrapped.append(
+                    ChaosTransport(original_transport(), config, events, rng, started=started)
+                )
             return wrapped[0]
 
     setattr(bootstrap, "transport", transport)  # noqa: B010

@@ -14,6 +14,7 @@ from sas_local.chaos.__main__ import parser
 from sas_local.chaos.inject import (
     CALM_FILE,
     CRASH_DIR,
+    MIN_WORKER_AGE,
     ChaosConfig,
     ChaosTransport,
     Events,
@@ -35,11 +36,25 @@ class Recorder:
         self.sent.append((queue, delay_seconds))
 
 
-def chaos(tmp_path: Path, **config: Any) -> tuple[ChaosTransport, Recorder]:
+class Uptime:
+    """The worker's monotonic clock: it has run ``MIN_WORKER_AGE`` unless told otherwise."""
+
+    def __init__(self) -> None:
+        self.now = MIN_WORKER_AGE
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def chaos(
+    tmp_path: Path, uptime: Uptime | None = None, **config: Any
+) -> tuple[ChaosTransport, Recorder]:
     (tmp_path / CRASH_DIR).mkdir(exist_ok=True)
     inner = Recorder()
     settings = ChaosConfig(dir=str(tmp_path), queues=QUEUES, **config)
-    transport = ChaosTransport(inner, settings, Events(tmp_path), random.Random(1))
+    transport = ChaosTransport(
+        inner, settings, Events(tmp_path), random.Random(1), started=0.0, clock=uptime or Uptime()
+    )
     return transport, inner
 
 
@@ -87,6 +102,25 @@ def test_an_armed_crash_token_kills_the_sender_before_its_send(
     assert inner.sent == [("sas-replies", 0)]
     assert count_events(tmp_path) == {"crash_before_send": 1}
     assert [p.name.split(".")[0] for p in (tmp_path / CRASH_DIR).iterdir()] == ["0001-alerts"]
+
+
+def test_a_worker_takes_a_crash_token_only_once_it_has_run_long_enough(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def exit_now(code: int) -> None:
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    uptime = Uptime()
+    uptime.now = MIN_WORKER_AGE - 0.1
+    transport, inner = chaos(tmp_path, uptime)
+    (tmp_path / CRASH_DIR / "0001-any").touch()
+    send(transport, "sas-scheduler")  # just restarted: a token would make a crash loop
+    uptime.now = MIN_WORKER_AGE
+    with pytest.raises(SystemExit):
+        send(transport, "sas-scheduler")
+    assert inner.sent == [("sas-scheduler", 0)]
+    assert count_events(tmp_path) == {"crash_before_send": 1}
 
 
 def test_a_skewed_clock_is_offset() -> None:
