@@ -266,6 +266,7 @@ StatusKind = Literal[
     "step_started",
     "step_completed",
     "step_retry",
+    "step_skipped",
     "completed",
     "failed",
     "compensating",

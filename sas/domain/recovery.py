@@ -10,7 +10,7 @@ from enum import StrEnum
 
 from sas.domain.errors import IllegalTransition
 from sas.domain.model import OrderState, ProcessState, StepStart
-from sas.domain.transitions import begin_compensation, hold, to_error
+from sas.domain.transitions import begin_compensation, hold, skip_step, to_error
 from sas.domain.workflow import Workflow
 
 
@@ -132,6 +132,9 @@ class ExpiryAction(StrEnum):
     """Past the threshold and no compensation possible: Error, an operator alert owed."""
     HELD = "held"
     """Suspended: the step waits, uncounted and with no deadline, for the resume."""
+    SKIPPED = "skipped"
+    """Past the threshold, a step that may be skipped: the order goes on at the next step
+    (Pending), or ends Processed after the last."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +188,20 @@ def expire(
             delay,
             counted=not spared,
         )
-    reason = f"{step} ({state.mode}) expired {failures} times"
-    if state.mode == "do" and workflow.on_failure == "compensate":
+    return _failed_for_good(state, failures, now=now, workflow=workflow)
+
+
+def _failed_for_good(
+    state: OrderState, failures: int, *, now: datetime, workflow: Workflow
+) -> Expiry:
+    """Past the threshold: what the step's failure policy says (an undo always errors)."""
+    reason = f"{workflow.step(state.step_index).name} ({state.mode}) expired {failures} times"
+    on_failure = workflow.failure_policy(state.step_index)
+    if state.mode == "do" and on_failure == "continue":
+        return Expiry(
+            skip_step(state, now=now, workflow=workflow, reason=reason), ExpiryAction.SKIPPED
+        )
+    if state.mode == "do" and on_failure == "compensate":
         compensating = begin_compensation(
             state, from_index=state.step_index, now=now, workflow=workflow, reason=reason
         )

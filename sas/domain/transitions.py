@@ -205,6 +205,8 @@ class Then(StrEnum):
     """The step waits for an endpoint with room: ask a Scheduler again after ``not_before``."""
     HOLD = "hold"
     """The order is suspended: nothing is asked for until it is resumed."""
+    SCHEDULE = "schedule"
+    """A skipped step: the next one waits (Pending, do) for a Scheduler to claim it."""
 
 
 @dataclass(frozen=True)
@@ -309,13 +311,14 @@ def defer(state: OrderState, *, now: datetime, delay: timedelta, workflow: Workf
 
 
 def _then(state: OrderState) -> Then:
-    # After a current reply the only ways back to Pending are begin_compensation and a hold.
+    # After a current reply the only ways back to Pending are begin_compensation, a skipped
+    # step and a hold.
     if state.is_terminal:
         return Then.FINISH
     if state.suspended and state.process_state is ProcessState.PENDING:
         return Then.HOLD
     if state.process_state is ProcessState.PENDING:
-        return Then.COMPENSATE
+        return Then.COMPENSATE if state.mode == "undo" else Then.SCHEDULE
     return Then.DISPATCH
 
 
@@ -374,13 +377,29 @@ def refuse_step(
     A refused undo cannot be retried into success: an operator must look.
     """
     check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode, outcome="error")
-    if mode == "do" and (workflow.on_failure == "compensate" or state.cancelled is not None):
+    policy = workflow.failure_policy(step_index)
+    if mode == "do" and (policy == "compensate" or state.cancelled is not None):
         tried_before = state.failure_count > 0 or attempt > max(state.first_attempt, 1)
         start = step_index if tried_before else step_index - 1
         return begin_compensation(
             state, from_index=start, now=now, workflow=workflow, reason=reason
         )
+    if mode == "do" and policy == "continue":
+        return skip_step(state, now=now, workflow=workflow, reason=reason)
     return to_error(state, now=now, reason=reason)
+
+
+def skip_step(state: OrderState, *, now: datetime, workflow: Workflow, reason: str) -> OrderState:
+    """A step that may be skipped (``on_failure="continue"``) failed for good: the order goes
+    on without its result, Pending at the next step for a Scheduler to claim (held if
+    suspended), or Processed after the last."""
+    index = state.step_index + 1
+    if index >= len(workflow.steps):
+        return _finish(state, ProcessState.PROCESSED, now, last_error=None)
+    held = replace(
+        _held(state, index, "do", now=now, workflow=workflow), last_error=_bounded(reason)
+    )
+    return held if state.suspended else replace(held, complete_by=now + workflow.pickup_budget)
 
 
 def begin_compensation(

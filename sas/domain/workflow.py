@@ -39,6 +39,12 @@ APP_SETTING = re.compile(r"(?=[A-Z0-9_]{3,64}\Z)[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)*\Z"
 Functions host reads as a section separator)."""
 RESERVED_SETTING_PREFIXES = ("SAS_", "AZURE", "FUNCTIONS_", "WEBSITE", "APPLICATIONINSIGHTS_")
 
+FailurePolicy = Literal["compensate", "error", "continue"]
+"""What a step's final failure (refused for good, or out of attempts) does: ``compensate``
+undoes the completed steps; ``error`` stops in Error for an operator; ``continue`` skips the
+step and goes on without its result."""
+FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("compensate", "error", "continue")
+
 
 @dataclass(frozen=True)
 class StepDefinition:
@@ -58,6 +64,8 @@ class StepDefinition:
     max_failures: int | None = None
     """Expiries of one attempt after another before the step counts as failed for good
     (compensation or Error); None: the app's ``SAS_MAX_FAILURES``."""
+    on_failure: FailurePolicy | None = None
+    """What this step's final failure does (``FailurePolicy``); None: the workflow's."""
 
     def __post_init__(self) -> None:
         labelled = [("step name", self.name), ("agent", self.agent), ("action", self.action)]
@@ -75,6 +83,15 @@ class StepDefinition:
             raise ValueError(f"step {self.name!r}: max_failures must be an int from 1 to 100")
         if self.input is not None and not callable(self.input):
             raise ValueError(f"step {self.name!r}: input must be a function (details, results)")
+        if self.on_failure is not None and self.on_failure not in FAILURE_POLICIES:
+            raise ValueError(
+                f"step {self.name!r}: on_failure must be one of {', '.join(FAILURE_POLICIES)}"
+            )
+        if self.on_failure == "continue" and self.undo is not None:
+            raise ValueError(
+                f"step {self.name!r}: a step that may be skipped (on_failure 'continue') has "
+                "no undo: a skipped attempt may have been applied, and nothing would undo it"
+            )
 
 
 @dataclass(frozen=True)
@@ -84,7 +101,8 @@ class Workflow:
     pickup_budget: timedelta = timedelta(minutes=2)
     """How long a Pending record may wait for a Scheduler before the Supervisor acts."""
     on_failure: Literal["compensate", "error"] = "compensate"
-    """When a step fails for good: undo the completed steps, or stop in Error for an operator."""
+    """When a step fails for good: undo the completed steps, or stop in Error for an operator;
+    a step's own ``on_failure`` overrides it."""
     input: type[BaseModel] | None = None
     """The schema of the workflow's input (an order's ``details``); None: any JSON object."""
     version: int = 1
@@ -161,6 +179,7 @@ class Workflow:
             "on_failure": self.on_failure,
             "steps": [
                 {"name": s.name, "agent": s.agent, "action": s.action, "undo": s.undo}
+                | ({} if s.on_failure is None else {"on_failure": s.on_failure})
                 for s in self.steps
             ],
         }
@@ -170,6 +189,10 @@ class Workflow:
         """A digest of ``definition``: kept with every order bound to this version."""
         text = json.dumps(self.definition, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def failure_policy(self, index: int) -> FailurePolicy:
+        """What step ``index``'s final failure does: its own policy, else the workflow's."""
+        return self.step(index).on_failure or self.on_failure
 
     def step(self, index: int) -> StepDefinition:
         if not 0 <= index < len(self.steps):

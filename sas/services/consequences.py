@@ -89,7 +89,7 @@ def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:
         raise IllegalTransition(f"order {state.order_id} runs no step to dispatch")
     payload = _step_data(state, workflow)
     if payload is None:
-        return  # nothing sent: the step expires and is retried, then compensated
+        return  # nothing sent: the step expires and is retried (``input_problem`` checked it)
     key = idempotency_key(state.order_id, state.incarnation, step.name, state.mode)
     action = step.action
     if state.mode == "undo":
@@ -142,6 +142,29 @@ def _step_data(state: OrderState, workflow: Workflow) -> dict[str, Any] | None:
         )
         return None
     return data
+
+
+def input_problem(state: OrderState, workflow: Workflow) -> str | None:
+    """Why a just-claimed forward step's data does not build, naming the step and the
+    exception type (never its message, which may carry the order's data); None if it builds.
+    A builder is a pure function of the details and results: a retry fails the same way, so
+    the order stops in Error for the app's owner instead of expiring into retries."""
+    if not state.is_running or state.mode != "do" or workflow.step(state.step_index).input is None:
+        return None
+    try:
+        data = workflow.step_data(
+            state.step_index, state.order_id, state.details, state.results, state.mode
+        )
+        json.dumps(data, allow_nan=False)
+    except Exception as exc:  # the app's own code: a bug, or results it did not expect
+        step = workflow.step(state.step_index).name
+        log.exception(
+            "sas.step_input_failed error=%s",
+            type(exc).__name__,
+            extra={"order_id": state.order_id, "step": step},
+        )
+        return f"{step}: its input builder raised {type(exc).__name__} (a bug in the app)"
+    return None
 
 
 def announce(ctx: Context, state: OrderState, workflow: Workflow) -> None:

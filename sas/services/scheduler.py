@@ -25,6 +25,7 @@ from sas.domain.transitions import (
     claim,
     decide_reply,
     fence,
+    to_error,
 )
 from sas.domain.wire import idempotency_key, schedule_message_id, step_reply_message_id
 from sas.domain.workflow import Workflow
@@ -47,6 +48,8 @@ class ScheduleOutcome(StrEnum):
     UNKNOWN_ORDER = "unknown_order"
     HELD = "held"
     """The order's workflow version is not deployed here: left for a host that has it."""
+    FAILED = "failed"
+    """The step's data did not build (the app's input builder raised): Error, alert owed."""
 
 
 class ReplyOutcome(StrEnum):
@@ -57,6 +60,8 @@ class ReplyOutcome(StrEnum):
     STALE = "stale"
     LEFT_TO_EXPIRE = "left_to_expire"
     """A deferral past the limit: the attempt runs to its deadline, and its expiry counts."""
+    SKIPPED = "skipped"
+    """A step that may be skipped failed for good: the next one is asked of a Scheduler."""
     UNKNOWN_ORDER = "unknown_order"
     HELD = "held"
     SUSPENDED = "suspended"
@@ -106,17 +111,35 @@ def _schedule(
     except IllegalTransition:
         log.info("sas.schedule_not_pending", extra=extra)
         return ScheduleOutcome.NOT_PENDING
+    return _take(ctx, current, claimed, workflow)
+
+
+def _take(
+    ctx: Context, current: Versioned[OrderState], claimed: OrderState, workflow: Workflow
+) -> ScheduleOutcome:
+    """Write the claim (or, if the step's data does not build, the Error), then send."""
+    state, extra = current.value, {"order_id": current.value.order_id}
     claimed = then.with_queue_allowance(ctx, claimed, workflow)
-    history = [then.claim_history(claimed, workflow, ctx.instance_id)]
+    problem = then.input_problem(claimed, workflow)
+    if problem is not None:
+        claimed = _unbuildable(ctx, claimed, problem)
+    history = [
+        then.claim_history(claimed, workflow, ctx.instance_id)
+        if problem is None
+        else _input_failed(ctx, claimed, workflow, problem)
+    ]
     if state.waiting is not None:  # held while the definition was missing
         history.insert(0, versions.resumed(ctx, state))
     try:
-        ctx.store.update_state(claimed, current.etag, history)
+        etag = ctx.store.update_state(claimed, current.etag, history)
     except ConcurrencyConflict:
         log.info("sas.claim_lost", extra=extra)
         return ScheduleOutcome.LOST_RACE
     if state.waiting is not None:
         versions.forget(ctx, state)
+    if problem is not None:
+        then.finished(ctx, claimed, etag)
+        return ScheduleOutcome.FAILED
     log.info("sas.step_claimed", extra={**extra, **_step_extra(claimed, workflow)})
     then.dispatch(ctx, claimed, workflow)
     then.announce(ctx, claimed, workflow)
@@ -180,15 +203,20 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
     now = ctx.clock.now()
     decision = decide_reply(state, reply, instance_id=ctx.instance_id, now=now, workflow=workflow)
     new = decision.state
-    if new.alert_pending:  # Error: the claim on its alert goes in the same write
+    problem = then.input_problem(new, workflow) if decision.then is Then.DISPATCH else None
+    if problem is not None:  # the next step's data does not build: Error instead of its claim
+        new = _unbuildable(ctx, new, problem)
+    elif new.alert_pending:  # Error: the claim on its alert goes in the same write
         new = alerts.claiming_alert(ctx, new)
     new = then.with_queue_allowance(ctx, new, workflow)
-    decision = replace(decision, state=new)
+    decision = replace(decision, state=new, then=Then.FINISH if problem else decision.then)
     entries = [_reply_history(ctx, reply, state, verdict, decision)]
     if state.waiting is not None:  # the reply was held while the definition was missing
         entries.insert(0, versions.resumed(ctx, state))
     if decision.then is Then.DISPATCH:  # the next step claimed in the same write
         entries.append(then.claim_history(new, workflow, ctx.instance_id))
+    elif problem is not None:
+        entries.append(_input_failed(ctx, new, workflow, problem))
     etag = ctx.store.update_state(new, current.etag, entries, step=_step_record(reply, now))
     if state.waiting is not None:
         versions.forget(ctx, state)
@@ -197,6 +225,26 @@ def _apply(ctx: Context, reply: StepReply, current: Versioned[OrderState]) -> Re
         extra={"order_id": reply.order_id, "step": reply.step, "attempt": reply.attempt},
     )  # fmt: skip
     return _follow(ctx, reply, state, decision, etag, workflow)
+
+
+def _unbuildable(ctx: Context, claimed: OrderState, problem: str) -> OrderState:
+    """The claimed step's data does not build: Error at that attempt, its alert claimed in
+    the same write (nothing is sent to the agent)."""
+    return alerts.claiming_alert(ctx, to_error(claimed, now=claimed.updated_at, reason=problem))
+
+
+def _input_failed(
+    ctx: Context, failed: OrderState, workflow: Workflow, problem: str
+) -> HistoryEntry:
+    return HistoryEntry(
+        order_id=failed.order_id,
+        at=failed.updated_at,
+        kind="input_failed",
+        attempt=failed.attempt,
+        step=workflow.step(failed.step_index).name,
+        actor=ctx.instance_id,
+        detail=problem,
+    )
 
 
 def _reply_history(
@@ -242,15 +290,7 @@ def _follow(
     """The work that follows first (a step's deadline is already running), then the status
     events."""
     state = decision.state
-    if decision.then is Then.DISPATCH:
-        then.dispatch(ctx, state, workflow)
-    elif decision.then is Then.DEFER:
-        wait = ((state.not_before or state.updated_at) - state.updated_at).total_seconds()
-        log.info("sas.step_deferred", extra={"order_id": state.order_id, "delay": wait})
-        then.request_schedule(ctx, state, delay_seconds=wait)
-    elif decision.then is Then.COMPENSATE:
-        log.warning("sas.compensation_started", extra={"order_id": state.order_id})
-        then.compensate(ctx, state, reason="refused" if state.cancelled is None else "cancelled")
+    _send_work(ctx, reply, decision, workflow)
     if reply.outcome == "ok":
         progress: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
         then.notify(ctx, before, progress, state.updated_at, step=reply.step)
@@ -262,11 +302,30 @@ def _follow(
     if decision.then is Then.COMPENSATE:
         then.notify(ctx, state, "compensating", state.updated_at, detail=state.last_error)
         return ReplyOutcome.COMPENSATING
+    if decision.then is Then.SCHEDULE:
+        then.notify(ctx, state, "step_skipped", state.updated_at, step=reply.step)
+        return ReplyOutcome.SKIPPED
     if decision.then is Then.HOLD:
         log.info("sas.order_held", extra={"order_id": state.order_id, "step": state.step})
         return ReplyOutcome.SUSPENDED
     then.finished(ctx, state, etag)
     return ReplyOutcome.FINISHED
+
+
+def _send_work(ctx: Context, reply: StepReply, decision: ReplyDecision, workflow: Workflow) -> None:
+    state = decision.state
+    if decision.then is Then.DISPATCH:
+        then.dispatch(ctx, state, workflow)
+    elif decision.then is Then.DEFER:
+        wait = ((state.not_before or state.updated_at) - state.updated_at).total_seconds()
+        log.info("sas.step_deferred", extra={"order_id": state.order_id, "delay": wait})
+        then.request_schedule(ctx, state, delay_seconds=wait)
+    elif decision.then is Then.SCHEDULE:
+        log.warning("sas.step_skipped", extra={"order_id": state.order_id, "step": reply.step})
+        then.request_schedule(ctx, state)
+    elif decision.then is Then.COMPENSATE:
+        log.warning("sas.compensation_started", extra={"order_id": state.order_id})
+        then.compensate(ctx, state, reason="refused" if state.cancelled is None else "cancelled")
 
 
 def _drop(ctx: Context, reply: StepReply, state: OrderState, verdict: Fence) -> ReplyOutcome:

@@ -335,6 +335,10 @@ def _request_recovery(ctx: Context, decided: Expiry, step: str, etag: str, now: 
         then.notify(ctx, new, "compensating", now, detail=new.last_error)
     elif decided.action is ExpiryAction.HELD:
         log.info("sas.order_held", extra={"order_id": new.order_id, "step": step})
+    elif decided.action is ExpiryAction.SKIPPED and not new.is_terminal:
+        log.warning("sas.step_skipped", extra={"order_id": new.order_id, "step": step})
+        then.request_schedule(ctx, new)
+        then.notify(ctx, new, "step_skipped", now, step=step)
     else:
         then.finished(ctx, new, etag)
 

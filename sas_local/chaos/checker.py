@@ -16,7 +16,8 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
 - ``effect_applied_twice``: one (order, service, action) applied (or one effect undone) twice;
 - ``compensation_incomplete``: a Compensated (or Cancelled) order with an effect left applied
   (of a step that has an undo action: one without needs no undoing);
-- ``processed_effect_missing``: a Processed order without a step's effect, or with it undone;
+- ``processed_effect_missing``: a Processed order without a step's effect (a step that may be
+  skipped, ``on_failure = "continue"``, excepted), or with it undone;
 - ``error_alerts``: an Error episode with no alert, several distinct alert ids, more raw copies
   than 1 + its ``alert_claimed`` entries, or a claim re-taken before the lease lapsed;
 - ``alert_without_error``: an alert for an order (or an Error episode) that never was;
@@ -33,7 +34,7 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
   ``StepIndex``), or under a key that is not the step's (``design.toml``, ``do_key``);
 - ``orphaned_effect``: an effect left applied for a finished order (Processed, Error, Closed)
   whose step never completed (no ``step:`` row of that name), other than the step an Error
-  stopped on.
+  stopped on and a step that may be skipped.
 
 An alert for a missing workflow definition (``missing_id_pattern``) must name an order that
 waited for that version (``alert_without_error`` otherwise).
@@ -75,6 +76,7 @@ RECOVERY_KINDS = (
     "expired_compensate",
     "expired_compensated",
     "expired_error",
+    "expired_skipped",
     "reply_dropped",
     "alert_claimed",
     "resubmitted",
@@ -86,7 +88,7 @@ COMMITTED = "~committed"
 """Where ``collect`` puts a row's service Timestamp (its transaction's commit time)."""
 TRANSACTION_SPREAD = 0.005
 """Seconds between the service stamps of two rows of one transaction, at most."""
-_RANK = {"submitted": 0, "claimed": 2, "deferred": 2}
+_RANK = {"submitted": 0, "claimed": 2, "deferred": 2, "input_failed": 2}
 """Within one transaction: the reply or expiry first, then the claim it made (default 1)."""
 PENDING, PROCESSING, COMPENSATING = "Pending", "Processing", "Compensating"
 PROCESSED, COMPENSATED, ERROR, CLOSED = "Processed", "Compensated", "Error", "Closed"
@@ -112,6 +114,8 @@ class StepSpec:
     undo: str | None
     max_failures: int | None = None
     """Its own failure threshold; None: the policy's."""
+    on_failure: str | None = None
+    """What its final failure does; None: the workflow's ``on_failure``."""
 
 
 @dataclass(frozen=True)
@@ -163,7 +167,12 @@ class Design:
             (flow["name"], int(flow.get("version", 1))): FlowSpec(
                 tuple(
                     StepSpec(
-                        s["name"], s["agent"], s["action"], s.get("undo"), s.get("max_failures")
+                        s["name"],
+                        s["agent"],
+                        s["action"],
+                        s.get("undo"),
+                        s.get("max_failures"),
+                        s.get("on_failure"),
                     )
                     for s in flow["steps"]
                 ),
@@ -228,6 +237,11 @@ class Design:
         """Expiries of step ``index`` before it fails for good."""
         own = self.steps[index].max_failures if 0 <= index < len(self.steps) else None
         return own or self.max_failures
+
+    def policy(self, index: int) -> str:
+        """What step ``index``'s final failure does: its own policy, else the workflow's."""
+        own = self.steps[index].on_failure if 0 <= index < len(self.steps) else None
+        return own or self.on_failure
 
     def threshold_of(self, step: str | None) -> int:
         names = [spec.name for spec in self.steps]
@@ -776,7 +790,8 @@ def _plain(s: _State | None, r: _Row, design: Design) -> _State | str:
         if failures != s.failures + 1:
             return f"expiry counted failure {failures}, expected {s.failures + 1}"
         at_threshold = failures >= design.threshold(s.step)
-        compensate = s.mode == "do" and design.on_failure == "compensate"
+        policy = design.policy(s.step) if s.mode == "do" else "error"
+        compensate = policy == "compensate"
         if r.kind == "expired_retry" and not at_threshold:
             return _State(PENDING, s.step, s.mode, s.attempt, failures, claimed=s.claimed)
         if r.kind in ("expired_compensate", "expired_compensated") and at_threshold and compensate:
@@ -785,9 +800,17 @@ def _plain(s: _State | None, r: _Row, design: Design) -> _State | str:
                 return _State(COMPENSATED, s.step, s.mode, s.attempt)
             if first is not None and r.kind == "expired_compensate":
                 return _State(PENDING, first, "undo", s.attempt, claimed=s.claimed)
-        if r.kind == "expired_error" and at_threshold and not compensate:
+        if r.kind == "expired_skipped" and at_threshold and policy == "continue":
+            return _skipped(s, design)
+        if r.kind == "expired_error" and at_threshold and policy == "error":
             return _State(ERROR, s.step, s.mode, s.attempt, failures, claimed=s.claimed)
         return f"{r.kind} does not follow from failure {failures} in mode {s.mode}"
+    if r.kind == "input_failed":  # the app's builder raised: Error instead of the claim
+        claiming = s.ps == PENDING and r.attempt == s.attempt + 1
+        replied = s.ps == PROCESSING and s.unrecorded_claim and r.attempt == s.attempt
+        if s.mode != "do" or not same_step or not (claiming or replied):
+            return "input failure of a step that was not being claimed"
+        return _State(ERROR, s.step, "do", r.attempt, s.failures, claimed=s.claimed)
     if r.kind == "alert_claimed":
         if s.ps != ERROR or r.attempt != s.attempt:
             return "alert claimed for an order not in Error at that attempt"
@@ -841,7 +864,10 @@ def _reply(s: _State, r: _Row, design: Design, *, same_step: bool, running: str)
         return _State(COMPENSATING, following, "undo", s.attempt + 1, unrecorded_claim=True,
                       claimed=claims).with_claim(s.attempt + 1)  # fmt: skip
     if r.kind == "refused":
-        if s.mode == "undo" or design.on_failure != "compensate":
+        policy = design.policy(s.step) if s.mode == "do" else "error"
+        if policy == "continue":
+            return _skipped(s, design)
+        if policy == "error":
             return _State(ERROR, s.step, s.mode, s.attempt, s.failures, claimed=claims)
         # The refusing attempt applied nothing; an earlier one claimed for the step may have.
         first = design.next_undo(s.step if _tried_before(s, r) else s.step - 1)
@@ -849,6 +875,13 @@ def _reply(s: _State, r: _Row, design: Design, *, same_step: bool, running: str)
             return _State(COMPENSATED, s.step, s.mode, s.attempt)
         return _State(PENDING, first, "undo", s.attempt, claimed=claims)
     return f"{r.kind} in mode {s.mode}"
+
+
+def _skipped(s: _State, design: Design) -> _State:
+    """A step that may be skipped failed for good: Pending at the next step, or Processed."""
+    if s.step == len(design.steps) - 1:
+        return _State(PROCESSED, s.step, "do", s.attempt)
+    return _State(PENDING, s.step + 1, "do", s.attempt, claimed=s.claimed)
 
 
 _SEARCH_BUDGET = 20_000
@@ -1042,12 +1075,14 @@ def _ledger(
         ps = state.get("ProcessState")
         applied = dos.get(order_id, [])
         if ps == PROCESSED:
-            for step in flow.steps:
+            for index, step in enumerate(flow.steps):
                 mine = [
                     e
                     for e in applied
                     if (e.get("service"), e.get("action")) == (step.agent, step.action)
                 ]
+                if not mine and flow.policy(index) == "continue":
+                    continue  # skipped
                 if not mine:
                     found.append(
                         Violation(
@@ -1155,6 +1190,8 @@ def _orphaned(
                 continue
             index = flow.step_index(str(entry.get("service")), str(entry.get("action")))
             if index is None or index == stopped_on or flow.steps[index].name in completed:
+                continue
+            if flow.policy(index) == "continue":  # skipped: an attempt may have been applied
                 continue
             why = f"{_label(entry)}: applied, but step {flow.steps[index].name} never completed"
             evidence = {"completed_steps": sorted(completed), "ProcessState": ps}

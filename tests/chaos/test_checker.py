@@ -4,7 +4,7 @@ holds exactly one violation is reported with exactly that class."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -763,3 +763,76 @@ def test_a_cancelled_order_keeps_the_effects_of_steps_declared_with_no_undo() ->
         entry = {"kind": "do", "service": "cloud", "action": action, "idempotency_key": key}
         world.effects.append({**entry, "order_id": "w1"})
     assert kinds(world) == []
+
+
+def skippable_notify() -> Design:
+    """The checker's design with the workspace's notify declared as a step that may be
+    skipped (``on_failure = "continue"``)."""
+    flow = DESIGN.workflows[("workspace", 1)]
+    steps = tuple(
+        replace(s, on_failure="continue") if s.name == "notify" else s for s in flow.steps
+    )
+    return replace(
+        DESIGN, workflows={**DESIGN.workflows, ("workspace", 1): replace(flow, steps=steps)}
+    )
+
+
+def skipped_workspace(world: World, order: str, end: str) -> None:
+    """create and configure done, notify fails for good (``end``: refused or expired_skipped)
+    and is skipped: the order ends Processed without notify's effect."""
+    world.submitted.append(order)
+    world.history(order, "submitted", 0, None)
+    world.history(order, "claimed", 1, "create")
+    world.history(order, "completed", 1, "create")
+    world.history(order, "completed", 2, "configure")
+    attempt = 3
+    if end == "expired_skipped":
+        for failure in range(1, 5):
+            world.history(
+                order, "expired_retry", attempt, "notify", detail=f"failure {failure} of 5"
+            )
+            attempt += 1
+            world.history(order, "claimed", attempt, "notify")
+        world.history(order, end, attempt, "notify", detail="failure 5 of 5")
+    else:
+        world.history(order, end, attempt, "notify", detail="mailbox full")
+    world.state(order, "Processed", attempt, 2, Workflow="workspace")
+    for action in ("create", "configure"):
+        key = f"{order}:{INCARNATION}:{action}"
+        entry = {"kind": "do", "service": "cloud", "action": action, "idempotency_key": key}
+        world.effects.append({**entry, "order_id": order})
+
+
+def test_a_step_that_may_be_skipped_is_judged_skipped_on_refusal_or_expiry() -> None:
+    world = World()
+    skipped_workspace(world, "w1", "refused")
+    skipped_workspace(world, "w2", "expired_skipped")
+    assert check(world.evidence(), skippable_notify()).violations == []
+    # Under the workflow's own policy (error) the same histories are illegal.
+    assert "illegal_transition" in kinds(world)
+
+
+def test_a_skip_of_a_step_whose_policy_is_not_continue_is_reported() -> None:
+    world = World()
+    workspace(world, "w1", expiries=4, end="expired_skipped")
+    assert "illegal_transition" in kinds(world)
+
+
+def test_an_input_builder_failure_is_an_error_instead_of_the_claim() -> None:
+    world = World()
+    world.submitted.append("b1")
+    world.history("b1", "submitted", 0, None)
+    world.history("b1", "claimed", 1, "reserve")
+    world.history("b1", "completed", 1, "reserve")
+    error_at = world.history("b1", "input_failed", 2, "charge", detail="charge: KeyError")
+    world.do("b1", 0)
+    world.state("b1", "Error", 2, 1)
+    world.alert("b1", 2, error_at)
+    assert kinds(world) == []
+    world = World()
+    world.submitted.append("b2")
+    world.history("b2", "submitted", 0, None)
+    world.history("b2", "claimed", 1, "reserve")
+    world.history("b2", "input_failed", 1, "reserve", detail="reserve: KeyError")
+    world.state("b2", "Error", 1, 0)
+    assert "illegal_transition" in kinds(world)  # the step was claimed already

@@ -52,17 +52,12 @@ def test_ship_is_sent_the_reservation_that_reserve_returned():
                              "ship": {"ref": "ship"}}  # fmt: skip
 
 
-def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(caplog):
-    calls: list[int] = []
-
-    def flaky(order: Any, results: Any) -> dict[str, Any]:
-        calls.append(1)
-        if len(calls) == 1:
-            raise KeyError("missing")
-        return {"fixed": results["go"]["ref"]}
+def test_a_builder_that_fails_stops_the_order_in_error_naming_the_step_and_the_error(caplog):
+    def broken(order: Any, results: Any) -> dict[str, Any]:
+        return {"fixed": results["go"]["missing"]}
 
     first = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
-    then = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=flaky)
+    then = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=broken)
     workflows = registry(Workflow("flaky", (first, then)))
     store, clock = InMemoryStore(), FakeClock()
     transport = InMemoryQueues(clock)
@@ -71,16 +66,45 @@ def test_a_builder_that_fails_sends_nothing_and_the_step_is_recovered_by_expiry(
     with caplog.at_level(logging.ERROR):
         app.on_reply(ok_reply(requests(transport)["go"]))
     assert set(requests(transport)) == {"go"}  # then's data did not build: nothing sent
+    state = state_of(store)
+    assert state.process_state is ProcessState.ERROR and state.step == "then"
+    assert state.last_error == "then: its input builder raised KeyError (a bug in the app)"
     assert "sas.step_input_failed error=KeyError" in caplog.text
     assert "missing" not in caplog.messages[-1]  # the event names the error type only
+    kinds = [entry.kind for entry in store.get_history("o1")]
+    assert kinds[-2:] == ["completed", "input_failed"] and "go" in state.results
+    alerts = [m for m in transport.sent if type(m.message).__name__ == "OperatorAlert"]
+    assert len(alerts) == 1
+
+
+def test_a_builder_that_fails_when_a_retry_is_claimed_stops_the_order_in_error():
+    calls: list[int] = []
+
+    def fails_second(order: Any, results: Any) -> dict[str, Any]:
+        calls.append(1)
+        if len(calls) > 2:  # built once to check the claim, once to send it
+            raise ValueError("no")
+        return {}
+
+    first = StepDefinition("first", "payment", "charge", timedelta(seconds=5))
+    then = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=fails_second)
+    workflows = registry(Workflow("flaky", (first, then)))
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    app = instance(store, transport, ROUTES, clock, workflows)
+    app.submit(submitted().model_copy(update={"workflow": "flaky"}))
+    app.on_reply(ok_reply(requests(transport)["first"]))
+    assert "then" in requests(transport)  # claimed and sent: it built then
     clock.advance(8)
-    app.sweep()  # expired: retried after a backoff
+    app.sweep()  # expired: a retry, after a backoff
     clock.advance(10)
     app.schedule(ScheduleRequest(order_id="o1"))
-    request = requests(transport)["then"]
-    assert request.payload == {"fixed": "go", "order_id": "o1"}
-    app.on_reply(ok_reply(request))
-    assert state_of(store).process_state is ProcessState.PROCESSED
+    state = state_of(store)
+    assert state.process_state is ProcessState.ERROR
+    assert state.last_error == "then: its input builder raised ValueError (a bug in the app)"
+    assert [e.kind for e in store.get_history("o1")][-1] == "input_failed"
+    sent = [s.message for s in transport.sent if isinstance(s.message, StepRequest)]
+    assert [request.step for request in sent] == ["first", "then"]  # none for the failed claim
 
 
 def test_details_that_do_not_build_the_first_step_are_refused_before_any_write():
@@ -157,9 +181,14 @@ def test_details_no_json_document_can_carry_are_refused(details):
         Workflow("free", (step,)).parse_input(details)
 
 
-def test_a_builder_that_always_fails_never_stops_the_compensation():
+def test_a_builder_that_fails_once_its_step_ran_never_stops_the_compensation():
+    calls: list[int] = []
+
     def broken(order: Any, results: Any) -> dict[str, Any]:
-        raise KeyError("never builds")
+        calls.append(1)
+        if len(calls) > 2:  # built to check the claim and to send it; never again
+            raise KeyError("never builds")
+        return {}
 
     first = StepDefinition("go", "payment", "charge", timedelta(seconds=5), undo="refund")
     then = StepDefinition(
@@ -172,6 +201,7 @@ def test_a_builder_that_always_fails_never_stops_the_compensation():
     app = instance(store, transport, ROUTES, clock, workflows)
     app.submit(submitted().model_copy(update={"workflow": "broken"}))
     app.on_reply(ok_reply(requests(transport)["go"]))
+    assert "then" in requests(transport)  # sent, and lost
     clock.advance(8)
     app.sweep()  # then expired at its threshold: compensated, itself included
     for _ in range(2):  # then's undo, then go's
