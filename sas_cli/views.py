@@ -243,7 +243,7 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
         (
             e.target,
             e.breaker.value,
-            e.consecutive_failures,
+            f"{e.failures}/{e.calls}",
             e.opened_until if e.breaker is not BreakerStatus.CLOSED else None,
             f"{e.in_flight}/{e.capacity}" if e.capacity is not None else e.in_flight,
             e.processes,
@@ -263,7 +263,7 @@ def health(report: HealthReport, alerts_queue: str) -> RenderableType:
         table(f"orders per {minutes} min (only those with any)", columns, rows),
         table(
             "remote endpoints",
-            ("endpoint", "breaker", "failures", "open until", "in flight", "processes"),
+            ("endpoint", "breaker", "failed/calls 30 s", "open until", "in flight", "processes"),
             endpoints,
         ),
         alert_groups(report.open_alerts, f"; {waiting} message(s) in {alerts_queue}"),

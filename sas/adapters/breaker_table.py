@@ -3,12 +3,16 @@
 Same table as the orders, PartitionKey ``~breaker``, RowKey = the breaker's (agent's) name.
 A create is ``create_entity`` (AlreadyExists if another instance created it first); every
 update is a REPLACE conditional on the ETag (``MatchConditions.IfNotModified``): without it
-the SDK sends ``If-Match: *`` and the last writer wins. Times are tz-aware UTC.
+the SDK sends ``If-Match: *`` and the last writer wins. Times are tz-aware UTC. The window's
+buckets are one string property, ``Window``: JSON ``[[start (ISO 8601), calls, failures], ...]``
+(at most ``MAX_BUCKETS`` of them: well under a property's 64 KiB).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from azure.core import MatchConditions
@@ -16,7 +20,7 @@ from azure.core.exceptions import ResourceExistsError, ResourceModifiedError, Re
 from azure.data.tables import TableClient, TableErrorCode, UpdateMode
 
 from sas.adapters.tables import optional_utc, utc
-from sas.domain.breaker import BreakerState, BreakerStatus
+from sas.domain.breaker import BreakerState, BreakerStatus, Tally
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.model import Versioned
 from sas.domain.wire import BREAKER_PARTITION
@@ -81,7 +85,7 @@ def _entity(state: BreakerState) -> dict[str, Any]:
         "PartitionKey": BREAKER_PARTITION,
         "RowKey": _row_key(state.name),
         "Status": state.status.value,
-        "ConsecutiveFailures": state.consecutive_failures,
+        "Window": _window_text(state.window),
         "OpenedUntil": state.opened_until,
         "ProbeUntil": state.probe_until,
         "ProbeOwner": state.probe_owner,
@@ -95,9 +99,26 @@ def _state_from(entity: Mapping[str, Any]) -> BreakerState:
     return BreakerState(
         name=entity["RowKey"],
         status=BreakerStatus(entity["Status"]),
-        consecutive_failures=int(entity["ConsecutiveFailures"]),
+        window=_window_from(entity.get("Window")),
         opened_until=optional_utc(entity.get("OpenedUntil")),
         probe_until=optional_utc(entity.get("ProbeUntil")),
         probe_owner=entity.get("ProbeOwner"),
         updated_at=utc(entity["UpdatedAt"]),
+    )
+
+
+def _window_text(window: tuple[Tally, ...]) -> str | None:
+    if not window:
+        return None
+    rows = [[tally.start.isoformat(), tally.calls, tally.failures] for tally in window]
+    return json.dumps(rows, separators=(",", ":"))
+
+
+def _window_from(text: object) -> tuple[Tally, ...]:
+    if text is None:
+        return ()
+    rows = json.loads(str(text))
+    return tuple(
+        Tally(utc(datetime.fromisoformat(start)), int(calls), int(failures))
+        for start, calls, failures in rows
     )

@@ -53,7 +53,8 @@ class EndpointView(BaseModel):
     breaker: BreakerStatus = Field(
         description="as last written; an open breaker past opened_until lets the next call probe"
     )
-    consecutive_failures: int
+    calls: int = Field(description="calls counted in the breaker's window (the last 30 s)")
+    failures: int = Field(description="of them, the failures of the remote")
     opened_until: datetime | None
     changed_at: datetime | None = Field(description="the breaker's last write (None: never)")
     in_flight: int = Field(description="calls in flight, over every process counting them")

@@ -1,12 +1,22 @@
-"""A circuit breaker per remote service whose state every agent instance shares.
+"""A circuit breaker per remote target whose state every agent instance shares.
 
 The state lives in the state store (one entity per breaker), so an outage seen by some agent
 instances stops all of them from hammering the remote. To keep table traffic off the hot path,
 each process caches what it read for ``cache_ttl`` seconds: a closed breaker costs at most one
 read per ``cache_ttl`` per process (when the copy expires, one thread reads while the others go
-on with the copy, for at most one more ``cache_ttl``), and writes happen only on failures and
-state changes. Every write is conditional on the ETag; a lost race re-reads and re-applies (a
-bounded number of times), which is also how exactly one instance takes the probe of an open breaker.
+on with the copy, for at most one more ``cache_ttl``). Every write is conditional on the ETag;
+a lost race re-reads and re-applies (a bounded number of times), which is also how exactly one
+instance takes the probe of an open breaker.
+
+The ratio needs successes counted too, and a write per success would put one on every call.
+So a failure is written at once, carrying the successes this process counted and has not
+written yet; a success is only counted in the process, and written with its next failure or,
+while the window (as this process last read it) holds failures, at most once per
+``cache_ttl``. A healthy target costs no writes; a failing one at most one write per process
+per ``cache_ttl`` beyond its failures. The trade-off: other processes' successes reach the
+window up to a ``cache_ttl`` (their next read) after its first failure, so for that long the
+ratio can read high (``minimum_calls`` still applies); and the successes a process counted
+are lost if it stops.
 
 The breaker is an optimisation, never a dependency: if the store fails, the call goes ahead
 (fail open) and store access pauses for ``cache_ttl`` so a broken table does not slow every
@@ -29,8 +39,12 @@ from sas.domain.breaker import (
     BreakerPolicy,
     BreakerState,
     BreakerStatus,
+    Tally,
     admit,
+    bucket_of,
     closed_breaker,
+    count,
+    in_window,
     on_failure,
     on_success,
 )
@@ -92,6 +106,10 @@ class CircuitBreaker:
         self._refreshing = threading.Lock()
         self._cached: _Cached | None = None
         self._paused_until: datetime | None = None
+        self._unwritten: dict[datetime, int] = {}
+        """Successes counted here and not written yet, by bucket."""
+        self._written_at: datetime | None = None
+        """When this process last wrote its successes."""
 
     # --- the three calls an agent makes ---------------------------------------------------
 
@@ -165,23 +183,84 @@ class CircuitBreaker:
         return admit(state, self.policy, now=now, caller="routing").allowed
 
     def record_success(self) -> None:
-        """The remote answered (a result or a permanent refusal). Never raises."""
-        self._record("record_success", lambda state, now: (on_success(state, now=now), None))
+        """The remote answered (a result or a refusal). A probe's
+        success is written at once (it closes the breaker); any other is counted here and
+        written later (see the module's docstring). Never raises."""
+        if self._paused():
+            return
+        now = self._clock.now()
+        with self._lock:
+            cached = self._cached
+        state = None if cached is None or cached.versioned is None else cached.versioned.value
+        if state is not None and state.status is BreakerStatus.HALF_OPEN:
+            self._record(
+                "record_success",
+                lambda state, now: (on_success(state, self.policy, now=now), None),
+            )
+            return
+        if state is not None and state.status is BreakerStatus.OPEN:
+            return  # it started before the breaker opened: not counted
+        bucket = bucket_of(now, self.policy)
+        with self._lock:
+            self._unwritten[bucket] = self._unwritten.get(bucket, 0) + 1
+            due = self._written_at is None or now >= self._written_at + self._ttl
+        if due and state is not None:
+            self._write_successes(now, state)
 
     def record_failure(self) -> None:
-        """The remote failed transiently. Never raises."""
-        self._record(
+        """The remote failed transiently: written at once, with the successes this process
+        counted and has not written yet. Never raises."""
+        successes = self._successes()
+        written = self._record(
             "record_failure",
-            lambda state, now: (on_failure(state, self.policy, now=now), None),
+            lambda state, now: (on_failure(state, self.policy, now=now, also=successes), None),
         )
+        if written:
+            self._written(successes)
 
     # --- internals ------------------------------------------------------------------------
 
+    def _write_successes(self, now: datetime, state: BreakerState) -> None:
+        """Write the successes counted here, as the window (``state``, as last read) holds
+        failures: the ratio is judged on every process's calls."""
+        if not any(tally.failures for tally in in_window(state.window, self.policy, now)):
+            return
+        successes = self._successes()
+        written = self._record(
+            "record_success",
+            lambda state, now: (count(state, self.policy, now=now, tallies=successes), None),
+        )
+        if written:
+            self._written(successes)
+
+    def _successes(self) -> tuple[Tally, ...]:
+        """The successes counted here and not written yet, those aged out of the window
+        dropped."""
+        now = self._clock.now()
+        with self._lock:
+            counted = (Tally(start, n) for start, n in sorted(self._unwritten.items()))
+            kept = in_window(counted, self.policy, now)
+            self._unwritten = {tally.start: tally.calls for tally in kept}
+        return kept
+
+    def _written(self, successes: tuple[Tally, ...]) -> None:
+        """``successes`` were written (or, the breaker not closed, need not be)."""
+        now = self._clock.now()
+        with self._lock:
+            for tally in successes:
+                left = self._unwritten.get(tally.start, 0) - tally.calls
+                if left > 0:
+                    self._unwritten[tally.start] = left
+                else:
+                    self._unwritten.pop(tally.start, None)
+            self._written_at = now
+
     def _record(
         self, op: str, change: Callable[[BreakerState, datetime], tuple[BreakerState, None]]
-    ) -> None:
+    ) -> bool:
+        """Apply ``change``; whether it is now in the store (or needed no write)."""
         if self._paused():
-            return
+            return False
         try:
             self._transact(change)
         except _Contended:
@@ -193,6 +272,9 @@ class CircuitBreaker:
                 exc_info=True,
             )
             self._pause()
+        else:
+            return True
+        return False
 
     def _transact(self, change: Callable[[BreakerState, datetime], tuple[BreakerState, R]]) -> R:
         """Apply ``change`` to the current state and write it if it changed, conditionally.
@@ -262,7 +344,8 @@ class CircuitBreaker:
         extra: dict[str, object] = {
             "breaker": self.name,
             "from_status": str(old.status),
-            "failures": new.consecutive_failures,
+            "calls": new.calls,
+            "failures": new.failures,
         }
         if new.status is BreakerStatus.OPEN:
             event = (

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
-from sas.domain.breaker import BreakerStatus
+from sas.domain.breaker import BreakerPolicy, BreakerStatus, in_window
 from sas.domain.clock import Clock
 from sas.domain.endpoints import Endpoint, EndpointLoad
 from sas.domain.errors import InvalidMessage
@@ -68,7 +68,10 @@ class EndpointHealth:
     target: str
     breaker: BreakerStatus
     """As last written: an open breaker whose ``opened_until`` passed lets the next call probe."""
-    consecutive_failures: int
+    calls: int
+    """Calls counted in the breaker's window (the last 30 s), as last written."""
+    failures: int
+    """Of them, the failures of the remote."""
     opened_until: datetime | None
     changed_at: datetime | None
     """When the breaker was last written; None: never (no failure yet)."""
@@ -228,6 +231,7 @@ class Health:
         for endpoint in self._s.endpoints():
             versioned = self._s.breakers.get(endpoint.target)
             state = None if versioned is None else versioned.value
+            window = () if state is None else in_window(state.window, BreakerPolicy(), now)
             rows = fresh.get(endpoint.target, [])
             found.append(
                 EndpointHealth(
@@ -235,7 +239,8 @@ class Health:
                     endpoint=endpoint.name,
                     target=endpoint.target,
                     breaker=BreakerStatus.CLOSED if state is None else state.status,
-                    consecutive_failures=0 if state is None else state.consecutive_failures,
+                    calls=sum(tally.calls for tally in window),
+                    failures=sum(tally.failures for tally in window),
                     opened_until=None if state is None else state.opened_until,
                     changed_at=None if state is None else state.updated_at,
                     in_flight=sum(max(row.in_flight, 0) for row in rows),

@@ -11,7 +11,7 @@ import pytest
 from azure.data.tables import TableClient
 
 from sas.adapters.breaker_table import TableBreakerStore
-from sas.domain.breaker import BreakerPolicy, BreakerState, BreakerStatus, closed_breaker
+from sas.domain.breaker import BreakerPolicy, BreakerState, BreakerStatus, Tally, closed_breaker
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound, TransientRemoteError
 from sas.domain.wire import BREAKER_PARTITION
 from sas.services.breaker import CircuitBreaker
@@ -21,7 +21,10 @@ pytestmark = pytest.mark.integration
 
 T0 = datetime(2026, 11, 22, 12, 0, 0, 123456, tzinfo=UTC)
 POLICY = BreakerPolicy(
-    failure_threshold=3, open_for=timedelta(seconds=10), probe_lease=timedelta(seconds=4)
+    failure_ratio=0.6,
+    minimum_calls=3,
+    open_for=timedelta(seconds=10),
+    probe_lease=timedelta(seconds=4),
 )
 
 
@@ -70,22 +73,22 @@ def test_breaker_opens_during_an_outage_and_closes_after(azurite, table):
     a = Agent(CircuitBreaker(store_a, clock, "payment", POLICY, cache_ttl=1.0, instance_id="a"))
     b = Agent(CircuitBreaker(store_b, clock, "payment", POLICY, cache_ttl=1.0, instance_id="b"))
 
-    # Healthy: both call, nothing is written.
+    # Healthy: both call, nothing is written (each counts its success).
     assert (a.call(service_up=True), b.call(service_up=True)) == ("ok", "ok")
     assert store_a.get("payment") is None
 
-    # The outage: failures recorded by either count towards one shared threshold.
-    assert a.call(service_up=False) == "failed"
-    assert b.call(service_up=False) == "failed"  # its create collides: re-read, counted on top
-    assert a.call(service_up=False) == "failed"  # its cached ETag is stale: re-read, re-applied
+    # The outage: each failure is written with its process's successes, into one window.
+    assert a.call(service_up=False) == "failed"  # 1 of 2 failed
+    assert b.call(service_up=False) == "failed"  # its create collides: re-read, 2 of 4
+    assert a.call(service_up=False) == "failed"  # its ETag is stale: re-read, 3 of 5: open
     assert (store_a.conflicts, store_b.conflicts) == (1, 1)
     opened = store_b.get("payment")
     assert opened is not None
     assert opened.value.status is BreakerStatus.OPEN
-    assert opened.value.consecutive_failures == 3
+    assert (opened.value.calls, opened.value.failures) == (5, 3)
     assert opened.value.opened_until == T0 + timedelta(seconds=10)
 
-    # The open window: once b's cached view (failures=2) has aged out, neither calls.
+    # The open window: once b's cached view (closed) has aged out, neither calls.
     calls_before = (a.calls, b.calls)
     clock.advance(0.5)
     for _ in range(9):
@@ -161,11 +164,12 @@ def test_a_failed_probe_on_azurite_reopens_it_for_both(azurite, table):
 
 def test_state_round_trips_and_a_stale_etag_write_is_rejected(table):
     store = TableBreakerStore(table)
+    window = (Tally(T0, 7, 4), Tally(T0 + timedelta(seconds=5), 3, 1))
     probing = BreakerState(
         "payment",
         T0,
         BreakerStatus.HALF_OPEN,
-        4,
+        window,
         probe_until=T0 + timedelta(seconds=4),
         probe_owner="a:7",
     )
@@ -187,8 +191,10 @@ def test_state_round_trips_and_a_stale_etag_write_is_rejected(table):
     # REPLACE clears the fields the new state no longer has.
     store.put(closed_breaker("payment", T0 + timedelta(seconds=5)), second)
     entity = table.get_entity(BREAKER_PARTITION, "payment")
-    assert "ProbeUntil" not in entity and "ProbeOwner" not in entity
+    assert "ProbeUntil" not in entity and "ProbeOwner" not in entity and "Window" not in entity
     assert entity["Status"] == "closed"
+    read = store.get("payment")
+    assert read is not None and read.value.window == ()
 
 
 def test_a_row_deleted_since_read_is_a_lost_race(table):

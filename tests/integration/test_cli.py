@@ -24,7 +24,7 @@ from sas import settings as app_settings
 from sas.adapters.breaker_table import TableBreakerStore
 from sas.adapters.clients import queue_service_client
 from sas.adapters.load_table import TableLoadStore
-from sas.domain.breaker import BreakerState, BreakerStatus
+from sas.domain.breaker import BreakerState, BreakerStatus, Tally
 from sas.domain.messages import OperatorAlert
 from sas.domain.model import ProcessState
 from sas.domain.wire import LIVE_PARTITION, POISON_SUFFIX
@@ -613,7 +613,7 @@ def test_health_shows_throughput_an_open_breaker_the_load_and_a_waiting_alert(mi
             name="payment",
             updated_at=now,
             status=BreakerStatus.OPEN,
-            consecutive_failures=5,
+            window=(Tally(now, 12, 7),),
             opened_until=now + timedelta(seconds=10),
         ),
         None,
@@ -649,7 +649,7 @@ def test_health_shows_throughput_an_open_breaker_the_load_and_a_waiting_alert(mi
     code, out, err = sas(capsys, "health", "--minutes", "90")
     assert code == 0, err
     assert "5 submitted, 4 finished, 2 failed (failure rate 50.0%)" in out
-    assert re.search(r"payment\s+│\s+open\s+│\s+5\s+│", out), out
+    assert re.search(r"payment\s+│\s+open\s+│\s+7/12\s+│", out), out
     assert "open alerts, by cause: 1; 1 message(s) in" in out and "card declined" in out
     assert "orders per 2 min" in out
 

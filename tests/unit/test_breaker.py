@@ -1,10 +1,12 @@
-"""The circuit breaker: pure transitions, the shared-state service over a store with ETag
-semantics (cache, races, fail open), and the agent honouring it inside the deadline."""
+"""The circuit breaker: pure transitions (the window's math), the shared-state service over a
+store with ETag semantics (cache, successes written late, races, fail open), and the agent
+honouring it inside the deadline."""
 
 from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,10 +20,15 @@ from sas.domain.breaker import (
     BreakerPolicy,
     BreakerState,
     BreakerStatus,
+    Tally,
     admit,
+    bucket_of,
     closed_breaker,
+    count,
+    in_window,
     on_failure,
     on_success,
+    tripped,
 )
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, TransientRemoteError
 from sas.domain.messages import OrderSubmitted, StepReply, StepRequest
@@ -49,7 +56,12 @@ pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
 T0 = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
 POLICY = BreakerPolicy(
-    failure_threshold=3, open_for=timedelta(seconds=10), probe_lease=timedelta(seconds=4)
+    failure_ratio=0.5,
+    minimum_calls=3,
+    window=timedelta(seconds=30),
+    buckets=6,
+    open_for=timedelta(seconds=10),
+    probe_lease=timedelta(seconds=4),
 )
 
 
@@ -123,7 +135,7 @@ def refusal(b: CircuitBreaker) -> TransientRemoteError:
 
 def open_breaker(store: FakeBreakerStore, clock: FakeClock) -> CircuitBreaker:
     b = breaker(store, clock, instance="opener")
-    for _ in range(POLICY.failure_threshold):
+    for _ in range(POLICY.minimum_calls):
         b.record_failure()
     assert store.state().status is BreakerStatus.OPEN
     return b
@@ -138,27 +150,56 @@ def test_a_closed_breaker_allows_without_any_change():
     assert admission.allowed and not admission.changed and admission.state is state
 
 
-def test_failures_are_counted_and_the_threshold_opens_it_for_open_for():
+def test_buckets_are_aligned_and_the_window_keeps_the_current_one_and_those_before_it():
+    assert POLICY.bucket == seconds(5)
+    assert bucket_of(T0 + seconds(4.999), POLICY) == T0
+    assert bucket_of(T0 + seconds(5), POLICY) == T0 + seconds(5)
+    window = tuple(Tally(T0 + seconds(5 * n), 1) for n in range(8))  # 12:00:00 to 12:00:35
+    kept = in_window(window, POLICY, now=T0 + seconds(39))  # the bucket of 12:00:35 and 5 more
+    assert [t.start for t in kept] == [T0 + seconds(5 * n) for n in range(2, 8)]
+
+
+def test_it_opens_only_with_the_minimum_of_calls_and_the_ratio_both_reached():
     state = closed_breaker("payment", T0)
-    for n in (1, 2):
+    for _ in range(2):  # 2 of 2 failed, but 3 calls are the minimum
         state = on_failure(state, POLICY, now=T0)
-        assert (state.status, state.consecutive_failures) == (BreakerStatus.CLOSED, n)
+    assert (state.status, state.calls, state.failures) == (BreakerStatus.CLOSED, 2, 2)
     opened = on_failure(state, POLICY, now=T0 + seconds(1))
-    assert opened.status is BreakerStatus.OPEN
-    assert opened.consecutive_failures == 3
+    assert (opened.status, opened.calls, opened.failures) == (BreakerStatus.OPEN, 3, 3)
     assert opened.opened_until == T0 + seconds(11)
 
+    ratio = BreakerPolicy(failure_ratio=0.6, minimum_calls=10)
+    assert not tripped([Tally(T0, 10, 5)], ratio)
+    assert tripped([Tally(T0, 6, 3), Tally(T0 + seconds(5), 4, 3)], ratio)  # 6 of 10
+    assert not tripped([Tally(T0, 9, 9)], ratio)  # too few calls
 
-def test_only_consecutive_failures_count():
-    state = closed_breaker("payment", T0)
-    state = on_failure(on_failure(state, POLICY, now=T0), POLICY, now=T0)
-    state = on_success(state, now=T0)
-    state = on_failure(on_failure(state, POLICY, now=T0), POLICY, now=T0)
-    assert (state.status, state.consecutive_failures) == (BreakerStatus.CLOSED, 2)
+
+def test_successes_in_the_window_keep_the_ratio_below_and_aged_ones_do_not():
+    successes = (Tally(T0, 5),)
+    state = count(closed_breaker("payment", T0), POLICY, now=T0, tallies=successes)
+    for _ in range(4):
+        state = on_failure(state, POLICY, now=T0 + seconds(1))
+    assert (state.status, state.calls, state.failures) == (BreakerStatus.CLOSED, 9, 4)
+    state = on_failure(state, POLICY, now=T0 + seconds(29))  # 5 of 10: the ratio
+    assert state.status is BreakerStatus.OPEN
+
+    aged = count(closed_breaker("payment", T0), POLICY, now=T0, tallies=(Tally(T0, 50),))
+    aged = on_failure(aged, POLICY, now=T0 + seconds(30))  # T0's bucket is out of the window
+    aged = on_failure(aged, POLICY, now=T0 + seconds(30))
+    assert (aged.calls, aged.failures, aged.status) == (2, 2, BreakerStatus.CLOSED)
+    assert on_failure(aged, POLICY, now=T0 + seconds(31)).status is BreakerStatus.OPEN
+
+
+def test_late_counts_land_in_their_own_buckets_added_to_what_is_there():
+    state = on_failure(closed_breaker("payment", T0), POLICY, now=T0 + seconds(6))
+    also = (Tally(T0, 3), Tally(T0 + seconds(5), 2))
+    state = on_failure(state, POLICY, now=T0 + seconds(7), also=also)
+    assert state.window == (Tally(T0, 3, 0), Tally(T0 + seconds(5), 4, 2))
+    assert state.status is BreakerStatus.CLOSED
 
 
 def test_an_open_breaker_refuses_until_opened_until_then_grants_one_probe_lease():
-    opened = BreakerState("payment", T0, BreakerStatus.OPEN, 3, opened_until=T0 + seconds(10))
+    opened = BreakerState("payment", T0, BreakerStatus.OPEN, opened_until=T0 + seconds(10))
     refused = admit(opened, POLICY, now=T0 + seconds(9.999), caller="c1")
     assert not refused.allowed and not refused.changed
     assert refused.retry_at == T0 + seconds(10)
@@ -172,7 +213,7 @@ def test_an_open_breaker_refuses_until_opened_until_then_grants_one_probe_lease(
 
 def test_a_live_probe_lease_excludes_everyone_but_its_holder():
     half = BreakerState(
-        "payment", T0, BreakerStatus.HALF_OPEN, 3, probe_until=T0 + seconds(4), probe_owner="c1"
+        "payment", T0, BreakerStatus.HALF_OPEN, probe_until=T0 + seconds(4), probe_owner="c1"
     )
     other = admit(half, POLICY, now=T0 + seconds(1), caller="c2")
     assert not other.allowed and other.retry_at == T0 + seconds(4)
@@ -182,7 +223,7 @@ def test_a_live_probe_lease_excludes_everyone_but_its_holder():
 
 def test_a_lapsed_probe_lease_is_taken_over():
     half = BreakerState(
-        "payment", T0, BreakerStatus.HALF_OPEN, 3, probe_until=T0 + seconds(4), probe_owner="c1"
+        "payment", T0, BreakerStatus.HALF_OPEN, probe_until=T0 + seconds(4), probe_owner="c1"
     )
     takeover = admit(half, POLICY, now=T0 + seconds(4), caller="c2")
     assert takeover.allowed and takeover.changed
@@ -192,48 +233,53 @@ def test_a_lapsed_probe_lease_is_taken_over():
 
 def test_a_failed_probe_opens_it_again_and_a_successful_one_closes_it():
     half = BreakerState(
-        "payment", T0, BreakerStatus.HALF_OPEN, 3, probe_until=T0 + seconds(4), probe_owner="c1"
+        "payment", T0, BreakerStatus.HALF_OPEN, probe_until=T0 + seconds(4), probe_owner="c1"
     )
-    reopened = on_failure(half, POLICY, now=T0 + seconds(2))
+    reopened = on_failure(half, POLICY, now=T0 + seconds(2))  # whatever the window holds
     assert reopened.status is BreakerStatus.OPEN
     assert reopened.opened_until == T0 + seconds(12)
     assert reopened.probe_owner is None and reopened.probe_until is None
-    # a failed probe reopens whatever the count (say the threshold was raised meanwhile)
-    uncounted = BreakerState(
-        "payment", T0, BreakerStatus.HALF_OPEN, 0, probe_until=T0 + seconds(4), probe_owner="c1"
-    )
-    assert on_failure(uncounted, POLICY, now=T0).status is BreakerStatus.OPEN
 
-    closed = on_success(half, now=T0 + seconds(2))
-    assert closed == closed_breaker("payment", T0 + seconds(2))
+    counted = replace(half, window=(Tally(T0, 5, 5),))
+    closed = on_success(counted, POLICY, now=T0 + seconds(2))
+    assert closed == closed_breaker("payment", T0 + seconds(2))  # its window emptied
 
 
-def test_a_late_failure_while_open_changes_nothing_and_a_needless_success_neither():
-    opened = BreakerState("payment", T0, BreakerStatus.OPEN, 3, opened_until=T0 + seconds(10))
+def test_calls_that_end_while_it_is_open_change_nothing():
+    """A straggler started before it opened: its failure says nothing new, and its success
+    (a 60 % failing service still answers 40 %) is no sign the service recovered."""
+    opened = BreakerState("payment", T0, BreakerStatus.OPEN, opened_until=T0 + seconds(10))
     assert on_failure(opened, POLICY, now=T0 + seconds(1)) is opened
+    assert on_success(opened, POLICY, now=T0 + seconds(1)) is opened
+    assert count(opened, POLICY, now=T0, tallies=(Tally(T0, 9),)) is opened
+
+
+def test_a_success_is_counted_and_nothing_counted_changes_nothing():
     healthy = closed_breaker("payment", T0)
-    assert on_success(healthy, now=T0 + seconds(1)) is healthy
-
-
-def test_a_success_while_open_closes_it():
-    opened = BreakerState("payment", T0, BreakerStatus.OPEN, 3, opened_until=T0 + seconds(10))
-    closed = on_success(opened, now=T0 + seconds(1))
-    assert (closed.status, closed.consecutive_failures, closed.opened_until) == (
-        BreakerStatus.CLOSED,
-        0,
-        None,
-    )
+    assert count(healthy, POLICY, now=T0, tallies=()) is healthy
+    once = on_success(healthy, POLICY, now=T0 + seconds(1))
+    assert (once.status, once.calls, once.failures) == (BreakerStatus.CLOSED, 1, 0)
 
 
 def test_policy_and_state_reject_nonsense():
-    with pytest.raises(ValueError, match="failure_threshold"):
-        BreakerPolicy(failure_threshold=0)
-    with pytest.raises(ValueError, match="open_for"):
-        BreakerPolicy(open_for=timedelta(0))
-    with pytest.raises(ValueError, match="probe_lease"):
-        BreakerPolicy(probe_lease=timedelta(seconds=-1))
+    for bad, field in (
+        ({"failure_ratio": 0}, "failure_ratio"),
+        ({"failure_ratio": 1.5}, "failure_ratio"),
+        ({"minimum_calls": 0}, "minimum_calls"),
+        ({"window": timedelta(0)}, "window"),
+        ({"buckets": 0}, "buckets"),
+        ({"buckets": 61}, "buckets"),
+        ({"open_for": timedelta(0)}, "open_for"),
+        ({"probe_lease": timedelta(seconds=-1)}, "probe_lease"),
+    ):
+        with pytest.raises(ValueError, match=field):
+            BreakerPolicy(**bad)
     with pytest.raises(ValueError, match="timezone-aware"):
         BreakerState("payment", datetime(2026, 11, 22, 12, 0))
+    with pytest.raises(ValueError, match="failures"):
+        Tally(T0, 1, 2)
+    with pytest.raises(ValueError, match="in order"):
+        BreakerState("payment", T0, window=(Tally(T0, 1), Tally(T0, 1)))
 
 
 # --- the shared-state service -----------------------------------------------------------------
@@ -248,7 +294,7 @@ def test_failures_recorded_by_one_instance_open_it_for_another():
     a.record_failure()  # a's cached ETag is stale by now: a lost race, re-read, re-applied
     assert store.conflicts == 1
     assert store.state().status is BreakerStatus.OPEN
-    assert store.state().consecutive_failures == 3
+    assert store.state().failures == 3
     clock.advance(1)  # past b's cache TTL
     error = refusal(b)
     assert error.reason == "payment circuit open"
@@ -257,8 +303,8 @@ def test_failures_recorded_by_one_instance_open_it_for_another():
 
 def test_concurrent_failure_counts_are_not_lost():
     store, clock = FakeBreakerStore(), FakeClock(T0)
-    a = breaker(store, clock, instance="a", policy=BreakerPolicy(failure_threshold=10))
-    b = breaker(store, clock, instance="b", policy=BreakerPolicy(failure_threshold=10))
+    a = breaker(store, clock, instance="a", policy=BreakerPolicy(minimum_calls=10))
+    b = breaker(store, clock, instance="b", policy=BreakerPolicy(minimum_calls=10))
     a.before_call()
     b.before_call()  # both cache "never written"
     a.record_failure()
@@ -266,7 +312,7 @@ def test_concurrent_failure_counts_are_not_lost():
     a.record_failure()
     b.record_failure()  # both stale ETags (ConcurrencyConflict): re-read, count on top
     assert store.conflicts == 3
-    assert store.state().consecutive_failures == 4
+    assert store.state().failures == 4
 
 
 def test_reads_are_cached_for_the_ttl_and_a_closed_breaker_writes_nothing():
@@ -280,6 +326,75 @@ def test_reads_are_cached_for_the_ttl_and_a_closed_breaker_writes_nothing():
     clock.advance(0.5)  # 1.0 s since the read
     b.before_call()
     assert store.reads == 2
+
+
+def test_successes_are_written_only_while_the_window_holds_failures_once_per_ttl():
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    b = breaker(store, clock, policy=BreakerPolicy(minimum_calls=100), cache_ttl=1.0)
+    b.before_call()
+    for _ in range(20):  # a healthy target: counted here, nothing written
+        clock.advance(0.1)
+        b.record_success()
+    assert store.writes == 0
+    b.record_failure()  # written at once, with the successes counted so far
+    assert (store.writes, store.state().calls, store.state().failures) == (1, 21, 1)
+    for _ in range(30):  # 3 s of successes while the window holds that failure
+        clock.advance(0.1)
+        b.record_success()
+    assert (store.writes, store.state().calls) == (4, 51)  # one write a second
+    clock.advance(30)
+    b.before_call()  # the failure has aged out of the window: successes stay here again
+    for _ in range(30):
+        clock.advance(0.1)
+        b.record_success()
+    assert store.writes == 4
+
+
+def test_another_process_s_successes_reach_the_window_and_keep_the_ratio_down():
+    """``a``'s calls all succeed, ``b``'s all fail: ``b``'s alone would open it (10 of 10
+    failed), but ``a`` writes its successes once it reads that the window holds failures."""
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    policy = BreakerPolicy(minimum_calls=10)
+    a = breaker(store, clock, instance="a", policy=policy)
+    b = breaker(store, clock, instance="b", policy=policy)
+    for tick in range(300):  # 30 s: a call of a's every 0.1 s, one of b's every 1 s
+        clock.advance(0.1)
+        a.before_call()
+        a.record_success()
+        if tick % 10 == 9:
+            b.before_call()
+            b.record_failure()
+    state = store.state()
+    assert state.status is BreakerStatus.CLOSED
+    assert state.failures >= 10 and state.calls >= 10 * state.failures
+
+
+@pytest.mark.parametrize(("failing", "opens"), [(0.6, True), (0.2, False)])
+def test_an_endpoint_failing_60_percent_of_calls_opens_it_and_20_percent_does_not(
+    failing: float, opens: bool
+):
+    """The deployed policy, two processes sharing the breaker, a call every 0.1 s for a
+    minute, each failing at random (seeded) with the probability ``failing``."""
+    rng = random.Random(44)
+    store, clock = FakeBreakerStore(), FakeClock(T0)
+    processes = [CircuitBreaker(store, clock, "payment", instance_id=n) for n in "ab"]
+    refused = 0
+    for _ in range(600):
+        clock.advance(0.1)
+        process = rng.choice(processes)
+        try:
+            process.before_call()
+        except TransientRemoteError:
+            refused += 1
+            continue
+        if rng.random() < failing:
+            process.record_failure()
+        else:
+            process.record_success()
+    assert (refused > 0) is opens
+    if not opens:
+        state = store.state()
+        assert state.status is BreakerStatus.CLOSED and state.calls >= BreakerPolicy().minimum_calls
 
 
 class SlowReadStore(FakeBreakerStore):
@@ -350,7 +465,7 @@ def test_an_open_breaker_refuses_from_cache_without_table_traffic():
     reads = store.reads
     for _ in range(20):
         refusal(opener)
-    assert store.reads == reads and store.writes == POLICY.failure_threshold
+    assert store.reads == reads and store.writes == POLICY.minimum_calls
 
 
 def test_after_the_open_window_exactly_one_instance_probes():
@@ -431,7 +546,7 @@ def test_races_are_retried_a_bounded_number_of_times_then_the_call_is_allowed(ca
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="sas.services.breaker"):
         b.before_call()  # taking the probe loses every race
-        b.record_success()  # so does closing it
+        b.before_call()  # and so does the next call's
     assert store.conflicts == 6
     assert [r.msg for r in caplog.records] == ["sas.breaker_contended"] * 2
 
@@ -554,7 +669,7 @@ def test_an_open_breaker_before_any_call_defers_the_step_at_once():
 
 def test_an_open_breaker_after_a_failed_call_is_waited_for_then_probed():
     store, clock = FakeBreakerStore(), FakeClock(T0)
-    b = breaker(store, clock, policy=BreakerPolicy(failure_threshold=1))
+    b = breaker(store, clock, policy=BreakerPolicy(minimum_calls=1))
     remote = scripted(clock, fault("503"), ok({"effect_id": "e"}))
     transport = InMemoryQueues(clock)
     at = times_of_calls(remote, clock)
@@ -573,7 +688,7 @@ def test_remote_outage_opens_the_breaker_and_calls_then_only_probe_once_per_wind
     assert agent(remote, transport, clock, b)(request(clock, 45)) is AgentOutcome.GAVE_UP
     assert transport.sent == []
     # three failures open it; after that one probe per 10 s window, each failing again
-    probes = at[POLICY.failure_threshold :]
+    probes = at[POLICY.minimum_calls :]
     assert 1 <= len(probes) <= 4
     gaps = [later - earlier for earlier, later in itertools.pairwise(at[2:])]
     assert all(gap >= seconds(10) for gap in gaps)
@@ -582,30 +697,35 @@ def test_remote_outage_opens_the_breaker_and_calls_then_only_probe_once_per_wind
 
 def test_a_permanent_refusal_counts_as_the_service_answering():
     store, clock = FakeBreakerStore(), FakeClock(T0)
-    b = breaker(store, clock)
+    b = breaker(store, clock, policy=BreakerPolicy(minimum_calls=10))
     b.record_failure()
     b.record_failure()
     remote = scripted(clock, refuse("HTTP 402 card declined"))
     transport = InMemoryQueues(clock)
     assert agent(remote, transport, clock, b)(request(clock, 30)) is AgentOutcome.REFUSED
-    assert store.state().consecutive_failures == 0
+    clock.advance(1)
+    b.record_failure()  # written with the refusal, counted as a call that did not fail
+    assert (store.state().calls, store.state().failures) == (4, 3)
 
 
-def test_the_agent_records_transient_failures_and_a_success_resets_them():
+def test_the_agent_writes_each_transient_failure_and_counts_its_success():
     store, clock = FakeBreakerStore(), FakeClock(T0)
-    b = breaker(store, clock, policy=BreakerPolicy(failure_threshold=10))
+    b = breaker(store, clock, policy=BreakerPolicy(minimum_calls=10))
     remote = scripted(clock, fault("503"), fault("503"), ok({"effect_id": "e"}))
     transport = InMemoryQueues(clock)
-    seen: list[int] = []
+    seen: list[tuple[int, int]] = []
     original = store.put
 
     def spy(state: BreakerState, etag: str | None) -> str:
-        seen.append(state.consecutive_failures)
+        seen.append((state.calls, state.failures))
         return original(state, etag)
 
     store.put = spy  # type: ignore[method-assign]  # a spy wrapped around the fake's writes
     assert agent(remote, transport, clock, b)(request(clock, 30)) is AgentOutcome.REPLIED
-    assert seen == [1, 2, 0]
+    assert seen == [(1, 1), (2, 2)]  # the success came within cache_ttl of the last write
+    clock.advance(1)
+    b.record_success()  # a later one, while the window holds failures: both written
+    assert seen[2:] == [(4, 2)]
 
 
 def test_a_broken_breaker_store_never_fails_the_step():
@@ -620,7 +740,7 @@ def test_a_broken_breaker_store_never_fails_the_step():
 def test_for_routing_an_open_breaker_is_unhealthy_until_its_probe_is_due():
     clock = FakeClock(datetime(2026, 1, 1, tzinfo=UTC))
     store = FakeBreakerStore()
-    policy = BreakerPolicy(failure_threshold=2, open_for=timedelta(seconds=10))
+    policy = BreakerPolicy(minimum_calls=2, open_for=timedelta(seconds=10))
     breaker = CircuitBreaker(store, clock, "payment@west", policy, cache_ttl=0)
     assert breaker.healthy()
     breaker.record_failure()
@@ -646,7 +766,7 @@ def world_with_breaker(remote: Any = None) -> tuple[World, FakeBreakerStore]:
         breaker=lambda target: b if target == "payment" else None,
         sleep=world.clock.sleep,
     )
-    for _ in range(POLICY.failure_threshold):
+    for _ in range(POLICY.minimum_calls):
         b.record_failure()
     return world, store
 

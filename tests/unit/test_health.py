@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from rich.console import Console
 
-from sas.domain.breaker import BreakerState, BreakerStatus
+from sas.domain.breaker import BreakerState, BreakerStatus, Tally
 from sas.domain.endpoints import Endpoint, EndpointLoad, HeldRetries
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OperatorAlert, encode
@@ -190,7 +190,11 @@ def test_each_endpoint_shows_its_breaker_and_its_fresh_load_against_capacity():
         name=primary.target,
         updated_at=minutes_ago(0.1),
         status=BreakerStatus.OPEN,
-        consecutive_failures=5,
+        window=(
+            Tally(NOW - timedelta(seconds=60), 9, 1),  # aged out of the window
+            Tally(NOW - timedelta(seconds=10), 4, 3),
+            Tally(NOW - timedelta(seconds=4), 6, 3),
+        ),
         opened_until=NOW + timedelta(seconds=8),
     )
     loads = Loads(
@@ -207,7 +211,7 @@ def test_each_endpoint_shows_its_breaker_and_its_fresh_load_against_capacity():
     ).report(timedelta(minutes=5))
     found = {e.target: e for e in report.endpoints}
     assert found[primary.target].breaker is BreakerStatus.OPEN
-    assert found[primary.target].consecutive_failures == 5
+    assert (found[primary.target].calls, found[primary.target].failures) == (10, 6)
     assert found[primary.target].opened_until == opened.opened_until
     assert (found[primary.target].in_flight, found[primary.target].processes) == (3, 2)
     assert found[primary.target].capacity == 4

@@ -143,7 +143,7 @@ def test_a_result_that_is_not_a_dict_is_retried_and_none_is_an_empty_result():
 def test_the_shared_breaker_guards_a_python_agent_too():
     clock = FakeClock()
     transport = InMemoryQueues(clock)
-    policy = BreakerPolicy(failure_threshold=2, open_for=timedelta(seconds=60))
+    policy = BreakerPolicy(minimum_calls=2, open_for=timedelta(seconds=60))
     breaker = CircuitBreaker(FakeBreakerStore(), clock, "payment", policy, cache_ttl=0)
     payments = Payments(clock, [Transient("down")] * 1000)
     outcome = runner(payments, transport, breaker=lambda target: breaker)(request(clock, 20))

@@ -394,7 +394,7 @@
     fill($("endpoints").tBodies[0], report.endpoints.map((e) => row(
       [el("code", e.target),
         el("span", e.breaker.replace("_", " "), { class: "breaker", "data-breaker": e.breaker }),
-        e.consecutive_failures, openUntil(e),
+        `${e.failures} of ${e.calls}`, openUntil(e),
         e.capacity === null ? e.in_flight : `${e.in_flight} of ${e.capacity}`, e.processes],
       { "data-target": e.target, "data-breaker": e.breaker },
     )));
