@@ -12,6 +12,11 @@ PAYMENT = PythonAgent(
     tables=("charges",),  # its records (app_table), provisioned with the app's
     settings={"PAYMENTS_URL": "http://127.0.0.1:7081/payment"},  # and its local value
 )
+
+``Transient(reason, retry_after=None, order_scoped=False)``: a fault that may clear; the step is
+retried. ``order_scoped=True`` says the fault is this order's own (its card, its address), not
+the service's: retried the same, but never counted by the agent's circuit breaker, so a few
+bad orders cannot open it for every other. ``Refused(reason)``: a refusal for good.
 """
 
 from typing import Any

@@ -1,8 +1,13 @@
 """HTTP client for remote services (payments, shipping, inventory) over httpx.
 
-Classifies failures: timeouts, connection errors, 408, 429 and 5xx are transient; any other
-4xx is a business refusal (non-transient). The Idempotency-Key header makes retries and
-duplicate deliveries safe at the provider.
+Classifies failures: timeouts, connection errors, 408, 425, 429, 5xx and a 2xx that is not a
+JSON object are transient; any other 4xx is a business refusal (non-transient). The
+Idempotency-Key header makes retries and duplicate deliveries safe at the provider.
+
+No transient fault here is the order's own (``order_scoped``): a status cannot tell one order's
+fault from the service's, and 408, 425, 429 and 5xx speak of the service, so each counts toward
+its circuit breaker. An order's own bad data is a 4xx: a refusal, which the breaker counts as
+the service answering.
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ It opens on a failure *ratio* over a sliding window with a minimum number of cal
 advanced circuit breaker and resilience4j's time-based window do: the window is the current
 time bucket and the ``buckets - 1`` before it (``window / buckets`` each, aligned on the
 epoch), each bucket counting the calls that ended in it and how many of them failed. A call
-counts when it ends: a transient failure of the remote as a failure; a result or a refusal
-as a call that did not fail.
+counts when it ends: a transient failure of the remote as a failure; a result, a refusal or
+a fault the order owns (``TransientRemoteError.order_scoped``) as a call that did not fail.
 
 closed --(in the window: >= minimum_calls calls, failures / calls >= failure_ratio)--> open
     until now + open_for

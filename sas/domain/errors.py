@@ -51,12 +51,19 @@ class ConfigurationError(SasError):
 
 
 class TransientRemoteError(SasError):
-    """The remote service failed in a way that may clear on retry."""
+    """The remote service failed in a way that may clear on retry.
 
-    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+    ``order_scoped``: the fault is the order's own (its data: an address that bounced), not
+    the remote's. It is retried all the same, but the circuit breaker counts the call as the
+    remote answering, so one order's faults never open it for the others."""
+
+    def __init__(
+        self, reason: str, retry_after: float | None = None, *, order_scoped: bool = False
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after = retry_after
+        self.order_scoped = order_scoped
 
 
 class PermanentRemoteError(SasError):

@@ -1,7 +1,10 @@
 """Agent actions that are the application's own Python functions, run in the agent's function:
 ``action(context, data) -> result``, under the same deadline, retries, breaker and fencing as a
-remote call. An action signals a fault that may clear by raising ``Transient`` and a refusal by
-raising ``Refused`` (``sas/actions.py``); any other exception counts as transient."""
+remote call. An action signals a fault that may clear by raising ``Transient`` (with
+``order_scoped=True`` when it is the order's own, e.g. its address bounced: retried, but not
+counted by the agent's circuit breaker) and a refusal by raising ``Refused``
+(``sas/actions.py``). Any other exception counts as a transient fault of what the action calls;
+a result that is not a JSON object of at most 8 KiB, as the order's own."""
 
 from __future__ import annotations
 
@@ -84,7 +87,7 @@ def _as_json(context: ActionContext, where: str, result: object) -> dict[str, An
         problem = f"not JSON data ({type(exc).__name__})"
     if problem is not None:
         _failed(context, where, f"result {problem}", None)
-        raise TransientRemoteError(f"{where}: result {problem}")
+        raise TransientRemoteError(f"{where}: result {problem}", order_scoped=True)
     value: dict[str, Any] = data
     return value
 

@@ -9,7 +9,9 @@ allows. Past it, it stops and sends nothing: the Supervisor will schedule anothe
 Every attempt calls with the step's one idempotency key, so the remote applies the effect once
 whichever attempt's call gets through.
 
-A circuit breaker per remote target, shared by every agent instance, is asked before each try.
+A circuit breaker per remote target, shared by every agent instance, is asked before each try
+and told how it ended: a transient fault as the remote's failure, unless the fault is the
+order's own (``TransientRemoteError.order_scoped``), which counts as the remote answering.
 If a target with one endpoint has it open before the attempt has called anything, the step is
 deferred (a ``deferred`` reply carrying the seconds until the circuit may close): other orders'
 failures opened it, so it costs this one no failure and no wait for its deadline. Once a call
@@ -272,8 +274,10 @@ def _call(
             endpoint=None if endpoint is None else endpoint.name,
         ):
             result = _perform(ctx, agents, attempt, target, min(remaining, agents.max_call_seconds))
-    except TransientRemoteError:
-        if breaker is not None:
+    except TransientRemoteError as exc:
+        if breaker is not None and exc.order_scoped:
+            breaker.record_success()  # the service answered: the fault is the order's
+        elif breaker is not None:
             breaker.record_failure()
         raise
     except PermanentRemoteError:

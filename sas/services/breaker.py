@@ -183,7 +183,7 @@ class CircuitBreaker:
         return admit(state, self.policy, now=now, caller="routing").allowed
 
     def record_success(self) -> None:
-        """The remote answered (a result or a refusal). A probe's
+        """The remote answered (a result, a refusal, or a fault the order owns). A probe's
         success is written at once (it closes the breaker); any other is counted here and
         written later (see the module's docstring). Never raises."""
         if self._paused():

@@ -8,7 +8,8 @@
 
 Its parts are the doubles sas's own tests use too: ``InMemoryStore``, ``InMemoryQueues`` (the
 transport), ``InMemoryRemote`` (every remote service, scripted), ``InMemoryLoads`` (endpoints'
-loads), ``InMemoryBudgets`` (retries held back), ``FakeClock``, and ``instance`` (the handlers
+loads), ``InMemoryBudgets`` (retries held back), ``InMemoryBreakers`` (circuit breakers'
+state), ``FakeClock``, and ``instance`` (the handlers
 on one context). Not deployed with the app (``.funcignore``).
 """
 
@@ -17,6 +18,7 @@ from sas.testing.harness import Harness, HarnessError
 from sas.testing.instance import Instance, instance
 from sas.testing.memory import (
     FakeClock,
+    InMemoryBreakers,
     InMemoryBudgets,
     InMemoryLoads,
     InMemoryQueues,
@@ -41,6 +43,7 @@ __all__ = [
     "FakeClock",
     "Harness",
     "HarnessError",
+    "InMemoryBreakers",
     "InMemoryBudgets",
     "InMemoryLoads",
     "InMemoryQueues",

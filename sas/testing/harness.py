@@ -6,7 +6,8 @@ answer from a script (``ok``, ``fault``, ``refuse``, ``too_slow``, ``crash_befor
 a Python agent runs its own function and an HTTP agent succeeds with an empty result. A run
 takes milliseconds: the Supervisor's ticks, backoffs and deadlines are fake time. Messages are
 handled one at a time, so a slow call's fake time passes for every order; an exception a
-handler raises ends ``run()`` (it is a bug the test should see).
+handler raises ends ``run()`` (it is a bug the test should see). With ``breakers=True`` each
+agent's target is behind a circuit breaker with the deployed policy, as deployed.
 """
 
 from __future__ import annotations
@@ -27,10 +28,11 @@ from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import Mode, Priority, idempotency_key, without_incarnation
 from sas.domain.workflow import PythonAgent, Registry
 from sas.services import supervisor
+from sas.services.breaker import CircuitBreaker
 from sas.services.context import Agents, Routes
 from sas.services.ports import StateStore
 from sas.testing.instance import Instance, instance
-from sas.testing.memory import FakeClock, InMemoryQueues, InMemoryStore, Sent
+from sas.testing.memory import FakeClock, InMemoryBreakers, InMemoryQueues, InMemoryStore, Sent
 from sas.testing.remote import Call, Crash, InMemoryRemote, Outcome
 
 STATUS_QUEUE = "status-harness"
@@ -58,6 +60,7 @@ class Harness:
         duplicate_deliveries: bool = False,
         store: StateStore | None = None,
         seed: int = 0,
+        breakers: bool = False,
     ) -> None:
         if supervisor_every <= 0 or redelivery_after <= 0:
             raise ValueError("supervisor_every and redelivery_after must be positive")
@@ -75,12 +78,16 @@ class Harness:
         self._duplicates = duplicate_deliveries
         self.routes = _routes(registry)
         self._max_failures = max_failures
+        self._pick = random.Random(seed)  # noqa: S311 - which host takes a delivery
+        self._deploys = itertools.count(1)
+        self.breakers = InMemoryBreakers()
+        """The circuit breakers' state (``breakers=True``): ``breakers.written`` lists every
+        state they took."""
+        self._breakers: dict[str, CircuitBreaker] | None = {} if breakers else None
         self.app: Instance = self._host(registry, "harness")
         """The handlers, as the app's functions call them, on the harness's store and queues."""
         self.ctx = self.app.ctx
         self._hosts = [self.app]
-        self._pick = random.Random(seed)  # noqa: S311 - which host takes a delivery
-        self._deploys = itertools.count(1)
 
     def deploy(self, registry: Registry, *, alongside: bool = False) -> None:
         """Restart the app on ``registry`` (a workflow's new version added, one removed or
@@ -108,8 +115,17 @@ class Harness:
                 sleep=self.clock.sleep,
                 python={a.name: self._scripted(a) for a in registry.python_agents},
                 settings=registry.settings,  # each at its local value, as in a local run
+                breaker=None if self._breakers is None else self._breaker,
             ),
         )
+
+    def _breaker(self, target: str) -> CircuitBreaker:
+        """The target's breaker, with the deployed policy, for every host (one process's)."""
+        assert self._breakers is not None  # noqa: S101 - only handed out with breakers on
+        found = self._breakers.get(target)
+        if found is None:
+            found = self._breakers[target] = CircuitBreaker(self.breakers, self.clock, target)
+        return found
 
     def _next_host(self, queue: str | None = None) -> Instance:
         """Any host (of those with a function on ``queue``: an agent new in this deploy has no

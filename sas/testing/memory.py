@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from sas.domain.breaker import BreakerState
 from sas.domain.endpoints import EndpointLoad, HeldRetries
 from sas.domain.errors import AlreadyExists, ConcurrencyConflict, NotFound
 from sas.domain.messages import Message, decode, encode
@@ -186,6 +187,32 @@ class InMemoryBudgets:
 
     def read(self) -> list[HeldRetries]:
         return list(self.rows.values())
+
+
+class InMemoryBreakers:
+    """The BreakerStore port in memory, with Table Storage's ETag semantics: every write gets a
+    new ETag; a stale one, or a create over an existing row, fails."""
+
+    def __init__(self) -> None:
+        self._etags = (f"W/{n}" for n in itertools.count(1))
+        self.rows: dict[str, tuple[BreakerState, str]] = {}
+        self.written: list[BreakerState] = []
+        """Every state written, in order."""
+
+    def get(self, name: str) -> Versioned[BreakerState] | None:
+        found = self.rows.get(name)
+        return None if found is None else Versioned(*found)
+
+    def put(self, state: BreakerState, etag: str | None) -> str:
+        found = self.rows.get(state.name)
+        if etag is None and found is not None:
+            raise AlreadyExists(f"breaker {state.name} exists")
+        if etag is not None and (found is None or found[1] != etag):
+            raise ConcurrencyConflict(f"breaker {state.name} changed since read")
+        new = next(self._etags)
+        self.rows[state.name] = (state, new)
+        self.written.append(state)
+        return new
 
 
 class InMemoryStore:

@@ -152,6 +152,33 @@ def test_the_shared_breaker_guards_a_python_agent_too():
     assert breaker.last_status() == "open"
 
 
+def test_a_fault_the_order_owns_is_retried_but_counts_as_the_service_answering():
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
+    store = FakeBreakerStore()
+    policy = BreakerPolicy(minimum_calls=2, open_for=timedelta(seconds=60))
+    breaker = CircuitBreaker(store, clock, "payment", policy, cache_ttl=0)
+    bounced = Transient("address bounced", order_scoped=True)
+    payments = Payments(clock, [bounced] * 1000)
+    outcome = runner(payments, transport, breaker=lambda target: breaker)(request(clock, 20))
+    assert outcome is AgentOutcome.GAVE_UP  # retried to the deadline, as any transient fault
+    assert len(payments.seen) > 2  # the breaker never refused a try
+    assert breaker.last_status() == "closed"
+    breaker.record_failure()  # the service's own fault: written with the calls counted so far
+    assert (store.state().calls, store.state().failures) == (len(payments.seen) + 1, 1)
+
+
+def test_a_result_too_large_is_the_order_s_fault_not_the_service_s():
+    clock = FakeClock()
+    transport = InMemoryQueues(clock)
+    store = FakeBreakerStore()
+    breaker = CircuitBreaker(store, clock, "payment", BreakerPolicy(minimum_calls=1))
+    agent = PythonAgent("payment", {"charge": lambda context, data: {"x": "y" * 9000}})
+    run = python_runner(agent, transport, clock, breaker=lambda target: breaker)
+    assert run(request(clock, 3)) is AgentOutcome.GAVE_UP
+    assert breaker.last_status() == "closed" and store.writes == 0
+
+
 def test_a_python_agent_runs_beside_the_router_of_the_http_agents():
     """Capacity-aware routing is for HTTP agents' endpoints: a Python agent has none, and its
     steps run while a router (some HTTP agent declares endpoints) is in place."""
