@@ -32,4 +32,6 @@ def registry() -> Registry:
     found = getattr(module, "REGISTRY", None)
     if not isinstance(found, Registry):
         raise ConfigurationError(f"{name}.REGISTRY must be a sas Registry of the app's workflows")
+    if problems := found.undeployable():
+        raise ConfigurationError(f"{name}.REGISTRY: " + "; ".join(problems))
     return found

@@ -86,6 +86,8 @@ def _entity(state: BreakerState) -> dict[str, Any]:
         "RowKey": _row_key(state.name),
         "Status": state.status.value,
         "Window": _window_text(state.window),
+        # Read by hosts of the release before windows, which a rolling deploy runs beside.
+        "ConsecutiveFailures": sum(tally.failures for tally in state.window),
         "OpenedUntil": state.opened_until,
         "ProbeUntil": state.probe_until,
         "ProbeOwner": state.probe_owner,

@@ -26,6 +26,11 @@ MAX_STEPS = 16
 details (``MAX_DETAILS_JSON``) stay well under Table Storage's 1 MiB per entity."""
 MAX_BUDGET = timedelta(days=1)
 """The longest complete-by or pickup budget: a deadline must stay far from the calendar's end."""
+DEPLOYABLE_BUDGETS = (timedelta(seconds=10), timedelta(minutes=5))
+"""A deployed step's budget must be longer than the first and at most the second: an agent's
+reply may take the Service Bus send timeout (10 s, retries included) to go out, so a shorter
+budget expires steps that succeeded; and an agent holds its request's lock while it works, at
+most the lock duration Service Bus allows (5 min), or a second agent takes the request."""
 START_SLACK = timedelta(seconds=2)
 """Added to a claimed step's deadline: an agent that starts the request within it still has a
 whole budget before the deadline, so it records no start (sas/services/agent.py)."""
@@ -371,6 +376,21 @@ class Registry:
                 "a new version)"
             )
         return workflow
+
+    def undeployable(self) -> list[str]:
+        """What in these declarations a deployment cannot run, each saying why; the app's
+        registry is checked at start (sas/declared.py) and by the test harness."""
+        shortest, longest = DEPLOYABLE_BUDGETS
+        return [
+            f"workflow {workflow.name!r} v{workflow.version}, step {step.name!r}: budget "
+            f"{step.budget.total_seconds():g} s must be longer than {shortest.seconds} s (an "
+            f"agent's reply may take the {shortest.seconds} s Service Bus send timeout to go "
+            f"out) and at most {longest.seconds // 60} min (the longest Service Bus lock, held "
+            "while the agent works)"
+            for workflow in self.workflows
+            for step in workflow.steps
+            if not shortest < step.budget <= longest
+        ]
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -64,6 +64,8 @@ class Harness:
     ) -> None:
         if supervisor_every <= 0 or redelivery_after <= 0:
             raise ValueError("supervisor_every and redelivery_after must be positive")
+        if problems := registry.undeployable():  # as the app checks it at start
+            raise ConfigurationError("; ".join(problems))
         self.registry = registry
         self.clock = FakeClock()
         self.store: StateStore = InMemoryStore() if store is None else store

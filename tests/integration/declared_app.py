@@ -63,7 +63,7 @@ def send(context: ActionContext, data: dict[str, Any]) -> None:
     _apply(context, "notify")
 
 
-_BUDGET = timedelta(seconds=10)
+_BUDGET = timedelta(seconds=12)
 SETUP = Workflow(
     "setup",
     (

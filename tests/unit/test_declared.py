@@ -12,12 +12,13 @@ import pytest
 from sas import declared, settings
 from sas.domain.errors import ConfigurationError
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
+from sas.testing import Harness
 from workflows import REGISTRY
 from workflows.order import ORDER_WORKFLOW
 
 pytestmark = [pytest.mark.unit, pytest.mark.fast]
 
-STEP = StepDefinition("provision", "cloud", "provision", timedelta(seconds=5))
+STEP = StepDefinition("provision", "cloud", "provision", timedelta(seconds=15))
 
 
 @pytest.fixture
@@ -67,6 +68,17 @@ def test_a_missing_module_or_registry_is_a_clear_configuration_error(load):
         load("no_such_workflows")
     with pytest.raises(ConfigurationError, match="REGISTRY must be a sas Registry"):
         load("empty_workflows", ModuleType("empty_workflows"))
+
+
+@pytest.mark.parametrize("seconds", [10, 301])
+def test_a_budget_a_deployment_cannot_keep_is_refused_at_start_saying_why(load, seconds):
+    step = StepDefinition("provision", "cloud", "provision", timedelta(seconds=seconds))
+    module = ModuleType("short_workflows")
+    module.REGISTRY = Registry((Workflow("setup", (step,)),))  # type: ignore[attr-defined]
+    with pytest.raises(ConfigurationError, match=r"step 'provision': budget .* Service Bus"):
+        load("short_workflows", module)
+    with pytest.raises(ConfigurationError, match="send timeout"):
+        Harness(module.REGISTRY)  # the in-memory harness checks as the app does
 
 
 SETUP = Workflow("setup", (StepDefinition("go", "cloud", "go", timedelta(seconds=5)),))

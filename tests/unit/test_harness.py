@@ -142,8 +142,8 @@ def test_python_agents_run_their_own_functions_unless_scripted():
         raise Refused("mailbox full")
 
     steps = (
-        StepDefinition("provision", "cloud", "provision", timedelta(seconds=5)),
-        StepDefinition("notify", "mailer", "send", timedelta(seconds=5)),
+        StepDefinition("provision", "cloud", "provision", timedelta(seconds=15)),
+        StepDefinition("notify", "mailer", "send", timedelta(seconds=15)),
     )
     registry = Registry(
         (Workflow("setup", steps, on_failure="error"),),
@@ -196,7 +196,7 @@ def test_an_action_needing_what_the_harness_does_not_give_stops_the_run(needs, p
         needs(context)
         return {}
 
-    step = StepDefinition("audit", "auditor", "audit", timedelta(seconds=5))
+    step = StepDefinition("audit", "auditor", "audit", timedelta(seconds=15))
     registry = Registry(
         (Workflow("audited", (step,)),),
         python_agents=(PythonAgent("auditor", {"audit": audit}, tables=("audit",)),),
