@@ -35,6 +35,7 @@ from sas.domain.wire import (
     lane_queue_name,
     lane_setting,
     live_table_name,
+    queue_word,
 )
 
 TransportKind = Literal["servicebus", "storage"]
@@ -106,7 +107,7 @@ def queue_names(env: Mapping[str, str]) -> dict[str, str]:
         QUEUE_ORDERS: "orders",
         QUEUE_SCHEDULER: "scheduler",
         QUEUE_REPLIES: "replies",
-        **{agent_queue_setting(agent): f"agent-{agent}" for agent in AGENTS},
+        **{agent_queue_setting(agent): f"agent-{queue_word(agent)}" for agent in AGENTS},
     }
     names: dict[str, str] = {}
     source: dict[str, str] = {}  # the setting each name comes from

@@ -19,7 +19,7 @@ from typing import Any
 
 from sas import settings
 from sas.declared import registry
-from sas.domain.wire import live_table_name
+from sas.domain.wire import live_table_name, queue_word
 from sas_local import workflow_lock
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ _REGION = re.compile(
 
 def param_name(agent: str, what: str) -> str:
     """The Bicep parameter of an HTTP agent's ``what`` (Url, Endpoints, Capacity)."""
-    return f"remote{agent.capitalize()}{what}"
+    return "remote" + "".join(part.capitalize() for part in agent.split("_")) + what
 
 
 def setting_param(key: str) -> str:
@@ -121,7 +121,7 @@ def regions() -> dict[str, str]:
         "agent parameters": "\n".join(
             [*(_params(agent) for agent in http), *(_setting_params(k, _readers(k)) for k in keys)]
         ),
-        "agent queues": "".join(f"  'agent-{agent}'\n" for agent in declared.agents),
+        "agent queues": "".join(f"  'agent-{queue_word(agent)}'\n" for agent in declared.agents),
         "app tables": "".join(f"  '{table}'\n" for table in declared.tables),
         "agent urls": "\n".join(_url_module(agent) for agent in http),
         "agent settings": "".join(_url_setting(a) for a in http)

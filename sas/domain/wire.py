@@ -56,8 +56,18 @@ ORDER_ID = NameRule("order id", r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 """Safe as a Table PartitionKey and inside message ids: no '/', '\\', '#', '?', ':' or control
 characters, at most 64 characters."""
 
-STEP_NAME = NameRule("step name", r"[a-z][a-z0-9]{1,30}")
-"""Workflow, step, agent and action names: they become setting keys and URL path segments."""
+STEP_NAME = NameRule("step name", r"[a-z](?:_?[a-z0-9]){1,30}")
+"""Workflow, step, agent and action names, snake_case: a lowercase letter, then lowercase
+letters and digits, single underscores between them. They become setting keys (upper-cased),
+URL path segments and, for agents, queue names (``queue_word``). A declaration keeps them to
+``MAX_NAME_LENGTH`` characters (message ids and keys are made of them)."""
+MAX_NAME_LENGTH = 31
+
+
+def queue_word(name: str) -> str:
+    """``name`` as a part of a queue name, which may hold hyphens but no underscores."""
+    return name.replace("_", "-")
+
 
 INCARNATION = NameRule("incarnation", r"[0-9a-f]{12}")
 """One submission of an order id (``new_incarnation``): a purged id submitted again is another

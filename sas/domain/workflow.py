@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 
 from sas.domain.errors import DefinitionMissing
 from sas.domain.messages import problems
-from sas.domain.wire import STEP_NAME, TABLE_NAME_RULE, Mode
+from sas.domain.wire import MAX_NAME_LENGTH, STEP_NAME, TABLE_NAME_RULE, Mode
 
 MAX_STEPS = 16
 """Steps of one workflow. Every completed step's result rides in the order's state row: at most
@@ -51,6 +51,15 @@ step and goes on without its result."""
 FAILURE_POLICIES: tuple[FailurePolicy, ...] = ("compensate", "error", "continue")
 
 
+def check_name(label: str, value: object) -> None:
+    """ValueError unless ``value`` is a name sas can derive keys, settings and queues from."""
+    if not isinstance(value, str) or not STEP_NAME.matches(value) or len(value) > MAX_NAME_LENGTH:
+        raise ValueError(
+            f"{label} {value!r} must be snake_case: a lowercase letter, then lowercase letters "
+            f"and digits with single underscores between them, 2 to {MAX_NAME_LENGTH} characters"
+        )
+
+
 @dataclass(frozen=True)
 class StepDefinition:
     name: str
@@ -77,8 +86,7 @@ class StepDefinition:
         if self.undo is not None:
             labelled.append(("undo action", self.undo))
         for label, value in labelled:
-            if not STEP_NAME.matches(value):
-                raise ValueError(f"{label} {value!r} must match {STEP_NAME.body}")
+            check_name(label, value)
         if not timedelta(0) < self.budget <= MAX_BUDGET:
             raise ValueError(f"step {self.name!r}: budget must be positive, at most a day")
         failures = self.max_failures
@@ -122,8 +130,7 @@ class Workflow:
     max_in_flight / (latency + a sweep period) orders/s."""
 
     def __post_init__(self) -> None:
-        if not STEP_NAME.matches(self.name):
-            raise ValueError(f"workflow name {self.name!r} must match {STEP_NAME.body}")
+        check_name("workflow name", self.name)
         if type(self.version) is not int or not 1 <= self.version <= MAX_VERSION:
             raise ValueError(f"workflow {self.name!r}: version must be an int from 1 to 9999")
         if not isinstance(self.steps, tuple) or not self.steps:
@@ -257,8 +264,7 @@ class PythonAgent:
 
     def __post_init__(self) -> None:
         for label, value in (("agent", self.name), *(("action", a) for a in self.actions)):
-            if not STEP_NAME.matches(value):
-                raise ValueError(f"{label} {value!r} must match {STEP_NAME.body}")
+            check_name(label, value)
             if label == "action" and not callable(self.actions[value]):
                 raise ValueError(f"agent {self.name!r}: action {value!r} is not a function")
         if not isinstance(self.tables, tuple):

@@ -25,7 +25,7 @@ from sas.domain.errors import ConfigurationError, InvalidMessage
 from sas.domain.messages import OperatorAlert, OrderSubmitted, StatusEvent, encode
 from sas.domain.model import HistoryEntry, OrderState
 from sas.domain.recovery import RetryPolicy
-from sas.domain.wire import Mode, Priority, idempotency_key, without_incarnation
+from sas.domain.wire import Mode, Priority, idempotency_key, queue_word, without_incarnation
 from sas.domain.workflow import PythonAgent, Registry
 from sas.services import supervisor
 from sas.services.breaker import CircuitBreaker
@@ -282,7 +282,7 @@ class Harness:
 def _routes(registry: Registry, before: Routes | None = None) -> Routes:
     """Each agent's queue (those of agents an earlier registry named stay)."""
     agents = {} if before is None else dict(before.agents)
-    agents |= {name: f"agent-{name}" for name in registry.agents}
+    agents |= {name: f"agent-{queue_word(name)}" for name in registry.agents}
     return Routes("orders", "scheduler", "replies", "alerts", agents)
 
 

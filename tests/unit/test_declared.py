@@ -13,6 +13,7 @@ from sas import declared, settings
 from sas.domain.errors import ConfigurationError
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
 from sas.testing import Harness
+from sas_local.infra import param_name
 from workflows import REGISTRY
 from workflows.order import ORDER_WORKFLOW
 
@@ -163,3 +164,26 @@ def test_an_agents_process_needs_every_declared_setting_and_passes_it_on(monkeyp
         "MAIL_FROM": "ops@contoso.example",
     }
     bootstrap.reset()
+
+
+@pytest.mark.parametrize(
+    "name", ["reserve__flight", "_reserve", "reserve_", "Reserve_flight", "r" * 32, "a", "2fa"]
+)
+def test_a_name_that_is_not_snake_case_is_refused_saying_what_a_name_may_be(name):
+    with pytest.raises(ValueError, match="must be snake_case: a lowercase letter"):
+        StepDefinition(name, "cloud", "go", timedelta(seconds=15))
+
+
+def test_snake_case_names_are_declared_and_queues_and_settings_are_derived_from_them(
+    monkeypatch,
+):
+    step = StepDefinition("reserve_flight", "flight_api", "hold_seat", timedelta(seconds=15))
+    trip = Workflow("business_trip", (step,))
+    assert Registry((trip,)).http_agents == ("flight_api",)
+    monkeypatch.setattr(settings, "AGENTS", ("flight_api",))
+    queues = settings.queue_names({})
+    assert queues[settings.agent_queue_setting("flight_api")] == "sas-agent-flight-api"
+    assert settings.agent_queue_setting("flight_api") == "SAS_QUEUE_AGENT_FLIGHT_API"
+    assert settings.remote_url_setting("flight_api") == "SAS_REMOTE_FLIGHT_API_URL"
+    assert param_name("flight_api", "Url") == "remoteFlightApiUrl"
+    assert Harness(Registry((trip,))).routes.agents["flight_api"].endswith("agent-flight-api")

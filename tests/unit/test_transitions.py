@@ -152,7 +152,7 @@ def test_workflow_definitions_are_validated():
         Workflow("dup", (step, step))
     with pytest.raises(ValueError, match="budget"):
         StepDefinition("a1", "payment", "charge", timedelta(0))
-    with pytest.raises(ValueError, match="must match"):
+    with pytest.raises(ValueError, match="must be snake_case"):
         StepDefinition("Bad Name", "payment", "charge", timedelta(seconds=1))
 
 
