@@ -3,8 +3,9 @@
 `azd deploy` and `func azure functionapp publish` both zip the project directory minus the
 paths `.funcignore` denies, each with a matcher of its own (``MATCHERS``): azd reads it as
 gitignore syntax; Core Tools (a port of the gitignore-parser npm package) turns each line into a
-regular expression matched at the start of the path, so a pattern without ``**/`` never reaches
-into a subdirectory, ``[...]`` is literal and ``*`` needs at least one character.
+regular expression matched at the start of the path and ending at a word boundary, so a pattern
+without ``**/`` never reaches into a subdirectory, ``x/`` denies ``x/a`` but not ``x/.a`` or
+``x/@a``, ``[...]`` is literal and ``*`` needs at least one character.
 """
 
 from __future__ import annotations
@@ -56,9 +57,11 @@ MATCHERS: tuple[Matcher, ...] = ("azd", "core tools")
 
 
 class CoreToolsIgnore:
-    """``.funcignore`` as Core Tools' GitIgnoreParser reads it: each line (``!`` lines apart,
-    a leading ``/`` dropped) a regular expression, ``**`` any characters, ``*`` one or more but
-    no ``/``, everything else literal, all matched at the start of the relative path."""
+    """``.funcignore`` as Core Tools' GitIgnoreParser reads it (Azure/azure-functions-core-tools,
+    src/Cli/func/Common/GitIgnoreParser.cs): each line (``!`` lines apart, a leading ``/``
+    dropped) a regular expression, ``**`` any characters, ``*`` one or more but no ``/``,
+    everything else literal; the lines joined as ``^((a)|(b)|...)\\b``, matched at the start of
+    the relative path. Its regexes are ECMAScript ones, whose ``\\b`` is ASCII (``re.ASCII``)."""
 
     def __init__(self, text: str) -> None:
         lines = [line.strip() for line in text.split("\n")]
@@ -71,7 +74,8 @@ class CoreToolsIgnore:
     def _either(patterns: list[str]) -> re.Pattern[str]:
         if not patterns:
             return re.compile(r"$^")
-        return re.compile("^((" + ")|(".join(_core_tools_regex(p) for p in sorted(patterns)) + "))")
+        either = ")|(".join(_core_tools_regex(p) for p in sorted(patterns))
+        return re.compile("^((" + either + "))\\b", re.ASCII)
 
     def accepts(self, path: str) -> bool:
         return bool(self._keep.match(path)) or not self._deny.match(path)
@@ -82,8 +86,19 @@ def _core_tools_regex(pattern: str) -> str:
     return escaped.replace("**", "(.+)").replace("*", "([^\\/]+)")
 
 
-CORE_TOOLS_SKIPS = ({".git", ".vscode"}, {".funcignore", ".gitignore", "local.settings.json"})
-"""Directories and file names Core Tools leaves out whatever .funcignore says."""
+def _links_back_up(parent: Path, name: str) -> bool:
+    """Whether ``parent/name`` is a link to ``parent`` or one of its ancestors (a walk into it
+    would not end; Core Tools would not finish either)."""
+    target = (parent / name).resolve()
+    return target == parent.resolve() or target in parent.resolve().parents
+
+
+CORE_TOOLS_SKIPS = (
+    {".git", ".vscode"},
+    {".funcignore", ".gitignore", "local.settings.json", "project.lock.json"},
+)
+"""Directory and file names Core Tools leaves out (any case) whatever .funcignore says
+(FileSystemHelpers.GetLocalFiles)."""
 
 
 def package_paths(root: Path, funcignore: str | None = None, matcher: Matcher = "azd") -> list[str]:
@@ -106,17 +121,22 @@ def package_paths(root: Path, funcignore: str | None = None, matcher: Matcher = 
 
 
 def _core_tools_paths(root: Path, ignore: CoreToolsIgnore) -> list[str]:
-    """Every file (Core Tools walks them all, into every directory) its matcher accepts."""
-    skipped_dirs, skipped_files = CORE_TOOLS_SKIPS
+    """Every file its matcher accepts: Core Tools walks them all, into every directory, through
+    symbolic links too (.NET's directory listing follows them)."""
+    skipped_dirs, skipped_files = ({n.lower() for n in names} for names in CORE_TOOLS_SKIPS)
     kept: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
         here = Path(dirpath).relative_to(root).as_posix()
         prefix = "" if here == "." else f"{here}/"
-        dirnames[:] = sorted(d for d in dirnames if d not in skipped_dirs)
+        dirnames[:] = sorted(
+            d
+            for d in dirnames
+            if d.lower() not in skipped_dirs and not _links_back_up(Path(dirpath), d)
+        )
         kept.extend(
             f"{prefix}{name}"
             for name in sorted(filenames)
-            if name not in skipped_files and ignore.accepts(prefix + name)
+            if name.lower() not in skipped_files and ignore.accepts(prefix + name)
         )
     return sorted(kept)
 

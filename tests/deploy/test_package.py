@@ -16,6 +16,7 @@ import pytest
 from tests.deploy.packaging import (
     MATCHERS,
     ROOT,
+    CoreToolsIgnore,
     Matcher,
     build_package,
     copy_files,
@@ -25,13 +26,25 @@ from tests.deploy.packaging import (
 
 pytestmark = pytest.mark.deploy
 
-# Junk a developer's checkout really has, next to the project's own files.
+# Junk a developer's checkout really has, next to the project's own files. Names inside a
+# directory that start with a symbol (`.lock`, `@azure`) matter: Core Tools' `\b` treats them
+# apart from names that start with a letter.
 JUNK = (
     ".venv/lib/x.py",
+    ".venv/.installed",
+    ".venv/.lock",
+    ".venv/bin/python",
+    ".venv/pyvenv.cfg",
+    ".venv/lib/python3.11/site-packages/azure/__init__.py",
     "venv/bin/python",
+    "venv/.gitignore",
     "main_env/bin/python",  # `azd restore`'s venv: <directory>_env
     "sas_local/simulator/build/function_app.py",  # the simulator's package (bundle.py)
     "node_modules/azurite/x.js",
+    "node_modules/.bin/azurite",
+    "node_modules/.package-lock.json",
+    "node_modules/@azure/storage-blob/package.json",
+    "node_modules/.installed",
     "sas/__pycache__/bootstrap.cpython-311.pyc",
     "sas/domain/__pycache__/x.pyc",
     "sas/x/__pycache__/y.pyc",
@@ -60,15 +73,26 @@ JUNK = (
     ".sas-run/demo.log",
     "devhost.log",
     ".pytest_cache/x",
+    ".pytest_cache/.gitignore",
     ".mypy_cache/x",
+    ".mypy_cache/.gitignore",
     ".ruff_cache/x",
+    ".ruff_cache/.gitignore",
     ".hypothesis/x",
+    "htmlcov/.gitignore",
+    "sas/__pycache__/.x.pyc",
     ".env",
     ".azure/env/.env",
     "docs/x.md",
     "sas_local/new_tool.py",
     "tests/new_test.py",
+    "tests/.env",
+    "docs/.x.md",
 )
+
+CORE_TOOLS_CANNOT_DENY = frozenset({"sas/bootstrap.py~"})
+"""What Core Tools ships from JUNK, as .funcignore's header says: a name that only adds
+symbols to a shipped one matches no pattern that does not match the shipped one too."""
 
 
 def difference(built: set[str], expected: set[str]) -> str:
@@ -108,6 +132,8 @@ def test_the_package_of_a_cluttered_checkout_holds_exactly_the_app(
 ):
     built = build_package(hostile_tree, tmp_path / "sas.zip", matcher=matcher)
     expected = expected_package(project_files())
+    if matcher == "core tools":
+        expected |= CORE_TOOLS_CANNOT_DENY
     assert built == expected, difference(built, expected)
 
 
@@ -118,22 +144,17 @@ def test_core_tools_packages_this_checkout_as_azd_does(package_zip: Path, tmp_pa
     assert by_core_tools == by_azd, difference(by_core_tools, by_azd)
 
 
-ALL_PYC = ("__pycache__/", "**/__pycache__/", "*.pyc", "**/*.pyc")
-
-
 @pytest.mark.parametrize(
     ("removed", "now_shipped", "matcher"),
     [
-        (("sas_local/",), "sas_local/new_tool.py", "azd"),
-        (("tests/",), "tests/new_test.py", "core tools"),
-        ((".venv/",), ".venv/lib/x.py", "azd"),
+        (("sas_local",), "sas_local/new_tool.py", "azd"),
+        (("tests",), "tests/new_test.py", "core tools"),
+        ((".venv",), ".venv/lib/x.py", "azd"),
+        ((".venv",), ".venv/.lock", "core tools"),
+        (("node_modules",), "node_modules/@azure/storage-blob/package.json", "core tools"),
         (("local.settings.json",), "local.settings.json", "azd"),
-        (("**/__pycache__/", "**/*.pyc"), "sas/domain/__pycache__/x.pyc", "core tools"),
-        (
-            ("__pycache__/", "**/__pycache__/", "*.pyc", "**/*.pyc"),
-            "sas/x/__pycache__/y.pyc",
-            "azd",
-        ),
+        (("**/__pycache__", "**/*.pyc"), "sas/domain/__pycache__/x.pyc", "core tools"),
+        (("__pycache__", "**/__pycache__", "*.pyc", "**/*.pyc"), "sas/x/__pycache__/y.pyc", "azd"),
         (("requirements.in",), "requirements.in", "core tools"),
     ],
 )
@@ -146,3 +167,61 @@ def test_the_check_fails_when_a_funcignore_line_goes(
     built = build_package(hostile_tree, tmp_path / "sas.zip", "\n".join(kept), matcher)
     assert now_shipped in built
     assert built != expected_package(project_files())
+
+
+def test_a_trailing_slash_lets_core_tools_ship_what_starts_with_a_symbol(
+    hostile_tree: Path, tmp_path: Path
+):
+    text = (hostile_tree / ".funcignore").read_text()
+    slashed = "\n".join(
+        f"{line}/" if line in (".venv", "node_modules") else line for line in text.splitlines()
+    )
+    built = build_package(hostile_tree, tmp_path / "func.zip", slashed, "core tools")
+    assert {".venv/.lock", "node_modules/@azure/storage-blob/package.json"} <= built
+    assert ".venv/lib/x.py" not in built  # a letter after the slash still meets the `\b`
+    # azd reads `x/` as the directory x: the same lines keep it to the app.
+    by_azd = build_package(hostile_tree, tmp_path / "azd.zip", slashed, "azd")
+    assert by_azd == expected_package(project_files())
+
+
+# Core Tools' own unit tests of its parser (test/Cli/Func.UnitTests/ParserTests/
+# GitIgnoreParserTests.cs): a .gitignore and the verdicts it gives; `test1File.wat` is accepted
+# only because of the `\b` (`/test1` would otherwise deny it).
+CORE_TOOLS_SAMPLE = """# a comment
+node_modules
+*.log
+nonexistent
+!/nonexistent/foo
+/baz
+foo/*.wat
+/test1
+test2
+othernonexistent/**/what
+!/othernonexistent/**/what/foo
+*.swp
+"""
+
+
+@pytest.mark.parametrize(
+    ("path", "accepted"),
+    [
+        ("test/index.js", True),
+        ("wat/test/index.js", True),
+        ("/othernonexistent/blah/adsasd/whatads", True),
+        ("/othernonexistent/blah/adsasd/what/foo", True),
+        ("test1File.wat", True),
+        ("nonexistent/foo", True),
+        ("nonexistent/foo/wat", True),
+        ("test1", False),
+        ("test2", False),
+        ("test.swp", False),
+        ("node_modules/what.js", False),
+        ("node_modules", False),
+        ("foo/bar.wat", False),
+        ("othernonexistent/blah/what", False),
+        ("nonexistent", False),
+        ("nonexistent/bar", False),
+    ],
+)
+def test_the_core_tools_emulation_gives_core_tools_own_verdicts(path: str, accepted: bool):
+    assert CoreToolsIgnore(CORE_TOOLS_SAMPLE).accepts(path) is accepted
