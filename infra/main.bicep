@@ -45,10 +45,12 @@ param principalType string = 'User'
 ])
 param transport string = 'servicebus'
 
-@description('Every queue\'s name starts with this and a hyphen (SAS_QUEUE_PREFIX): <prefix>-orders, <prefix>-orders-high, ... <prefix>-alerts.')
-@minLength(3)
-@maxLength(40)
+// generated: queue prefix (make infra)
+@description('Every queue\'s name starts with this and a hyphen (SAS_QUEUE_PREFIX): <prefix>-orders, <prefix>-orders-high, ... <prefix>-alerts. Lowercase letters, digits and single hyphens, a letter or digit at each end (a deployment with another fails); at most 35 characters, so that the longest queue name and its -poison queue fit 63.')
+@minLength(1)
+@maxLength(35)
 param queuePrefix string = 'sas'
+// end generated: queue prefix
 
 @description('Table holding orders, state and steps (SAS_TABLE_NAME); its in-flight table is this name + "live".')
 @minLength(3)
@@ -204,6 +206,12 @@ param appSubnetAddressPrefix string = '10.0.0.0/24'
 @description('networkIsolation: the private endpoints\' subnet (blob, queue, table, Service Bus).')
 param privateEndpointSubnetAddressPrefix string = '10.0.1.0/24'
 
+// The prefix as sas.settings.queue_names takes it (lowercase letters, digits and single
+// hyphens, a letter or digit at each end; @maxLength above bounds its length); any other
+// stops the deployment here, before a queue is made that the app would not use.
+var queuePrefixStrays = filter(range(0, length(queuePrefix)), i => !contains('abcdefghijklmnopqrstuvwxyz0123456789-', substring(queuePrefix, i, 1)))
+var queuePrefixValid = empty(queuePrefixStrays) && !(startsWith(queuePrefix, '-') || endsWith(queuePrefix, '-') || contains(queuePrefix, '--'))
+var checkedQueuePrefix = queuePrefixValid ? queuePrefix : fail('queuePrefix (SAS_QUEUE_PREFIX) takes lowercase letters, digits and single hyphens, a letter or digit at each end: the app refuses \'${queuePrefix}\'.')
 // Queue names, as sas.settings.queue_names derives them from SAS_QUEUE_PREFIX and the agents:
 // tests/unit/test_infra_consistency.py fails when the two drift apart. Every queue the app
 // consumes has a lane per priority (high, normal, low): its own queue and its own trigger.
@@ -222,11 +230,11 @@ var consumedQueues = [
 // The queues the app consumes (its queue triggers): all but the alerts queue, which only
 // operators read. Receive-side roles are scoped to exactly these queues.
 var triggerQueueNames = flatten(map(consumedQueues, queue => [
-  '${queuePrefix}-${queue}-high'
-  '${queuePrefix}-${queue}'
-  '${queuePrefix}-${queue}-low'
+  '${checkedQueuePrefix}-${queue}-high'
+  '${checkedQueuePrefix}-${queue}'
+  '${checkedQueuePrefix}-${queue}-low'
 ]))
-var alertsQueueName = '${queuePrefix}-alerts'
+var alertsQueueName = '${checkedQueuePrefix}-alerts'
 var queueNames = concat(triggerQueueNames, [alertsQueueName])
 var useServiceBus = transport == 'servicebus'
 // Private endpoints need Premium; a Premium namespace gets a name of its own (a namespace keeps
@@ -434,7 +442,7 @@ var sasSettings = {
   SasStorage__clientId: identity.outputs.clientId
 }
 var optionalSettings = {
-  SAS_QUEUE_PREFIX: (queuePrefix == 'sas') ? '' : queuePrefix
+  SAS_QUEUE_PREFIX: (checkedQueuePrefix == 'sas') ? '' : checkedQueuePrefix
   SAS_MAX_FAILURES: (maxFailures == 3) ? '' : string(maxFailures)
   SAS_CLOCK_SKEW_SECONDS: (clockSkewSeconds == '2') ? '' : clockSkewSeconds
   SAS_REPLY_TO_PREFIXES: (replyToPrefixes == 'status-') ? '' : replyToPrefixes

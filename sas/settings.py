@@ -27,6 +27,7 @@ from sas.domain.wire import (
     DEFAULT_PRIORITY,
     DEFAULT_REPLY_TO_PREFIXES,
     ENDPOINT_NAME,
+    MAX_APP_QUEUE_NAME,
     POISON_SUFFIX,
     PRIORITIES,
     REPLY_TO_PREFIX,
@@ -131,6 +132,12 @@ def queue_names(env: Mapping[str, str]) -> dict[str, str]:
 
 DEFAULT_QUEUES: dict[str, str] = queue_names({})
 """The queue names of a deployment that sets none."""
+MAX_QUEUE_PREFIX = MAX_APP_QUEUE_NAME - max(
+    len(name) - len(DEFAULT_QUEUE_PREFIX) for name in DEFAULT_QUEUES.values()
+)
+"""The longest ``SAS_QUEUE_PREFIX`` ``queue_names`` accepts: with it, the longest queue name
+(the longest agent's ``-low`` or ``-high`` lane) and the host's ``-poison`` suffix fill a queue
+name's 63 characters. infra/main.bicep's ``@maxLength`` is this (``make infra``)."""
 DEFAULT_TABLE = "sasorders"
 DEFAULT_CLOCK_SKEW_SECONDS = 2.0
 MAX_CLOCK_SKEW_SECONDS = 10.0

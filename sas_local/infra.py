@@ -1,11 +1,12 @@
 """`python -m sas_local.infra` (`make infra`): what follows from the app's declared workflows
-(workflows/) outside the code: the marked regions of infra/main.bicep (each agent's queue
-lanes; the Python agents' tables; each HTTP agent's URL, endpoints and capacity parameters
-and app settings; each Python agent's own settings), their entries in
-infra/main.parameters.json, and in local.settings.example.json each HTTP agent's URL (on the
-simulator) and each Python agent's setting at its local value; and infra/workflows.lock.json,
-each workflow version's definition (sas_local/workflow_lock.py). `--check` changes nothing and
-fails if any is stale (tests/unit/test_infra_consistency.py runs it).
+(workflows/) outside the code: the marked regions of infra/main.bicep (the queue prefix's
+longest length; each agent's queue lanes; the Python agents' tables; each HTTP agent's URL,
+endpoints and capacity parameters and app settings; each Python agent's own settings), their
+entries in infra/main.parameters.json, and in local.settings.example.json each HTTP agent's
+URL (on the simulator) and each Python agent's setting at its local value; and
+infra/workflows.lock.json, each workflow version's definition (sas_local/workflow_lock.py).
+`--check` changes nothing and fails if any is stale (tests/unit/test_infra_consistency.py runs
+it).
 """
 
 from __future__ import annotations
@@ -109,6 +110,22 @@ def _options(agent: str) -> str:
     )
 
 
+def _queue_prefix() -> str:
+    """The queuePrefix parameter, held to what ``settings.queue_names`` accepts: its length here
+    (the longest agent's queue bounds it), its characters by ``queuePrefixValid`` in
+    main.bicep (Bicep has no regular expressions)."""
+    return (
+        f"@description('Every queue\\'s name starts with this and a hyphen (SAS_QUEUE_PREFIX): "
+        f"<prefix>-orders, <prefix>-orders-high, ... <prefix>-alerts. Lowercase letters, digits "
+        f"and single hyphens, a letter or digit at each end (a deployment with another fails); "
+        f"at most {settings.MAX_QUEUE_PREFIX} characters, so that the longest queue name and "
+        f"its -poison queue fit 63.')\n"
+        f"@minLength(1)\n"
+        f"@maxLength({settings.MAX_QUEUE_PREFIX})\n"
+        f"param queuePrefix string = '{settings.DEFAULT_QUEUE_PREFIX}'\n"
+    )
+
+
 def regions() -> dict[str, str]:
     """The text of each generated region of main.bicep, from the declared workflows."""
     declared = registry()
@@ -118,6 +135,7 @@ def regions() -> dict[str, str]:
     if clash := [table for table in declared.tables if table.lower() in own]:
         raise ValueError(f"table {clash[0]!r}: sas's own (tableName) has that name")
     return {
+        "queue prefix": _queue_prefix(),
         "agent parameters": "\n".join(
             [*(_params(agent) for agent in http), *(_setting_params(k, _readers(k)) for k in keys)]
         ),

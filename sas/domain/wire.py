@@ -86,10 +86,13 @@ _QUEUE_NAME_BODY = r"(?!.*--)[a-z0-9][a-z0-9-]{{1,{inner}}}[a-z0-9]"
 POISON_SUFFIX = "-poison"
 """What the Functions host appends to a Storage queue's name for messages that failed too
 often."""
-QUEUE_NAME = NameRule("queue name", _QUEUE_NAME_BODY.format(inner=61))
+MAX_QUEUE_NAME = 63
+"""Storage Queues' limit (Service Bus allows more)."""
+MAX_APP_QUEUE_NAME = MAX_QUEUE_NAME - len(POISON_SUFFIX)
+QUEUE_NAME = NameRule("queue name", _QUEUE_NAME_BODY.format(inner=MAX_QUEUE_NAME - 2))
 """Any queue sas sends to (e.g. a submitter's status queue): 3-63 lowercase letters, digits
 and single hyphens — valid for Storage Queues and Service Bus alike."""
-APP_QUEUE_NAME = NameRule("app queue name", _QUEUE_NAME_BODY.format(inner=61 - len(POISON_SUFFIX)))
+APP_QUEUE_NAME = NameRule("app queue name", _QUEUE_NAME_BODY.format(inner=MAX_APP_QUEUE_NAME - 2))
 """A queue the app is triggered by: the same, leaving room for the host's poison suffix."""
 
 REPLY_TO_PREFIX = NameRule("reply-to prefix", r"[a-z0-9][a-z0-9-]{0,40}")

@@ -23,13 +23,16 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import hypothesis
 import pytest
+from hypothesis import strategies as st
 from pycep import BicepParser
 from pycep.models import BicepElement
 
 from sas import settings
 from sas.declared import registry
 from sas.domain import wire
+from sas.domain.errors import ConfigurationError
 from sas.domain.workflow import PythonAgent, Registry, StepDefinition, Workflow
 from sas.settings import HTTP_AGENTS
 from sas_local import infra
@@ -191,6 +194,10 @@ class Unevaluable(Exception):
     pass
 
 
+class DeploymentFails(Exception):
+    """What Bicep's fail() does: the deployment stops with this message."""
+
+
 def evaluate(expr: Any, scope: Scope) -> Any:
     """Evaluate the subset of Bicep expressions that the queue and role lists use."""
     if isinstance(expr, bool | int | float) or expr is None:
@@ -240,6 +247,13 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
         "split": lambda text, separator: text.split(separator),
         "trim": lambda text: text.strip(),
         "replace": lambda text, old, new: text.replace(old, new),
+        "length": len,
+        "range": lambda start, count: list(range(start, start + count)),
+        "substring": lambda text, start, length: text[start : start + length],
+        "contains": lambda container, item: item in container,
+        "starts_with": lambda text, start: text.startswith(start),
+        "ends_with": lambda text, end: text.endswith(end),
+        "fail": _fail,
         # the public cloud's (the only one the infra's Service Bus DNS zone is for)
         "environment": lambda: {"suffixes": {"storage": "core.windows.net"}},
         # resource id without the subscription: '<type>/<name>' (role ids are the name)
@@ -250,6 +264,10 @@ def _call(name: str, parameters: Mapping[str, Any], scope: Scope) -> Any:
     if name not in functions:
         raise Unevaluable(name)
     return functions[name](*args)
+
+
+def _fail(message: str) -> Any:
+    raise DeploymentFails(message)
 
 
 def _arm_string(value: Any) -> str:
@@ -354,9 +372,9 @@ def module_enabled(module: str, scope: Scope) -> bool:
     return "condition" not in config or bool(evaluate(config["condition"], scope))
 
 
-def provisioned_queues(transport: str) -> tuple[list[str], list[str]]:
+def provisioned_queues(transport: str, **overrides: Any) -> tuple[list[str], list[str]]:
     """(Service Bus queues, storage queues) that main.bicep provisions for a transport."""
-    scope = main_scope(transport)
+    scope = main_scope(transport, **overrides)
     servicebus_queues: list[str] = []
     if module_enabled("serviceBus", scope):
         params = {"queueNames": evaluate(module_params("serviceBus")["queueNames"], scope)}
@@ -447,6 +465,67 @@ def test_setting_values_match_the_code_defaults() -> None:
     )
     assert evaluate(servicebus["condition"], scope) is True
     assert evaluate(servicebus["condition"], main_scope("storage")) is False
+
+
+# --- the queue prefix: the limits the app sets, in the Bicep too ------------------------------
+
+
+def test_the_queue_prefix_parameter_has_the_apps_length_limits() -> None:
+    main = bicep("main.bicep")
+    assert decorator(main, "queuePrefix", "min_length") == 1  # empty: the app's default
+    assert decorator(main, "queuePrefix", "max_length") == settings.MAX_QUEUE_PREFIX
+    longest = "q" * settings.MAX_QUEUE_PREFIX
+    names = settings.queue_names({settings.QUEUE_PREFIX: longest})
+    assert max(len(name + wire.POISON_SUFFIX) for name in names.values()) == wire.MAX_QUEUE_NAME
+    # Provisioned with Storage Queues, poison queues too: all fit.
+    _, storage_queues = provisioned_queues("storage", queuePrefix=longest)
+    assert set(names.values()) < set(storage_queues)
+    assert max(len(name) for name in storage_queues) == wire.MAX_QUEUE_NAME
+    with pytest.raises(ConfigurationError, match=settings.QUEUE_PREFIX):
+        settings.queue_names({settings.QUEUE_PREFIX: longest + "q"})
+    readme = " ".join((INFRA / "README.md").read_text().split())
+    assert f"at most {settings.MAX_QUEUE_PREFIX} characters" in readme
+
+
+def bicep_takes_prefix(prefix: str) -> bool:
+    """Whether a deployment with ``prefix`` gets past the parameter's decorators and
+    main.bicep's own check of it (``checkedQueuePrefix`` fails the deployment)."""
+    main = bicep("main.bicep")
+    low, high = (decorator(main, "queuePrefix", kind) for kind in ("min_length", "max_length"))
+    if not low <= len(prefix) <= high:
+        return False
+    try:
+        main_scope("servicebus", queuePrefix=prefix)
+    except DeploymentFails as failed:
+        assert prefix in str(failed)  # the message names what it refuses
+        return False
+    return True
+
+
+def app_takes_prefix(prefix: str) -> bool:
+    try:
+        settings.queue_names({settings.QUEUE_PREFIX: prefix})
+    except ConfigurationError:
+        return False
+    return True
+
+
+PREFIXES = [
+    "sas", "q", "7", "shop-eu", "a-b-c", "x1", "Shop", "SHOP", "shop_eu", "shop.eu", "shop eu",
+    "-shop", "shop-", "sh--op", "-", "é", "shöp", "q" * settings.MAX_QUEUE_PREFIX,
+    "q" * (settings.MAX_QUEUE_PREFIX + 1), "q-" * 17 + "q", "q" * 40,
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("prefix", PREFIXES)
+def test_the_bicep_takes_exactly_the_queue_prefixes_the_app_takes(prefix: str) -> None:
+    assert bicep_takes_prefix(prefix) == app_takes_prefix(prefix)
+
+
+@hypothesis.settings(max_examples=200, deadline=None, database=None)
+@hypothesis.given(st.text(alphabet="abz09-A_.", min_size=1, max_size=40))
+def test_any_queue_prefix_is_taken_by_both_or_neither(prefix: str) -> None:
+    assert bicep_takes_prefix(prefix) == app_takes_prefix(prefix)
 
 
 def test_resolved_app_settings_load() -> None:
