@@ -528,6 +528,36 @@ def test_any_queue_prefix_is_taken_by_both_or_neither(prefix: str) -> None:
     assert bicep_takes_prefix(prefix) == app_takes_prefix(prefix)
 
 
+def default_app_settings(transport: str) -> set[str]:
+    """The app settings main.bicep writes when no optional parameter is set."""
+    variables = bicep("main.bicep")["variables"]
+    union = variables["appSettings"]["value"]["function"]
+    assert (union["type"], list(union["parameters"].values())) == (
+        "union",
+        ["sasSettings", "changedSettings", "serviceBusSettings"],
+    )
+    scope = main_scope(transport)
+    keys = set(variables["sasSettings"]["value"]) | set(scope["changedSettings"])
+    servicebus = variables["serviceBusSettings"]["value"]["operator"]["operands"]
+    if evaluate(servicebus["condition"], scope):
+        keys |= set(servicebus["true_value"])
+    return keys
+
+
+def test_infra_readme_counts_the_settings_of_a_default_deployment() -> None:
+    readme = " ".join((INFRA / "README.md").read_text().split())
+    stated = re.search(
+        r"sets (\d+) of the app's settings \((\d+) with Storage Queues; .*?adds the host's (\d+):",
+        readme,
+    )
+    assert stated, "infra/README.md no longer states the number of app settings"
+    assert [int(n) for n in stated.groups()] == [
+        len(default_app_settings("servicebus")),
+        len(default_app_settings("storage")),
+        len(host_setting_keys()),
+    ]
+
+
 def test_resolved_app_settings_load() -> None:
     """The settings main.bicep writes, with placeholder endpoints, satisfy settings.load."""
     scope = main_scope("servicebus")
