@@ -39,6 +39,15 @@ def test_the_architecture_document_exists() -> None:
     assert (ROOT / "docs" / "architecture.md").is_file()
 
 
+LINE_BUDGETS = {"README.md": 200, "docs/architecture.md": 400}
+
+
+@pytest.mark.parametrize(("name", "budget"), LINE_BUDGETS.items())
+def test_a_doc_stays_within_its_line_budget(name: str, budget: int) -> None:
+    lines = len((ROOT / name).read_text().splitlines())
+    assert lines <= budget, f"{name} has {lines} lines, over {budget}: cut repetition and history"
+
+
 @pytest.mark.parametrize("doc", DOCS, ids=lambda doc: str(doc.relative_to(ROOT)))
 def test_every_file_and_test_a_doc_names_exists(doc: Path) -> None:
     """...or that the doc itself creates (a tutorial's ``<!-- file: PATH -->`` blocks)."""
