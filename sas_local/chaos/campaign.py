@@ -754,6 +754,7 @@ class Campaign:
             },
             "bound_versions": _bound_versions(evidence, self.design),
             "surge": _ended(evidence, surge, ids),
+            "ended_by_order": _states(evidence),
             "drained": drained,
             "seconds": {
                 "submitting": round(submitted_in, 1),
@@ -835,6 +836,17 @@ class Campaign:
 
 GAVE_UP = ("expired_compensate", "expired_compensated", "expired_error")
 """Expiries that end an order's forward run: it is undone, or stops in Error."""
+
+
+def _states(evidence: checker.Evidence) -> dict[str, str]:
+    """Each order's ProcessState at the end, by order id (``compare`` reads two runs')."""
+    return dict(
+        sorted(
+            (str(entity.get("PartitionKey")), str(entity.get("ProcessState")))
+            for entity in evidence.entities
+            if entity.get("RowKey") == "state"
+        )
+    )
 
 
 def _ended(evidence: checker.Evidence, surge: frozenset[str], ids: list[str]) -> dict[str, Any]:

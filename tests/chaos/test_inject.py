@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from datetime import UTC, datetime
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 
 from sas_local.chaos.__main__ import parser
+from sas_local.chaos.compare import differences
+from sas_local.chaos.compare import main as compare_main
 from sas_local.chaos.inject import (
     CALM_FILE,
     CRASH_DIR,
@@ -132,3 +135,21 @@ def test_the_command_line_takes_the_campaign_options() -> None:
     args = parser().parse_args(["--orders", "5000", "--seed", "42", "--broken", "fence"])
     assert (args.orders, args.seed, args.workers, args.supervisors) == (5000, 42, 2, 2)
     assert args.broken == ["fence"]
+
+
+def test_two_reports_are_compared_order_by_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = {"a": "Processed", "b": "Error", "c": "Processed"}
+    second = {"a": "Processed", "b": "Processed", "d": "Error"}
+    assert differences(first, second) == {
+        ("Error", "Processed"): 1,
+        ("Processed", "missing"): 1,
+        ("missing", "Error"): 1,
+    }
+    paths = []
+    for name, ended in (("a.json", first), ("b.json", second)):
+        (tmp_path / name).write_text(json.dumps({"ended_by_order": ended}))
+        paths.append(str(tmp_path / name))
+    assert compare_main(paths) == 0
+    assert "3 of 4 orders ended differently" in capsys.readouterr().out
