@@ -24,7 +24,7 @@ from typing import Any
 from sas.domain.errors import PermanentRemoteError as Refused
 from sas.domain.errors import TransientRemoteError as Transient
 from sas.domain.workflow import PythonAgent
-from sas.services.actions import ActionContext
+from sas.services.actions import TABLES, ActionContext
 
 __all__ = ["ActionContext", "PythonAgent", "Refused", "Transient", "app_table"]
 
@@ -32,7 +32,11 @@ __all__ = ["ActionContext", "PythonAgent", "Refused", "Transient", "app_table"]
 def app_table(name: str) -> Any:
     """An ``azure.data.tables.TableClient`` on a table of the app's own storage account that the
     agent declares (``PythonAgent(..., tables=(name,))``), over sas's storage connection: where
-    an action can keep what it did under its idempotency key. One client per process."""
+    an action can keep what it did under its idempotency key. One client per process. In a
+    ``sas.testing.Harness``, an in-memory table with the same answers (``InMemoryTable``)."""
+    in_memory = TABLES.get()
+    if in_memory is not None:
+        return in_memory(name)
     from sas import bootstrap  # on first use: the app's settings are read then, not at import
 
     return bootstrap.app_table(name)

@@ -17,7 +17,7 @@ from sas.domain.model import AuditEntry, OrderState, ProcessState
 from sas.domain.parked import ParkedMessage
 from sas.entrypoints.health_api import HealthView
 from sas.entrypoints.http_api import AuditView
-from sas.entrypoints.order_views import HistoryView, OrderView, StateView, StepView
+from sas.entrypoints.order_views import OrderView, StateView
 from sas.entrypoints.parked_api import ParkedView
 from sas.services.alert_book import AlertGroup
 from sas.services.health import HealthReport
@@ -37,13 +37,7 @@ def state_document(state: OrderState) -> dict[str, Any]:
 
 
 def detail_document(detail: OrderDetail) -> dict[str, Any]:
-    view = OrderView(
-        **StateView.of(detail.state).model_dump(),
-        details=detail.order.details,
-        steps=[StepView(**vars(step)) for step in detail.steps],
-        history=[HistoryView(**vars(entry)) for entry in detail.history],
-    )
-    return view.model_dump(mode="json")
+    return OrderView.of_detail(detail).model_dump(mode="json")
 
 
 def parked_document(message: ParkedMessage, age_seconds: float | None) -> dict[str, Any]:

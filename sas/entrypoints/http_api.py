@@ -29,13 +29,7 @@ from sas.domain.model import ProcessState
 from sas.domain.wire import Priority
 from sas.entrypoints import api_docs, dashboard, health_api, parked_api, steering_api
 from sas.entrypoints.invocation import attributed
-from sas.entrypoints.order_views import (
-    HistoryView,
-    OrderIdPath,
-    OrderView,
-    StateView,
-    StepView,
-)
+from sas.entrypoints.order_views import OrderIdPath, OrderView, StateView
 from sas.entrypoints.params import (
     MAX_AGE_SECONDS,
     MAX_OFFSET,
@@ -272,13 +266,7 @@ def dashboard_page() -> HTMLResponse:
 def get_order(order_id: OrderIdPath) -> OrderView:
     """One order's timeline: its state, details, completed steps and every history row
     (claims, attempts, endpoints, refusals, expiries, compensation, resubmits)."""
-    detail = bootstrap.operator().detail(order_id)
-    return OrderView(
-        **StateView.of(detail.state).model_dump(),
-        details=detail.order.details,
-        steps=[StepView(**vars(step)) for step in detail.steps],
-        history=[HistoryView(**vars(h)) for h in detail.history],
-    )
+    return OrderView.of_detail(bootstrap.operator().detail(order_id))
 
 
 class BulkResubmitRequest(BaseModel):

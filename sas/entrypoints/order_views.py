@@ -8,11 +8,11 @@ from typing import Annotated, Any
 from fastapi import Path
 from pydantic import BaseModel, Field
 
-from sas import bootstrap
 from sas.domain.model import OrderState
 from sas.domain.wire import ORDER_ID
+from sas.domain.workflow import Registry
 from sas.services import telemetry
-from sas.services.operator import step_name
+from sas.services.operator import OrderDetail, step_name
 
 OrderIdPath = Annotated[str, Path(pattern=ORDER_ID.end_of_text)]
 
@@ -54,13 +54,18 @@ class StateView(BaseModel):
     )
 
     @classmethod
-    def of(cls, state: OrderState) -> StateView:
+    def of(cls, state: OrderState, workflows: Registry | None = None) -> StateView:
+        """``workflows``: where the step's name is looked up (the app's by default)."""
+        if workflows is None:
+            from sas import bootstrap  # the app's wiring: only for the app's own workflows
+
+            workflows = bootstrap.workflows()
         return cls(
             order_id=state.order_id,
             workflow=state.workflow,
             process_state=state.process_state.value,
             step_index=state.step_index,
-            step=step_name(bootstrap.workflows(), state) or "?",
+            step=step_name(workflows, state) or "?",
             mode=state.mode,
             attempt=state.attempt,
             failure_count=state.failure_count,
@@ -104,3 +109,12 @@ class OrderView(StateView):
     details: dict[str, Any]
     steps: list[StepView]
     history: list[HistoryView]
+
+    @classmethod
+    def of_detail(cls, detail: OrderDetail, workflows: Registry | None = None) -> OrderView:
+        return cls(
+            **StateView.of(detail.state, workflows).model_dump(),
+            details=detail.order.details,
+            steps=[StepView(**vars(step)) for step in detail.steps],
+            history=[HistoryView(**vars(h)) for h in detail.history],
+        )

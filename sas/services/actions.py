@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -23,6 +24,10 @@ from sas.domain.wire import Mode
 from sas.domain.workflow import PythonAgent
 
 log = logging.getLogger(__name__)
+
+TABLES: ContextVar[Callable[[str], Any] | None] = ContextVar("sas_app_tables", default=None)
+"""Where ``sas.actions.app_table`` finds the tables while an action runs: None, the app's
+storage account; set by a ``sas.testing.Harness`` to its in-memory tables."""
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@
     assert harness.state(order_id).process_state is ProcessState.COMPENSATED
 
 Its parts are the doubles sas's own tests use too: ``InMemoryStore``, ``InMemoryQueues`` (the
-transport), ``InMemoryRemote`` (every remote service, scripted), ``InMemoryLoads`` (endpoints'
-loads), ``InMemoryBudgets`` (retries held back), ``InMemoryBreakers`` (circuit breakers'
-state), ``FakeClock``, and ``instance`` (the handlers
-on one context). Not deployed with the app (``.funcignore``).
+transport), ``InMemoryRemote`` (every remote service, scripted), ``InMemoryTables`` (the Python
+agents' tables, ``app_table``), ``InMemoryLoads`` (endpoints' loads), ``InMemoryBudgets``
+(retries held back), ``InMemoryBreakers`` (circuit breakers' state), ``FakeClock``, and
+``instance`` (the handlers on one context). Not deployed with the app (``.funcignore``).
 """
 
 from sas.domain.model import ProcessState
@@ -36,6 +36,7 @@ from sas.testing.remote import (
     refuse,
     too_slow,
 )
+from sas.testing.tables import InMemoryTable, InMemoryTables
 
 __all__ = [
     "Call",
@@ -49,6 +50,8 @@ __all__ = [
     "InMemoryQueues",
     "InMemoryRemote",
     "InMemoryStore",
+    "InMemoryTable",
+    "InMemoryTables",
     "Instance",
     "Outcome",
     "ProcessState",

@@ -3,7 +3,9 @@ else can happen, through sas's own handlers: submission, Scheduler, agents and S
 
 Every message goes through its wire encoding and is delivered in due order; agents' actions
 answer from a script (``ok``, ``fault``, ``refuse``, ``too_slow``, ``crash_before_reply``), else
-a Python agent runs its own function and an HTTP agent succeeds with an empty result. A run
+a Python agent runs its own function and an HTTP agent succeeds with an empty result; a key a
+scripted call applied gets that first result again, as from an idempotent service. A Python
+agent's ``app_table(name)`` is an in-memory table (``tables``, empty at first). A run
 takes milliseconds: the Supervisor's ticks, backoffs and deadlines are fake time. Messages are
 handled one at a time, so a slow call's fake time passes for every order; an exception a
 handler raises ends ``run()`` (it is a bug the test should see). With ``breakers=True`` each
@@ -17,7 +19,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -28,12 +30,18 @@ from sas.domain.recovery import RetryPolicy
 from sas.domain.wire import Mode, Priority, idempotency_key, queue_word, without_incarnation
 from sas.domain.workflow import PythonAgent, Registry
 from sas.services import supervisor
+from sas.services.actions import TABLES
 from sas.services.breaker import CircuitBreaker
 from sas.services.context import Agents, Routes
+from sas.services.operator import Operator
 from sas.services.ports import StateStore
 from sas.testing.instance import Instance, instance
 from sas.testing.memory import FakeClock, InMemoryBreakers, InMemoryQueues, InMemoryStore, Sent
 from sas.testing.remote import Call, Crash, InMemoryRemote, Outcome
+from sas.testing.tables import InMemoryTables
+
+if TYPE_CHECKING:
+    from sas.entrypoints.order_views import OrderView
 
 STATUS_QUEUE = "status-harness"
 _order_ids = itertools.count(1)
@@ -42,7 +50,7 @@ from one harness into the next."""
 
 
 class HarnessError(BaseException):
-    """An action needs what the harness does not give (a table through ``app_table``, a
+    """An action needs what the app would not give it either (a table no agent declares, a
     setting its agent does not declare): ``run()`` stops with it, rather than retrying it as
     a transient fault as a deployed agent would."""
 
@@ -75,6 +83,9 @@ class Harness:
         self.queues = InMemoryQueues(self.clock)
         self.remote = InMemoryRemote(self.clock)
         """Every HTTP agent's service, and the script of every action."""
+        self.tables = InMemoryTables(registry.tables, self.clock)
+        """The tables the Python agents declare: ``tables["cards"]`` is what
+        ``app_table("cards")`` gives their actions."""
         self._every = timedelta(seconds=supervisor_every)
         self._redelivery = timedelta(seconds=redelivery_after)
         self._duplicates = duplicate_deliveries
@@ -99,6 +110,7 @@ class Harness:
         deploy."""
         self.registry = registry
         self.routes = _routes(registry, self.routes)
+        self.tables.declare(registry.tables)
         self.app = self._host(registry, f"harness-{next(self._deploys)}")
         self.ctx = self.app.ctx
         self._hosts = [*self._hosts, self.app] if alongside else [self.app]
@@ -215,10 +227,20 @@ class Harness:
         return idempotency_key(order_id, self.state(order_id).incarnation, step, mode)
 
     def state(self, order_id: str) -> OrderState:
+        """The order's stored state: ``results`` holds each completed step's result by step
+        name (what later steps' input builders are given)."""
         found = self.store.get_state(order_id)
         if found is None:
             raise LookupError(f"no order {order_id!r}")
         return found.value
+
+    def order(self, order_id: str) -> OrderView:
+        """The order as the HTTP API shows it (``GET /api/orders/{id}``, ``sas status``): its
+        state, details, ``steps`` (each with its ``result``) and history."""
+        from sas.entrypoints.order_views import OrderView  # FastAPI's models: only when asked
+
+        self.state(order_id)  # LookupError for an unknown order, as state() raises
+        return OrderView.of_detail(Operator(self.ctx).detail(order_id), self.registry)
 
     def history(self, order_id: str) -> list[str]:
         """The order's history, each entry as ``kind`` or ``kind:step``."""
@@ -263,6 +285,7 @@ class Harness:
         def wrap(action: str, function: Callable[..., Any]) -> Callable[..., Any]:
             def run(context: Any, data: dict[str, Any]) -> Any:
                 key = context.idempotency_key
+                tables = TABLES.set(self.tables)
                 try:
                     return self.remote.call(
                         python.name, action, key, data, lambda: function(context, data)
@@ -270,8 +293,10 @@ class Harness:
                 except ConfigurationError as exc:
                     raise HarnessError(
                         f"{python.name}.{action}: {exc} (in memory, settings have their local "
-                        "values and there are no tables: give the action a store of its own)"
+                        "values and the tables are those the agents declare)"
                     ) from exc
+                finally:
+                    TABLES.reset(tables)
 
             return run
 

@@ -5,7 +5,10 @@ It plays every HTTP agent's service in ``Harness`` and in sas's own tests of the
 rules the local simulator keeps (sas_local/simulator/books.py): an effect is applied once per
 (agent, action, idempotency key), and a retry under the key gets the first result back; an undo
 (``original_action`` and ``original_key`` in its data) marks the effect it names, and closes
-that key: a do arriving after its undo is refused and applies nothing.
+that key: a do arriving after its undo is refused and applies nothing. A Python agent's action
+scripted with a result is applied by the same rules (its function does not run, and a retry
+gets that result back); one late or lost without a result runs its function, whose own record
+decides what a retry gets.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ class Outcome:
     """What one call of an action does (see the module's functions that make them)."""
 
     result: Mapping[str, Any] | None = None
+    """What the call answers; None: what the action itself answers (a Python agent's function
+    runs; an HTTP service answers an empty result)."""
     error: Exception | None = None
     seconds: float = 0.0
     """How long the call takes, in fake time."""
@@ -63,14 +68,15 @@ def refuse(reason: str = "refused") -> Outcome:
 
 def too_slow(seconds: float, result: Mapping[str, Any] | None = None) -> Outcome:
     """The effect is applied, but the call returns after ``seconds``: past the deadline, its
-    reply is never sent and the Supervisor retries the step."""
-    return Outcome(result=result or {}, seconds=seconds)
+    reply is never sent and the Supervisor retries the step, under the same key. ``result``:
+    what the call answered (None: what the action itself answers)."""
+    return Outcome(result=result, seconds=seconds)
 
 
 def crash_before_reply(result: Mapping[str, Any] | None = None) -> Outcome:
     """The effect is applied, then the agent's process dies before replying: its message comes
-    back after the visibility timeout."""
-    return Outcome(result=result or {}, crash=True)
+    back after the visibility timeout. ``result`` as for ``too_slow``."""
+    return Outcome(result=result, crash=True)
 
 
 Key = tuple[str, str, str]
@@ -122,9 +128,10 @@ class InMemoryRemote:
         payload: dict[str, Any],
         timeout: float,
     ) -> dict[str, Any]:
-        """An HTTP agent's call."""
+        """An HTTP agent's call: unscripted, the service answers an empty result."""
         self.calls.append(Call(agent, action, idempotency_key, dict(payload), timeout))
-        return self._answer(agent, action, idempotency_key, payload, dict)
+        answer: dict[str, Any] = self._answer(agent, action, idempotency_key, payload, dict)
+        return answer
 
     def call(
         self,
@@ -134,13 +141,10 @@ class InMemoryRemote:
         data: Mapping[str, Any],
         action_itself: Callable[[], Any],
     ) -> Any:
-        """A Python agent's call: a scripted outcome is applied as a provider would apply it;
-        else the action runs, and keeps (or not) its own record of what it did."""
+        """A Python agent's call: a scripted outcome first (see the module); a key a scripted
+        result applied gets it again; else the action runs."""
         self.calls.append(Call(agent, action, key, dict(data)))
-        script = self._script.get((agent, action))
-        if not script:
-            return action_itself()
-        return self._answer(agent, action, key, data, dict)
+        return self._answer(agent, action, key, data, action_itself, own_record=True)
 
     def applied(self, order_id: str) -> dict[tuple[str, str], bool]:
         """(agent, action) -> undone?, for each effect (not an undo) applied for the order."""
@@ -156,18 +160,29 @@ class InMemoryRemote:
         action: str,
         key: str,
         data: Mapping[str, Any],
-        otherwise: Callable[[], dict[str, Any]],
-    ) -> dict[str, Any]:
+        otherwise: Callable[[], Any],
+        *,
+        own_record: bool = False,
+    ) -> Any:
+        """The next scripted outcome played: its error raised, else its result applied, else
+        (none scripted, or one without a result) what the action itself answers: ``otherwise``,
+        applied by the provider's rule, or with ``own_record`` (a Python agent's function) run
+        unless a scripted result applied the key; then the outcome's time and crash."""
         script = self._script.get((agent, action))
         outcome = script.pop(0) if script else None
-        if outcome is None:
-            return self._apply(agent, action, key, data, otherwise)
-        if outcome.error is not None:
+        if outcome is not None and outcome.error is not None:
             raise outcome.error
-        result = self._apply(agent, action, key, data, lambda: dict(outcome.result or {}))
-        if self.clock is not None:
+        if outcome is not None and outcome.result is not None:
+            given = dict(outcome.result)
+            result = self._apply(agent, action, key, data, lambda: given)
+        elif own_record:
+            applied = self.effects.get((agent, action, key))
+            result = otherwise() if applied is None else dict(applied.result)
+        else:
+            result = self._apply(agent, action, key, data, otherwise)
+        if outcome is not None and self.clock is not None:
             self.clock.advance(outcome.seconds)
-        if outcome.crash:
+        if outcome is not None and outcome.crash:
             raise Crash
         return result
 

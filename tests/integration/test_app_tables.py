@@ -1,5 +1,6 @@
 """A Python agent's declared table on Azurite (``sas.actions.app_table``), and the workspace
-example's effects kept there: each applied once per idempotency key, whoever calls first."""
+example's effects kept there: each applied once per idempotency key, whoever calls first; and
+what a table answers, as the harness's in-memory tables answer it (tests/table_checks.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from azure.data.tables import TableServiceClient
+from azure.data.tables import TableClient, TableServiceClient
 
 from sas import bootstrap, settings
 from sas.actions import ActionContext, Refused, app_table
@@ -16,6 +17,7 @@ from sas.domain.errors import ConfigurationError
 from sas.services.store_time import SystemClock
 from sas_local.azurite import Azurite
 from sas_local.provision import provision
+from tests.table_checks import CHECKS
 from workflows import REGISTRY, workspace
 
 pytestmark = pytest.mark.integration
@@ -92,3 +94,8 @@ def test_concurrent_attempts_of_one_step_agree_on_one_effect(
     assert len({answer["n"] for answer in answers}) == 1
     rows = list(app_table("workspaces").query_entities("PartitionKey eq 'w-race'"))
     assert len(rows) == 1
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_table_storage_answers_as_the_harness_tables_do(name: str, table: TableClient) -> None:
+    CHECKS[name](table)

@@ -3,6 +3,7 @@ history and effects the guarantees promise, each case in milliseconds."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -10,6 +11,7 @@ import pytest
 
 from sas.actions import ActionContext, PythonAgent, Refused, app_table
 from sas.domain.workflow import Registry, StepDefinition, Workflow
+from sas.entrypoints.order_views import OrderView
 from sas.testing import (
     Harness,
     HarnessError,
@@ -183,12 +185,12 @@ def test_a_script_names_only_actions_a_step_calls_and_what_is_left_is_shown():
 @pytest.mark.parametrize(
     ("needs", "problem"),
     [
-        (lambda context: app_table("audit"), "table 'audit': no Python agent declares it"),
+        (lambda context: app_table("ledger"), "table 'ledger': no Python agent declares it"),
         (lambda context: context.setting("AUDIT_URL"), "does not declare it"),
     ],
     ids=["table", "setting"],
 )
-def test_an_action_needing_what_the_harness_does_not_give_stops_the_run(needs, problem):
+def test_an_action_needing_what_its_agent_does_not_declare_stops_the_run(needs, problem):
     """A deployed agent retries a configuration fault like any other (it may be fixed); in
     memory it is the test's own mistake, and it stops the run saying what is missing."""
 
@@ -205,3 +207,64 @@ def test_an_action_needing_what_the_harness_does_not_give_stops_the_run(needs, p
     harness.submit("audited", {})
     with pytest.raises(HarnessError, match=problem):
         harness.run()
+
+
+def test_an_action_keeps_its_effects_in_its_declared_table_in_memory():
+    """The workspace example as written (workflows/workspace.py: ``app_table("workspaces")``,
+    a create that conflicts on a key used before), every message delivered twice."""
+    harness = Harness(REGISTRY, duplicate_deliveries=True)
+    request = {"team": "Blue", "owner": "o@example.com", "plan": "team", "region": "eastus"}
+    order_id = harness.submit("workspace", request)
+    harness.run()
+    assert harness.state(order_id).process_state is ProcessState.PROCESSED
+    rows = list(harness.tables["workspaces"].query_entities(f"PartitionKey eq '{order_id}'"))
+    assert sorted(row["Action"] for row in rows) == ["configure", "create", "notify"]
+    created = next(row for row in rows if row["Action"] == "create")
+    assert json.loads(created["Result"]) == harness.state(order_id).results["create"]
+
+
+def _late_then_retried(harness: Harness, agent: str, action: str, step: str) -> str:
+    harness.script(agent, action, too_slow(20, {"booking": "first"}))
+    order_id = harness.submit(*_TRIP_OR_ORDER[agent])
+    harness.run()
+    assert f"expired_retry:{step}" in harness.history(order_id)  # the late answer was dropped
+    return order_id
+
+
+_TRIP_OR_ORDER = {"payment": ("order", DETAILS), "hotels": ("trip", {})}
+
+
+def test_a_retry_after_a_late_answer_gets_the_first_result_of_an_http_service():
+    harness = Harness(REGISTRY)
+    order_id = _late_then_retried(harness, "payment", "charge", "charge")
+    assert harness.state(order_id).results["charge"] == {"booking": "first"}
+    assert [c.action for c in harness.calls].count("charge") == 2
+
+
+def test_a_retry_after_a_late_answer_gets_the_first_result_of_a_python_action():
+    ran: list[str] = []
+
+    def book(context: ActionContext, data: dict[str, Any]) -> dict[str, Any]:
+        ran.append(context.idempotency_key)
+        return {"booking": "another"}
+
+    step = StepDefinition("hotel", "hotels", "book", timedelta(seconds=15))
+    trip = Registry((Workflow("trip", (step,)),), (PythonAgent("hotels", {"book": book}),))
+    harness = Harness(trip)
+    order_id = _late_then_retried(harness, "hotels", "book", "hotel")
+    assert harness.state(order_id).results["hotel"] == {"booking": "first"}
+    assert ran == []  # the scripted call applied it: the retry is answered as a replay
+
+
+def test_an_order_reads_as_the_api_shows_it():
+    harness = Harness(REGISTRY)
+    harness.script("inventory", "reserve", ok({"reservation": "r1"}))
+    order_id = order(harness)
+    harness.run()
+    view = harness.order(order_id)
+    assert isinstance(view, OrderView)
+    assert (view.process_state, view.step) == ("Processed", "ship")
+    assert [(s.name, s.result) for s in view.steps] == list(harness.state(order_id).results.items())
+    assert view.steps[0].result == {"reservation": "r1"}
+    with pytest.raises(LookupError):
+        harness.order("no-such-order")

@@ -32,14 +32,14 @@ class ConsistentRemote(InMemoryRemote):
     the result; once refused, every call is refused (so duplicate deliveries of one attempt
     cannot produce an effect the order was told was refused)."""
 
-    def _answer(self, agent, action, key, data, otherwise):
+    def _answer(self, agent, action, key, data, otherwise, **how):
         if (agent, action, key) in self.effects:
             return dict(self.effects[(agent, action, key)].result)
         refused = self.__dict__.setdefault("_refused", set())
         if (agent, action, key) in refused:
             raise PermanentRemoteError("HTTP 422 (again)")
         try:
-            return super()._answer(agent, action, key, data, otherwise)
+            return super()._answer(agent, action, key, data, otherwise, **how)
         except PermanentRemoteError:
             refused.add((agent, action, key))
             raise
