@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import timedelta
 from functools import wraps
@@ -227,8 +227,7 @@ def agent_context() -> Context:
     if missing := [key for key in declared.settings if not os.environ.get(key)]:
         raise ConfigurationError(f"missing setting {missing[0]} (a Python agent's)")
     values = {key: os.environ[key] for key in declared.settings}
-    endpoints = [s.endpoints_of(agent) for agent in HTTP_AGENTS]
-    routed = any(len(found) > 1 or found[0].capacity is not None for found in endpoints)
+    routed = any(len(found) > 1 or found[0].capacity is not None for found in s.endpoints.values())
     agents = Agents(
         remote=_remote(),
         breaker=breaker,
@@ -237,6 +236,18 @@ def agent_context() -> Context:
         settings=values,
     )
     return replace(context(), agents=agents)
+
+
+def check_agent(agent: str, env: Mapping[str, str] | None = None) -> None:
+    """What the function of ``agent`` needs of the settings (``env``; default the process's):
+    ConfigurationError naming the first one missing. Run before each step it takes, and by
+    the dev host before it starts the function."""
+    environ = os.environ if env is None else env
+    s = settings() if env is None else settings_module.load(env)
+    if agent in HTTP_AGENTS:
+        s.endpoints_of(agent)
+    if missing := [key for key in workflows().settings if not environ.get(key)]:
+        raise ConfigurationError(f"missing setting {missing[0]} (a Python agent's)")
 
 
 @_once
@@ -274,7 +285,7 @@ def health() -> Health:
             depth=cast(QueueDepth, peeking),
             clock=clock(),
             alerts_queue=routes().alerts,
-            endpoints=lambda: [e for agent in HTTP_AGENTS for e in s.endpoints_of(agent)],
+            endpoints=lambda: list(s.all_endpoints),
         )
     )
 
@@ -328,7 +339,7 @@ def router() -> Router:
     """Routes steps to remote endpoints by health (their breakers) and load."""
     s = settings()
     return Router(
-        {agent: s.endpoints_of(agent) for agent in HTTP_AGENTS},
+        dict(s.endpoints),
         clock(),
         s.instance_id,
         healthy=lambda endpoint: breaker(endpoint.target).healthy(),

@@ -79,6 +79,14 @@ def remote_capacity_setting(agent: str) -> str:
     return f"SAS_REMOTE_{agent.upper()}_CAPACITY"
 
 
+def missing_remote(agent: str) -> str:
+    """What an HTTP agent given no service is told: the setting to set."""
+    return (
+        f"missing setting {remote_url_setting(agent)}: the base URL of the remote service the "
+        f"agent {agent!r} calls (or its endpoints, {remote_endpoints_setting(agent)})"
+    )
+
+
 def remote_endpoints_setting(agent: str) -> str:
     """Several endpoints of one remote service, as JSON: ``[{"name": "west", "url": "https://...",
     "capacity": 8}, ...]`` (capacity optional). Replaces the URL setting when set."""
@@ -170,7 +178,7 @@ class Settings:
     queues: Mapping[str, str]
     """Queue name by setting key (QUEUE_* and agent queue settings)."""
     remote_urls: Mapping[str, str]
-    """Remote service base URL by agent name."""
+    """Remote service base URL by agent name, for each HTTP agent given one."""
     instance_id: str
     storage: Connection
     servicebus: Connection | None
@@ -182,17 +190,28 @@ class Settings:
     reply_to_prefixes: tuple[str, ...] = DEFAULT_REPLY_TO_PREFIXES
     """A submitter's status queue must start with one of these (the app's own never may)."""
     endpoints: Mapping[str, tuple[Endpoint, ...]] = field(default_factory=dict)
-    """Each agent's remote endpoints; an agent missing here has one, at its remote URL."""
+    """Each HTTP agent's remote endpoints, for each given a URL or endpoints."""
     admission: AdmissionPolicy = field(default_factory=AdmissionPolicy)
     """When low-priority orders are let in under a backlog of higher ones."""
 
     def endpoints_of(self, agent: str) -> tuple[Endpoint, ...]:
-        return self.endpoints.get(agent) or (single_endpoint(agent, self.remote_urls[agent]),)
+        """ConfigurationError, naming the setting, for an agent given no service."""
+        found = self.endpoints.get(agent)
+        if found:
+            return found
+        if agent in self.remote_urls:
+            return (single_endpoint(agent, self.remote_urls[agent]),)
+        raise ConfigurationError(missing_remote(agent))
+
+    @property
+    def all_endpoints(self) -> tuple[Endpoint, ...]:
+        """Every endpoint of every HTTP agent given a service."""
+        return tuple(e for agent in self.remote_urls for e in self.endpoints_of(agent))
 
     @property
     def remote_targets(self) -> dict[str, str]:
         """Base URL by remote target (``Endpoint.target``), every endpoint of every agent."""
-        return {e.target: e.url for agent in self.remote_urls for e in self.endpoints_of(agent)}
+        return {e.target: e.url for e in self.all_endpoints}
 
     @property
     def live_table_name(self) -> str:
@@ -234,8 +253,9 @@ def load(env: Mapping[str, str] | None = None) -> Settings:
     if {table_name.lower(), live_table_name(table_name).lower()} & {t.lower() for t in APP_TABLES}:
         raise ConfigurationError(f"{TABLE_NAME}={table_name!r}: a Python agent declares it too")
     queues = queue_names(env)
-    endpoints = {agent: _endpoints(env, agent) for agent in HTTP_AGENTS}
-    remote_urls = {agent: endpoints[agent][0].url for agent in HTTP_AGENTS}
+    given = {agent: _endpoints(env, agent) for agent in HTTP_AGENTS}
+    endpoints = {agent: found for agent, found in given.items() if found is not None}
+    remote_urls = {agent: found[0].url for agent, found in endpoints.items()}
     storage = _storage_connection(env, STORAGE_CONNECTION)
     servicebus = (
         _servicebus_connection(env, SERVICEBUS_CONNECTION) if transport == "servicebus" else None
@@ -276,8 +296,9 @@ def _seconds(env: Mapping[str, str], key: str, default: float, low: float, high:
     return value
 
 
-def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...]:
-    """The agent's endpoints: the ENDPOINTS setting (JSON) if set, else the URL setting."""
+def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...] | None:
+    """The agent's endpoints: the ENDPOINTS setting (JSON) if set, else the URL setting; None
+    if neither is (its function fails, naming the setting: ``Settings.endpoints_of``)."""
     key = remote_endpoints_setting(agent)
     raw = env.get(key)
     if raw is not None and raw.strip() and (env.get(remote_capacity_setting(agent)) or "").strip():
@@ -286,6 +307,8 @@ def _endpoints(env: Mapping[str, str], agent: str) -> tuple[Endpoint, ...]:
             "endpoint its own capacity"
         )
     if raw is None or raw.strip() == "":
+        if not env.get(remote_url_setting(agent)):
+            return None
         capacity_key = remote_capacity_setting(agent)
         capacity = _positive_int(env, capacity_key, default=1) if env.get(capacity_key) else None
         return (single_endpoint(agent, _url(env, remote_url_setting(agent)), capacity),)

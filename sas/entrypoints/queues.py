@@ -78,9 +78,12 @@ def on_reply(msg: QueueMessage, function: str, queue_setting: str) -> None:
 
 
 def run_step(name: str) -> Callable[[QueueMessage, str, str], None]:
-    """The agent ``name``: one step request, one remote service (sas/services/agent.py)."""
+    """The agent ``name``: one step request, one remote service (sas/services/agent.py). An
+    agent missing a setting it needs (its service's URL) fails, naming it, and takes nothing."""
 
     def run(msg: QueueMessage, function: str, queue_setting: str) -> None:
+        bootstrap.check_agent(name)
+
         def step(request: StepRequest) -> object:
             return agent.run_step(bootstrap.agent_context(), name, request)
 
@@ -132,28 +135,52 @@ def _with_context(handler: Callable[..., object]) -> Callable[..., object]:
     return lambda message: handler(bootstrap.context(), message)
 
 
-def _register(role: Callable[[QueueMessage, str, str], None], name: str, setting: str) -> None:
+Preflight = Callable[[Mapping[str, str]], None]
+
+
+def _register(
+    role: Callable[[QueueMessage, str, str], None],
+    name: str,
+    setting: str,
+    preflight: Preflight | None = None,
+) -> None:
     """``role`` as one function per priority lane of the queue ``setting`` names."""
     for priority in PRIORITIES:
         function, lane = lane_function_name(name, priority), lane_setting(setting, priority)
         blueprint.function_name(function)(
-            queue_trigger(blueprint, lane)(_lane(role, function, lane))
+            queue_trigger(blueprint, lane)(_lane(role, function, lane, preflight))
         )
 
 
 def _lane(
-    role: Callable[[QueueMessage, str, str], None], function: str, lane: str
+    role: Callable[[QueueMessage, str, str], None],
+    function: str,
+    lane: str,
+    preflight: Preflight | None,
 ) -> Callable[[QueueMessage], None]:
     # A function of its own per lane: the worker binds every parameter, so `msg` is the only one.
     def run(msg: QueueMessage) -> None:
         role(msg, function, lane)
 
     run.__name__ = run.__qualname__ = function
+    if preflight is not None:
+        # The settings check the local dev host runs before it starts the function (Azure has
+        # no such hook: there the function fails at its first message, naming the setting).
+        run.preflight = preflight  # type: ignore[attr-defined]
     return run
+
+
+def _agent_preflight(name: str) -> Preflight:
+    return lambda env: bootstrap.check_agent(name, env)
 
 
 _register(submit, "submit", settings.QUEUE_ORDERS)
 _register(schedule, "schedule", settings.QUEUE_SCHEDULER)
 _register(on_reply, "on_reply", settings.QUEUE_REPLIES)
 for _agent in AGENTS:
-    _register(run_step(_agent), f"agent_{_agent}", settings.agent_queue_setting(_agent))
+    _register(
+        run_step(_agent),
+        f"agent_{_agent}",
+        settings.agent_queue_setting(_agent),
+        _agent_preflight(_agent),
+    )

@@ -1,4 +1,5 @@
-"""Load ``function_app.py``, index its functions and resolve ``%Setting%`` references."""
+"""Load ``function_app.py``, index its functions, resolve ``%Setting%`` references and run
+the functions' own settings checks."""
 
 from __future__ import annotations
 
@@ -255,6 +256,25 @@ def resolve(
                 )
             )
     return Plan(queues=tuple(queues), timers=tuple(timer_functions), http=tuple(http))
+
+
+def preflight(plan: Plan, settings: Mapping[str, str]) -> None:
+    """Run each function's own settings check, where it carries one (a ``preflight`` attribute:
+    called with the settings, it raises naming what is missing), before the host starts it:
+    DevHostError naming the function and the problem."""
+    functions: list[QueueFunction | TimerFunction | HttpFunction] = [
+        *plan.queues,
+        *plan.timers,
+        *plan.http,
+    ]
+    for function in functions:
+        check = getattr(function.fn, "preflight", None)
+        if not callable(check):
+            continue
+        try:
+            check(settings)
+        except Exception as exc:  # the app's own check: whatever it raises is the reason
+            raise DevHostError(f"function {function.name!r} cannot run: {exc}") from None
 
 
 def _check_supported(function: IndexedFunction) -> None:

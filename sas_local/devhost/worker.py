@@ -21,7 +21,7 @@ from sas_local.devhost import logs
 from sas_local.devhost.config import EXIT_CONFIG, DevHostError, load_host_config
 from sas_local.devhost.http import DevHostAsgi, HttpServer
 from sas_local.devhost.http_routes import compile_routes
-from sas_local.devhost.loader import load_app, resolve, select
+from sas_local.devhost.loader import load_app, preflight, resolve, select
 from sas_local.devhost.queues import QueuePoller
 from sas_local.devhost.timers import TimerRunner
 from sas_local.devhost.watcher import SharedQueueWatcher
@@ -66,6 +66,7 @@ def _start(options: WorkerOptions) -> Started:
     host = load_host_config(app_path.parent)
     loaded = load_app(app_path)
     plan = resolve(select(loaded.functions, options.functions), os.environ, timers=options.timers)
+    preflight(plan, os.environ)
     lead = options.index == 0
     pollers = [QueuePoller(function, host.queues, app_path.parent) for function in plan.queues]
     for poller in pollers:

@@ -350,3 +350,40 @@ def test_processes_helper_reports_early_exit(case: Case) -> None:
     case.env["TEST_QUEUE"] = None
     with pytest.raises(ProcessExitedError, match="TEST_QUEUE"):
         case.start(functions=["record"], timeout=20)
+
+
+def test_an_agent_given_no_service_stops_the_dev_host_naming_the_setting(tmp_path: Path) -> None:
+    """The app's own function_app.py: an HTTP agent's function checks its settings first."""
+    from sas import settings
+    from sas.declared import registry
+    from sas_local.processes import REPO_ROOT
+
+    agent = registry().http_agents[0]
+    missing = settings.remote_url_setting(agent)
+    values = {
+        settings.TRANSPORT: "storage",
+        settings.STORAGE_CONNECTION: "UseDevelopmentStorage=true",
+        **{settings.remote_url_setting(a): "http://127.0.0.1:9" for a in registry().http_agents},
+        **registry().settings,
+    }
+    del values[missing]
+    local = tmp_path / "local.settings.json"
+    local.write_text(json.dumps({"Values": values}))
+    host = start_devhost(
+        REPO_ROOT / "function_app.py",
+        env={missing: None, settings.remote_endpoints_setting(agent): None},
+        functions=[f"agent_{agent}"],
+        http_port=0,
+        timers=False,
+        settings=local,
+        log_dir=tmp_path / "host",
+        wait=False,
+    )
+    try:
+        assert host.wait(120) == 2  # nothing started: no Azurite is needed to find out
+        assert f"function 'agent_{agent}' cannot run: missing setting {missing}: " in (
+            host.stderr()
+        )
+        assert "sas.devhost ready" not in host.stdout()
+    finally:
+        host.stop()

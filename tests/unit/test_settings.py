@@ -241,14 +241,21 @@ def test_an_empty_setting_is_an_unset_one() -> None:
 
 
 @pytest.mark.parametrize("agent", HTTP_AGENTS)
-def test_missing_remote_url(agent: str) -> None:
+@pytest.mark.parametrize("unset", ["missing", "empty"])
+def test_an_agent_without_a_url_fails_alone_naming_the_setting(agent: str, unset: str) -> None:
     key = settings.remote_url_setting(agent)
-
-    assert key in config_error(without(storage_env(), key))
+    env = without(storage_env(), key) | ({key: ""} if unset == "empty" else {})
+    loaded = settings.load(env)  # the other functions run
+    others = [a for a in HTTP_AGENTS if a != agent]
+    assert [e.agent for e in loaded.all_endpoints] == others
+    with pytest.raises(ConfigurationError) as raised:
+        loaded.endpoints_of(agent)
+    assert str(raised.value).startswith(f"missing setting {key}: ")
+    assert settings.remote_endpoints_setting(agent) in str(raised.value)
 
 
 @pytest.mark.parametrize(
-    "url", ["ftp://remote.example.com/x", "remote.example.com/x", "https://", "http:///path", ""]
+    "url", ["ftp://remote.example.com/x", "remote.example.com/x", "https://", "http:///path"]
 )
 def test_malformed_remote_url(url: str) -> None:
     message = config_error(storage_env(SAS_REMOTE_SHIPPING_URL=url))
