@@ -17,6 +17,13 @@ answers past the deadline, the west payment endpoint down for the whole run), th
 actions too (sas_local/python_faults.py), and one agent worker is killed mid-run;
 `--no-faults` runs the happy path. Exits non-zero if an order is left unfinished or a ledger
 check fails (and, with `--no-faults`, if any order is not Processed).
+
+The app's settings are the user's where given (sas_local/user_settings.py: local.settings.json,
+then the environment): an HTTP agent given a URL calls it, and a workflow calling one is left
+out of the batch (its effects are not in the simulator's ledger). `--serve` runs no batch and
+no faults: the stack serves your own workflows until Ctrl-C or SIGTERM; `--layout` spreads the
+functions over dev hosts as `LocalStack` can (flex: each in processes of its own). SIGTERM or
+SIGHUP stops everything it started, as Ctrl-C does.
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ import signal
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,9 +52,12 @@ from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted, StatusEvent, decode
 from sas.domain.model import TERMINAL_STATES, ProcessState
 from sas.domain.wire import Priority, submission_message_id
-from sas.settings import QUEUE_ALERTS, QUEUE_ORDERS
+from sas.settings import HTTP_AGENTS, QUEUE_ALERTS, QUEUE_ORDERS
+from sas_cli.appsettings import LOCAL_RUN_SETTINGS
+from sas_local import user_settings
 from sas_local.chaos.inject import count_events
 from sas_local.demo_report import DemoRun, describe_faults, render
+from sas_local.devhost.config import DevHostError
 from sas_local.devhost.worker import PRELOAD_ENV
 from sas_local.ledger import (
     app_effects,
@@ -55,9 +65,10 @@ from sas_local.ledger import (
     configure_faults,
     fetch_ledger,
 )
+from sas_local.processes import REPO_ROOT
 from sas_local.python_faults import APP_ENV, CONFIG_ENV
 from sas_local.span_capture import CAPTURE_DIR_ENV, read_spans
-from sas_local.stack import LocalStack
+from sas_local.stack import Layout, LocalStack
 from workflows import REGISTRY
 from workflows.order import OrderDetails, OrderLine
 from workflows.workspace import WorkspaceRequest
@@ -168,59 +179,147 @@ def drain_status(queue: QueueClient, tracker: Tracker) -> None:
             tracker.finish(event.order_id, event.status)
 
 
+class Stop(BaseException):
+    """SIGTERM or SIGHUP: stop everything, as Ctrl-C does."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_on_signals() -> None:
+    def stop(signum: int, frame: object) -> None:
+        raise Stop(signum)
+
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, stop)
+
+
+def _ignore_signals() -> None:
+    """While everything is being stopped: a second signal must not cut that short."""
+    for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
+
+
+@dataclass(frozen=True)
+class Options:
+    """How a run is made, besides the batch."""
+
+    workers: int = 2
+    logs: Path = Path(".sas-run")
+    faults: bool = True
+    screenshot: Path | None = None
+    keep_running: bool = False
+    serve: bool = False
+    """No batch, no faults: the stack runs until Ctrl-C or SIGTERM."""
+    layout: Layout | None = None
+    """None: the agents apart under faults (one of their workers is killed), else shared."""
+    user: dict[str, str] = field(default_factory=dict)
+    """The user's settings (``user_settings.read``)."""
+
+
 def run(
-    orders: int,
-    workers: int,
-    timeout: float,
-    logs: Path,
-    faults: bool,
-    screenshot: Path | None = None,
-    keep_running: bool = False,
-    workflows: tuple[str, ...] = WORKFLOWS,
+    orders: int, timeout: float, options: Options, workflows: tuple[str, ...] = WORKFLOWS
 ) -> int:
     run_id = time.strftime("%H%M%S")
+    faults = options.faults and not options.serve
+    logs = options.logs
     spans = logs / "spans"
     overrides = _trace_capture(spans)
     if faults:
         overrides |= _python_faults(logs / "python-faults")
+    own = user_settings.own_services(options.user, HTTP_AGENTS)
+    runnable = () if options.serve else _runnable(workflows, own)
+    if not options.serve and not runnable:
+        console.print(
+            f"[red]no workflow to run[/]: {', '.join(workflows)} call your own service(s) "
+            f"({', '.join(sorted(own))}); --serve runs the stack for your own workflows"
+        )
+        return 2
+    layout = options.layout or ("agents apart" if faults else "shared")
     with console.status("starting Azurite, the remote service simulator and the dev hosts"):
         stack = LocalStack.start(
-            workers=workers,
+            workers=options.workers,
             log_dir=logs,
             extra_queues=(STATUS_QUEUE,),
-            agents_apart=faults,
+            layout=layout,
             endpoints=PAYMENT_ENDPOINTS,
             env_overrides=overrides,
+            user=options.user,
         )
     try:
-        if faults:
-            configure_faults(stack.simulator_url, FAULTS)
-        console.print(
-            f"[green]ready[/]: dev host with {workers} worker(s)"
-            f"{' + an agents host' if faults else ''}, API {stack.api_url}, "
-            f"simulator {stack.simulator_url}, logs in {logs}"
-        )
-        dashboard = f"{stack.api_url}/api/dashboard"
-        console.print(
-            f"[bold]dashboard[/]: {dashboard} (live; API docs at {stack.api_url}/api/docs)"
-        )
-        if faults:
-            for line in describe_faults(FAULTS, PYTHON_FAULTS if "workspace" in workflows else {}):
-                console.print(line, highlight=False)
-            console.print("one agent worker will be killed mid-run")
-        batch = demo_batch(orders, run_id, workflows, faults)
-        outcome = _drive(stack, batch, timeout, faults)
-        _summarise_traces(spans)
-        if screenshot is not None:
-            from sas_local.screenshot import capture  # Chromium only when asked for
-
-            console.print(f"dashboard screenshot: {capture(dashboard, screenshot)}")
-        if keep_running:
-            _wait_for_interrupt(dashboard)
-        return outcome
+        return _run_on(stack, orders, timeout, options, runnable, run_id)
     finally:
+        _ignore_signals()
         with console.status("stopping everything"):
             stack.stop()
+
+
+def _runnable(workflows: tuple[str, ...], own: Mapping[str, str]) -> tuple[str, ...]:
+    """The workflows the demo's batch may run: those calling no service of the user's own (the
+    demo checks every effect in the simulator's ledger)."""
+    runnable = []
+    for name in workflows:
+        theirs = sorted({s.agent for s in REGISTRY.named(name).steps} & set(own))
+        if theirs:
+            console.print(
+                f"[yellow]{name}[/] left out of the batch: it calls your own "
+                f"{', '.join(theirs)} ({', '.join(own[a] for a in theirs)})"
+            )
+        else:
+            runnable.append(name)
+    return tuple(runnable)
+
+
+def _announce(stack: LocalStack, options: Options) -> str:
+    hosts = len(stack.hosts)
+    console.print(
+        f"[green]ready[/]: {hosts} dev host(s), {options.workers} worker(s) each, "
+        f"API {stack.api_url}, logs in {options.logs}"
+    )
+    console.print(
+        f"simulator {stack.simulator_url} plays {', '.join(stack.played) or 'nothing'}"
+        + "".join(f"; {agent} calls {stack.env[key]}" for agent, key in stack.own.items()),
+        highlight=False,
+    )
+    dashboard = f"{stack.api_url}/api/dashboard"
+    console.print(f"[bold]dashboard[/]: {dashboard} (live; API docs at {stack.api_url}/api/docs)")
+    return dashboard
+
+
+def _run_on(
+    stack: LocalStack,
+    orders: int,
+    timeout: float,
+    options: Options,
+    workflows: tuple[str, ...],
+    run_id: str,
+) -> int:
+    faults = options.faults and not options.serve
+    if faults:
+        configure_faults(stack.simulator_url, FAULTS)
+    dashboard = _announce(stack, options)
+    if options.serve:
+        found = options.logs / "local.settings.json"
+        here = " (from this directory, without it)" if found == LOCAL_RUN_SETTINGS else ""
+        console.print(f"`sas` commands reach it with --settings {found}{here}", highlight=False)
+        _wait_for_interrupt(dashboard)
+        return 0
+    if faults:
+        for line in describe_faults(FAULTS, PYTHON_FAULTS if "workspace" in workflows else {}):
+            console.print(line, highlight=False)
+        if stack.agents is not None:
+            console.print("one agent worker will be killed mid-run")
+    batch = demo_batch(orders, run_id, workflows, faults)
+    outcome = _drive(stack, batch, timeout, faults)
+    _summarise_traces(options.logs / "spans")
+    if options.screenshot is not None:
+        from sas_local.screenshot import capture  # Chromium only when asked for
+
+        console.print(f"dashboard screenshot: {capture(dashboard, options.screenshot)}")
+    if options.keep_running:
+        _wait_for_interrupt(dashboard)
+    return outcome
 
 
 def _trace_capture(spans: Path) -> dict[str, str]:
@@ -255,11 +354,13 @@ def _summarise_traces(spans: Path) -> None:
 
 
 def _wait_for_interrupt(dashboard: str) -> None:
-    console.print(f"everything keeps running for the dashboard ({dashboard}): Ctrl-C stops it")
+    console.print(
+        f"everything keeps running for the dashboard ({dashboard}): Ctrl-C or SIGTERM stops it"
+    )
     try:
         while True:
             time.sleep(1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Stop):
         pass
 
 
@@ -418,25 +519,59 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--keep-running",
         action="store_true",
-        help="keep the stack (and the dashboard) up after the summary, until Ctrl-C",
+        help="keep the stack (and the dashboard) up after the summary, until Ctrl-C or SIGTERM",
+    )
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="no batch, no faults: run the stack for your own workflows until Ctrl-C or SIGTERM",
+    )
+    parser.add_argument(
+        "--layout",
+        choices=("shared", "agents apart", "flex"),
+        default=None,
+        help="the functions in one dev host, the agents apart, or each in processes of its own "
+        "as Flex Consumption runs them (default: the agents apart, shared with --no-faults)",
+    )
+    parser.add_argument(
+        "--settings",
+        type=Path,
+        default=None,
+        help="the app's settings, over the stack's (default: local.settings.json beside "
+        "function_app.py, if there is one); exported SAS_* settings win",
     )
     args = parser.parse_args(argv)
     if args.orders < 1 or args.workers < 1:
         parser.error("--orders and --workers must be at least 1")
+    try:
+        explicit = args.settings is not None
+        path = args.settings if explicit else REPO_ROOT / user_settings.SETTINGS_FILE
+        user = user_settings.read(path, os.environ, explicit=explicit)
+    except DevHostError as exc:
+        parser.error(str(exc))
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s %(message)s")
     timeout = args.timeout if args.timeout is not None else 180 + args.orders * 1.0
-    sys.exit(
-        run(
+    options = Options(
+        workers=args.workers,
+        logs=args.logs,
+        faults=not args.no_faults,
+        screenshot=args.screenshot,
+        keep_running=args.keep_running,
+        serve=args.serve,
+        layout=args.layout,
+        user=user,
+    )
+    _stop_on_signals()
+    try:
+        code = run(
             args.orders,
-            args.workers,
             timeout,
-            args.logs,
-            faults=not args.no_faults,
-            screenshot=args.screenshot,
-            keep_running=args.keep_running,
+            options,
             workflows=WORKFLOWS if args.workflow == "both" else (args.workflow,),
         )
-    )
+    except Stop as stopped:
+        code = 128 + stopped.signum
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -22,13 +22,14 @@ from sas import settings
 from sas.declared import registry
 from sas.domain.wire import live_table_name, queue_word
 from sas_local import workflow_lock
+from sas_local.user_settings import SIMULATOR_PORT
 
 ROOT = Path(__file__).resolve().parents[1]
 INFRA = ROOT / "infra"
 BICEP = INFRA / "main.bicep"
 PARAMETERS = INFRA / "main.parameters.json"
 LOCAL_SETTINGS = ROOT / "local.settings.example.json"
-SIMULATOR = "http://127.0.0.1:7081"
+SIMULATOR = f"http://127.0.0.1:{SIMULATOR_PORT}"
 """Where `python -m sas_local.simulator` listens by default: every remote a local run needs."""
 _REGION = re.compile(
     r"(?P<head>^[ \t]*// generated: (?P<name>[a-z ]+) \(make infra\)\n)(?P<body>.*?)"

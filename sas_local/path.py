@@ -26,7 +26,7 @@ from sas import settings as settings_module
 from sas_local.azurite import Azurite, free_port
 from sas_local.processes import REPO_ROOT, start_process
 from sas_local.provision import provision
-from sas_local.stack import app_env
+from sas_local.stack import app_env, simulator_args
 
 SAS = REPO_ROOT / "sas"
 
@@ -78,9 +78,7 @@ def recording() -> Iterator[set[CodeType]]:
 def measure() -> StepLife:
     with Azurite.start() as azurite:
         port = free_port()
-        simulator = start_process(
-            [sys.executable, "-m", "sas_local.simulator", "--port", str(port)]
-        )
+        simulator = start_process(simulator_args(port, settings_module.HTTP_AGENTS))
         try:
             url = f"http://127.0.0.1:{port}"
             simulator.wait_for_http(f"{url}/health")

@@ -1,6 +1,8 @@
 """The whole local system in one object: Azurite, the remote simulator and the dev host.
 
 Used by the demo (`make run`) and the end-to-end tests, so both run exactly the same stack.
+The simulator plays the app's HTTP agents, but those a user gives a service of their own
+(``user``: sas_local/user_settings.py), and answers any other service 404.
 Its dev hosts are laid out one of three ways (``Layout``): every function in one host; the
 agents in a host of their own; or as Flex Consumption runs them, every function in processes
 of its own (only HTTP functions share an instance there), so nothing one function leaves in a
@@ -13,7 +15,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -22,6 +24,7 @@ from sas import settings as settings_module
 from sas.declared import registry
 from sas.domain.wire import PRIORITIES, lane_function_name
 from sas.settings import AGENTS, HTTP_AGENTS
+from sas_local import user_settings
 from sas_local.azurite import Azurite, free_port
 from sas_local.processes import REPO_ROOT, DevHost, ManagedProcess, start_devhost, start_process
 from sas_local.provision import provision
@@ -95,6 +98,19 @@ def host_plans(layout: Layout, workers: int) -> list[HostPlan]:
     ]
 
 
+def simulator_args(port: int, services: Sequence[str]) -> list[str]:
+    """The command that serves the simulator on ``port``, playing ``services`` only."""
+    return [
+        sys.executable,
+        "-m",
+        "sas_local.simulator",
+        "--port",
+        str(port),
+        "--services",
+        ",".join(services),
+    ]
+
+
 def simulator_endpoints(
     simulator_url: str, endpoints: Mapping[str, Sequence[Mapping[str, Any]]]
 ) -> dict[str, str]:
@@ -125,6 +141,10 @@ class LocalStack:
     api_url: str
     others: tuple[DevHost, ...] = ()
     """The Flex layout's other hosts, one per function."""
+    played: tuple[str, ...] = ()
+    """The services the simulator plays."""
+    own: Mapping[str, str] = field(default_factory=dict)
+    """The HTTP agents the user gives a service of their own: agent -> the setting naming it."""
 
     @classmethod
     def start(
@@ -140,6 +160,7 @@ class LocalStack:
         endpoints: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
         host_env: Mapping[str, Mapping[str, str]] | None = None,
         remote_agents: Sequence[str] = (),
+        user: Mapping[str, str] | None = None,
     ) -> LocalStack:
         """``app_root``: the checkout whose function_app.py (and dev host) runs; another
         commit's worktree when the benchmark compares two commits. ``endpoints``: named
@@ -147,32 +168,35 @@ class LocalStack:
         environment for one dev host only (``devhost`` or ``agents``), such as a skewed clock.
         ``remote_agents``: more agents whose remote the simulator plays (another app's).
         ``layout``: how the functions are spread over dev hosts (default: the agents apart
-        when ``agents_apart``, else shared)."""
+        when ``agents_apart``, else shared). ``user``: the user's settings
+        (``user_settings.read``), over the stack's own but under ``env_overrides``."""
         logs = log_dir or Path(tempfile.mkdtemp(prefix="sas-stack-"))
         logs.mkdir(parents=True, exist_ok=True)
         # The env below is the whole config: a settings file of our own (the same values; the
         # env wins anyway) keeps a developer's local.settings.json (pointing at some other
         # Azurite) out of it. The `sas` CLI reads it to reach this run (.sas-run for the demo).
         run_settings = logs / "local.settings.json"
+        remotes = (*HTTP_AGENTS, *remote_agents)
+        own = user_settings.own_services(user or {}, remotes)
+        played = tuple(agent for agent in remotes if agent not in own)
         azurite = Azurite.start()
         simulator: ManagedProcess | None = None
         hosts: list[DevHost] = []
         try:
             port = free_port()
-            simulator = start_process(
-                [sys.executable, "-m", "sas_local.simulator", "--port", str(port)],
-                log_dir=logs / "simulator",
-            )
+            simulator = start_process(simulator_args(port, played), log_dir=logs / "simulator")
             simulator_url = f"http://127.0.0.1:{port}"
             simulator.wait_for_http(f"{simulator_url}/health")
+            simulated = {a: e for a, e in (endpoints or {}).items() if a in played}
             env = {
                 **app_env(
                     azurite.connection_string,
                     simulator_url,
                     explicit_queues=app_root.resolve() != REPO_ROOT.resolve(),
-                    agents=(*HTTP_AGENTS, *remote_agents),
+                    agents=played,
                 ),
-                **simulator_endpoints(simulator_url, endpoints or {}),
+                **simulator_endpoints(simulator_url, simulated),
+                **user_settings.given(user or {}),
                 **(env_overrides or {}),
             }
             settings = settings_module.load(env)
@@ -196,7 +220,17 @@ class LocalStack:
         agents = hosts[1] if chosen == "agents apart" else None
         others = tuple(hosts[1:]) if chosen == "flex" else ()
         return cls(
-            azurite, simulator, hosts[0], agents, env, settings, simulator_url, api_url, others
+            azurite,
+            simulator,
+            hosts[0],
+            agents,
+            env,
+            settings,
+            simulator_url,
+            api_url,
+            others,
+            played,
+            own,
         )
 
     @property

@@ -34,7 +34,7 @@ from sas_local.azurite import Azurite, free_port
 from sas_local.bench import e2e, rates, recovery, report, scenarios, surge, sweep
 from sas_local.processes import REPO_ROOT, start_process
 from sas_local.provision import provision
-from sas_local.stack import Layout, app_env
+from sas_local.stack import Layout, app_env, simulator_args
 
 COUNT_SCRIPT = Path(__file__).with_name("count.py")
 STATUS_QUEUE = "status-bench"
@@ -177,8 +177,7 @@ def store_and_remote(log_dir: Path) -> Iterator[tuple[Azurite, str]]:
     with Azurite.start() as azurite:
         port = free_port()
         simulator = start_process(
-            [sys.executable, "-m", "sas_local.simulator", "--port", str(port)],
-            log_dir=log_dir / "simulator",
+            simulator_args(port, settings_module.HTTP_AGENTS), log_dir=log_dir / "simulator"
         )
         try:
             url = f"http://127.0.0.1:{port}"

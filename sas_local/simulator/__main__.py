@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from sas.domain.wire import STEP_NAME
 from sas_local.simulator.faults import FaultConfig
 
 # flag -> FaultConfig field; only flags actually given override --faults-json.
@@ -31,12 +32,37 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=7081)
     parser.add_argument(
+        "--services",
+        type=_services,
+        default=None,
+        help="comma-separated services it plays, others answered 404 (default: the app's "
+        "HTTP agents, those local.settings.example.json points at it)",
+    )
+    parser.add_argument(
         "--faults-json",
         help="a whole fault config as JSON (as PUT /faults takes, per_service included)",
     )
     for name, (kind, text) in _FAULT_FLAGS.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=None, help=text)
     return parser
+
+
+def _services(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    wrong = [name for name in names if not STEP_NAME.matches(name)]
+    if wrong:
+        raise argparse.ArgumentTypeError(f"not a service name: {', '.join(wrong)}")
+    return names
+
+
+def played(args: argparse.Namespace) -> tuple[str, ...]:
+    """The services to play: those named, else the app's HTTP agents (its declared workflows,
+    read only then)."""
+    if args.services is not None:
+        return tuple(args.services)
+    from sas.settings import HTTP_AGENTS
+
+    return HTTP_AGENTS
 
 
 def faults_from_args(args: argparse.Namespace) -> FaultConfig:
@@ -62,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         faults = faults_from_args(args)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError too
         parser.error(f"invalid faults: {exc}")
-    uvicorn.run(create_app(faults), host=args.host, port=args.port, log_level="warning")
+    app = create_app(faults, services=played(args))
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ it is atomic on the event loop without a lock; only the slow reply's wait happen
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Annotated, Any
@@ -169,10 +169,12 @@ def create_app(
     sleep: Sleep = asyncio.sleep,
     faults_fixed: str | None = None,
     docs: bool = True,
+    services: Collection[str] | None = None,
 ) -> FastAPI:
     """The simulator's app. ``faults_fixed``: ``PUT /faults`` is refused (403) with this reason,
     where the faults are set only at start (the simulator deployed to Azure, open to anyone);
-    ``docs``: serve its OpenAPI schema and reference pages."""
+    ``docs``: serve its OpenAPI schema and reference pages; ``services``: the only services it
+    plays (a call to another is answered 404 naming it, and applies nothing); None: any."""
     app = FastAPI(
         title="sas remote service simulator",
         docs_url="/docs" if docs else None,
@@ -181,10 +183,20 @@ def create_app(
     )
     real_clock = clock or SystemClock()
     sim = _Simulator(Books(), real_clock, faults or FaultConfig(), real_clock.now())
+    played = None if services is None else sorted(set(services))
+
+    def not_played(service: str) -> JSONResponse | None:
+        if played is None or service in played:
+            return None
+        detail = (
+            f"this simulator does not play service {service!r}; it plays "
+            f"{', '.join(played) or 'none'}: give {service!r} a URL of its own"
+        )
+        return JSONResponse({"detail": detail}, status_code=404)
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> dict[str, str | list[str]]:
+        return {"status": "ok"} if played is None else {"status": "ok", "services": played}
 
     @app.get("/faults", response_model=FaultConfig)
     async def get_faults() -> JSONResponse:
@@ -228,6 +240,8 @@ def create_app(
         payload: dict[str, Any],
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> JSONResponse:
+        if (unknown := not_played(service)) is not None:
+            return unknown
         refused = sim.enter(endpoint)
         if refused is not None:
             return JSONResponse(refused.body, status_code=refused.status, headers=refused.headers)
@@ -247,6 +261,8 @@ def create_app(
         payload: dict[str, Any],
         idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     ) -> JSONResponse:
+        if (unknown := not_played(service)) is not None:
+            return unknown
         reply = sim.decide(service, action, idempotency_key, payload)
         if reply.delay > 0:
             await sleep(reply.delay)  # the effect is already applied: only the answer is late

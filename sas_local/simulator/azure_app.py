@@ -2,7 +2,8 @@
 
 Deployed only with `SAS_DEPLOY_SIMULATOR=true` (azure.yaml's `simulator` service, packaged by
 `bundle.py`). It stands in for a third party's services, so it is open like one: anonymous
-HTTP, with the routes the local simulator has. Its faults are fixed at start by the
+HTTP, with the routes the local simulator has, for any service name (the deployment points at
+it the services given no URL). Its faults are fixed at start by the
 SAS_SIMULATOR_FAULTS app setting (a `FaultConfig` as JSON; empty: none), never by a request.
 Its ledger lives in memory: one instance (the infra caps it at one), empty again after the app
 was idle (Flex Consumption scales it to zero) or restarted, with its outage window restarted.

@@ -15,9 +15,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from sas.settings import HTTP_AGENTS
 from sas.testing import FakeClock
 from sas_local.simulator import FaultConfig, create_app
-from sas_local.simulator.__main__ import build_parser, faults_from_args
+from sas_local.simulator.__main__ import build_parser, faults_from_args, played
 
 pytestmark = pytest.mark.unit
 
@@ -80,14 +81,16 @@ class Sim:
         return stats
 
 
-def make_sim(**faults: object) -> Sim:
+def make_sim(services: tuple[str, ...] | None = None, **faults: object) -> Sim:
     clock = FakeClock()
     slept: list[float] = []
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    app = create_app(FaultConfig.model_validate(faults), clock=clock, sleep=sleep)
+    app = create_app(
+        FaultConfig.model_validate(faults), clock=clock, sleep=sleep, services=services
+    )
     return Sim(Client(app), clock, slept)
 
 
@@ -465,6 +468,39 @@ def test_cli_flags_build_the_fault_config_over_the_json():
 def test_cli_rejects_invalid_faults(argv):
     with pytest.raises(ValueError):
         faults_from_args(build_parser().parse_args(argv))
+
+
+def test_the_cli_plays_the_services_named_else_the_apps_http_agents():
+    parser = build_parser()
+    assert played(parser.parse_args(["--services", "post, payment"])) == ("post", "payment")
+    assert played(parser.parse_args([])) == HTTP_AGENTS
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--services", "post,Flights"])
+
+
+# --- the services it plays ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/flights/book", "/endpoints/west/flights/book"])
+def test_a_service_it_does_not_play_is_a_404_naming_it_and_applies_nothing(path):
+    sim = make_sim(services=("payment", "inventory"))
+    answer = sim.post(path, "o1:book", order_id="o1")
+    assert answer.status_code == 404
+    assert answer.json()["detail"] == (
+        "this simulator does not play service 'flights'; it plays inventory, payment: "
+        "give 'flights' a URL of its own"
+    )
+    assert sim.ledger()["effects"] == [] and sim.ledger()["stats"] == {}
+    assert sim.client.get("/endpoints").json() == {}
+
+
+def test_the_services_it_plays_answer_and_health_names_them():
+    sim = make_sim(services=("payment",))
+    assert sim.do("payment", "charge").status_code == 200
+    assert sim.client.get("/health").json() == {"status": "ok", "services": ["payment"]}
+    anyone = make_sim()  # None: any service
+    assert anyone.do("anything", "act").status_code == 200
+    assert anyone.client.get("/health").json() == {"status": "ok"}
 
 
 def test_the_package_runs_as_a_module():
