@@ -363,7 +363,12 @@ class Campaign:
             self.shared.count(f"worker_sigkill.{role}")
 
     def arm_crash(self) -> None:
+        """Arm a crash token, unless one for the same kind of send waits untaken: tokens armed
+        while no worker may take them would go off together, a burst of crashes, not one."""
         target = self.rng.choice(("any", "any", "agent", "replies", "scheduler", "alerts"))
+        waiting = (t.name for t in (self.chaos_dir / CRASH_DIR).iterdir() if "." not in t.name)
+        if any(name.endswith(f"-{target}") for name in waiting):
+            return
         self.crash_tokens += 1
         (self.chaos_dir / CRASH_DIR / f"{self.crash_tokens:04d}-{target}").touch()
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from sas_local.chaos.__main__ import parser
+from sas_local.chaos.campaign import Campaign, Options
 from sas_local.chaos.compare import differences
 from sas_local.chaos.compare import main as compare_main
 from sas_local.chaos.inject import (
@@ -153,3 +154,20 @@ def test_two_reports_are_compared_order_by_order(
         paths.append(str(tmp_path / name))
     assert compare_main(paths) == 0
     assert "3 of 4 orders ended differently" in capsys.readouterr().out
+
+
+def test_a_crash_token_is_not_armed_while_one_for_that_kind_waits(tmp_path: Path) -> None:
+    campaign = Campaign(Options(orders=1, seed=3, log_dir=tmp_path))
+    (tmp_path / "chaos" / CRASH_DIR).mkdir(parents=True)
+    for _ in range(50):  # no worker takes any: at most one waits per kind of send
+        campaign.arm_crash()
+    armed = [p.name for p in (tmp_path / "chaos" / CRASH_DIR).iterdir()]
+    kinds = [name.split("-", 1)[1] for name in armed]
+    assert sorted(kinds) == sorted(set(kinds)) and len(kinds) == campaign.crash_tokens
+    for name in armed:  # once taken, the next of its kind may be armed
+        (tmp_path / "chaos" / CRASH_DIR / name).rename(
+            tmp_path / "chaos" / CRASH_DIR / f"{name}.taken-1"
+        )
+    for _ in range(50):
+        campaign.arm_crash()
+    assert campaign.crash_tokens == 2 * len(armed)
