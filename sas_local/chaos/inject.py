@@ -12,9 +12,7 @@ and ``install()`` (run at import) then, in that worker only:
 - crashes the worker (``os._exit``) right before a send when the campaign armed a crash token
   for that kind of send: every send of the app follows a state write (or, in an agent, the
   remote's effect), so this is the "crash between write and send" point. Only a worker that
-  has run ``MIN_WORKER_AGE`` takes a token, as only such a worker is killed: tokens armed
-  while a host restarts would otherwise crash each new worker at its first send, a crash loop
-  that takes the messages at the head of a queue to their dequeue limit;
+  has run ``MIN_WORKER_AGE`` takes a token, as only such a worker is killed;
 - shortens the dev host's receive lease so messages held by a killed worker come back within
   the campaign (the Functions host's own lease is longer; only the delay changes);
 - optionally breaks the product on purpose (``broken``), to prove the checker catches it.
@@ -45,9 +43,12 @@ CALM_FILE = "calm"
 CRASH_DIR = "crash"
 EVENTS_GLOB = "events-*.log"
 CRASH_EXIT_CODE = 137
-MIN_WORKER_AGE = STABLE_AFTER
+MIN_WORKER_AGE = 2 * STABLE_AFTER
 """Seconds a worker runs before a kill or a crash token may end it: the dev host's crash
-back-off stays at its shortest, and each fault is one crash, not a loop of them."""
+back-off stays at its shortest, and each worker gets through its batches between faults.
+Younger, the host doing most of the sends (the core one) took nearly every fault as soon as
+its workers came of age: a crash loop in which the head of each of its queues (a surge's
+submissions) was received by worker after worker until its dequeue limit."""
 
 
 @dataclass(frozen=True)
