@@ -29,6 +29,7 @@ SIGHUP stops everything it started, as Ctrl-C does.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -193,6 +194,23 @@ def _stop_on_signals() -> None:
 
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, stop)
+    _term_when_parent_dies()
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _term_when_parent_dies() -> None:
+    """SIGTERM this process when its parent dies: `make run` is what a user signals, and make
+    exits on SIGTERM without passing it on, which would orphan the stack (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        return  # not allowed here: Ctrl-C and signals to this process still stop it
+    if os.getppid() != parent:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _ignore_signals() -> None:

@@ -6,6 +6,7 @@ the run started."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -26,7 +27,7 @@ from sas.domain.model import ProcessState
 from sas.domain.wire import submission_message_id
 from sas_local.demo import demo_order
 from sas_local.ledger import fetch_ledger
-from sas_local.processes import descendants, pid_alive, start_process, wait_until
+from sas_local.processes import REPO_ROOT, descendants, pid_alive, start_process, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
@@ -114,3 +115,28 @@ def test_your_own_service_is_called_and_sigterm_stops_everything(tmp_path: Path)
             assert f"{OWN} calls {url}/{OWN}" in " ".join(demo.stdout().split())
         finally:
             demo.stop()
+
+
+def test_sigterm_to_make_run_stops_everything_it_started(tmp_path: Path) -> None:
+    """What a user signals is `make run`, which exits without passing SIGTERM on: the demo
+    follows its parent, and stops the stack as for its own SIGTERM."""
+    no_file = tmp_path / "local.settings.json"
+    no_file.write_text(json.dumps({"Values": {}}))
+    serve = f"--serve --workers 1 --layout shared --settings {no_file} --logs {tmp_path / 'run'}"
+    make = start_process(
+        ["make", "--no-print-directory", "run", f"DEMO_ARGS={serve}"],
+        cwd=REPO_ROOT,
+        log_dir=tmp_path / "make",
+    )
+    try:
+        make.wait_for_line(r"^ready: ", timeout=240)
+        started = descendants(make.pid)
+        assert len(started) >= 5  # the demo, Azurite, the simulator, the dev host, its worker
+        os.kill(make.pid, signal.SIGTERM)  # make alone, not its process group
+        wait_until(
+            lambda: not [pid for pid in started if pid_alive(pid)],
+            timeout=120,
+            what="every process the run started to stop",
+        )
+    finally:
+        make.stop()

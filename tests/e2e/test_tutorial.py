@@ -1,30 +1,39 @@
 """docs/your-workflow.md, followed word for word in a copy of the repository: its files written,
-its commands run, then its workflow on Azurite through the dev host (as `make run` would run
-it), with the post's transient faults retried and its refusal compensated."""
+its commands run, its services started (``serve``) and stopped (``stop``) as a reader would in
+other terminals; its workflow, one step of each failure policy, run on Azurite against the
+reader's own post office in both local layouts."""
 
 from __future__ import annotations
 
-import base64
 import json
+import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
-from azure.storage.queue import QueueClient
 
-from sas.adapters.table_store import TableStateStore
-from sas.domain.model import ProcessState
-from sas.domain.wire import PRIORITIES, lane_queue_name
-from sas_local.ledger import configure_faults, fetch_ledger
-from sas_local.processes import REPO_ROOT, wait_until
-from sas_local.stack import LocalStack
+from sas_local.processes import REPO_ROOT, ManagedProcess, start_process, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500)]
 
 TUTORIAL = REPO_ROOT / "docs" / "your-workflow.md"
-_BLOCK = re.compile(r"<!-- (file: (?P<path>\S+)|run) -->\n```\w+\n(?P<body>.*?)```", re.DOTALL)
+_BLOCK = re.compile(
+    r"<!-- (?:file: (?P<path>\S+)|(?P<run>run)|serve: (?P<ready>[^\n]*?)) -->\n```\w+\n"
+    r"(?P<body>.*?)```|<!-- (?P<stop>stop) -->",
+    re.DOTALL,
+)
+POST_OFFICE = "http://127.0.0.1:8071"
+ENDS = {
+    "ada": ("Processed", True),
+    "cy": ("Processed", False),
+    "nobody": ("Compensated", False),
+    "di": ("Error", False),
+}
+"""How each card the tutorial submits ends, and whether its sender was told."""
 
 
 def copy_of_the_repository(target: Path) -> Path:
@@ -51,81 +60,100 @@ def copy_of_the_repository(target: Path) -> Path:
     return target
 
 
-def follow(tutorial: str, root: Path) -> list[str]:
-    """Write each file and run each command of the tutorial, in order; the commands run."""
-    ran = []
-    for block in _BLOCK.finditer(tutorial):
-        if block["path"] is not None:
-            (root / block["path"]).write_text(block["body"], encoding="utf-8")
-            continue
-        for command in block["body"].strip().splitlines():
-            done = subprocess.run(  # noqa: S602 - the tutorial's own shell line, as a reader types it
-                command, shell=True, cwd=root, capture_output=True, text=True, timeout=600
-            )
-            assert done.returncode == 0, f"{command}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
-            ran.append(command)
+def follow(
+    tutorial: str, root: Path, logs: Path, at_stop: Callable[[list[str]], None]
+) -> list[str]:
+    """Write each file, run each command, start each service (until its ready line) and stop
+    the last one still running at each ``stop``, in order; ``at_stop`` first checks what the
+    commands since the last stop did. Returns the commands run; every service is stopped."""
+    # The shared venv's editable install points at the repository the copy was made from: the
+    # copy's own packages (its workflows/) must come first, as in a reader's clone.
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    ran: list[str] = []
+    since: list[str] = []
+    serving: list[ManagedProcess] = []
+    try:
+        for block in _BLOCK.finditer(tutorial):
+            if block["path"] is not None:
+                (root / block["path"]).parent.mkdir(parents=True, exist_ok=True)
+                (root / block["path"]).write_text(block["body"], encoding="utf-8")
+            elif block["stop"] is not None:
+                at_stop(since)
+                since = []
+                serving.pop().stop(grace=60)
+            elif block["ready"] is not None:
+                command = block["body"].strip()
+                service = start_process(
+                    ["bash", "-c", command], env=env, cwd=root, log_dir=logs / f"serve-{len(ran)}"
+                )
+                serving.append(service)
+                service.wait_for_line(block["ready"], timeout=600)
+                ran.append(command)
+            else:
+                for command in block["body"].strip().splitlines():
+                    done = subprocess.run(  # noqa: S602 - the tutorial's own shell line
+                        command, shell=True, cwd=root, env=env, capture_output=True, text=True,
+                        timeout=600,
+                    )  # fmt: skip
+                    assert done.returncode == 0, (
+                        f"{command}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+                    )
+                    ran.append(command)
+                    since.append(command)
+    finally:
+        for service in reversed(serving):
+            service.stop(grace=60)
     return ran
 
 
-def greeting(order_id: str, text: str) -> str:
-    document = {
-        "type": "OrderSubmitted",
-        "order_id": order_id,
-        "workflow": "greeting",
-        "details": {"to": "Ada", "text": text},
-    }
-    return base64.b64encode(json.dumps(document).encode()).decode()
+def sas(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI, as the tutorial's reader runs it in the copy."""
+    return subprocess.run(
+        [".venv/bin/sas", *args], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
 
 
-def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
+def status(root: Path, order_id: str) -> dict[str, object]:
+    """``sas status --json`` of the order; empty while there is none yet."""
+    done = sas(root, "status", order_id, "--json")
+    found: dict[str, object] = json.loads(done.stdout) if done.returncode == 0 else {}
+    return found
+
+
+def test_the_tutorial_runs_as_written_in_both_layouts(tmp_path: Path) -> None:
     root = copy_of_the_repository(tmp_path / "repo")
-    ran = follow(TUTORIAL.read_text(encoding="utf-8"), root)
-    assert ran == ["make infra", ".venv/bin/python -m pytest tests/unit/test_greeting.py"]
+    checked: list[list[str]] = []
+
+    def cards_ended_as_the_tutorial_says(commands: list[str]) -> None:
+        submitted = [re.search(r"--order-id (\S+)", c) for c in commands if " submit " in c]
+        ids = [found[1] for found in submitted if found is not None]
+        assert len(ids) == len(ENDS)
+
+        def ended() -> bool:
+            return all(status(root, i).get("finished_at") for i in ids)
+
+        wait_until(ended, timeout=300, interval=2, what="the tutorial's cards to end")
+        sent = httpx.get(POST_OFFICE, timeout=10).json()
+        for order_id in ids:
+            state, told = ENDS[order_id.split("-")[0]]
+            found = status(root, order_id)
+            assert found["process_state"] == state, (order_id, found)
+            history = sas(root, "history", order_id, "--json").stdout
+            steps = {step["name"] for step in json.loads(history)["steps"]}
+            assert ("tell_sender" in steps) is told, (order_id, steps)
+        posted = [key for key in sent if key.split(":")[0] in ids]
+        assert sorted(k.split(":")[0] for k in posted) == sorted(
+            i for i in ids if not i.startswith("nobody")
+        )  # each card posted once; the refused one never
+        checked.append(ids)
+
+    ran = follow(
+        TUTORIAL.read_text(encoding="utf-8"), root, tmp_path / "logs",
+        cards_ended_as_the_tutorial_says,
+    )  # fmt: skip
+    assert ran[:2] == ["make infra", ".venv/bin/python -m pytest tests/unit/test_greeting.py"]
+    assert len(checked) == 2  # the shared layout, then Flex
     bicep = (root / "infra" / "main.bicep").read_text(encoding="utf-8")
     assert "'agent-cards'" in bicep and "param remotePostUrl string" in bicep
     assert "remoteCardsUrl" not in bicep  # a Python agent calls no remote service
-
-    lanes = tuple(
-        lane_queue_name(f"sas-agent-{agent}", priority)
-        for agent in ("cards", "post")
-        for priority in PRIORITIES
-    )
-    with LocalStack.start(
-        workers=2,
-        log_dir=tmp_path / "logs",
-        app_root=root,
-        extra_queues=lanes,
-        remote_agents=("post",),
-    ) as stack:
-        store = TableStateStore.connect(stack.settings.storage, stack.settings.table_name)
-        orders = QueueClient.from_connection_string(
-            stack.azurite.connection_string, stack.settings.queues["SAS_QUEUE_ORDERS"]
-        )
-
-        def state_of(order_id: str) -> ProcessState | None:
-            found = store.get_state(order_id)
-            return (
-                None if found is None or not found.value.is_terminal else found.value.process_state
-            )
-
-        # Seeded: the first post of kind-1 fails (503 or 429), the next goes through.
-        configure_faults(stack.simulator_url, {"seed": 2, "transient_rate": 0.5})
-        orders.send_message(greeting("kind-1", "happy birthday"))
-        wait_until(lambda: state_of("kind-1"), timeout=120, what="the greeting posted")
-        configure_faults(stack.simulator_url, {"permanent_rate": 1.0})  # the post refuses
-        orders.send_message(greeting("kind-2", "hello"))
-        wait_until(lambda: state_of("kind-2"), timeout=120, what="the refused greeting")
-        ledger = fetch_ledger(stack.simulator_url)
-        stats = ledger["stats"]
-        assert isinstance(stats, dict) and stats["post"]["transient_failures"] >= 1  # retried
-        assert state_of("kind-1") is ProcessState.PROCESSED
-        assert state_of("kind-2") is ProcessState.COMPENSATED
-        first = store.get_state("kind-1")
-        assert first is not None
-        assert first.value.results["write"] == {"card": "Dear Ada, happy birthday"}
-        kinds = [entry.kind for entry in store.get_history("kind-2")]
-        assert "refused" in kinds and "undone" in kinds  # post refused, then the card shredded
-    effects = ledger["effects"]
-    assert isinstance(effects, list)
-    posted = [e for e in effects if e["service"] == "post"]
-    assert [(e["order_id"], e["kind"]) for e in posted] == [("kind-1", "do")]  # once, only
