@@ -217,6 +217,9 @@ class ReplyDecision:
     then: Then
     history_kind: str
     """``completed``, ``undone`` or ``refused``."""
+    skipped: bool = False
+    """The refusal skipped its step (``on_failure="continue"``): whether the order goes on,
+    waits for a resume or ended Processed, its submitter is told."""
 
 
 def decide_reply(
@@ -258,10 +261,10 @@ def decide_reply(
             reason=reason,
             workflow=workflow,
         )
-        kind = "refused"
-    else:
-        next_state = _completed(state, reply, instance_id=instance_id, now=now, workflow=workflow)
-        kind = "undone" if reply.mode == "undo" else "completed"
+        skipped = skips(state, workflow, step_index=reply.step_index, mode=reply.mode)
+        return ReplyDecision(next_state, _then(next_state), "refused", skipped=skipped)
+    next_state = _completed(state, reply, instance_id=instance_id, now=now, workflow=workflow)
+    kind = "undone" if reply.mode == "undo" else "completed"
     return ReplyDecision(next_state, _then(next_state), kind)
 
 
@@ -377,16 +380,27 @@ def refuse_step(
     A refused undo cannot be retried into success: an operator must look.
     """
     check_reply(state, workflow, attempt=attempt, step_index=step_index, mode=mode, outcome="error")
-    policy = workflow.failure_policy(step_index)
-    if mode == "do" and (policy == "compensate" or state.cancelled is not None):
+    if skips(state, workflow, step_index=step_index, mode=mode):
+        return skip_step(state, now=now, workflow=workflow, reason=reason)
+    if mode == "do" and (
+        workflow.failure_policy(step_index) == "compensate" or state.cancelled is not None
+    ):
         tried_before = state.failure_count > 0 or attempt > max(state.first_attempt, 1)
         start = step_index if tried_before else step_index - 1
         return begin_compensation(
             state, from_index=start, now=now, workflow=workflow, reason=reason
         )
-    if mode == "do" and policy == "continue":
-        return skip_step(state, now=now, workflow=workflow, reason=reason)
     return to_error(state, now=now, reason=reason)
+
+
+def skips(state: OrderState, workflow: Workflow, *, step_index: int, mode: Mode) -> bool:
+    """Whether a final failure of the step skips it: a forward step that may be skipped
+    (``on_failure="continue"``) of an order nobody cancelled (a cancelled one is undone)."""
+    return (
+        mode == "do"
+        and state.cancelled is None
+        and workflow.failure_policy(step_index) == "continue"
+    )
 
 
 def skip_step(state: OrderState, *, now: datetime, workflow: Workflow, reason: str) -> OrderState:

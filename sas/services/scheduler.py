@@ -294,6 +294,9 @@ def _follow(
     if reply.outcome == "ok":
         progress: StatusKind = "step_undone" if reply.mode == "undo" else "step_completed"
         then.notify(ctx, before, progress, state.updated_at, step=reply.step)
+    if decision.skipped:  # whether the order goes on, is held or ended Processed
+        log.warning("sas.step_skipped", extra={"order_id": state.order_id, "step": reply.step})
+        then.notify(ctx, state, "step_skipped", state.updated_at, step=reply.step)
     if decision.then is Then.DISPATCH:
         then.announce(ctx, state, workflow)
         return ReplyOutcome.ADVANCED
@@ -303,7 +306,6 @@ def _follow(
         then.notify(ctx, state, "compensating", state.updated_at, detail=state.last_error)
         return ReplyOutcome.COMPENSATING
     if decision.then is Then.SCHEDULE:
-        then.notify(ctx, state, "step_skipped", state.updated_at, step=reply.step)
         return ReplyOutcome.SKIPPED
     if decision.then is Then.HOLD:
         log.info("sas.order_held", extra={"order_id": state.order_id, "step": state.step})
@@ -321,7 +323,6 @@ def _send_work(ctx: Context, reply: StepReply, decision: ReplyDecision, workflow
         log.info("sas.step_deferred", extra={"order_id": state.order_id, "delay": wait})
         then.request_schedule(ctx, state, delay_seconds=wait)
     elif decision.then is Then.SCHEDULE:
-        log.warning("sas.step_skipped", extra={"order_id": state.order_id, "step": reply.step})
         then.request_schedule(ctx, state)
     elif decision.then is Then.COMPENSATE:
         log.warning("sas.compensation_started", extra={"order_id": state.order_id})

@@ -335,11 +335,20 @@ def _request_recovery(ctx: Context, decided: Expiry, step: str, etag: str, now: 
         then.notify(ctx, new, "compensating", now, detail=new.last_error)
     elif decided.action is ExpiryAction.HELD:
         log.info("sas.order_held", extra={"order_id": new.order_id, "step": step})
-    elif decided.action is ExpiryAction.SKIPPED and not new.is_terminal:
-        log.warning("sas.step_skipped", extra={"order_id": new.order_id, "step": step})
-        then.request_schedule(ctx, new)
-        then.notify(ctx, new, "step_skipped", now, step=step)
+    elif decided.action is ExpiryAction.SKIPPED:
+        _skipped(ctx, new, step, etag, now)
     else:
+        then.finished(ctx, new, etag)
+
+
+def _skipped(ctx: Context, new: OrderState, step: str, etag: str, now: datetime) -> None:
+    """The next step asked of a Scheduler, or (the last step skipped) the finished order's
+    status; its submitter is told of the skip either way."""
+    log.warning("sas.step_skipped", extra={"order_id": new.order_id, "step": step})
+    if not new.is_terminal:
+        then.request_schedule(ctx, new)
+    then.notify(ctx, new, "step_skipped", now, step=step)
+    if new.is_terminal:
         then.finished(ctx, new, etag)
 
 
