@@ -221,10 +221,12 @@ class Workflow:
     ) -> dict[str, Any]:
         """What step ``index`` is sent to do. Its undo gets the details (and, from the agent
         runner, what the step returned), never the builder's data: a builder that fails must not
-        stop compensation."""
+        stop compensation. Raises what the builder raises, or TypeError or ValueError if what it
+        built is no JSON object (a NaN, a datetime): whoever checks the data checks this."""
         build = self.step(index).input if mode == "do" else None
-        data = details if build is None else build(details, results)
-        return {**data, "order_id": order_id}
+        data = {**(details if build is None else build(details, results)), "order_id": order_id}
+        json.dumps(data, allow_nan=False)
+        return data
 
     def next_undo(self, index: int) -> int | None:
         """The highest step at or below ``index`` that has an undo action."""

@@ -7,7 +7,6 @@ goes first and the status events after it: a slow status queue never spends a st
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -130,10 +129,9 @@ def _step_data(state: OrderState, workflow: Workflow) -> dict[str, Any] | None:
     """The current step's data, as its ``input`` builds it; None (logged) if the app's builder
     fails or builds something that is not a JSON object."""
     try:
-        data = workflow.step_data(
+        return workflow.step_data(
             state.step_index, state.order_id, state.details, state.results, state.mode
         )
-        json.dumps(data, allow_nan=False)
     except Exception as exc:  # the app's own code: a bug, or results it did not expect
         log.exception(
             "sas.step_input_failed error=%s",
@@ -141,7 +139,6 @@ def _step_data(state: OrderState, workflow: Workflow) -> dict[str, Any] | None:
             extra={"order_id": state.order_id, "step": workflow.step(state.step_index).name},
         )
         return None
-    return data
 
 
 def input_problem(state: OrderState, workflow: Workflow) -> str | None:
@@ -152,10 +149,9 @@ def input_problem(state: OrderState, workflow: Workflow) -> str | None:
     if not state.is_running or state.mode != "do" or workflow.step(state.step_index).input is None:
         return None
     try:
-        data = workflow.step_data(
+        workflow.step_data(
             state.step_index, state.order_id, state.details, state.results, state.mode
         )
-        json.dumps(data, allow_nan=False)
     except Exception as exc:  # the app's own code: a bug, or results it did not expect
         step = workflow.step(state.step_index).name
         log.exception(

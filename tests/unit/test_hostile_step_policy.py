@@ -317,10 +317,14 @@ def test_an_expiry_racing_a_refusal_skips_once() -> None:
 # --- input builders ----------------------------------------------------------------------
 
 
-def test_a_first_step_whose_builder_raises_is_refused_at_submission() -> None:
-    w = world()
+@pytest.mark.parametrize("workflow", ["first_broken", "first_not_json"])
+def test_a_first_step_whose_input_does_not_build_is_refused_at_submission(workflow: str) -> None:
+    """Its builder raised, or built no JSON object (a NaN): the submission is refused with
+    nothing written, as the Scheduler would stop it in Error. Accepted, the first step would
+    send nothing and expire, then retry, skip or be compensated by its policy instead."""
+    w = world(max_failures=1)
     with pytest.raises(InvalidMessage, match="first step's input"):
-        w.app.submit(OrderSubmitted(order_id="o1", workflow="first_broken", details={"who": "ada"}))
+        w.app.submit(OrderSubmitted(order_id="o1", workflow=workflow, details={"who": "ada"}))
     assert w.store.get_state("o1") is None
 
 
