@@ -810,7 +810,9 @@ def _plain(s: _State | None, r: _Row, design: Design) -> _State | str:
         replied = s.ps == PROCESSING and s.unrecorded_claim and r.attempt == s.attempt
         if s.mode != "do" or not same_step or not (claiming or replied):
             return "input failure of a step that was not being claimed"
-        return _State(ERROR, s.step, "do", r.attempt, s.failures, claimed=s.claimed)
+        # The Error keeps the attempt the claim took: a cancel undoes from this step.
+        failed = _State(ERROR, s.step, "do", r.attempt, s.failures, claimed=s.claimed)
+        return failed.with_claim(r.attempt)
     if r.kind == "alert_claimed":
         if s.ps != ERROR or r.attempt != s.attempt:
             return "alert claimed for an order not in Error at that attempt"

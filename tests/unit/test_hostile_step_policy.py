@@ -345,6 +345,22 @@ def test_an_input_failure_after_a_skip_resubmitted_once_fixed_ends_processed() -
     assert judged(w, oid) == []
 
 
+def test_a_cancel_of_an_order_its_input_builder_stopped_after_a_skip_is_judged_legal() -> None:
+    """ship's data did not build when it was claimed (after note was skipped): Error at the
+    attempt that claim took. A cancel then undoes from ship (claimed at that attempt, as the
+    product counts it), which the checker must accept."""
+    w = world()
+    w.remote.script(*NOTE_, refuse("mailbox full"))
+    oid = noting(w, "after_skip_broken")
+    w.settle_with_supervision()
+    assert w.state(oid).process_state is ProcessState.ERROR
+    w.operator.cancel(oid, actor="dana", reason="customer asked")
+    w.settle_with_supervision()
+    assert w.state(oid).process_state is ProcessState.CANCELLED
+    assert w.remote.applied(oid) == {RESERVE_: True}
+    assert judged(w, oid) == []
+
+
 def test_an_error_policy_step_alerts_once_and_a_resubmit_runs_it_again() -> None:
     w = world()
     w.remote.script("payment", "write", refuse("ledger closed"))
