@@ -721,6 +721,8 @@ def _steered(s: _State, r: _Row, design: Design) -> _State | str | None:
         if s.ps != running or r.attempt != s.attempt or not same_step:
             return "hold of a step that was not running"
         return replace(s, ps=PENDING)
+    if (forward or s.suspended) and r.kind.startswith("expired_"):  # retried, skipped, ...
+        return f"{r.kind} of a {'cancelled' if forward else 'suspended'} order: not an operator's"
     if s.suspended and r.kind in ("completed", "undone") and same_step:
         new = _plain(s, r, design)
         if isinstance(new, str) or new.ps in design.terminal:

@@ -18,6 +18,7 @@ from sas.domain.workflow import Registry, StepDefinition, Workflow
 from sas.services.scheduler import ReplyOutcome
 from sas.testing import refuse
 from sas_local.chaos.checker import COMMITTED, Design, Evidence, FlowSpec, StepSpec, check
+from tests.chaos.test_checker import World as Rows
 from tests.harness import BUDGET, ReadThenYield, World
 from tests.workflows import RESERVE
 
@@ -374,3 +375,53 @@ def test_an_error_policy_step_alerts_once_and_a_resubmit_runs_it_again() -> None
     w.settle_with_supervision()
     assert w.state(oid).process_state is ProcessState.PROCESSED
     assert judged(w, oid) == []
+
+
+# --- the checker: what the product would never do is reported ----------------------------
+
+
+def design(max_failures: int = 3) -> Design:
+    """The chaos checker's design with this module's workflows."""
+    flows = {
+        (flow.name, flow.version): FlowSpec(
+            tuple(StepSpec(s.name, s.agent, s.action, s.undo, s.max_failures, s.on_failure)
+                  for s in flow.steps),
+            flow.on_failure, flow.version,
+        )
+        for flow in REGISTRY.workflows
+    }  # fmt: skip
+    return replace(Design.load(), workflows=flows, max_failures=max_failures)
+
+
+def noted(rows: Rows, order: str) -> None:
+    """reserve done (applied) and note claimed with its reply."""
+    rows.submitted.append(order)
+    rows.history(order, "submitted", 0, None)
+    rows.history(order, "claimed", 1, "reserve")
+    rows.history(order, "completed", 1, "reserve")
+    rows.do(order, 0, steps=[("reserve", "inventory", "reserve", "release")])
+
+
+def violations(rows: Rows, max_failures: int = 3) -> list[str]:
+    return sorted({v.kind for v in check(rows.evidence(), design(max_failures)).violations})
+
+
+def test_the_checker_reports_a_cancelled_order_ending_processed_by_a_skip() -> None:
+    """The product undoes a cancelled order whatever the step's policy: its expiry is the
+    operator's (``expired_compensate``, not counted), never a skip."""
+    rows = Rows()
+    noted(rows, "x1")
+    rows.history("x1", "cancelled", 2, "note", detail="customer asked")
+    rows.history("x1", "expired_skipped", 2, "note", detail="Processing past x, failure 1 of 1")
+    rows.state("x1", "Processed", 2, 1, Workflow="tail")
+    assert "illegal_transition" in violations(rows, max_failures=1)
+
+
+def test_the_checker_reports_a_suspended_order_s_step_expiring_into_a_skip() -> None:
+    """The product holds a suspended order's expired step (``expired_held``, not counted)."""
+    rows = Rows()
+    noted(rows, "s1")
+    rows.history("s1", "suspended", 2, "note")
+    rows.history("s1", "expired_skipped", 2, "note", detail="Processing past x, failure 1 of 1")
+    rows.state("s1", "Processed", 2, 1, Workflow="tail")
+    assert "illegal_transition" in violations(rows, max_failures=1)
