@@ -17,7 +17,7 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
 - ``compensation_incomplete``: a Compensated (or Cancelled) order with an effect left applied
   (of a step that has an undo action: one without needs no undoing);
 - ``processed_effect_missing``: a Processed order without a step's effect (a step that may be
-  skipped, ``on_failure = "continue"``, excepted), or with it undone;
+  skipped, ``on_failure = "continue"``, and did not complete, excepted), or with it undone;
 - ``error_alerts``: an Error episode with no alert, several distinct alert ids, more raw copies
   than 1 + its ``alert_claimed`` entries, or a claim re-taken before the lease lapsed;
 - ``alert_without_error``: an alert for an order (or an Error episode) that never was;
@@ -1079,13 +1079,14 @@ def _ledger(
         ps = state.get("ProcessState")
         applied = dos.get(order_id, [])
         if ps == PROCESSED:
+            completed = _completed_steps(by_order.get(order_id, {}), design)
             for index, step in enumerate(flow.steps):
                 mine = [
                     e
                     for e in applied
                     if (e.get("service"), e.get("action")) == (step.agent, step.action)
                 ]
-                if not mine and flow.policy(index) == "continue":
+                if not mine and flow.policy(index) == "continue" and step.name not in completed:
                     continue  # skipped
                 if not mine:
                     found.append(
@@ -1183,11 +1184,7 @@ def _orphaned(
         ps = state.get("ProcessState")
         if ps not in design.terminal or ps in UNDONE:
             continue
-        completed = {
-            str(row.get("Name") or key.rsplit(":", 1)[-1])
-            for key, row in rows.items()
-            if key.startswith(design.step_row_prefix)
-        }
+        completed = _completed_steps(rows, design)
         stopped_on = int(state.get("StepIndex", -1)) if ps in (ERROR, CLOSED, TERMINATED) else None
         for entry in applied:
             if entry.get("undone_at") or _why_unexpected(order_id, entry, state, flow):
@@ -1201,6 +1198,15 @@ def _orphaned(
             evidence = {"completed_steps": sorted(completed), "ProcessState": ps}
             found.append(Violation("orphaned_effect", order_id, why, evidence))
     return found
+
+
+def _completed_steps(rows: Mapping[str, Mapping[str, Any]], design: Design) -> set[str]:
+    """The names of the order's steps that completed (its ``step:`` rows)."""
+    return {
+        str(row.get("Name") or key.rsplit(":", 1)[-1])
+        for key, row in rows.items()
+        if key.startswith(design.step_row_prefix)
+    }
 
 
 def _has_undo(flow: Any, entry: Mapping[str, Any]) -> bool:

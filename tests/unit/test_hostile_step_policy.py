@@ -425,3 +425,12 @@ def test_the_checker_reports_a_suspended_order_s_step_expiring_into_a_skip() -> 
     rows.history("s1", "expired_skipped", 2, "note", detail="Processing past x, failure 1 of 1")
     rows.state("s1", "Processed", 2, 1, Workflow="tail")
     assert "illegal_transition" in violations(rows, max_failures=1)
+
+
+def test_the_checker_reports_a_completed_skippable_step_without_its_effect() -> None:
+    """Only a step that was skipped may have no effect: one recorded completed was applied."""
+    rows = Rows()
+    noted(rows, "p1")
+    rows.history("p1", "completed", 2, "note")
+    rows.state("p1", "Processed", 2, 1, Workflow="tail")
+    assert violations(rows) == ["processed_effect_missing"]
