@@ -672,6 +672,8 @@ def _apply(s: _State | None, r: _Row, design: Design) -> _State | str:
     new = _plain(s, r, design)
     if isinstance(new, str) or s is None:
         return new
+    if new.ps == ERROR:  # a resubmit carries on with the undo a cancel started
+        return replace(new, cancelled=s.cancelled)
     if new.ps in design.terminal:
         return replace(new, ps=CANCELLED if s.cancelled and new.ps == COMPENSATED else new.ps)
     return replace(new, cancelled=s.cancelled, suspended=s.suspended)

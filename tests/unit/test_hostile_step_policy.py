@@ -209,6 +209,23 @@ def test_a_cancel_after_the_skip_undoes_what_was_done_before_it() -> None:
     assert judged(w, oid) == []
 
 
+def test_a_cancelled_order_whose_undo_stopped_in_error_resubmitted_is_judged_cancelled() -> None:
+    """The cancel outlives the Error its undo stopped in: resubmitted, the undo finishes and
+    the order ends Cancelled (not Compensated), which the checker must accept."""
+    w = world()
+    w.remote.script("inventory", "release", refuse("HTTP 500 for good"))
+    oid = noting(w)
+    w.operator.cancel(oid, actor="dana", reason="customer asked")
+    w.settle_with_supervision()
+    state = w.state(oid)
+    assert state.process_state is ProcessState.ERROR and state.mode == "undo"
+    w.operator.resubmit(oid, actor="eve")
+    w.settle_with_supervision()
+    assert w.state(oid).process_state is ProcessState.CANCELLED
+    assert w.remote.applied(oid) == {RESERVE_: True, NOTE_: False}
+    assert judged(w, oid) == []
+
+
 # --- suspend: a skip while suspended holds the next step -------------------------------
 
 
