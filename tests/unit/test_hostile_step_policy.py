@@ -13,6 +13,7 @@ import pytest
 from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OperatorAlert, OrderSubmitted, StatusEvent, StepReply, StepRequest
 from sas.domain.model import ProcessState
+from sas.domain.recovery import ExpiryAction, expire
 from sas.domain.wire import step_row_key
 from sas.domain.workflow import Registry, StepDefinition, Workflow
 from sas.services.scheduler import ReplyOutcome
@@ -66,7 +67,15 @@ FIRST_NOT_JSON = Workflow(
      SHIP),
     pickup_budget=timedelta(seconds=60),
 )  # fmt: skip
-REGISTRY = Registry((SKIPPY, TAIL, STRICT_MID, FIRST_BROKEN, AFTER_SKIP_BROKEN, FIRST_NOT_JSON))
+TELL = StepDefinition("tell", "shipping", "tell", STEP, on_failure="continue")
+TWO_SKIPS = Workflow("two_skips", (NOTE, TELL, RESERVE, SHIP), pickup_budget=timedelta(seconds=60))
+LIMITED_TAIL = Workflow(
+    "limited_tail", (RESERVE, NOTE), pickup_budget=timedelta(seconds=60), max_in_flight=5
+)
+REGISTRY = Registry(
+    (SKIPPY, TAIL, STRICT_MID, FIRST_BROKEN, AFTER_SKIP_BROKEN, FIRST_NOT_JSON, TWO_SKIPS,
+     LIMITED_TAIL)
+)  # fmt: skip
 
 NOTE_ = ("payment", "note")
 RESERVE_ = ("inventory", "reserve")
@@ -281,6 +290,22 @@ def test_the_submitter_is_told_of_a_skipped_last_step(how: str) -> None:
     assert judged(w, oid) == []
 
 
+def test_a_last_step_skipped_by_the_supervisor_frees_its_place_in_flight_at_once() -> None:
+    """Processed by the expiry's skip: ``finished`` flags the marker (a workflow with a
+    ``max_in_flight`` must not wait a sweep for the place), as a reply that finishes does."""
+    w = world(max_failures=1)
+    oid = noting(w, "limited_tail")
+    assert w.store.count_live("limited_tail", 10) == 1
+    w.drop("agent-payment")
+    w.tick(BUDGET + 3)
+    assert w.history(oid)[-1] == "expired_skipped"
+    assert w.state(oid).process_state is ProcessState.PROCESSED
+    assert w.store.count_live("limited_tail", 10) == 0
+    w.tick(1)
+    assert w.store.list_live() == []
+    assert judged(w, oid) == []
+
+
 # --- late and duplicate replies ---------------------------------------------------------
 
 
@@ -451,3 +476,23 @@ def test_the_checker_reports_a_completed_skippable_step_without_its_effect() -> 
     rows.history("p1", "completed", 2, "note")
     rows.state("p1", "Processed", 2, 1, Workflow="tail")
     assert violations(rows) == ["processed_effect_missing"]
+
+
+# --- the load's expiries ----------------------------------------------------------------
+
+
+def test_a_skippable_step_s_expiry_spared_by_the_load_is_retried_not_skipped() -> None:
+    """At its threshold, an expiry the Supervisor takes as the load's retries the step
+    uncounted; once the load's allowance is spent, the next skips it."""
+    w = world(max_failures=1)
+    oid = noting(w)
+    state = w.state(oid)
+    assert state.complete_by is not None
+    late = state.complete_by + timedelta(seconds=1)
+    workflow = SKIPPY
+    spared = expire(state, now=late, workflow=workflow, policy=w.policy, saturated=True)
+    assert spared.action is ExpiryAction.RETRY and not spared.counted
+    assert spared.state.step == "note" and spared.state.failure_count == 0
+    spent = replace(state, load_expiries=w.policy.max_load_expiries)
+    skipped = expire(spent, now=late, workflow=workflow, policy=w.policy, saturated=True)
+    assert skipped.action is ExpiryAction.SKIPPED and skipped.state.step == "ship"
