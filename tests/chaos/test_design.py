@@ -68,8 +68,11 @@ def test_policy_and_workflows_are_the_local_stack_s() -> None:
         workflow = deployed.named(name, version)
         flow = DESIGN.workflows[(name, version)]
         assert (flow.version, flow.on_failure) == (workflow.version, workflow.on_failure)
-        assert [(s.name, s.agent, s.action, s.undo, s.max_failures) for s in flow.steps] == [
-            (s.name, s.agent, s.action, s.undo, s.max_failures) for s in workflow.steps
+        assert [
+            (s.name, s.agent, s.action, s.undo, s.max_failures, s.on_failure) for s in flow.steps
+        ] == [
+            (s.name, s.agent, s.action, s.undo, s.max_failures, s.on_failure)
+            for s in workflow.steps
         ]
     assert set(DESIGN.effect_tables) <= set(REGISTRY.tables)
     assert (DESIGN.steps, DESIGN.on_failure) == (
