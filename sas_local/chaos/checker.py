@@ -728,7 +728,7 @@ def _steered(s: _State, r: _Row, design: Design) -> _State | str | None:
     if s.suspended and r.kind in ("completed", "undone") and same_step:
         new = _plain(s, r, design)
         if isinstance(new, str) or new.ps in design.terminal:
-            return new
+            return None  # as without the suspend (a cancelled order's undo ends Cancelled)
         if new.unrecorded_claim:  # the next step waits, unclaimed
             held = replace(new, ps=PENDING, attempt=s.attempt, unrecorded_claim=False)
             return replace(held, claimed=s.claimed, cancelled=s.cancelled, suspended=True)

@@ -235,6 +235,25 @@ def test_a_cancelled_order_whose_undo_stopped_in_error_resubmitted_is_judged_can
     assert judged(w, oid) == []
 
 
+def test_a_cancelled_order_s_last_undo_answering_while_held_is_judged_cancelled() -> None:
+    """Cancelled, then suspended while its undo ran: the undo's expiry is held, its late
+    ``ok`` then ends the order Cancelled (not Compensated), which the checker must accept."""
+    w = world()
+    oid = noting(w)
+    w.operator.cancel(oid, actor="dana", reason="customer asked")
+    w.deliver("agent-payment"), w.deliver("replies"), w.deliver("scheduler")  # release claimed
+    assert w.state(oid).process_state is ProcessState.COMPENSATING
+    w.operator.suspend(oid, actor="dana")
+    w.deliver("agent-inventory")  # released; the reply waits
+    w.clock.advance(BUDGET + 3 + w.policy.queue_wait_limit.total_seconds())
+    w.tick(0)
+    assert w.history(oid)[-1] == "expired_held"
+    w.deliver("replies")
+    w.settle_with_supervision()
+    assert w.state(oid).process_state is ProcessState.CANCELLED
+    assert judged(w, oid) == []
+
+
 # --- suspend: a skip while suspended holds the next step -------------------------------
 
 
