@@ -34,7 +34,8 @@ Violation classes (``Violation.kind``), each with the order id and evidence:
   ``StepIndex``), or under a key that is not the step's (``design.toml``, ``do_key``);
 - ``orphaned_effect``: an effect left applied for a finished order (Processed, Error, Closed)
   whose step never completed (no ``step:`` row of that name), other than the step an Error
-  stopped on and a step that may be skipped.
+  stopped on, a step that may be skipped, and a step with no undo action of an order stopped
+  in its undo (as in an undone order, nothing undoes it).
 
 An alert for a missing workflow definition (``missing_id_pattern``) must name an order that
 waited for that version (``alert_without_error`` otherwise).
@@ -1196,6 +1197,8 @@ def _orphaned(
                 continue
             if flow.policy(index) == "continue":  # skipped: an attempt may have been applied
                 continue
+            if state.get("Mode") == "undo" and not _has_undo(flow, entry):
+                continue  # passed by the undo, as in an undone order (compensation_incomplete)
             why = f"{_label(entry)}: applied, but step {flow.steps[index].name} never completed"
             evidence = {"completed_steps": sorted(completed), "ProcessState": ps}
             found.append(Violation("orphaned_effect", order_id, why, evidence))

@@ -254,6 +254,28 @@ def test_a_cancelled_order_s_last_undo_answering_while_held_is_judged_cancelled(
     assert judged(w, oid) == []
 
 
+def test_an_effect_of_a_step_with_no_undo_left_by_a_stopped_undo_is_judged_not_orphaned() -> None:
+    """Cancelled while ledger (no undo) ran; its ok waited past the queue-wait limit, so the
+    expiry undid the order from there, and reserve's undo stopped in Error. ledger's effect
+    stays, as in a Cancelled order (nothing undoes a step declared with no undo): the checker
+    must not call it orphaned."""
+    w = world()
+    w.remote.script("inventory", "release", refuse("HTTP 500 for good"))
+    oid = submit(w, "strict_mid")
+    w.deliver("orders"), w.deliver("agent-inventory"), w.deliver("replies")  # ledger claimed
+    w.operator.cancel(oid, actor="dana", reason="customer asked")
+    w.deliver("agent-payment")  # ledger written; its ok waits
+    w.clock.advance(BUDGET + 3 + w.policy.queue_wait_limit.total_seconds())
+    w.tick(0)
+    assert "expired_compensate" in w.history(oid)
+    w.settle_with_supervision()
+    state = w.state(oid)
+    assert state.process_state is ProcessState.ERROR and state.mode == "undo"
+    assert w.remote.applied(oid) == {RESERVE_: False, ("payment", "write"): False}
+    assert "reply_dropped" in w.history(oid)
+    assert judged(w, oid) == []
+
+
 # --- suspend: a skip while suspended holds the next step -------------------------------
 
 
