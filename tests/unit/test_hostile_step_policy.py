@@ -117,18 +117,16 @@ def statuses(w: World, oid: str) -> list[str]:
     ]
 
 
-def reply_to(request: StepRequest, outcome: str = "ok", error: str | None = None) -> StepReply:
+def ok_of(request: StepRequest) -> StepReply:
+    """The ``ok`` its agent would have sent for ``request``."""
     return StepReply(
         order_id=request.order_id, step=request.step, step_index=request.step_index,
-        attempt=request.attempt, mode=request.mode, outcome=outcome,  # type: ignore[arg-type]
-        incarnation=request.incarnation, error=error,
+        attempt=request.attempt, mode=request.mode, outcome="ok", incarnation=request.incarnation,
     )  # fmt: skip
 
 
-def judged(w: World, *order_ids: str) -> list[str]:
-    """The chaos checker's violations for what the product did: the orders' rows (history in
-    commit order), the provider's ledger and the alerts, as a campaign would collect them."""
-    design = Design.load()
+def design(max_failures: int = 3) -> Design:
+    """The chaos checker's design with this module's workflows."""
     flows = {
         (flow.name, flow.version): FlowSpec(
             tuple(StepSpec(s.name, s.agent, s.action, s.undo, s.max_failures, s.on_failure)
@@ -137,7 +135,12 @@ def judged(w: World, *order_ids: str) -> list[str]:
         )
         for flow in REGISTRY.workflows
     }  # fmt: skip
-    design = replace(design, workflows=flows, max_failures=w.policy.max_failures)
+    return replace(Design.load(), workflows=flows, max_failures=max_failures)
+
+
+def judged(w: World, *order_ids: str) -> list[str]:
+    """The chaos checker's violations for what the product did: the orders' rows (history in
+    commit order), the provider's ledger and the alerts, as a campaign would collect them."""
     entities: list[dict[str, Any]] = []
     for commit, entry in enumerate(w.store.history, start=1):  # type: ignore[attr-defined]
         entities.append({
@@ -175,7 +178,8 @@ def judged(w: World, *order_ids: str) -> list[str]:
         for a in w.alerts() if isinstance(a, OperatorAlert)
     ]  # fmt: skip
     evidence = Evidence(entities, alerts, {}, {"effects": ledger}, list(order_ids))
-    return [f"{v.kind}: {v.detail}" for v in check(evidence, design).violations]
+    verdict = check(evidence, design(w.policy.max_failures))
+    return [f"{v.kind}: {v.detail}" for v in verdict.violations]
 
 
 # --- cancel: the order is undone, never skipped on ---------------------------------------
@@ -360,7 +364,7 @@ def test_a_late_ok_of_the_skipped_step_is_dropped_and_its_effect_is_no_result() 
     w.remote.script(*NOTE_, refuse("mailbox full"))
     w.run()  # attempt 2 refused: skipped, ship done
     assert w.state(oid).process_state is ProcessState.PROCESSED
-    late = reply_to(first)
+    late = ok_of(first)
     assert w.app.on_reply(late) is ReplyOutcome.STALE
     assert "note" not in w.state(oid).results
     assert "reply_dropped" in w.history(oid)
@@ -461,19 +465,6 @@ def test_an_error_policy_step_alerts_once_and_a_resubmit_runs_it_again() -> None
 
 
 # --- the checker: what the product would never do is reported ----------------------------
-
-
-def design(max_failures: int = 3) -> Design:
-    """The chaos checker's design with this module's workflows."""
-    flows = {
-        (flow.name, flow.version): FlowSpec(
-            tuple(StepSpec(s.name, s.agent, s.action, s.undo, s.max_failures, s.on_failure)
-                  for s in flow.steps),
-            flow.on_failure, flow.version,
-        )
-        for flow in REGISTRY.workflows
-    }  # fmt: skip
-    return replace(Design.load(), workflows=flows, max_failures=max_failures)
 
 
 def noted(rows: Rows, order: str) -> None:
