@@ -3,12 +3,14 @@ in memory through the real handlers, on refusals and on running out of attempts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 from sas.domain.workflow import Registry, StepDefinition, Workflow
-from sas.testing import Harness, ProcessState, ok, refuse, too_slow
+from sas.testing import Harness, Outcome, ProcessState, ok, refuse, too_slow
 
 pytestmark = pytest.mark.unit
 
@@ -21,10 +23,10 @@ TRIP = Workflow("trip", (BOOK, PAY, TELL, RECORD))
 REGISTRY = Registry((TRIP,))
 
 
-def run(*scripts: tuple[str, str, object]) -> tuple[Harness, str]:
+def run(*scripts: tuple[str, str, *tuple[Outcome, ...]]) -> tuple[Harness, str]:
     harness = Harness(REGISTRY)
     for agent, action, *outcomes in scripts:
-        harness.script(agent, action, *outcomes)  # type: ignore[arg-type]
+        harness.script(agent, action, *outcomes)
     order = harness.submit("trip", {"who": "Ada"})
     harness.run()
     return harness, order
@@ -92,7 +94,9 @@ def test_a_step_overrides_a_workflow_that_stops_in_error() -> None:
 
 
 def test_the_next_step_after_a_skip_gets_the_results_there_are() -> None:
-    def needs_booking(details: object, results: dict[str, dict[str, object]]) -> dict[str, object]:
+    def needs_booking(
+        details: Mapping[str, Any], results: Mapping[str, Mapping[str, Any]]
+    ) -> dict[str, Any]:
         return {"booking": results["book"]["ref"], "told": "tell" in results}
 
     record = StepDefinition("record", "ledger", "write", BUDGET, input=needs_booking)
@@ -108,7 +112,10 @@ def test_the_next_step_after_a_skip_gets_the_results_there_are() -> None:
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda: StepDefinition("go", "app", "go", BUDGET, on_failure="retry"), "on_failure must"),
+        (
+            lambda: StepDefinition("go", "app", "go", BUDGET, on_failure="retry"),  # type: ignore[arg-type]
+            "on_failure must",
+        ),
         (
             lambda: StepDefinition("go", "app", "go", BUDGET, undo="back", on_failure="continue"),
             "no undo",
