@@ -23,6 +23,7 @@ FLEX_STACKS = {
     "test_bench",
     "test_campaign",
     "test_clock_skew",  # its timing bound (a request reaches its agent in time) needs a core
+    "test_tutorial",  # the tutorial's second run is in the Flex layout
 }
 """Modules whose stacks run every function in processes of its own (~30 processes each), and
 the benchmark's, which starts one stack after another; with them, tests/e2e/flex/, whose
