@@ -68,16 +68,24 @@ def with_queue_allowance(ctx: Context, state: OrderState, workflow: Workflow) ->
     return replace(state, complete_by=state.complete_by + allowance)
 
 
-def claim_history(state: OrderState, workflow: Workflow, actor: str) -> HistoryEntry:
+def step_history(
+    state: OrderState, workflow: Workflow, kind: str, actor: str, detail: str | None = None
+) -> HistoryEntry:
+    """A history row of ``kind`` for the state's current step and attempt, at its time."""
     return HistoryEntry(
         order_id=state.order_id,
         at=state.updated_at,
-        kind="claimed",
+        kind=kind,
         attempt=state.attempt,
         step=workflow.step(state.step_index).name,
         mode=state.mode,
         actor=actor,
+        detail=detail,
     )
+
+
+def claim_history(state: OrderState, workflow: Workflow, actor: str) -> HistoryEntry:
+    return step_history(state, workflow, "claimed", actor)
 
 
 def dispatch(ctx: Context, state: OrderState, workflow: Workflow) -> None:

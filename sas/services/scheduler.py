@@ -236,15 +236,7 @@ def _unbuildable(ctx: Context, claimed: OrderState, problem: str) -> OrderState:
 def _input_failed(
     ctx: Context, failed: OrderState, workflow: Workflow, problem: str
 ) -> HistoryEntry:
-    return HistoryEntry(
-        order_id=failed.order_id,
-        at=failed.updated_at,
-        kind="input_failed",
-        attempt=failed.attempt,
-        step=workflow.step(failed.step_index).name,
-        actor=ctx.instance_id,
-        detail=problem,
-    )
+    return then.step_history(failed, workflow, "input_failed", ctx.instance_id, detail=problem)
 
 
 def _reply_history(

@@ -40,6 +40,12 @@ class World:
         self.clock += seconds
         return T0 + timedelta(seconds=self.clock)
 
+    def begin(self, order: str) -> None:
+        """An order submitted and its first step (reserve) claimed at attempt 1."""
+        self.submitted.append(order)
+        self.history(order, "submitted", 0, None)
+        self.history(order, "claimed", 1, "reserve")
+
     def step_row(self, order: str, name: str) -> None:
         """A completed step's record, as the reply that completed it writes it."""
         rows = [e for e in self.entities if e["PartitionKey"] == order and "Name" in e]
@@ -335,9 +341,7 @@ def test_an_alert_for_an_order_that_never_was_in_error_is_reported() -> None:
 def late_reply(kind: str, step: str = "reserve") -> World:
     """reserve's attempt 1 expires and is claimed again; then a reply for attempt 1 lands."""
     world = World()
-    world.submitted.append("s1")
-    world.history("s1", "submitted", 0, None)
-    world.history("s1", "claimed", 1, "reserve")
+    world.begin("s1")
     world.history("s1", "expired_retry", 1, "reserve", detail="failure 1 of 3")
     world.history("s1", "claimed", 2, "reserve")
     world.history("s1", kind, 1, step)
@@ -607,9 +611,7 @@ def test_waiting_rows_and_alerts_no_deploy_explains_are_reported(how: str) -> No
                                         "order_id": "p1"}))  # fmt: skip
         assert kinds(world) == ["alert_without_error"]
         return
-    world.submitted.append("s1")
-    world.history("s1", "submitted", 0, None)
-    world.history("s1", "claimed", 1, "reserve")
+    world.begin("s1")
     if how == "expired_waiting":  # a failure counted for a deploy: it must resume instead
         world.history("s1", "waiting", 1, "reserve", detail="order v1 is not deployed")
         world.history("s1", "expired_retry", 1, "reserve", detail="failure 1 of 3")
@@ -722,9 +724,7 @@ def test_a_cancelled_order_with_an_effect_left_applied_is_reported() -> None:
 
 def test_a_claim_while_suspended_or_a_step_forward_after_a_cancel_is_illegal() -> None:
     world = clean()
-    world.submitted.append("s1")
-    world.history("s1", "submitted", 0, None)
-    world.history("s1", "claimed", 1, "reserve")
+    world.begin("s1")
     world.history("s1", "suspended", 1, "reserve")
     world.history("s1", "completed", 1, "reserve")
     world.history("s1", "claimed", 2, "charge")  # nobody resumed it
@@ -820,9 +820,7 @@ def test_a_skip_of_a_step_whose_policy_is_not_continue_is_reported() -> None:
 
 def test_an_input_builder_failure_is_an_error_instead_of_the_claim() -> None:
     world = World()
-    world.submitted.append("b1")
-    world.history("b1", "submitted", 0, None)
-    world.history("b1", "claimed", 1, "reserve")
+    world.begin("b1")
     world.history("b1", "completed", 1, "reserve")
     error_at = world.history("b1", "input_failed", 2, "charge", detail="charge: KeyError")
     world.do("b1", 0)
@@ -830,9 +828,7 @@ def test_an_input_builder_failure_is_an_error_instead_of_the_claim() -> None:
     world.alert("b1", 2, error_at)
     assert kinds(world) == []
     world = World()
-    world.submitted.append("b2")
-    world.history("b2", "submitted", 0, None)
-    world.history("b2", "claimed", 1, "reserve")
+    world.begin("b2")
     world.history("b2", "input_failed", 1, "reserve", detail="reserve: KeyError")
     world.state("b2", "Error", 1, 0)
     assert "illegal_transition" in kinds(world)  # the step was claimed already

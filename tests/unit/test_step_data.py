@@ -13,7 +13,7 @@ from sas.domain.errors import InvalidMessage
 from sas.domain.messages import OrderSubmitted, ScheduleRequest, StepRequest
 from sas.domain.model import OrderState, ProcessState
 from sas.domain.workflow import StepDefinition, Workflow
-from sas.testing import FakeClock, InMemoryQueues, InMemoryStore, instance
+from sas.testing import FakeClock, InMemoryQueues, InMemoryStore, Instance, instance
 from tests.unit.test_services import ROUTES, ok_reply, run_to_completion, submitted
 from tests.workflows import REGISTRY, registry
 
@@ -33,6 +33,20 @@ def requests(transport: InMemoryQueues) -> dict[str, StepRequest]:
     for queue in {s.queue for s in transport.sent if isinstance(s.message, StepRequest)}:
         transport.take(queue)
     return {request.step: request for request in sent}
+
+
+def submitted_to(
+    first: StepDefinition, build: Any, **then: Any
+) -> tuple[InMemoryStore, FakeClock, InMemoryQueues, Instance]:
+    """An order submitted to a two-step workflow whose second step ``then`` has ``build`` as
+    its input builder (``then``: more of its options)."""
+    second = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=build, **then)
+    workflows = registry(Workflow("flaky", (first, second)))
+    store, clock = InMemoryStore(), FakeClock()
+    transport = InMemoryQueues(clock)
+    app = instance(store, transport, ROUTES, clock, workflows)
+    app.submit(submitted().model_copy(update={"workflow": "flaky"}))
+    return store, clock, transport, app
 
 
 def test_ship_is_sent_the_reservation_that_reserve_returned():
@@ -57,12 +71,7 @@ def test_a_builder_that_fails_stops_the_order_in_error_naming_the_step_and_the_e
         return {"fixed": results["go"]["missing"]}
 
     first = StepDefinition("go", "payment", "charge", timedelta(seconds=5))
-    then = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=broken)
-    workflows = registry(Workflow("flaky", (first, then)))
-    store, clock = InMemoryStore(), FakeClock()
-    transport = InMemoryQueues(clock)
-    app = instance(store, transport, ROUTES, clock, workflows)
-    app.submit(submitted().model_copy(update={"workflow": "flaky"}))
+    store, _, transport, app = submitted_to(first, broken)
     with caplog.at_level(logging.ERROR):
         app.on_reply(ok_reply(requests(transport)["go"]))
     assert set(requests(transport)) == {"go"}  # then's data did not build: nothing sent
@@ -87,12 +96,7 @@ def test_a_builder_that_fails_when_a_retry_is_claimed_stops_the_order_in_error()
         return {}
 
     first = StepDefinition("first", "payment", "charge", timedelta(seconds=5))
-    then = StepDefinition("then", "payment", "charge", timedelta(seconds=5), input=fails_second)
-    workflows = registry(Workflow("flaky", (first, then)))
-    store, clock = InMemoryStore(), FakeClock()
-    transport = InMemoryQueues(clock)
-    app = instance(store, transport, ROUTES, clock, workflows)
-    app.submit(submitted().model_copy(update={"workflow": "flaky"}))
+    store, clock, transport, app = submitted_to(first, fails_second)
     app.on_reply(ok_reply(requests(transport)["first"]))
     assert "then" in requests(transport)  # claimed and sent: it built then
     clock.advance(8)
@@ -191,15 +195,7 @@ def test_a_builder_that_fails_once_its_step_ran_never_stops_the_compensation():
         return {}
 
     first = StepDefinition("go", "payment", "charge", timedelta(seconds=5), undo="refund")
-    then = StepDefinition(
-        "then", "payment", "charge", timedelta(seconds=5), undo="refund", input=broken,
-        max_failures=1,
-    )  # fmt: skip
-    workflows = registry(Workflow("broken", (first, then)))
-    store, clock = InMemoryStore(), FakeClock()
-    transport = InMemoryQueues(clock)
-    app = instance(store, transport, ROUTES, clock, workflows)
-    app.submit(submitted().model_copy(update={"workflow": "broken"}))
+    store, clock, transport, app = submitted_to(first, broken, undo="refund", max_failures=1)
     app.on_reply(ok_reply(requests(transport)["go"]))
     assert "then" in requests(transport)  # sent, and lost
     clock.advance(8)
