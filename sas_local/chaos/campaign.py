@@ -14,7 +14,7 @@ is left. Fault kinds: docs/reliability.md.
 
 Mid-storm the campaign deploys new code (``deploy``): it restarts a seeded part of the dev
 hosts with ``sas_local/chaos/deployed_workflows.py`` (the app's workflows and a version 2 of
-``order``), then, a seeded while later, the rest; meanwhile old and new hosts share the queues.
+each), then, a seeded while later, the rest; meanwhile old and new hosts share the queues.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The code a chaos campaign deploys mid-run: the app's workflows plus a version 2 of ``order``.
+"""The code a chaos campaign deploys mid-run: the app's workflows plus a version 2 of each.
 
 Never deployed for real and never part of the app's ``workflows`` package (whose versions
 ``infra/workflows.lock.json`` locks): the campaign's ``deploy`` fault restarts dev hosts with
@@ -13,17 +13,22 @@ place (docs/your-workflow.md, "Changing a workflow"):
   v1 order as v2 (or the reverse) would run another step than the one the order waits on;
 - ``invoice`` appended, a payment action the simulator serves like any other (undone by
   ``void``, so a compensation can take back an invoice an expired attempt issued).
+
+Version 2 of ``workspace`` lets ``notify`` be skipped (``on_failure="continue"``): a workspace
+whose owner cannot be told ends Processed, without the message, instead of in Error.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
 from sas.domain.workflow import Registry, StepDefinition, Workflow
 from workflows import REGISTRY as APP_REGISTRY
 from workflows.order import OrderDetails
+from workflows.workspace import WORKSPACE_WORKFLOW
 
 _BUDGET = timedelta(seconds=15)
 
@@ -51,9 +56,14 @@ ORDER_WORKFLOW_V2 = Workflow(
     version=2,
 )
 
+*_CREATED, _NOTIFY = WORKSPACE_WORKFLOW.steps
+WORKSPACE_WORKFLOW_V2 = replace(
+    WORKSPACE_WORKFLOW, steps=(*_CREATED, replace(_NOTIFY, on_failure="continue")), version=2
+)
+
 REGISTRY = Registry(
-    workflows=(*APP_REGISTRY.workflows, ORDER_WORKFLOW_V2),
+    workflows=(*APP_REGISTRY.workflows, ORDER_WORKFLOW_V2, WORKSPACE_WORKFLOW_V2),
     python_agents=APP_REGISTRY.python_agents,
 )
 """What the new hosts run: every workflow of the app as its own object (the fingerprints its
-orders in flight were bound to), and version 2 of ``order`` beside version 1."""
+orders in flight were bound to), and the version 2s beside them."""

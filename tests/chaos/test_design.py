@@ -61,8 +61,13 @@ def test_policy_and_workflows_are_the_local_stack_s() -> None:
     assert DESIGN.clock_skew_seconds == settings.DEFAULT_CLOCK_SKEW_SECONDS
     assert DESIGN.terminal == {str(s) for s in TERMINAL_STATES}
     # The examples the campaign runs, as the app declares them (it may declare more), and
-    # the order's version 2 its deploy fault brings.
-    assert list(DESIGN.workflows) == [("order", 1), ("order", 2), ("workspace", 1)]
+    # the version 2s its deploy fault brings.
+    assert list(DESIGN.workflows) == [
+        ("order", 1),
+        ("order", 2),
+        ("workspace", 1),
+        ("workspace", 2),
+    ]
     deployed = deployed_workflows.REGISTRY
     for name, version in DESIGN.workflows:
         workflow = deployed.named(name, version)
@@ -81,10 +86,13 @@ def test_policy_and_workflows_are_the_local_stack_s() -> None:
     )
 
 
-def test_the_deploy_brings_the_app_s_versions_unchanged_and_one_new_version() -> None:
+def test_the_deploy_brings_the_app_s_versions_unchanged_and_a_new_version_of_each() -> None:
     deployed = deployed_workflows.REGISTRY
     for workflow in REGISTRY.workflows:  # orders in flight stay bound to what they began on
         assert deployed.bound(workflow.name, workflow.version, workflow.fingerprint) is workflow
     assert deployed.versions("order") == (*REGISTRY.versions("order"), 2)
+    assert deployed.versions("workspace") == (*REGISTRY.versions("workspace"), 2)
+    notify = deployed.named("workspace", 2).steps[-1]
+    assert (notify.name, notify.on_failure) == ("notify", "continue")
     assert deployed.python_agents == REGISTRY.python_agents
     assert set(deployed.agents) == set(REGISTRY.agents)  # no queue or function to add
