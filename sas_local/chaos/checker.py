@@ -78,6 +78,7 @@ RECOVERY_KINDS = (
     "expired_compensated",
     "expired_error",
     "expired_skipped",
+    "refused_skipped",
     "reply_dropped",
     "alert_claimed",
     "resubmitted",
@@ -243,6 +244,18 @@ class Design:
         """What step ``index``'s final failure does: its own policy, else the workflow's."""
         own = self.steps[index].on_failure if 0 <= index < len(self.steps) else None
         return own or self.on_failure
+
+    def skipped_by_refusal(self, history: Sequence[_Row]) -> int:
+        """Refusals in ``history`` that skipped their step: a ``continue`` step's ``do``, before
+        any cancel (a cancelled order is undone instead)."""
+        names = [spec.name for spec in self.steps]
+        skipped = 0
+        for row in history:
+            if row.kind == "cancelled":
+                break
+            if row.kind == "refused" and row.mode == "do" and row.step in names:
+                skipped += self.policy(names.index(row.step)) == "continue"
+        return skipped
 
     def threshold_of(self, step: str | None) -> int:
         names = [spec.name for spec in self.steps]
@@ -497,6 +510,7 @@ def check(evidence: Evidence, design: Design | None = None) -> Verdict:
         if any(r.kind == "waiting" for r in history):
             waited[order_id] = _definition_key(state)
         recoveries.update(r.kind for r in history if r.kind in RECOVERY_KINDS)
+        recoveries["refused_skipped"] += flow.skipped_by_refusal(history)
         violations += _stuck(order_id, state, ps, order_id in live, flow)
         violations += _failure_counts(order_id, state, history, flow)
         found, replay_violations, explained = _replay(order_id, state, history, flow)

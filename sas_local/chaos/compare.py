@@ -3,7 +3,9 @@ campaign reports (``ended_by_order``), and how, e.g. two runs of one seed.
 
 The seed fixes each order's faults (refusals, crashes, outages are drawn per key or on a seeded
 schedule); what it cannot fix is timing. Orders whose outcome differs between two runs of one
-seed show how much timing, rather than the faults, decides an outcome."""
+seed show how much timing, rather than the faults, decides an outcome. Operators' cancels are
+aimed at whichever order is live when one is due, so the differences that involve no
+``Cancelled`` are also counted: what timing decided for the same faults."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+
+CANCELLED = "Cancelled"
 
 
 def differences(first: Mapping[str, str], second: Mapping[str, str]) -> Counter[tuple[str, str]]:
@@ -36,6 +40,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     first, second = (report["ended_by_order"] for report in reports)
     found = differences(first, second)
     print(f"{sum(found.values())} of {len(set(first) | set(second))} orders ended differently")
+    uncancelled = sum(n for pair, n in found.items() if CANCELLED not in pair)
+    print(f"{uncancelled} of them Cancelled in neither run")
     for (a, b), count in found.most_common():
         print(f"  {count:5d}  {a} -> {b}")
     return 0

@@ -807,7 +807,9 @@ def test_a_step_that_may_be_skipped_is_judged_skipped_on_refusal_or_expiry() -> 
     world = World()
     skipped_workspace(world, "w1", "refused")
     skipped_workspace(world, "w2", "expired_skipped")
-    assert check(world.evidence(), skippable_notify()).violations == []
+    verdict = check(world.evidence(), skippable_notify())
+    assert verdict.violations == []
+    assert (verdict.recoveries["refused_skipped"], verdict.recoveries["expired_skipped"]) == (1, 1)
     # Under the workflow's own policy (error) the same histories are illegal.
     assert "illegal_transition" in kinds(world)
 

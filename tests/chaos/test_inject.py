@@ -141,19 +141,22 @@ def test_the_command_line_takes_the_campaign_options() -> None:
 def test_two_reports_are_compared_order_by_order(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    first = {"a": "Processed", "b": "Error", "c": "Processed"}
-    second = {"a": "Processed", "b": "Processed", "d": "Error"}
+    first = {"a": "Processed", "b": "Error", "c": "Processed", "e": "Cancelled"}
+    second = {"a": "Processed", "b": "Processed", "d": "Error", "e": "Error"}
     assert differences(first, second) == {
         ("Error", "Processed"): 1,
         ("Processed", "missing"): 1,
         ("missing", "Error"): 1,
+        ("Cancelled", "Error"): 1,
     }
     paths = []
     for name, ended in (("a.json", first), ("b.json", second)):
         (tmp_path / name).write_text(json.dumps({"ended_by_order": ended}))
         paths.append(str(tmp_path / name))
     assert compare_main(paths) == 0
-    assert "3 of 4 orders ended differently" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "4 of 5 orders ended differently" in out
+    assert "3 of them Cancelled in neither run" in out
 
 
 def test_a_crash_token_is_not_armed_while_one_for_that_kind_waits(tmp_path: Path) -> None:
