@@ -56,9 +56,9 @@ ORDER_WORKFLOW_V2 = Workflow(
     version=2,
 )
 
-*_CREATED, _NOTIFY = WORKSPACE_WORKFLOW.steps
+*_UP_TO_NOTIFY, _NOTIFY = WORKSPACE_WORKFLOW.steps
 WORKSPACE_WORKFLOW_V2 = replace(
-    WORKSPACE_WORKFLOW, steps=(*_CREATED, replace(_NOTIFY, on_failure="continue")), version=2
+    WORKSPACE_WORKFLOW, steps=(*_UP_TO_NOTIFY, replace(_NOTIFY, on_failure="continue")), version=2
 )
 
 REGISTRY = Registry(
