@@ -19,27 +19,28 @@ from sas_local.azurite import Azurite
 hypothesis_settings.register_profile("fast", max_examples=20)
 
 
-FLEX_STACKS = {
+ONE_AT_A_TIME = {
     "test_bench",
     "test_campaign",
     "test_clock_skew",  # its timing bound (a request reaches its agent in time) needs a core
     "test_tutorial",  # the tutorial's second run is in the Flex layout
+    "test_dashboard",
 }
-"""Modules whose stacks run every function in processes of its own (~30 processes each), and
-the benchmark's, which starts one stack after another; with them, tests/e2e/flex/, whose
-modules share one such stack: beside any of these, the dashboard's browser test timed out
-waiting for its first refresh."""
+"""Modules whose stacks run every function in processes of its own (~30 processes each), the
+benchmark's, which starts one stack after another, and the 300-order chaos campaign; with
+them, tests/e2e/flex/, whose modules share one such stack. They run one after another, and so
+does the dashboard's browser test: beside the campaign its page's API calls took 28 s."""
 
 
 def shared_by(nodeid: str) -> str:
     """Which tests must run on one xdist worker with this one: those sharing its expensive
-    fixtures (an e2e module's stack; the deploy tests' package and venvs); the stacks laid out
-    as Flex runs them, one at a time (two at once would start some sixty processes on two
-    cores). Any other test goes wherever a worker is free."""
+    fixtures (an e2e module's stack; the deploy tests' package and venvs); the heaviest stacks
+    and the most timing-bound, one at a time (two Flex stacks at once would start some sixty
+    processes on two cores). Any other test goes wherever a worker is free."""
     path = nodeid.split("::")[0]
     module = path.rsplit("/", 1)[-1].removesuffix(".py")
-    if module in FLEX_STACKS or path.startswith("tests/e2e/flex/"):
-        return "flex"
+    if module in ONE_AT_A_TIME or path.startswith("tests/e2e/flex/"):
+        return "one at a time"
     if path.startswith("tests/deploy/"):
         return "deploy"
     return path if path.startswith("tests/e2e/") else nodeid

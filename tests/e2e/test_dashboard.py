@@ -437,6 +437,8 @@ def test_a_parked_message_is_replayed_then_discarded_from_the_page(page, store):
 
 
 def test_parked_messages_matching_a_filter_are_replayed_then_discarded_in_bulk(page, stack, store):
+    for earlier in store.list_parked(100):  # the module's own bad message, if still parked
+        store.drop_parked(earlier.id)
     orders_queue = queue_service_client(stack.settings.storage).get_queue_client(
         stack.settings.lane(QUEUE_ORDERS, "normal"),
         message_encode_policy=TextBase64EncodePolicy(),
