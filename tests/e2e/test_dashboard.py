@@ -143,9 +143,9 @@ def failed_order(stack, store) -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def patient_expectations() -> Iterator[None]:
-    """Each expectation waits up to WAIT_MS (Playwright's default is 5 s): beside the suite's
-    Flex stacks on two cores, one API call of the page through a starved dev host took 28 s.
-    What is expected is unchanged; only how long it may take."""
+    """Each expectation waits up to WAIT_MS (Playwright's default is 5 s): in the suite, on two
+    cores, one API call of the page through a starved dev host took 28 s. What is expected
+    is unchanged; only how long it may take."""
     expect.set_options(timeout=WAIT_MS)
     yield
     expect.set_options(timeout=5_000)
