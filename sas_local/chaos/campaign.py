@@ -839,8 +839,8 @@ class Campaign:
         return ordered
 
 
-GAVE_UP = ("expired_compensate", "expired_compensated", "expired_error")
-"""Expiries that end an order's forward run: it is undone, or stops in Error."""
+GAVE_UP = ("expired_compensate", "expired_compensated", "expired_error", "expired_skipped")
+"""Expiries that give up on a step: the order is undone, stops in Error, or skips the step."""
 
 
 def _states(evidence: checker.Evidence) -> dict[str, str]:

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from sas_local.chaos.__main__ import parser
-from sas_local.chaos.campaign import Campaign, Options
+from sas_local.chaos.campaign import Campaign, Options, _ended
+from sas_local.chaos.checker import Evidence
 from sas_local.chaos.compare import differences
 from sas_local.chaos.compare import main as compare_main
 from sas_local.chaos.inject import (
@@ -174,3 +175,25 @@ def test_a_crash_token_is_not_armed_while_one_for_that_kind_waits(tmp_path: Path
     for _ in range(50):
         campaign.arm_crash()
     assert campaign.crash_tokens == 2 * len(armed)
+
+
+def test_the_surge_report_counts_every_expiry_that_gave_up_on_a_step() -> None:
+    def row(order: str, key: str, **fields: str) -> dict[str, str]:
+        return {"PartitionKey": order, "RowKey": key, **fields}
+
+    ids = ["s1", "s2", "s3", "r1"]
+    entities = [row(i, "state", ProcessState="Processed") for i in ids]
+    entities += [
+        row("s1", "h1", Kind="expired_skipped"),  # a skippable step given up on
+        row("s2", "h1", Kind="expired_compensate"),
+        row("s3", "h1", Kind="expired_retry"),  # retried: not given up
+        row("r1", "h1", Kind="expired_error"),
+    ]
+    evidence = Evidence(entities=entities, alerts=[], poison={}, ledger={}, submitted=ids)
+    ended = _ended(evidence, frozenset({"s1", "s2", "s3"}), ids)
+    assert ended["surge"] == {
+        "orders": 3,
+        "ended": {"Processed": 3},
+        "gave_up_after_expiries": 2,
+    }
+    assert ended["rest"]["gave_up_after_expiries"] == 1
