@@ -3,8 +3,9 @@ front of the HTTP agents, for the in-process ones. A local run names this module
 ``SAS_WORKFLOWS_MODULE`` and the faults (``PythonFaults``, JSON) in ``SAS_PYTHON_FAULTS``;
 ``SAS_APP_WORKFLOWS`` names the app's own module (default ``workflows``). Never deployed.
 
-Each call, by dice fixed by the seed, the action, the idempotency key and the call's number in
-this process (``sas_local/simulator/faults.py``):
+Each call, by dice fixed by the seed, the action, the idempotency key, the attempt and the
+call's number for that attempt in this process (``sas_local/simulator/faults.py``): a retry is
+a new call wherever it runs, as it is for the simulator's services.
 
 - ``python_transient``: ``Transient`` before the action runs: nothing applied;
 - ``python_lost_reply``: the action runs, then ``Transient``: applied, its answer lost, so the
@@ -57,19 +58,24 @@ class PythonFaults(BaseModel):
 class _Dice:
     def __init__(self, faults: PythonFaults) -> None:
         self.faults = faults
-        self._calls: Counter[str] = Counter()
+        self._calls: Counter[tuple[str, int]] = Counter()
         self._lock = threading.Lock()
 
     def roll(self, where: str, context: ActionContext) -> Callable[[str, float], bool]:
         """This call's dice: ``hit(kind, rate)``."""
+        call = (context.idempotency_key, context.attempt)
         with self._lock:
-            number = self._calls[context.idempotency_key]
-            self._calls[context.idempotency_key] += 1
-        # Fixed by the order and step, not the incarnation: reproducible from run to run.
+            number = self._calls[call]
+            self._calls[call] += 1
+        # Fixed by the order, step and attempt, not the incarnation: reproducible from run to
+        # run, and a retry rolls again on whichever host runs it.
         seed, key = self.faults.seed, without_incarnation(context.idempotency_key)
 
         def hit(kind: str, rate: float) -> bool:
-            parts = (kind, where, key) if kind == "python_refusal" else (kind, where, key, number)
+            if kind == "python_refusal":
+                parts: tuple[object, ...] = (kind, where, key)
+            else:
+                parts = (kind, where, key, context.attempt, number)
             if rate <= 0 or chance(seed, *parts) >= rate:
                 return False
             self.record(kind)

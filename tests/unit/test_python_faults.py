@@ -30,14 +30,14 @@ def registry(applied: list[str]) -> Registry:
     return Registry((FLOW,), python_agents=(maker,))
 
 
-def call(found: Registry, key: str) -> Any:
+def call(found: Registry, key: str, attempt: int = 1) -> Any:
     context = ActionContext(
         order_id="o1",
         agent="maker",
         step="make",
         action="make",
         mode="do",
-        attempt=1,
+        attempt=attempt,
         idempotency_key=key,
         deadline=datetime.now(UTC) + timedelta(seconds=5),
         clock=SystemClock(),
@@ -45,11 +45,11 @@ def call(found: Registry, key: str) -> Any:
     return found.python_agents[0].actions["make"](context, {})
 
 
-def outcomes(found: Registry, keys: list[str]) -> list[str]:
+def outcomes(found: Registry, keys: list[str], attempt: int = 1) -> list[str]:
     seen = []
     for key in keys:
         try:
-            call(found, key)
+            call(found, key, attempt)
             seen.append("ok")
         except Transient as exc:
             seen.append(exc.reason.rsplit(" ", 2)[-2])  # "transient" or "lost"
@@ -88,6 +88,21 @@ def test_the_same_seed_gives_the_same_faults_and_each_is_counted(tmp_path: Path)
         "python_lost_reply": 2 * seen.count("lost"),
     }
     assert counts["python_transient"] and counts["python_lost_reply"]
+
+
+def test_a_retry_rolls_again_on_whichever_host_runs_it() -> None:
+    """Each attempt in a fresh host, as retries land after kills and restarts."""
+    keys = [f"o{n}:make" for n in range(200)]
+    config = PythonFaults(seed=5, lost_reply_rate=0.5)
+
+    def lost(attempt: int) -> set[str]:
+        seen = outcomes(faulty(registry([]), config), keys, attempt)
+        return {key for key, outcome in zip(keys, seen, strict=True) if outcome == "lost"}
+
+    first, second, third = lost(1), lost(2), lost(3)
+    assert 60 < len(first) < 140
+    assert 5 < len(first & second & third) < 50  # about 1 in 8: not every key hit first
+    assert lost(2) == second  # the same attempt on another host: the same answer
 
 
 def test_the_wrapped_registry_keeps_its_agents_tables_settings_and_steps() -> None:
