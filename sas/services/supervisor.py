@@ -288,7 +288,7 @@ def _recover(
     if not decided.state.is_terminal:
         markers.rearm(marker, _next_look(ctx, decided.state, now))
     _request_recovery(ctx, decided, step, etag, now)
-    return decided.action
+    return decided.action.value  # the log line shows "retry", not the enum's repr
 
 
 def _expiry_history(

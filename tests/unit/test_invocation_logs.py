@@ -70,6 +70,7 @@ def test_alerts_raised_on_the_supervisor_s_pool_carry_the_invocation(seen: Seen)
     with attributed(seen.storage, "inv-1"):
         report = app.sweep(parallelism=4)
     assert report["error"] == 6
+    assert {type(outcome) for outcome in report} == {str}  # the sweep's log line shows 'error'
     alerts = [r for r in seen.records if r[0].startswith("sas.operator_alert")]
     assert len(alerts) == 6
     assert all(thread != threading.get_ident() for _, thread, _ in alerts)  # the pool's
